@@ -1,0 +1,66 @@
+"""The command line: `zarrfs SOURCE MOUNTPOINT [-f] [-o OPTIONS] [--OPTION[=VALUE]]`; one line per user error."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import __version__
+from .errors import UserError
+from .options import build_options, split_o
+
+USAGE = "zarrfs SOURCE MOUNTPOINT [-f] [-o OPTION[,OPTION...]] [--OPTION[=VALUE] ...]"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one UserError line instead of exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{message} (usage: {USAGE})")
+
+
+def parse(argv: list[str]) -> tuple[str, str, list[str], bool]:
+    parser = _Parser(
+        prog="zarrfs", usage=USAGE,
+        description="Mount a Zarr hierarchy: groups as directories, arrays as .npy files.",
+        epilog="Options: writable, cache_size=SIZE, format=auto|v1|v2|v3|v3-draft, storage_options=JSON, "
+               "show_views, chunks=N[,N...], codec=NAME[:LEVEL], log_level=LEVEL, log_file=PATH, "
+               "and the FUSE options allow_other, default_permissions, uid=, gid=, umask=. "
+               "Unmount with: fusermount3 -u MOUNTPOINT")
+    parser.add_argument("source", metavar="SOURCE", help="local path or fsspec URL of the store")
+    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
+    parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    parser.add_argument("-o", dest="o", action="append", default=[], metavar="OPTIONS",
+                        help="comma-separated options")
+    parser.add_argument("--version", action="version", version=f"zarrfs {__version__}")
+    args, extra = parser.parse_known_args(argv)
+    items = [i for o in args.o for i in split_o(o)]
+    for flag in extra:
+        if not flag.startswith("--") or len(flag) < 3:
+            raise UserError(f"unexpected argument {flag!r} (usage: {USAGE})")
+        items.append(flag[2:])
+    return args.source, args.mountpoint, items, args.foreground
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        source, mountpoint, items, foreground = parse(argv)
+        options = build_options(items, foreground=foreground)
+        if options.writable:
+            raise UserError("option writable is not supported yet (read-only mounts only)")
+        from .daemon import run  # pyfuse3 is imported only once the command line is valid
+
+        return run(source, os.path.abspath(mountpoint), options)
+    except UserError as e:
+        print(f"zarrfs: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Codec chains (array->array*, array->bytes, bytes->bytes*) over numcodecs: decode one chunk.
+
+Every format builds a CodecChain: v3 from its `codecs` list, v2 and v1 from `filters` and
+`compressor` (as bytes->bytes steps) followed by a plain `bytes` layout in C or F order.
+Decoding is synchronous and pure; the engine runs it in worker threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numcodecs
+import numpy as np
+from numcodecs.compat import ensure_contiguous_ndarray
+
+from . import grid
+from .errors import CorruptChunk, MetadataError, Unsupported
+
+# numcodecs ids by the role zarr-python 3 gives them under `numcodecs.<id>` in v3 metadata.
+ARRAY_ARRAY_IDS = {"delta", "bitround", "fixedscaleoffset", "quantize", "packbits", "astype"}
+ARRAY_BYTES_IDS = {"pcodec", "zfpy"}
+ABSENT = 2**64 - 1  # sharding index entry of a chunk that is not stored
+
+
+def _u1(buf: Any) -> np.ndarray:
+    """A flat uint8 view of any buffer a codec returned."""
+    return ensure_contiguous_ndarray(buf).reshape(-1).view(np.uint8)
+
+
+@dataclasses.dataclass(frozen=True)
+class BytesBytes:
+    """A numcodecs codec used on whole buffers (compressors, checksums, v2 filters)."""
+
+    codec: Any
+    name: str
+
+    def decode(self, data: Any) -> Any:
+        return self.codec.decode(data)
+
+    def encoded_size(self, n: int) -> int:
+        if self.codec.codec_id in ("crc32c", "crc32", "adler32"):
+            return n + 4
+        raise Unsupported(f"codec {self.name} cannot be used in a sharding index (size not fixed)")
+
+    def describe(self) -> dict:
+        return {"name": self.name, "configuration": self.codec.get_config()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Transpose:
+    """v3 `transpose`: the encoded array is `a.transpose(order)`."""
+
+    order: tuple[int, ...]
+
+    def encoded_shape(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[tuple[int, ...], np.dtype]:
+        return tuple(shape[i] for i in self.order), dtype
+
+    def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return arr.transpose(np.argsort(self.order))
+
+    def describe(self) -> dict:
+        return {"name": "transpose", "configuration": {"order": list(self.order)}}
+
+
+@dataclasses.dataclass(frozen=True)
+class NumcodecsArray:
+    """A numcodecs filter in the array->array role (delta, fixedscaleoffset, astype...)."""
+
+    codec: Any
+    name: str
+
+    def encoded_shape(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[tuple[int, ...], np.dtype]:
+        for attr in ("astype", "encode_dtype"):
+            enc = getattr(self.codec, attr, None)
+            if enc is not None:
+                return shape, np.dtype(enc)
+        return shape, dtype
+
+    def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        out = np.asarray(self.codec.decode(np.ascontiguousarray(arr)))
+        return out.reshape(-1).view(dtype).reshape(shape) if out.dtype != dtype else out.reshape(shape)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "configuration": self.codec.get_config()}
+
+
+@dataclasses.dataclass(frozen=True)
+class BytesLayout:
+    """The array->bytes step: elements laid out in C or F order, in a given byte order.
+
+    `endian` None keeps the dtype's own byte order (v1, v2); 'little'/'big' is v3 `bytes`.
+    """
+
+    endian: str | None = "little"
+    order: str = "C"
+
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+        stored = dtype
+        if self.endian is not None and dtype.itemsize > 1 and dtype.fields is None and dtype.kind not in "SV":
+            stored = dtype.newbyteorder("<" if self.endian == "little" else ">")
+        raw = _u1(data)
+        expected = math.prod(shape) * dtype.itemsize
+        if raw.size != expected:
+            raise CorruptChunk(f"decoded to {raw.size} bytes, expected {expected}")
+        arr = raw.view(stored).reshape(shape, order=self.order)
+        return arr if stored == dtype else arr.astype(dtype)
+
+    def describe(self) -> dict:
+        if self.endian is None:
+            return {"name": "bytes", "configuration": {"order": self.order}}
+        return {"name": "bytes", "configuration": {"endian": self.endian}}
+
+
+@dataclasses.dataclass(frozen=True)
+class NumcodecsArrayBytes:
+    """A numcodecs codec in the array->bytes role (pcodec, zfpy)."""
+
+    codec: Any
+    name: str
+
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+        out = np.asarray(self.codec.decode(data))
+        if out.size != math.prod(shape):
+            raise CorruptChunk(f"decoded to {out.size} elements, expected {math.prod(shape)}")
+        return out.reshape(-1).astype(dtype, copy=False).reshape(shape)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "configuration": self.codec.get_config()}
+
+
+@dataclasses.dataclass(frozen=True)
+class CodecChain:
+    """One chunk's codecs in encode order: array->array*, one array->bytes, bytes->bytes*."""
+
+    array_array: tuple = ()
+    array_bytes: Any = BytesLayout()
+    bytes_bytes: tuple = ()
+
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+        """Decode stored bytes into an array of exactly `shape` and `dtype` (may be F-ordered)."""
+        shapes = [(shape, dtype)]
+        for aa in self.array_array:
+            shapes.append(aa.encoded_shape(*shapes[-1]))
+        for bb in reversed(self.bytes_bytes):
+            data = bb.decode(data)
+        arr = self.array_bytes.decode(data, *shapes[-1], fill)
+        for aa, (s, d) in zip(reversed(self.array_array), reversed(shapes[:-1])):
+            arr = aa.decode(arr, s, d)
+        return arr
+
+    def encoded_size(self, n_bytes: int) -> int:
+        for bb in self.bytes_bytes:
+            n_bytes = bb.encoded_size(n_bytes)
+        return n_bytes
+
+    def describe(self) -> list[dict]:
+        return [c.describe() for c in (*self.array_array, self.array_bytes, *self.bytes_bytes)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingIndexed:
+    """v3 `sharding_indexed`: a shard holds inner chunks and an index of (offset, nbytes) u64."""
+
+    inner_chunks: tuple[int, ...]
+    inner: CodecChain
+    index: CodecChain
+    index_at_end: bool = True
+
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+        if any(s % c for s, c in zip(shape, self.inner_chunks)):
+            raise MetadataError(f"shard shape {shape} is not a multiple of inner chunks {self.inner_chunks}")
+        per_shard = tuple(s // c for s, c in zip(shape, self.inner_chunks))
+        buf = _u1(data)
+        index_nbytes = self.index.encoded_size(16 * math.prod(per_shard))
+        if buf.size < index_nbytes:
+            raise CorruptChunk(f"shard of {buf.size} bytes is shorter than its index ({index_nbytes})")
+        raw_index = buf[buf.size - index_nbytes:] if self.index_at_end else buf[:index_nbytes]
+        index = self.index.decode(raw_index, per_shard + (2,), np.dtype("<u8"), np.zeros((), "<u8"))
+        out = np.empty(shape, dtype=dtype)
+        for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
+            offset, nbytes = (int(x) for x in index[pos])
+            region = grid.chunk_slices(pos, shape, self.inner_chunks)
+            if offset == ABSENT and nbytes == ABSENT:
+                out[region] = fill
+                continue
+            if offset + nbytes > buf.size:
+                raise CorruptChunk(f"inner chunk {pos} at {offset}+{nbytes} lies outside the shard")
+            out[region] = self.inner.decode(buf[offset:offset + nbytes], self.inner_chunks, dtype, fill)
+        return out
+
+    def describe(self) -> dict:
+        return {"name": "sharding_indexed", "configuration": {
+            "chunk_shape": list(self.inner_chunks), "codecs": self.inner.describe(),
+            "index_codecs": self.index.describe(),
+            "index_location": "end" if self.index_at_end else "start"}}
+
+
+# ---------------------------------------------------------------------------------------
+# Building chains from metadata
+
+_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+def numcodecs_codec(config: dict, where: str) -> Any:
+    """A numcodecs codec from its v1/v2-style config (`{"id": ..., ...}`)."""
+    try:
+        return numcodecs.get_codec(dict(config))
+    except (ValueError, KeyError, TypeError) as e:
+        raise Unsupported(f"unknown or invalid codec {config!r} in {where}: {e}") from None
+
+
+def _v3_numcodecs(name: str, config: dict, where: str) -> Any:
+    if name == "blosc":
+        shuffle = config.get("shuffle", "noshuffle")
+        conf = {"id": "blosc", "cname": config.get("cname", "lz4"), "clevel": config.get("clevel", 5),
+                "shuffle": _BLOSC_SHUFFLE.get(shuffle, shuffle), "blocksize": config.get("blocksize", 0)}
+        return numcodecs_codec(conf, where)
+    if name == "gzip":
+        return numcodecs_codec({"id": "gzip", "level": config.get("level", 5)}, where)
+    if name == "zstd":
+        return numcodecs_codec({"id": "zstd", "level": config.get("level", 0),
+                                "checksum": config.get("checksum", False)}, where)
+    if name == "crc32c":
+        return numcodecs_codec({"id": "crc32c"}, where)
+    if name.startswith("numcodecs."):
+        return numcodecs_codec({"id": name[len("numcodecs."):], **config}, where)
+    raise Unsupported(f"unknown codec {name!r} in {where}")
+
+
+def v3_chain(codecs: Any, ndim: int, where: str) -> CodecChain:
+    """A chain from a final-v3 `codecs` list (names, or draft-style `codec` URIs)."""
+    if not isinstance(codecs, list) or not codecs:
+        raise MetadataError(f"`codecs` must be a non-empty list in {where}")
+    array_array: list = []
+    array_bytes = None
+    bytes_bytes: list = []
+    for item in codecs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise MetadataError(f"bad codec entry {item!r} in {where}")
+        name, config = item["name"], item.get("configuration") or {}
+        if name == "transpose":
+            order = config.get("order")
+            if order == "C":
+                order = list(range(ndim))
+            elif order == "F":
+                order = list(range(ndim))[::-1]
+            if not isinstance(order, list) or sorted(order) != list(range(ndim)):
+                raise MetadataError(f"bad transpose order {order!r} in {where}")
+            stage = Transpose(tuple(order))
+        elif name in ("bytes", "endian"):
+            stage = BytesLayout(config.get("endian", "little"), "C")
+        elif name == "sharding_indexed":
+            try:
+                inner = tuple(int(c) for c in config["chunk_shape"])
+            except (KeyError, TypeError, ValueError):
+                raise MetadataError(f"sharding_indexed without a valid chunk_shape in {where}") from None
+            location = config.get("index_location", "end")
+            if location not in ("start", "end"):
+                raise MetadataError(f"bad index_location {location!r} in {where}")
+            index_codecs = config.get("index_codecs") or [{"name": "bytes", "configuration": {"endian": "little"}},
+                                                          {"name": "crc32c"}]
+            stage = ShardingIndexed(inner, v3_chain(config.get("codecs"), ndim, where),
+                                    v3_chain(index_codecs, ndim + 1, where), location == "end")
+        else:
+            codec = _v3_numcodecs(name, config, where)
+            short = name[len("numcodecs."):] if name.startswith("numcodecs.") else ""
+            if short in ARRAY_ARRAY_IDS:
+                stage = NumcodecsArray(codec, name)
+            elif short in ARRAY_BYTES_IDS:
+                stage = NumcodecsArrayBytes(codec, name)
+            else:
+                stage = BytesBytes(codec, name)
+        if isinstance(stage, (Transpose, NumcodecsArray)):
+            if array_bytes is not None:
+                raise MetadataError(f"array->array codec {name!r} after the array->bytes codec in {where}")
+            array_array.append(stage)
+        elif isinstance(stage, BytesBytes):
+            if array_bytes is None:
+                raise MetadataError(f"bytes->bytes codec {name!r} before the array->bytes codec in {where}")
+            bytes_bytes.append(stage)
+        else:
+            if array_bytes is not None:
+                raise MetadataError(f"two array->bytes codecs in {where}")
+            array_bytes = stage
+    if array_bytes is None:
+        raise MetadataError(f"no array->bytes codec (such as `bytes`) in {where}")
+    return CodecChain(tuple(array_array), array_bytes, tuple(bytes_bytes))
+
+
+def v2_chain(compressor: Any, filters: Any, order: str, where: str) -> CodecChain:
+    """A chain for v1/v2: filters, then the compressor, over the raw element bytes in `order`."""
+    steps = []
+    for f in filters or []:
+        if not isinstance(f, dict) or "id" not in f:
+            raise MetadataError(f"bad filter {f!r} in {where}")
+        steps.append(BytesBytes(numcodecs_codec(f, where), f["id"]))
+    if compressor is not None:
+        if not isinstance(compressor, dict) or "id" not in compressor:
+            raise MetadataError(f"bad compressor {compressor!r} in {where}")
+        steps.append(BytesBytes(numcodecs_codec(compressor, where), compressor["id"]))
+    if order not in ("C", "F"):
+        raise MetadataError(f"bad order {order!r} in {where}")
+    return CodecChain((), BytesLayout(None, order), tuple(steps))

@@ -1,0 +1,174 @@
+"""Data types and fill values of every format, to and from numpy."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from typing import Any
+
+import numpy as np
+
+from .errors import MetadataError, Unsupported
+
+# Core v3 data type names (final spec and the drafts) and their numpy equivalents.
+V3_NAMES = {
+    "bool": "|b1",
+    "int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
+    "uint8": "|u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8",
+    "float16": "<f2", "float32": "<f4", "float64": "<f8",
+    "complex64": "<c8", "complex128": "<c16",
+    "bfloat16": None,  # named by the spec, but numpy has no such type
+}
+# Names of variable-size types (v3 final and zarr-python 3 extensions).
+VARIABLE_SIZE_V3 = {"string", "bytes", "variable_length_bytes", "vlen-utf8", "vlen-bytes", "object"}
+
+
+def _tuplify(descr: Any) -> Any:
+    """JSON lists of a structured v2 descr become the tuples numpy expects."""
+    if isinstance(descr, list):
+        out = []
+        for field in descr:
+            if not isinstance(field, list) or len(field) not in (2, 3):
+                raise MetadataError(f"bad structured dtype field {field!r}")
+            name, sub = field[0], _tuplify(field[1])
+            out.append((name, sub, tuple(field[2])) if len(field) == 3 else (name, sub))
+        return out
+    return descr
+
+
+def check_fixed_size(dtype: np.dtype) -> np.dtype:
+    """Refuse data types that have no fixed size, with the reason."""
+    if dtype.hasobject or dtype.kind == "O":
+        raise Unsupported(f"data type {dtype} has variable-size elements, not readable yet")
+    if dtype.itemsize == 0 and dtype.kind in "SUV":
+        raise Unsupported(f"data type {dtype} has no fixed size")
+    return dtype
+
+
+def v2_dtype(descr: Any) -> np.dtype:
+    """The numpy dtype of a v2 (and v1) `dtype` field: a typestr or a structured list."""
+    if isinstance(descr, str) and descr.lstrip("<>|=").startswith("O"):
+        raise Unsupported(f"data type {descr!r} holds objects (variable-size), not readable yet")
+    try:
+        dtype = np.dtype(_tuplify(descr))
+    except (TypeError, ValueError) as e:
+        raise MetadataError(f"unknown data type {descr!r}: {e}") from None
+    return check_fixed_size(dtype)
+
+
+def v3_dtype(spec: Any) -> np.dtype:
+    """The numpy dtype of a v3 `data_type` (final spec, zarr-python 3 names, and the drafts)."""
+    if isinstance(spec, dict):
+        name, config = spec.get("name"), spec.get("configuration") or {}
+    else:
+        name, config = spec, {}
+    if not isinstance(name, str):
+        raise MetadataError(f"bad data_type {spec!r}")
+    if name in VARIABLE_SIZE_V3:
+        raise Unsupported(f"data type {name!r} has variable-size elements, not readable yet")
+    if name in V3_NAMES:
+        if V3_NAMES[name] is None:
+            raise Unsupported(f"data type {name!r} has no numpy equivalent")
+        return np.dtype(V3_NAMES[name])
+    if name.startswith("r") and name[1:].isdigit():
+        bits = int(name[1:])
+        if bits <= 0 or bits % 8:
+            raise MetadataError(f"raw data type {name!r} must be a positive multiple of 8 bits")
+        return np.dtype(f"V{bits // 8}")
+    try:
+        if name in ("null_terminated_bytes", "fixed_length_bytes"):
+            return np.dtype(f"S{int(config['length_bytes'])}")
+        if name == "raw_bytes":
+            return np.dtype(f"V{int(config['length_bytes'])}")
+        if name == "fixed_length_utf32":
+            return np.dtype(f"<U{int(config['length_bytes']) // 4}")
+        if name in ("numpy.datetime64", "numpy.timedelta64"):
+            scale = int(config.get("scale_factor", 1))
+            unit = f"{scale}{config['unit']}" if scale != 1 else config["unit"]
+            return np.dtype(f"<{'M' if 'datetime' in name else 'm'}8[{unit}]")
+        if name == "structured":
+            fields = [(f[0], v3_dtype(f[1])) for f in config["fields"]]
+            return check_fixed_size(np.dtype(fields))
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise MetadataError(f"bad configuration for data type {name!r}: {e!r}") from None
+    raise Unsupported(f"unknown data type {name!r}")
+
+
+def _float_token(value: Any, dtype: np.dtype) -> Any:
+    """A float fill value: number, NaN/Infinity tokens, or `0x` hex bit patterns."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        v = value.strip()
+        if v in ("NaN", "nan"):
+            return math.nan
+        if v in ("Infinity", "+Infinity", "inf"):
+            return math.inf
+        if v in ("-Infinity", "-inf"):
+            return -math.inf
+        if v[:2] in ("0x", "0b"):
+            bits = int(v, 16 if v[:2] == "0x" else 2)
+            return np.array(bits, dtype=f"<u{dtype.itemsize}").view(dtype.newbyteorder("<"))[()]
+    raise MetadataError(f"bad fill value {value!r} for {dtype}")
+
+
+def _bytes_value(value: Any) -> bytes:
+    """Bytes of a fill value given as base64 text (padded or not) or a list of byte values."""
+    if isinstance(value, list) and all(isinstance(b, int) for b in value):
+        return bytes(value)
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise MetadataError(f"fill value {value!r} is not base64") from None
+    raise MetadataError(f"bad fill value {value!r} for a bytes type")
+
+
+def fill_value(value: Any, dtype: np.dtype) -> np.ndarray:
+    """The fill value from JSON as a 0-d array of `dtype`; null means zeros."""
+    out = np.zeros((), dtype=dtype)
+    if value is None:
+        return out
+    kind = dtype.kind
+    try:
+        if dtype.fields is not None or kind == "V":
+            raw = _bytes_value(value)
+            out = np.frombuffer(raw.ljust(dtype.itemsize, b"\0")[: dtype.itemsize], dtype=dtype)[0]
+            return np.array(out, dtype=dtype)
+        if kind == "S":
+            raw = value.encode("latin1") if isinstance(value, str) and not _is_b64(value) else _bytes_value(value)
+            out[()] = raw[: dtype.itemsize]
+        elif kind == "U":
+            out[()] = str(value)
+        elif kind == "b":
+            out[()] = bool(value)
+        elif kind in "iu":
+            out[()] = int(value, 0) if isinstance(value, str) else int(value)
+        elif kind == "f":
+            out[()] = _float_token(value, dtype)
+        elif kind == "c":
+            if isinstance(value, (list, tuple)) and len(value) == 2:
+                part = np.dtype(f"{dtype.byteorder if dtype.byteorder in '<>' else '<'}f{dtype.itemsize // 2}")
+                out[()] = complex(_float_token(value[0], part), _float_token(value[1], part))
+            elif isinstance(value, (int, float)):
+                out[()] = value
+            else:
+                raise MetadataError(f"bad complex fill value {value!r}")
+        elif kind in "mM":
+            out[()] = np.array(int(value), dtype="<i8").view(dtype.newbyteorder("<"))[()] if not (
+                isinstance(value, str) and value == "NaT") else np.array("NaT", dtype=dtype)
+        else:
+            raise Unsupported(f"fill value for data type {dtype}")
+    except (TypeError, ValueError, OverflowError) as e:
+        raise MetadataError(f"bad fill value {value!r} for {dtype}: {e}") from None
+    return out
+
+
+def _is_b64(text: str) -> bool:
+    try:
+        base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+        return True
+    except (binascii.Error, ValueError):
+        return False
+

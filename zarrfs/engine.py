@@ -1,0 +1,170 @@
+"""Trio orchestration of chunk loads: cache, single-flight, limiters, worker threads, counters.
+
+Concurrency rules: everything here runs in the trio thread, so code between two awaits is
+atomic and the tables (cache, in-flight loads, counters) need no locks. Worker threads
+(`*_sync` functions) get immutable inputs (ArrayMeta, bytes) and touch no shared table.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+import trio
+
+from .errors import CorruptChunk, StoreError, ZarrfsError
+from .model import ArrayMeta
+from .store import Store
+from .views import ArrayStream
+
+log = logging.getLogger(__name__)
+
+Index = tuple[int, ...]
+
+# Concurrent store reads: enough to hide the latency of a remote store; local reads
+# gain nothing past a handful. Decoding is CPU-bound: one thread per core.
+IO_THREADS_REMOTE = 16
+IO_THREADS_LOCAL = 4
+DECODE_THREADS = max(1, os.cpu_count() or 1)
+
+
+def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
+    """Decode one stored chunk; any failure becomes a CorruptChunk naming the key."""
+    try:
+        arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, meta.fill_value)
+    except ZarrfsError as e:
+        raise type(e)(f"chunk {key}: {e}") from None
+    except Exception as e:  # numcodecs raises many types for corrupt input
+        raise CorruptChunk(f"chunk {key}: cannot decode: {type(e).__name__}: {e}") from None
+    if arr.shape != meta.chunk_shape or arr.dtype != meta.dtype:
+        raise CorruptChunk(f"chunk {key}: decoded to {arr.shape} {arr.dtype}, "
+                           f"expected {meta.chunk_shape} {meta.dtype}")
+    return arr
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The error to report from a group of failed loads: a ZarrfsError if there is one."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(e.exceptions)
+        else:
+            leaves.append(e)
+    return next((e for e in leaves if isinstance(e, ZarrfsError)), leaves[0])
+
+
+class _Load:
+    """One chunk load in flight, shared by every reader that wants that chunk."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: np.ndarray | None = None
+        self.error: BaseException | None = None
+
+
+class Engine:
+    """Turns reads of array streams into cached, deduplicated chunk loads."""
+
+    def __init__(self, store: Store, cache: Any) -> None:
+        self.store = store
+        self.cache = cache
+        self.io_limiter = trio.CapacityLimiter(IO_THREADS_LOCAL if store.is_local else IO_THREADS_REMOTE)
+        self.cpu_limiter = trio.CapacityLimiter(DECODE_THREADS)
+        self._inflight: dict[tuple[str, Index], _Load] = {}
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.decode_seconds = 0.0
+        self.started = time.time()
+
+    async def run_io(self, fn: Any, *args: Any) -> Any:
+        """Run a blocking store call in a worker thread under the I/O limiter."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
+
+    async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
+        """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
+        key = (meta.path, idx)
+        arr = self.cache.get(key)
+        if arr is not None:
+            return arr
+        load = self._inflight.get(key)
+        if load is not None:
+            await load.done.wait()
+            if load.error is not None:
+                raise load.error
+            return load.value
+        load = self._inflight[key] = _Load()
+        try:
+            load.value = await self._load(meta, idx)
+            self.cache.put(key, load.value)
+            return load.value
+        except BaseException as e:
+            load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of chunk {idx} was interrupted")
+            raise
+        finally:
+            del self._inflight[key]
+            load.done.set()
+
+    async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
+        key = meta.chunk_key(idx)
+        try:
+            raw = await self.run_io(self.store.get_sync, key)
+        except ZarrfsError as e:
+            self._count_error(e, key)
+            raise
+        self.counters["store_gets"] += 1
+        if raw is None:
+            self.counters["fill_chunks"] += 1
+            return np.broadcast_to(meta.fill_value, meta.chunk_shape)
+        self.counters["store_bytes"] += len(raw)
+        t0 = time.perf_counter()
+        try:
+            arr = await trio.to_thread.run_sync(decode_chunk_sync, meta, key, raw, limiter=self.cpu_limiter)
+        except ZarrfsError as e:
+            self._count_error(e, key)
+            raise
+        self.decode_seconds += time.perf_counter() - t0
+        self.counters["bytes_decoded"] += arr.nbytes
+        return arr
+
+    def _count_error(self, error: ZarrfsError, key: str) -> None:
+        self.errors[type(error).__name__] += 1
+        log.warning("%s: %s", key, error)
+
+    async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently."""
+        plan = stream.plan(offset, size)
+        chunks: dict[Index, np.ndarray] = {}
+        if len(plan.chunks) == 1:
+            chunks[plan.chunks[0]] = await self.chunk(stream.meta, plan.chunks[0])
+        elif plan.chunks:
+            async def get(idx: Index) -> None:
+                chunks[idx] = await self.chunk(stream.meta, idx)
+
+            try:
+                async with trio.open_nursery() as nursery:
+                    for idx in plan.chunks:
+                        nursery.start_soon(get, idx)
+            except BaseExceptionGroup as group:
+                raise _first_leaf(group) from None
+        self.counters["reads"] += 1
+        return stream.assemble(plan, chunks)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since mount (for stats.json and the log)."""
+        return {
+            "uptime_s": round(time.time() - self.started, 3),
+            **dict(self.counters),
+            "cache_hits": self.cache.hits, "cache_misses": self.cache.misses,
+            "cache_evictions": self.cache.evictions, "cache_bytes": self.cache.used_bytes,
+            "cache_max_bytes": self.cache.max_bytes,
+            "decode_seconds": round(self.decode_seconds, 6),
+            "errors": dict(self.errors),
+        }

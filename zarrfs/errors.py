@@ -1,0 +1,53 @@
+"""Exceptions of zarrfs, each carrying the errno the FUSE layer answers with."""
+
+from __future__ import annotations
+
+import errno
+
+
+class ZarrfsError(Exception):
+    """Base class: a problem with a message and the errno a file operation reports."""
+
+    errno: int = errno.EIO
+
+
+class UserError(ZarrfsError):
+    """A problem the user can fix (bad option, missing source): one line, no traceback."""
+
+    errno = errno.EINVAL
+
+
+class NotFound(ZarrfsError):
+    """A node, key or file that does not exist."""
+
+    errno = errno.ENOENT
+
+
+class StoreError(ZarrfsError):
+    """A store operation failed (network, permissions, server error)."""
+
+    errno = errno.EIO
+
+
+class MetadataError(ZarrfsError):
+    """A metadata document that cannot be parsed or does not follow its format."""
+
+    errno = errno.EIO
+
+
+class CorruptChunk(ZarrfsError):
+    """An encoded chunk that does not decode to the expected shape and dtype."""
+
+    errno = errno.EIO
+
+
+class Unsupported(ZarrfsError):
+    """Valid input that zarrfs does not handle (variable-size types, unknown codecs)."""
+
+    errno = errno.EOPNOTSUPP
+
+
+class ReadOnly(ZarrfsError):
+    """A write to a read-only mount."""
+
+    errno = errno.EROFS

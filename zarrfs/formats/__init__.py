@@ -1,0 +1,29 @@
+"""Format detection: tell the families apart by their documents, or take `format=`."""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from ..store import Store
+from .base import Hierarchy
+from .v2 import V2Hierarchy
+from .v3 import V3Hierarchy
+
+# Detection order: v3 before v2 (a store can hold both only by accident; v3 is newer).
+FORMATS: dict[str, type] = {"v3": V3Hierarchy, "v2": V2Hierarchy}
+
+
+def open_hierarchy_sync(store: Store, fmt: str = "auto") -> Hierarchy:
+    """Open the hierarchy in `store`, detecting its format unless `fmt` names one."""
+    if fmt != "auto":
+        if fmt not in FORMATS:
+            raise UserError(f"format {fmt} is not supported yet")
+        return FORMATS[fmt].open_sync(store)
+    for cls in FORMATS.values():
+        if cls.detect_sync(store):
+            return cls.open_sync(store)
+    # No document at the root: a hierarchy of implicit groups (tensorstore writes no groups).
+    for cls in FORMATS.values():
+        hierarchy = cls.open_sync(store)
+        if hierarchy.node_sync("") is not None and hierarchy.children_sync(""):
+            return hierarchy
+    raise UserError(f"{store.source}: not a Zarr hierarchy (no .zarray, .zgroup, .zmetadata or zarr.json)")

@@ -1,0 +1,116 @@
+"""Zarr v3 (final spec): a `zarr.json` per node, chunk key encodings, codecs, consolidated metadata."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import dtypes
+from ..codecs import v3_chain
+from ..errors import MetadataError, Unsupported
+from ..model import ArrayMeta, ChunkKeys, GroupMeta, Node, ints, join
+from ..store import Store
+from .base import NodeDocsHierarchy, json_object
+
+log = logging.getLogger(__name__)
+
+ARRAY_FIELDS = {"zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding",
+                "fill_value", "codecs", "attributes", "dimension_names", "storage_transformers"}
+
+
+class V3Hierarchy(NodeDocsHierarchy):
+    name = "v3"
+    doc_names = ("zarr.json",)
+
+    @classmethod
+    def detect_sync(cls, store: Store) -> bool:
+        try:
+            doc = json_object("zarr.json", store.get_sync("zarr.json"))
+        except MetadataError:
+            return False
+        return isinstance(doc, dict) and doc.get("zarr_format") == 3
+
+    @classmethod
+    def open_sync(cls, store: Store) -> "V3Hierarchy":
+        root = json_object("zarr.json", store.get_sync("zarr.json")) or {}
+        cm = root.get("consolidated_metadata")
+        consolidated = None
+        if isinstance(cm, dict) and cm.get("kind", "inline") == "inline" and isinstance(cm.get("metadata"), dict):
+            consolidated = {"": {"zarr.json": root}}
+            for path, doc in cm["metadata"].items():
+                consolidated[path.strip("/")] = {"zarr.json": doc}
+        return cls(store, consolidated)
+
+    def kind_guess(self, docs: dict[str, Any]) -> str:
+        doc = docs.get("zarr.json") or {}
+        return "array" if doc.get("node_type") == "array" else "group"
+
+    def kind_of_doc(self, name: str) -> str:
+        return "group"
+
+    def parse_docs(self, path: str, docs: dict[str, Any]) -> Node | None:
+        doc = docs.get("zarr.json")
+        if doc is None:
+            return None
+        key = join(path, "zarr.json")
+        if doc.get("zarr_format") != 3:
+            raise MetadataError(f"{key}: zarr_format {doc.get('zarr_format')!r} is not 3")
+        attrs = doc.get("attributes") or {}
+        if not isinstance(attrs, dict):
+            raise MetadataError(f"{key}: attributes must be a JSON object")
+        kind = doc.get("node_type")
+        if kind == "group":
+            return GroupMeta(path, attrs, self.name, key)
+        if kind == "array":
+            return parse_array(path, doc, attrs)
+        raise MetadataError(f"{key}: unknown node_type {kind!r}")
+
+
+def _extension_ok(name: str, value: Any) -> bool:
+    """Unknown fields may be ignored only when they say `must_understand: false`."""
+    return isinstance(value, dict) and value.get("must_understand") is False
+
+
+def chunk_keys(path: str, encoding: Any, key: str) -> ChunkKeys:
+    if encoding is None:
+        encoding = {"name": "default"}
+    if not isinstance(encoding, dict):
+        raise MetadataError(f"{key}: bad chunk_key_encoding {encoding!r}")
+    name, conf = encoding.get("name"), encoding.get("configuration") or {}
+    if name == "default":
+        sep = conf.get("separator", "/")
+        if sep not in ("/", "."):
+            raise MetadataError(f"{key}: bad separator {sep!r}")
+        return ChunkKeys(path, sep, "c" + sep, "c")
+    if name == "v2":
+        sep = conf.get("separator", ".")
+        if sep not in ("/", "."):
+            raise MetadataError(f"{key}: bad separator {sep!r}")
+        return ChunkKeys(path, sep, "", "0")
+    raise Unsupported(f"{key}: unknown chunk_key_encoding {name!r}")
+
+
+def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayMeta:
+    """An ArrayMeta from a final-v3 array `zarr.json`."""
+    key = join(path, "zarr.json")
+    for field in doc:
+        if field not in ARRAY_FIELDS and not _extension_ok(field, doc[field]):
+            raise Unsupported(f"{key}: unknown field {field!r} that must be understood")
+    if doc.get("storage_transformers"):
+        raise Unsupported(f"{key}: storage transformers {doc['storage_transformers']!r} not supported")
+    try:
+        shape = ints(doc["shape"], "shape", key)
+        dtype = dtypes.v3_dtype(doc["data_type"])
+        grid = doc["chunk_grid"]
+        if not isinstance(grid, dict) or grid.get("name") != "regular":
+            raise Unsupported(f"{key}: chunk grid {grid!r} is not `regular`")
+        chunks = ints((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape", key)
+        codec = v3_chain(doc["codecs"], len(shape), key)
+        fill = dtypes.fill_value(doc["fill_value"], dtype)
+    except KeyError as e:
+        raise MetadataError(f"{key}: missing field {e}") from None
+    names = doc.get("dimension_names")
+    return ArrayMeta(
+        path=path, shape=shape, dtype=dtype, chunk_shape=chunks, fill_value=fill, codec=codec,
+        keys=chunk_keys(path, doc.get("chunk_key_encoding"), key), attributes=attrs, format="v3",
+        metadata_key=key, dimension_names=tuple(names) if isinstance(names, list) else None)

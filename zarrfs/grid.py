@@ -1,0 +1,72 @@
+"""Regular chunk grid arithmetic: grid shape, chunk regions clipped at the array's edge."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+Index = tuple[int, ...]
+
+
+def grid_shape(shape: Index, chunks: Index) -> Index:
+    """Number of chunks along each dimension."""
+    return tuple(-(-s // c) for s, c in zip(shape, chunks))
+
+
+def n_chunks(shape: Index, chunks: Index) -> int:
+    return math.prod(grid_shape(shape, chunks))
+
+
+def chunk_slices(idx: Index, shape: Index, chunks: Index) -> tuple[slice, ...]:
+    """The region of the array that chunk `idx` covers, clipped at the array's edge."""
+    return tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(idx, chunks, shape))
+
+
+def data_shape(idx: Index, shape: Index, chunks: Index) -> Index:
+    """Shape of chunk `idx` once clipped at the edge (its chunk shape is always `chunks`)."""
+    return tuple(min((i + 1) * c, s) - i * c for i, c, s in zip(idx, chunks, shape))
+
+
+def all_chunks(shape: Index, chunks: Index) -> Iterator[Index]:
+    """Every grid position in C order."""
+    return itertools.product(*(range(n) for n in grid_shape(shape, chunks)))
+
+
+def chunks_in_box(start: Index, box: Index, chunks: Index) -> Iterator[Index]:
+    """Grid positions of every chunk that intersects the box [start, start + box)."""
+    ranges = [range(a // c, (a + n - 1) // c + 1) for a, n, c in zip(start, box, chunks)]
+    return itertools.product(*ranges)
+
+
+def flat_boxes(shape: Index, first: int, stop: int) -> Iterator[tuple[Index, Index]]:
+    """Split the C-order element range [first, stop) into boxes, each contiguous in C order.
+
+    Yields (start, box_shape) in order; at most 2*ndim-1 boxes.
+    """
+    if first >= stop:
+        return
+    if not shape:
+        yield (), ()
+        return
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+
+    def split(d: int, base: Index, lo: int, hi: int) -> Iterator[tuple[Index, Index]]:
+        st, rest = strides[d], shape[d + 1:]
+        if lo == 0 and hi == shape[d] * st:
+            yield base + (0,) * (len(shape) - d), shape[d:]
+            return
+        i0, i_last = lo // st, (hi - 1) // st
+        if i0 == i_last:
+            yield from split(d + 1, base + (i0,), lo - i0 * st, hi - i0 * st)
+            return
+        if lo % st:
+            yield from split(d + 1, base + (i0,), lo % st, st)
+            i0 += 1
+        i1 = hi // st
+        if i1 > i0:
+            yield base + (i0,) + (0,) * len(rest), (i1 - i0,) + rest
+        if hi % st:
+            yield from split(d + 1, base + (i1,), 0, hi % st)
+
+    yield from split(0, (), first, stop)

@@ -1,0 +1,36 @@
+"""NPY file headers (format 1.0, else 2.0, else 3.0), byte-identical to what numpy.save writes."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+MAGIC = b"\x93NUMPY"
+# numpy aligns the data start to 64 bytes and leaves room after the header dict for the
+# first (C) or last (F) axis to grow to 21 digits; we reproduce both to match np.save.
+ARRAY_ALIGN = 64
+GROWTH_AXIS_MAX_DIGITS = 21
+
+
+def header(dtype: np.dtype, shape: tuple[int, ...], fortran_order: bool = False) -> bytes:
+    """The complete NPY header (magic, length, dict, padding, newline) for an array."""
+    shape = tuple(int(n) for n in shape)
+    descr = np.lib.format.dtype_to_descr(dtype)
+    text = "{'descr': %r, 'fortran_order': %r, 'shape': %r, }" % (descr, bool(fortran_order), shape)
+    if shape:
+        grow_axis = shape[-1] if fortran_order else shape[0]
+        text += " " * (GROWTH_AXIS_MAX_DIGITS - len(repr(grow_axis)))
+    for version, fmt, encoding in (((1, 0), "<H", "latin1"), ((2, 0), "<I", "latin1"), ((3, 0), "<I", "utf8")):
+        try:
+            body = text.encode(encoding)
+        except UnicodeEncodeError:
+            continue
+        hlen = len(body) + 1
+        pad = ARRAY_ALIGN - ((len(MAGIC) + 2 + struct.calcsize(fmt) + hlen) % ARRAY_ALIGN)
+        try:
+            prefix = MAGIC + bytes(version) + struct.pack(fmt, hlen + pad)
+        except struct.error:
+            continue
+        return prefix + body + b" " * pad + b"\n"
+    raise ValueError("NPY header too large")

@@ -1,0 +1,107 @@
+"""The store: get, get many, set, erase, list a prefix, over any fsspec file system; key checks.
+
+Every method is synchronous (ends in `_sync`): the engine calls them in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import fsspec
+from fsspec.asyn import AsyncFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+from .errors import StoreError, UserError
+from .model import check_key, join
+
+log = logging.getLogger(__name__)
+
+
+class Store:
+    """A Zarr store rooted at an fsspec URL or local path; keys are `/`-separated strings."""
+
+    def __init__(self, source: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.source = source
+        try:
+            # A fresh instance: fsspec's cached instances are not safe across fork().
+            self.fs, root = fsspec.core.url_to_fs(source, skip_instance_cache=True, **(storage_options or {}))
+        except (ValueError, ImportError, TypeError) as e:
+            raise UserError(f"cannot open {source}: {e}") from None
+        self.root = root.rstrip("/") if root not in ("/", "") else root
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self._real_root = os.path.realpath(self.root) if self.is_local else None
+
+    def __repr__(self) -> str:
+        return f"Store({self.source!r})"
+
+    def path(self, key: str) -> str:
+        """The file system path of a key; never outside the store's root."""
+        check_key(key)
+        full = join(self.root, key) if self.root != "/" else "/" + key
+        if not key:
+            full = self.root
+        if self._real_root is not None:
+            real = os.path.realpath(full)
+            if real != self._real_root and not real.startswith(self._real_root + os.sep):
+                raise StoreError(f"key {key!r} resolves outside the store ({real})")
+        return full
+
+    def get_sync(self, key: str) -> bytes | None:
+        """The value of a key, or None when the key is absent."""
+        try:
+            return self.fs.cat_file(self.path(key))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except StoreError:
+            raise
+        except Exception as e:  # any failure of any backend is a store error of this key
+            raise StoreError(f"reading {key!r} failed: {type(e).__name__}: {e}") from None
+
+    def get_many_sync(self, keys: list[str]) -> dict[str, bytes | None]:
+        """Several keys at once (concurrently on asynchronous file systems)."""
+        if not isinstance(self.fs, AsyncFileSystem) or len(keys) < 2:
+            return {k: self.get_sync(k) for k in keys}
+        paths = [self.path(k) for k in keys]
+
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*(self.fs._cat_file(p) for p in paths), return_exceptions=True)
+
+        out: dict[str, bytes | None] = {}
+        for key, res in zip(keys, fsspec.asyn.sync(self.fs.loop, gather)):
+            if isinstance(res, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+                out[key] = None
+            elif isinstance(res, BaseException):
+                raise StoreError(f"reading {key!r} failed: {type(res).__name__}: {res}")
+            else:
+                out[key] = res
+        return out
+
+    def list_dir_sync(self, prefix: str) -> tuple[list[str], list[str]]:
+        """Names of the keys (files) and sub-prefixes (dirs) directly under a prefix."""
+        base = self.path(prefix).rstrip("/")
+        try:
+            entries = self.fs.ls(base + ("/" if not self.is_local else ""), detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
+        except Exception as e:
+            raise StoreError(f"listing {prefix or '/'!r} failed: {type(e).__name__}: {e}") from None
+        files, dirs = [], []
+        for entry in entries:
+            name = entry["name"].rstrip("/")
+            if not name.startswith(base + "/"):
+                continue
+            leaf = name[len(base) + 1:]
+            if not leaf or "/" in leaf or leaf in (".", ".."):
+                continue
+            (dirs if entry.get("type") == "directory" else files).append(leaf)
+        return sorted(set(files)), sorted(set(dirs))
+
+    def exists_sync(self) -> bool:
+        """Whether the store's root exists at all (for a clear error at mount time)."""
+        try:
+            return bool(self.fs.exists(self.root)) or bool(self.list_dir_sync("")[0])
+        except Exception:
+            return False

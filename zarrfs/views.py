@@ -1,0 +1,84 @@
+"""Byte-stream views of an array: an NPY file or raw bytes, in C or F order.
+
+A read of bytes [offset, offset+size) becomes a plan (header bytes, element range, the
+chunks it touches) and, once those chunks are decoded, an assembly of the bytes.
+Pure: no I/O, no trio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from . import grid, npy
+from .model import ArrayMeta
+
+Index = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadPlan:
+    header_part: bytes
+    first_elem: int
+    stop_elem: int
+    skip_bytes: int  # bytes to drop from the first element
+    take_bytes: int  # data bytes to return
+    boxes: tuple[tuple[Index, Index], ...]  # in the stream's dimension order
+    chunks: tuple[Index, ...]  # grid positions (array order) to load
+
+
+class ArrayStream:
+    """An array as a byte stream: an optional NPY header, then its elements in C or F order."""
+
+    def __init__(self, meta: ArrayMeta, order: str = "C", with_header: bool = True) -> None:
+        self.meta = meta
+        self.order = order
+        self.header = npy.header(meta.dtype, meta.shape, order == "F") if with_header else b""
+        self.size = len(self.header) + meta.nbytes
+        # F order is C order of the transposed array: work in reversed dimensions.
+        flip = order == "F"
+        self._shape = meta.shape[::-1] if flip else meta.shape
+        self._chunks = meta.chunk_shape[::-1] if flip else meta.chunk_shape
+        self._flip = flip
+
+    def plan(self, offset: int, size: int) -> ReadPlan:
+        end = min(offset + size, self.size)
+        offset = max(offset, 0)
+        hlen = len(self.header)
+        header_part = self.header[offset:end] if offset < hlen else b""
+        d0, d1 = max(offset - hlen, 0), end - hlen
+        item = self.meta.dtype.itemsize
+        if d1 <= d0 or item == 0:
+            return ReadPlan(header_part, 0, 0, 0, 0, (), ())
+        e0, e1 = d0 // item, -(-d1 // item)
+        boxes = tuple(grid.flat_boxes(self._shape, e0, e1))
+        needed: dict[Index, None] = {}
+        for start, box in boxes:
+            for t_idx in grid.chunks_in_box(start, box, self._chunks):
+                needed[t_idx[::-1] if self._flip else t_idx] = None
+        return ReadPlan(header_part, e0, e1, d0 - e0 * item, d1 - d0, boxes, tuple(needed))
+
+    def assemble(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes:
+        """The bytes of `plan`, given every chunk it names (full chunk shape, any layout)."""
+        if plan.take_bytes == 0:
+            return plan.header_part
+        buf = np.empty(plan.stop_elem - plan.first_elem, dtype=self.meta.dtype)
+        pos = 0
+        for start, box in plan.boxes:
+            n = math.prod(box)
+            out = buf[pos:pos + n].reshape(box)
+            pos += n
+            for t_idx in grid.chunks_in_box(start, box, self._chunks):
+                chunk = chunks[t_idx[::-1] if self._flip else t_idx]
+                if self._flip:
+                    chunk = chunk.T
+                src, dst = [], []
+                for i, c, a, b, s in zip(t_idx, self._chunks, start, box, self._shape):
+                    lo, hi = max(i * c, a), min((i + 1) * c, a + b, s)
+                    src.append(slice(lo - i * c, hi - i * c))
+                    dst.append(slice(lo - a, hi - a))
+                out[tuple(dst)] = chunk[tuple(src)]
+        data = buf.view(np.uint8)[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
+        return plan.header_part + data.tobytes() if plan.header_part else data.tobytes()
