@@ -129,34 +129,38 @@ FIXTURES = [
          order="F", fill_value=0,
          writes=[((0, 7), (0, 9))]),
     # --- blosc variants ------------------------------------------------------------
-    dict(name="blosc_zstd_bitshuffle_i4_F", dtype="<i4", shape=(11, 10), chunks=(4, 4),
+    dict(name="blosc_zstd_bitshuffle_i4_F", dtype="<i4", shape=(30, 25), chunks=(12, 10),
          compression="blosc", compression_opts=dict(cname="zstd", clevel=3, shuffle=2),
          order="F", fill_value=0,
-         writes=[((0, 11), (0, 10))]),
-    dict(name="blosc_zlib_noshuffle_u2_C", dtype="<u2", shape=(11, 10), chunks=(4, 4),
+         writes=[((0, 30), (0, 25))]),
+    dict(name="blosc_lz4_bitshuffle_i4_F", dtype="<i4", shape=(30, 25), chunks=(12, 10),
+         compression="blosc", compression_opts=dict(cname="lz4", clevel=5, shuffle=2),
+         order="F", fill_value=0,
+         writes=[((0, 24), (0, 25))]),
+    dict(name="blosc_zlib_noshuffle_u2_C", dtype="<u2", shape=(30, 30), chunks=(12, 12),
          compression="blosc", compression_opts=dict(cname="zlib", clevel=1, shuffle=0),
          order="C", fill_value=1,
-         writes=[((0, 11), (0, 6))]),
+         writes=[((0, 30), (0, 18))]),
     dict(name="blosc_lz4hc_c16_F", dtype="<c16", shape=(6, 7), chunks=(4, 3),
          compression="blosc", compression_opts=dict(cname="lz4hc", clevel=9, shuffle=1),
          order="F", fill_value=None,
          writes=[((0, 4), (0, 3)), ((4, 6), (6, 7)), ((0, 4), (6, 7))]),
-    dict(name="blosc_blosclz_f4_1d", dtype="<f4", shape=(25,), chunks=(10,),
+    dict(name="blosc_blosclz_f4_1d", dtype="<f4", shape=(250,), chunks=(64,),
          compression="blosc", compression_opts=dict(cname="blosclz", clevel=9, shuffle=1),
          order="C", fill_value=NAN,
-         writes=[((0, 7),), ((20, 25),)]),
-    dict(name="blosc_snappy_u1_C", dtype="|u1", shape=(8, 8), chunks=(4, 4),
-         compression="blosc", compression_opts=dict(cname="snappy", clevel=5, shuffle=0),
+         writes=[((0, 70),), ((200, 250),)]),
+    dict(name="blosc_snappy_u2_C", dtype="<u2", shape=(40, 40), chunks=(16, 16),
+         compression="blosc", compression_opts=dict(cname="snappy", clevel=5, shuffle=1),
          order="C", fill_value=0,
-         writes=[((0, 8), (0, 8))]),
-    dict(name="blosc_be_i4_C", dtype=">i4", shape=(20,), chunks=(6,),
+         writes=[((0, 40), (0, 40))]),
+    dict(name="blosc_be_i4_C", dtype=">i4", shape=(200,), chunks=(64,),
          compression="blosc", compression_opts=dict(cname="lz4", clevel=5, shuffle=1),
          order="C", fill_value=0,
-         writes=[((0, 13),)]),
-    dict(name="blosc_i2_3d_F", dtype="<i2", shape=(5, 6, 7), chunks=(2, 3, 4),
+         writes=[((0, 130),)]),
+    dict(name="blosc_i2_3d_F", dtype="<i2", shape=(10, 12, 14), chunks=(4, 6, 7),
          compression="blosc", compression_opts=dict(cname="lz4", clevel=5, shuffle=1),
          order="F", fill_value=-5,
-         writes=[((0, 4), (0, 6), (0, 4)), ((4, 5), (3, 6), (4, 7))]),
+         writes=[((0, 8), (0, 12), (0, 7)), ((9, 10), (5, 12), (10, 14))]),
     # --- more dtypes ---------------------------------------------------------------
     dict(name="zlib_f8_3d_F", dtype="<f8", shape=(5, 6, 7), chunks=(2, 3, 4),
          compression="zlib", compression_opts=6, order="F", fill_value=NAN,
@@ -180,10 +184,10 @@ FIXTURES = [
     dict(name="none_S4_F", dtype="|S4", shape=(5, 6), chunks=(2, 4),
          compression="none", compression_opts=None, order="F", fill_value=None,
          writes=[((0, 5), (0, 6))]),
-    dict(name="blosc_struct_C", dtype=STRUCT_NESTED, shape=(10,), chunks=(4,),
+    dict(name="blosc_struct_C", dtype=STRUCT_NESTED, shape=(60,), chunks=(16,),
          compression="blosc", compression_opts=dict(cname="lz4", clevel=5, shuffle=1),
          order="C", fill_value=None,
-         writes=[((0, 4),), ((8, 10),)]),
+         writes=[((0, 16),), ((48, 60),)]),
     dict(name="zlib_struct_F", dtype=STRUCT_RGB, shape=(6, 5), chunks=(4, 3),
          compression="zlib", compression_opts=1, order="F", fill_value=None,
          writes=[((0, 6), (0, 5))]),
@@ -226,18 +230,20 @@ def _field_values(dt, idx, salt):
             out[name] = _field_values(dt[name], idx, salt + name)
         return out
     kind = dt.kind
+    salt_offset = sum(map(ord, salt)) % 17  # struct fields get different values
     if kind == "b":
-        return ((idx * 7) % 3 == 0).astype(dt)
+        # no period, so a chunk's C and F walks differ
+        return np.random.default_rng(20160901).random(idx.shape) < 0.5
     if kind == "u":
         if dt.itemsize == 1:
-            return ((idx * 5 + 3) % 251).astype(dt)
+            return ((idx * 5 + 3 + salt_offset) % 251).astype(dt)
         if dt.itemsize == 8:
             return (np.uint64(2**63) + idx.astype(np.uint64) * np.uint64(1000003)).astype(dt)
         return (idx * 3 + 1).astype(dt)
     if kind == "i":
         if dt.itemsize == 1:
             return ((idx % 200) - 100).astype(dt)
-        return (idx * 3 - 50).astype(dt)
+        return (idx * 3 - 50 + salt_offset).astype(dt)
     if kind == "f":
         return (idx * 0.25 - 7.0).astype(dt)
     if kind == "c":
@@ -333,6 +339,45 @@ def _dtype_from_meta(d):
     return d
 
 
+ZSTD_MAGICS = {"fd2fb527": "zstd v0.7 frame", "fd2fb528": "zstd v0.8+/1.x frame"}
+BLOSC_CODES = {0: "blosclz", 1: "lz4/lz4hc", 2: "snappy", 3: "zlib", 4: "zstd"}
+
+
+def blosc_summary(store_dir, keys):
+    """One line on the 16-byte blosc headers of every chunk of a store."""
+    compressed = 0
+    flags_seen = set()
+    typesizes = set()
+    for key in keys:
+        with open(os.path.join(store_dir, key), "rb") as f:
+            head = f.read(16)
+        flags, typesize = head[2], head[3]
+        nbytes, cbytes = int.from_bytes(head[4:8], "little"), int.from_bytes(head[12:16], "little")
+        memcpyed = bool(flags & 0x02)
+        if not memcpyed:
+            compressed += 1
+        flags_seen.add("0x%02x (%s%s%s%s)" % (
+            flags, BLOSC_CODES.get(flags >> 5, "?"),
+            ", byte shuffle" if flags & 0x01 else "",
+            ", bit shuffle" if flags & 0x04 else "",
+            ", memcpyed" if memcpyed else ""))
+        typesizes.add(typesize)
+        if flags >> 5 == 4 and not memcpyed:
+            # first block: 4-byte offset table entry, then a 4-byte compressed size
+            # and the zstd frame, which starts with the frame magic
+            with open(os.path.join(store_dir, key), "rb") as f:
+                data = f.read()
+            bstart = int.from_bytes(data[16:20], "little")
+            magic = data[bstart + 4:bstart + 8][::-1].hex()
+            flags_seen.add("zstd frame magic 0x%s at byte %d (%s)" % (
+                magic, bstart + 4, ZSTD_MAGICS.get(magic, "unknown")))
+        assert cbytes == os.path.getsize(os.path.join(store_dir, key)), key
+        del nbytes
+    return "%d/%d chunks compressed (the rest stored memcpyed); flags %s; typesize %s" % (
+        compressed, len(keys), ", ".join(sorted(flags_seen)),
+        ", ".join(str(t) for t in sorted(typesizes)))
+
+
 def defined_mask(shape, chunks, keys, fill_value):
     if fill_value is not None:
         return np.ones(shape, dtype=bool)
@@ -385,6 +430,7 @@ def main():
 
     rows = []
     evidence = []
+    blosc_lines = []
     for fx in FIXTURES:
         name = fx["name"]
         src = write_fixture(fx)
@@ -447,6 +493,8 @@ def main():
             name, json.dumps(meta["dtype"]), tuple(shape), tuple(chunks),
             fmt_compression(meta), meta["order"], fmt_fill(meta["fill_value"]),
             len(keys), _n_chunks(shape, chunks), layout))
+        if meta["compression"] == "blosc" and keys:
+            blosc_lines.append("- `%s`: %s" % (name, blosc_summary(store_dir, keys)))
         ev = first_chunk_evidence(meta, store_dir, keys)
         if ev is not None and meta["order"] == "F":
             key, head_vals, blosc_head = ev
@@ -460,7 +508,10 @@ def main():
                 line += "; blosc header `%s`" % blosc_head
             evidence.append(line)
 
-    write_readme(rows, evidence)
+    write_readme(rows, evidence, blosc_lines)
+    for root, _dirs, files in os.walk(OUT):
+        for fn in files:  # the writer creates chunk files 0600 (tempfile); make them plain
+            os.chmod(os.path.join(root, fn), 0o644)
     print("wrote %d fixtures to %s" % (len(FIXTURES), OUT))
 
 
@@ -468,11 +519,12 @@ def _n_chunks(shape, chunks):
     return int(np.prod([-(-n // c) for n, c in zip(shape, chunks)], dtype=np.int64))
 
 
-def write_readme(rows, evidence):
+def write_readme(rows, evidence, blosc_lines):
     text = README_HEAD.format(zarr=zarr.__version__, numpy=np.__version__,
                               python=sys.version.split()[0])
     text += "\n".join(rows) + "\n"
     text += README_EVIDENCE + "\n".join(evidence) + "\n"
+    text += README_BLOSC + "\n".join(blosc_lines) + "\n"
     with open(os.path.join(OUT, "README.md"), "w") as f:
         f.write(text)
 
@@ -516,8 +568,18 @@ Quirks confirmed here:
 - A 0-d array (`zerod_i4`) gets the chunk key `''`; a DirectoryStore cannot store it
   (writing raises IsADirectoryError and leaves a `.partial` temp file), so the fixture
   has only `meta`/`attrs` and reads as its fill value.
-- `blosc_snappy_u1_C` uses blosc's snappy codec, which zarr 1.1.0's bundled c-blosc
-  has; numcodecs' blosc is built without snappy and cannot decode it.
+- `blosc_snappy_u2_C` uses blosc's snappy codec, which zarr 1.1.0's bundled c-blosc
+  has. numcodecs' blosc is built without snappy (0.15.2 lists blosclz, lz4, lz4hc,
+  zlib, zstd): it decodes the chunks blosc stored memcpyed but fails on the
+  snappy-compressed ones ("error during blosc decompression: -5"). A fixture for the
+  unsupported-codec error path, whose expected values still come from zarr 1.1.0.
+- zarr 1.1.0 bundles c-blosc 1.10.0.dev with zstd 0.7.4, whose frames start with
+  the pre-1.0 magic 0xFD2FB527 (bytes `27 b5 2f fd`; zstd 1.x uses 0xFD2FB528).
+  numcodecs' blosc (0.15.2) is built without zstd legacy support and fails on every
+  compressed chunk of `blosc_zstd_bitshuffle_i4_F` ("error during blosc
+  decompression: -1"); lz4, lz4hc, blosclz and zlib inside blosc decode fine, with and
+  without byte or bit shuffle. Another error-path fixture; its expected values come
+  from zarr 1.1.0.
 - Edge chunks are stored whole (full chunk shape); the overhang outside the array is
   undefined (fill value when there is one; zeros here for `null`, see the script).
 
@@ -530,6 +592,16 @@ README_EVIDENCE = """
 
 Each line decompresses the chunk file with its compressor alone and prints the first
 values in storage order, next to the same chunk walked in C order and in F order.
+
+"""
+
+README_BLOSC = """
+## Blosc headers as stored
+
+Blosc skips compression of buffers under 128 bytes and of data it cannot shrink, and
+then stores the bytes after its 16-byte header as they are (flag 0x02, "memcpyed").
+Flags byte: bit 0 byte shuffle, bit 1 memcpyed, bit 2 bit shuffle, bits 5-7 codec.
+The typesize is the dtype's itemsize (the whole record for a structured dtype).
 
 """
 

@@ -51,10 +51,16 @@ def flat_boxes(shape: Index, first: int, stop: int) -> Iterator[tuple[Index, Ind
         return
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
 
+    def ones(base: Index) -> Index:
+        return (1,) * len(base)
+
     def split(d: int, base: Index, lo: int, hi: int) -> Iterator[tuple[Index, Index]]:
         st, rest = strides[d], shape[d + 1:]
-        if lo == 0 and hi == shape[d] * st:
-            yield base + (0,) * (len(shape) - d), shape[d:]
+        if not rest:
+            yield base + (lo,), ones(base) + (hi - lo,)
+            return
+        if lo % st == 0 and hi % st == 0:
+            yield base + (lo // st,) + (0,) * len(rest), ones(base) + ((hi - lo) // st,) + rest
             return
         i0, i_last = lo // st, (hi - 1) // st
         if i0 == i_last:
@@ -65,7 +71,7 @@ def flat_boxes(shape: Index, first: int, stop: int) -> Iterator[tuple[Index, Ind
             i0 += 1
         i1 = hi // st
         if i1 > i0:
-            yield base + (i0,) + (0,) * len(rest), (i1 - i0,) + rest
+            yield base + (i0,) + (0,) * len(rest), ones(base) + (i1 - i0,) + rest
         if hi % st:
             yield from split(d + 1, base + (i1,), 0, hi % st)
 

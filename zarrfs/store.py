@@ -14,7 +14,7 @@ import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from .errors import StoreError, UserError
+from .errors import StoreError, UserError, ZarrfsError
 from .model import check_key, join
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class Store:
             return self.fs.cat_file(self.path(key))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
-        except StoreError:
+        except ZarrfsError:
             raise
         except Exception as e:  # any failure of any backend is a store error of this key
             raise StoreError(f"reading {key!r} failed: {type(e).__name__}: {e}") from None

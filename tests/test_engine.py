@@ -1,0 +1,144 @@
+"""The engine: one load per chunk however many readers, cache bounds, errors confined to a chunk."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import trio
+import zarr
+
+from zarrfs.cache import ChunkCache
+from zarrfs.engine import Engine
+from zarrfs.errors import CorruptChunk, StoreError
+from zarrfs.formats import open_hierarchy_sync
+from zarrfs.store import Store
+from zarrfs.views import ArrayStream
+
+from corehelp import np_save_bytes
+
+warnings.filterwarnings("ignore", module="zarr")
+
+
+class CountingStore(Store):
+    """A real local store that counts gets, and can delay or fail chosen keys (fault injection)."""
+
+    def __init__(self, source, slow=(), fail=()):
+        super().__init__(source)
+        self.gets: list[str] = []
+        self.slow, self.fail = set(slow), set(fail)
+        self.release = threading.Event()
+
+    def get_sync(self, key):
+        self.gets.append(key)
+        if key in self.slow:
+            self.release.wait(10)
+        if key in self.fail:
+            raise StoreError(f"reading {key!r} failed: injected")
+        return super().get_sync(key)
+
+
+@pytest.fixture
+def two_arrays(tmp_path):
+    path = str(tmp_path / "s")
+    root = zarr.open_group(path, mode="w", zarr_format=2)
+    a = root.create_array("a", shape=(40, 40), chunks=(10, 10), dtype="<f8")
+    a[:] = np.arange(1600).reshape(40, 40)
+    b = root.create_array("b", shape=(8,), chunks=(4,), dtype="<i4")
+    b[:] = np.arange(8)
+    return path
+
+
+def setup(path, store_cls=CountingStore, cache_bytes=1 << 24, **kw):
+    store = store_cls(path, **kw)
+    h = open_hierarchy_sync(store)
+    engine = Engine(store, ChunkCache(cache_bytes))
+    return store, engine, {p: ArrayStream(h.node_sync(p)) for p in ("a", "b")}
+
+
+async def test_concurrent_readers_share_one_load(two_arrays):
+    store, engine, streams = setup(two_arrays)
+    s = streams["a"]
+    out = []
+
+    async def reader():
+        out.append(await engine.read(s, len(s.header), 80))
+
+    async with trio.open_nursery() as n:
+        for _ in range(8):
+            n.start_soon(reader)
+    assert len(set(out)) == 1
+    assert store.gets.count("a/0.0") == 1
+    await engine.read(s, len(s.header), 80)  # now a cache hit
+    assert store.gets.count("a/0.0") == 1
+    assert engine.cache.hits >= 1
+
+
+async def test_slow_chunk_does_not_block_other_files(two_arrays):
+    store, engine, streams = setup(two_arrays, slow={"a/0.0"})
+    done = []
+
+    async def slow_read():
+        done.append(("a", await engine.read(streams["a"], 0, 200)))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(slow_read)
+        await trio.sleep(0.05)
+        with trio.fail_after(5):
+            data = await engine.read(streams["b"], 0, streams["b"].size)
+        done.append(("b", data))
+        store.release.set()
+    assert [name for name, _ in done] == ["b", "a"]
+    assert done[0][1] == np_save_bytes(np.arange(8, dtype="<i4"))
+
+
+async def test_corrupt_chunk_fails_only_its_reads(two_arrays, tmp_path):
+    with open(f"{two_arrays}/a/1.1", "wb") as f:
+        f.write(b"this is not blosc")
+    store, engine, streams = setup(two_arrays)
+    s = streams["a"]
+    hdr = len(s.header)
+    with pytest.raises(CorruptChunk, match=r"a/1\.1"):
+        await engine.read(s, hdr + (10 * 40 + 10) * 8, 8)  # element (10, 10)
+    ok = await engine.read(s, hdr, 40 * 8)  # row 0 lives in chunks (0, *)
+    assert np.frombuffer(ok, "<f8").tolist() == list(range(40))
+    assert engine.errors["CorruptChunk"] == 1
+
+
+async def test_store_failure_is_eio_for_that_read(two_arrays):
+    store, engine, streams = setup(two_arrays, fail={"b/1"})
+    s = streams["b"]
+    with pytest.raises(StoreError, match="injected"):
+        await engine.read(s, 0, s.size)
+    assert await engine.read(s, len(s.header), 16) == np.arange(4, dtype="<i4").tobytes()
+
+
+async def test_cache_stays_within_budget(two_arrays):
+    chunk_bytes = 10 * 10 * 8
+    store, engine, streams = setup(two_arrays, cache_bytes=3 * chunk_bytes)
+    s = streams["a"]
+    await engine.read(s, 0, s.size)
+    assert engine.cache.used_bytes <= 3 * chunk_bytes
+    assert engine.cache.evictions >= 13
+
+
+def test_decode_runs_in_threads_off_the_loop(two_arrays):
+    # A decode that blocks must not stop the trio loop from running other tasks.
+    store, engine, streams = setup(two_arrays)
+    ticks = []
+
+    async def main():
+        async def ticker():
+            for _ in range(5):
+                ticks.append(time.perf_counter())
+                await trio.sleep(0.01)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(ticker)
+            await engine.read(streams["a"], 0, streams["a"].size)
+
+    trio.run(main)
+    assert len(ticks) == 5

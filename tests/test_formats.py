@@ -1,0 +1,260 @@
+"""v2 and v3 stores written by zarr-python 3 read back exactly (np.save bytes of zarr's values)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+import zarr.codecs as zc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zarrfs.errors import Unsupported
+from zarrfs.model import ArrayMeta, BrokenNode, GroupMeta
+
+from corehelp import np_save_bytes, open_node, read_npy
+
+warnings.filterwarnings("ignore", module="zarr")
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+DTYPES_BOTH = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+               "float16", "float32", "float64", "complex64", "complex128", "S5", "<U3",
+               "datetime64[ns]", "timedelta64[s]", [("a", "<i4"), ("b", "<f8")]]
+
+
+def sample(dtype: np.dtype, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape, dtype=int))
+    if dtype.kind == "b":
+        return rng.integers(0, 2, n).astype(bool).reshape(shape)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True).reshape(shape)
+    if dtype.kind == "f":
+        return (rng.normal(0, 1000, n)).astype(dtype).reshape(shape)
+    if dtype.kind == "c":
+        return (rng.normal(0, 1, n) + 1j * rng.normal(0, 1, n)).astype(dtype).reshape(shape)
+    if dtype.kind == "S":
+        return np.array([b"x%d" % i for i in range(n)], dtype=dtype).reshape(shape)
+    if dtype.kind == "U":
+        return np.array(["é%d" % (i % 100) for i in range(n)], dtype=dtype).reshape(shape)
+    if dtype.kind in "mM":
+        return rng.integers(0, 10**12, n).astype("<i8").view(dtype).reshape(shape)
+    return rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8).view(dtype).reshape(shape)
+
+
+def check(store_path: str, name: str) -> None:
+    expected = zarr.open_array(f"{store_path}/{name}", mode="r")[...]
+    # The .npy file holds elements in C order whatever the array's own order (DESIGN.md).
+    assert read_npy(store_path, name) == np_save_bytes(np.asarray(expected, order="C"))
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES_BOTH, ids=str)
+def test_dtypes(tmp_path, fmt, dtype):
+    dtype = np.dtype([tuple(f) for f in dtype] if isinstance(dtype, list) else dtype)
+    if fmt == 3 and dtype.fields is not None:
+        pytest.importorskip("zarr", minversion="3.1")
+    shape, chunks = (7, 5), (3, 2)
+    arr = zarr.create_array(str(tmp_path / "s"), name="a", shape=shape, chunks=chunks, dtype=dtype,
+                            zarr_format=fmt)
+    data = sample(dtype, shape)
+    arr[:4] = data[:4]  # rows 6.. stay unwritten: fill value, edge chunks clipped
+    check(str(tmp_path / "s"), "a")
+
+
+def v2_compressors():
+    return [None, numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE), numcodecs.Blosc("zstd", 3, 2),
+            numcodecs.Zstd(3), numcodecs.GZip(1), numcodecs.Zlib(4), numcodecs.BZ2(2), numcodecs.LZMA(),
+            numcodecs.LZ4()]
+
+
+@pytest.mark.parametrize("compressor", v2_compressors(), ids=repr)
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("sep", [".", "/"])
+def test_v2_codecs_order_separator(tmp_path, compressor, order, sep):
+    path = str(tmp_path / "s")
+    arr = zarr.create_array(path, name="g/a", shape=(9, 8, 3), chunks=(4, 3, 2), dtype=">f8",
+                            compressors=compressor, order=order, zarr_format=2, chunk_key_encoding={
+                                "name": "v2", "separator": sep}, fill_value=np.nan)
+    arr[1:8, :5] = sample(np.dtype(">f8"), (7, 5, 3))
+    check(path, "g/a")
+
+
+@pytest.mark.parametrize("filters", [
+    [numcodecs.Delta("<i4")], [numcodecs.Shuffle(4)], [numcodecs.FixedScaleOffset(0, 10, "<i4", "<i2")],
+    [numcodecs.AsType("<i2", "<i4")], [numcodecs.Delta("<i4"), numcodecs.Shuffle(4)],
+    [numcodecs.CRC32()], [numcodecs.Adler32()], [numcodecs.Fletcher32()], [numcodecs.JenkinsLookup3()],
+], ids=repr)
+def test_v2_filters(tmp_path, filters):
+    path = str(tmp_path / "s")
+    arr = zarr.create_array(path, name="a", shape=(50,), chunks=(16,), dtype="<i4", filters=filters,
+                            compressors=numcodecs.Zlib(1), zarr_format=2)
+    arr[:] = np.arange(50, dtype="<i4") % 300
+    check(path, "a")
+
+
+def test_v2_packbits_bool(tmp_path):
+    path = str(tmp_path / "s")
+    arr = zarr.create_array(path, name="a", shape=(37,), chunks=(10,), dtype=bool,
+                            filters=[numcodecs.PackBits()], compressors=None, zarr_format=2)
+    arr[:] = sample(np.dtype(bool), (37,))
+    check(path, "a")
+
+
+V3_COMPRESSORS = [None, zc.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+                  zc.BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"), zc.ZstdCodec(level=3, checksum=True),
+                  zc.GzipCodec(level=1), zc.Crc32cCodec()]
+
+
+@pytest.mark.parametrize("compressor", V3_COMPRESSORS, ids=repr)
+@pytest.mark.parametrize("endian", ["little", "big"])
+@pytest.mark.parametrize("sep", ["/", "."])
+def test_v3_codecs_endian_separator(tmp_path, compressor, endian, sep):
+    path = str(tmp_path / "s")
+    arr = zarr.create_array(path, name="g/a", shape=(9, 8), chunks=(4, 3), dtype="<f4",
+                            serializer=zc.BytesCodec(endian=endian), compressors=compressor,
+                            chunk_key_encoding={"name": "default", "separator": sep}, fill_value=-1.5)
+    arr[1:8, :5] = sample(np.dtype("<f4"), (7, 5))
+    check(path, "g/a")
+
+
+@pytest.mark.parametrize("index_location", ["start", "end"])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_v3_sharding_transpose_missing_inner(tmp_path, index_location, transpose):
+    path = str(tmp_path / "s")
+    inner = [zc.TransposeCodec(order=(1, 0))] if transpose else []
+    inner += [zc.BytesCodec(), zc.ZstdCodec(level=1)]
+    arr = zarr.create_array(path, name="a", shape=(13, 11), chunks=(4, 6), dtype="<i8", fill_value=42,
+                            serializer=zc.ShardingCodec(chunk_shape=(2, 3), codecs=inner,
+                                                        index_location=index_location))
+    data = sample(np.dtype("<i8"), (13, 11))
+    arr[0:3, 0:5] = data[0:3, 0:5]  # inner chunks of the first shards only partly written
+    arr[8:13, 6:11] = data[8:13, 6:11]
+    check(path, "a")
+
+
+def test_v3_transpose_outside(tmp_path):
+    path = str(tmp_path / "s")
+    arr = zarr.create_array(path, name="a", shape=(5, 7, 3), chunks=(2, 3, 2), dtype="<u2",
+                            filters=[zc.TransposeCodec(order=(2, 0, 1))], compressors=zc.GzipCodec(level=1))
+    arr[:] = sample(np.dtype("<u2"), (5, 7, 3))
+    check(path, "a")
+
+
+def test_v3_numcodecs_names(tmp_path):
+    from zarr.codecs import numcodecs as znc
+    path = str(tmp_path / "s")
+    arr = zarr.create_array(path, name="a", shape=(30,), chunks=(7,), dtype="<i4",
+                            filters=[znc.Delta(dtype="<i4")], compressors=[znc.Zlib(level=2)])
+    arr[:] = np.arange(30, dtype="<i4") * 3
+    check(path, "a")
+
+
+def test_zero_d_and_fill_values(tmp_path):
+    path = str(tmp_path / "s")
+    for fmt in (2, 3):
+        root = zarr.open_group(f"{path}{fmt}", mode="w", zarr_format=fmt)
+        root.create_array("z", shape=(), dtype="<f8", fill_value=3.5)
+        root.create_array("zw", shape=(), dtype="<i2")[()] = 9
+        root.create_array("nan", shape=(5,), chunks=(2,), dtype="<f4", fill_value=np.nan)
+        root.create_array("inf", shape=(5,), chunks=(2,), dtype="<f8", fill_value=-np.inf)
+        root.create_array("c", shape=(3,), chunks=(2,), dtype="<c16", fill_value=1 - 2j)
+        root.create_array("s", shape=(3,), chunks=(2,), dtype="S4", fill_value=b"ab")
+        for name in ("z", "zw", "nan", "inf", "c", "s"):
+            check(f"{path}{fmt}", name)
+
+
+def test_v3_hex_fill_value(tmp_path):
+    path = tmp_path / "s"
+    zarr.create_array(str(path), name="a", shape=(4,), chunks=(2,), dtype="<f4", fill_value=0.0)
+    doc = json.loads((path / "a" / "zarr.json").read_text())
+    doc["fill_value"] = "0x7fc00001"  # a NaN with a payload: only the bits say which
+    (path / "a" / "zarr.json").write_text(json.dumps(doc))
+    got = np.load(__import__("io").BytesIO(read_npy(str(path), "a")))
+    assert got.view("<u4").tolist() == [0x7FC00001] * 4
+
+
+def test_hierarchy_nodes(tmp_path):
+    for fmt in (2, 3):
+        path = str(tmp_path / f"h{fmt}")
+        root = zarr.open_group(path, mode="w", zarr_format=fmt, attributes={"top": 1})
+        root.create_group("g", attributes={"x": [1, 2]})
+        root.create_array("g/a", shape=(2,), dtype="<i4", attributes={"units": "m"})
+        root.create_array("deep/er/b", shape=(2,), dtype="<i4")
+        import shutil
+        shutil.rmtree(f"{path}/deep/er") if False else None
+        for doc in ("zarr.json", ".zgroup"):
+            for p in (tmp_path / f"h{fmt}" / "deep" / doc, tmp_path / f"h{fmt}" / "deep" / "er" / doc):
+                p.unlink(missing_ok=True)
+        store, h, node = open_node(path, "")
+        assert isinstance(node, GroupMeta) and node.attributes == {"top": 1}
+        assert [n.path for n in h.children_sync("")] == ["deep", "g"]
+        assert [type(n) for n in h.children_sync("deep")] == [GroupMeta]  # implicit
+        a = h.node_sync("g/a")
+        assert isinstance(a, ArrayMeta) and a.attributes == {"units": "m"}
+        assert h.node_sync("nope") is None
+
+
+def test_consolidated_used_without_listing(tmp_path):
+    for fmt in (2, 3):
+        path = str(tmp_path / f"h{fmt}")
+        root = zarr.open_group(path, mode="w", zarr_format=fmt)
+        root.create_array("g/a", shape=(3,), dtype="<i4")[:] = [1, 2, 3]
+        zarr.consolidate_metadata(path)
+        store, h, _ = open_node(path, "")
+        assert h.consolidated is not None
+        store.list_dir_sync = None  # any listing would now fail
+        assert [n.path for n in h.children_sync("g")] == ["g/a"]
+        check(path, "g/a")
+
+
+def test_unsupported_and_broken_nodes(tmp_path):
+    path = tmp_path / "s"
+    root = zarr.open_group(str(path), mode="w", zarr_format=3)
+    root.create_array("text", shape=(3,), dtype=str)
+    root.create_array("bad", shape=(3,), dtype="<i4")
+    (path / "bad" / "zarr.json").write_text("{not json")
+    root.create_array("codec", shape=(3,), dtype="<i4")
+    doc = json.loads((path / "codec" / "zarr.json").read_text())
+    doc["codecs"].append({"name": "no-such-codec"})
+    (path / "codec" / "zarr.json").write_text(json.dumps(doc))
+    _, h, _ = open_node(str(path), "")
+    nodes = {n.path: n for n in h.children_sync("")}
+    assert isinstance(nodes["text"], BrokenNode) and isinstance(nodes["text"].error, Unsupported)
+    assert nodes["text"].kind == "array"
+    assert isinstance(nodes["bad"], BrokenNode) and nodes["bad"].key == "bad/zarr.json"
+    assert "malformed JSON" in str(nodes["bad"].error)
+    assert isinstance(nodes["codec"], BrokenNode) and "no-such-codec" in str(nodes["codec"].error)
+
+
+@st.composite
+def array_cases(draw):
+    ndim = draw(st.integers(0, 3))
+    shape = tuple(draw(st.integers(0, 12)) for _ in range(ndim))
+    chunks = tuple(draw(st.integers(1, 6)) for _ in range(ndim))
+    return shape, chunks, draw(st.sampled_from([2, 3])), draw(st.sampled_from(["<i2", ">f8", "|u1"]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(array_cases(), st.data())
+def test_random_shapes_and_ranges(tmp_path_factory, case, data):
+    shape, chunks, fmt, dtype = case
+    if fmt == 3 and dtype.startswith(">"):
+        dtype = "<f8"
+    path = str(tmp_path_factory.mktemp("h"))
+    arr = zarr.create_array(path, name="a", shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt,
+                            fill_value=7)
+    values = sample(np.dtype(dtype), shape, seed=data.draw(st.integers(0, 1000)))
+    if shape and all(shape):
+        cut = tuple(slice(0, data.draw(st.integers(0, s))) for s in shape)
+        arr[cut] = values[cut]
+    expected = np_save_bytes(zarr.open_array(f"{path}/a", mode="r")[...])
+    ranges = [(data.draw(st.integers(0, len(expected) + 4)), data.draw(st.integers(0, len(expected) + 4)))
+              for _ in range(5)]
+    got = read_npy(path, "a", ranges=ranges)
+    assert got == [expected[o:o + n] for o, n in ranges]

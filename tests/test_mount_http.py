@@ -1,0 +1,194 @@
+"""Mounting http:// sources served by ``python -m http.server``: consolidated metadata and plain directory listings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zlib
+
+import numpy as np
+import pytest
+
+import mounted
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HttpServer:
+    def __init__(self, directory, log_path):
+        self.directory = directory
+        self.log_path = log_path
+        self.proc = None
+        self.port = None
+
+    def start(self) -> None:
+        for _attempt in range(3):
+            self.port = _free_port()
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(self.port),
+                     "--directory", str(self.directory)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                )
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(self.url(""), timeout=2) as r:
+                        if r.status == 200:
+                            return
+                except OSError:
+                    time.sleep(0.05)
+            self.stop()
+        raise RuntimeError(f"http.server did not start; see {self.log_path}")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, hierarchy_factory):
+    """An http.server over copies of the test hierarchies; yields (server, {name: Hierarchy})."""
+    root = tmp_path_factory.mktemp("http")
+    docroot = root / "www"
+    docroot.mkdir()
+    stores = {}
+    for fmt in (2, 3):
+        plain = hierarchy_factory(fmt)
+        shutil.copytree(plain.root, docroot / f"plain_v{fmt}.zarr")
+        stores[f"plain_v{fmt}"] = plain
+        # zarr-python 3 cannot see groups that have no metadata document, so the
+        # consolidated stores are built without them.
+        full = hierarchy_factory(fmt, implied=False)
+        shutil.copytree(full.root, docroot / f"consolidated_v{fmt}.zarr")
+        mounted.consolidate(docroot / f"consolidated_v{fmt}.zarr", fmt)
+        stores[f"consolidated_v{fmt}"] = full
+    mounted.build_root_array(docroot / "temps.zarr", 3)
+    server = HttpServer(docroot, root / "http.server.log")
+    server.start()
+    try:
+        yield server, stores
+    finally:
+        server.stop()
+
+
+STORES = ["plain_v2", "plain_v3", "consolidated_v2", "consolidated_v3"]
+
+
+def _check_mounted_hierarchy(h: mounted.Hierarchy, mnt) -> list[str]:
+    problems = []
+    dirs, files = set(), set()
+    for top, _dirnames, filenames in os.walk(mnt):
+        rel = os.path.relpath(top, mnt)
+        dirs.add("" if rel == "." else rel)
+        files.update(os.path.join("" if rel == "." else rel, f) for f in filenames)
+    if dirs != set(h.all_groups()):
+        problems.append(f"directories: extra {sorted(dirs - set(h.all_groups()))}, "
+                        f"missing {sorted(set(h.all_groups()) - dirs)}")
+    want_files = {a + ".npy" for a in h.arrays}
+    if files != want_files:
+        problems.append(f"files: extra {sorted(files - want_files)}, missing {sorted(want_files - files)}")
+    for path in h.arrays:
+        p = mnt / (path + ".npy")
+        expected = h.expected(path).npy
+        try:
+            size = os.stat(p).st_size
+            data = p.read_bytes()
+        except OSError as exc:
+            problems.append(f"{path}: {exc!r}")
+            continue
+        if size != len(expected):
+            problems.append(f"{path}: st_size {size}, want {len(expected)}")
+        if data != expected:
+            problems.append(f"{path}: contents differ from np.save bytes")
+            continue
+        rng = np.random.default_rng(zlib.crc32(path.encode()))
+        with open(p, "rb", buffering=0) as f:
+            for _ in range(8):
+                off = int(rng.integers(0, len(expected) + 10))
+                n = int(rng.integers(0, 70_000))
+                if os.pread(f.fileno(), n, off) != expected[off:off + n]:
+                    problems.append(f"{path}: pread({n}, {off}) differs")
+                    break
+    for group in h.all_groups():
+        if sorted(os.listdir(mnt / group if group else mnt)) != h.listing(group):
+            problems.append(f"listing of {group!r} differs")
+    return problems
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_http_store_reads_like_local(mount, served, store):
+    server, stores = served
+    h = stores[store]
+    mnt = mount(server.url(f"{store}.zarr"))
+    problems = _check_mounted_hierarchy(h, mnt)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_http_store_xattrs(mount, served, store):
+    import json
+
+    server, stores = served
+    h = stores[store]
+    mnt = mount(server.url(f"{store}.zarr"))
+    for path in ["top", "dtypes/float64", "codecs/zstd", "fill/scalar_0d"]:
+        e = h.expected(path)
+        p = mnt / (path + ".npy")
+        assert json.loads(os.getxattr(p, "user.zarr.attributes")) == e.attributes
+        assert json.loads(os.getxattr(p, "user.zarr.shape")) == e.shape
+        assert json.loads(os.getxattr(p, "user.zarr.dtype")) == e.descr
+        assert json.loads(os.getxattr(p, "user.zarr.chunks")) == e.chunks
+    for group, attrs in h.groups.items():
+        assert json.loads(os.getxattr(mnt / group if group else mnt, "user.zarr.attributes")) == attrs
+
+
+@pytest.mark.parametrize("fmt", [2, 3], ids=["v2", "v3"])
+def test_local_consolidated_store(mount, served, fmt):
+    """The same consolidated stores read from disk rather than over HTTP."""
+    server, stores = served
+    h = stores[f"consolidated_v{fmt}"]
+    mnt = mount(server.directory / f"consolidated_v{fmt}.zarr")
+    problems = _check_mounted_hierarchy(h, mnt)
+    assert not problems, "\n".join(problems)
+
+
+def test_http_root_array(mount, served):
+    server, _ = served
+    e = mounted.expected_for(server.directory / "temps.zarr", "")
+    mnt = mount(server.url("temps.zarr"))
+    assert os.listdir(mnt) == ["temps.npy"]
+    assert (mnt / "temps.npy").read_bytes() == e.npy
+
+
+def test_http_missing_source_is_a_user_error(served, tmp_path):
+    server, _ = served
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        r = subprocess.run([*mounted.ZARRFS, server.url("no_such_store.zarr"), str(mnt)],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert not mounted.is_mounted(mnt)
+    finally:
+        mounted.unmount(mnt)
+    lines = r.stderr.splitlines()
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr + r.stdout
+    assert len(lines) == 1 and lines[0].startswith("zarrfs: "), r.stderr
