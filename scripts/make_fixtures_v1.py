@@ -464,7 +464,8 @@ def main():
         if len(shape) < 2 and keys:
             layout = "C=F (%d-d)" % len(shape)
 
-        np.save(os.path.join(EXPECTED, name + ".npy"), got)
+        # C order in the file; np.array keeps a 0-d array 0-d (ascontiguousarray would not)
+        np.save(os.path.join(EXPECTED, name + ".npy"), np.array(got, order="C"))
         note = {
             "name": name,
             "writer": "zarr %s" % zarr.__version__,

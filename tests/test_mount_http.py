@@ -23,6 +23,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# ``python -m http.server`` itself, with a listen backlog of 256 instead of 5: zarrfs
+# fetches chunks concurrently, and a burst of connections beyond a backlog of 5 has
+# its SYNs dropped and retried a second later, which made each store take 35 s.
+HTTP_SERVER_MAIN = (
+    "import runpy, socketserver, sys; "
+    "socketserver.TCPServer.request_queue_size = 256; "
+    "sys.argv = ['http.server'] + sys.argv[1:]; "
+    "runpy.run_module('http.server', run_name='__main__', alter_sys=True)"
+)
+
+
 class HttpServer:
     def __init__(self, directory, log_path):
         self.directory = directory
@@ -35,7 +46,7 @@ class HttpServer:
             self.port = _free_port()
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(self.port),
+                    [sys.executable, "-c", HTTP_SERVER_MAIN, "--bind", "127.0.0.1", str(self.port),
                      "--directory", str(self.directory)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 )

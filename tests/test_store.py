@@ -17,8 +17,10 @@ def test_get_list_absent(tmp_path):
     assert s.get_sync("g/k") == b"v"
     assert s.get_sync("g/missing") is None
     assert s.get_sync("g") is None  # a directory is not a key
-    assert s.list_dir_sync("") == ([".zgroup"], ["g"])
-    assert s.list_dir_sync("nope") == ([], [])
+    assert s.list_dir_sync("") == ({".zgroup": 2}, ["g"])
+    assert s.list_dir_sync("nope") == ({}, [])
+    assert s.sizes_below_sync("") == {".zgroup": 2, "g/k": 1}
+    assert s.get_range_sync("g/k", 0, 10) == b"v" and s.size_sync("g/k") == 1
     assert s.get_many_sync(["g/k", "x"]) == {"g/k": b"v", "x": None}
 
 

@@ -150,6 +150,17 @@ class CodecChain:
             arr = aa.decode(arr, s, d)
         return arr
 
+    @property
+    def order(self) -> str:
+        """Memory layout of the stored chunk: 'F' if its elements are kept in Fortran order."""
+        if isinstance(self.array_bytes, BytesLayout) and self.array_bytes.order == "F":
+            return "F"
+        if len(self.array_array) == 1 and isinstance(self.array_array[0], Transpose):
+            order = self.array_array[0].order
+            if len(order) > 1 and list(order) == list(range(len(order)))[::-1]:
+                return "F"
+        return "C"
+
     def encoded_size(self, n_bytes: int) -> int:
         for bb in self.bytes_bytes:
             n_bytes = bb.encoded_size(n_bytes)

@@ -79,7 +79,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     if root is None:
         raise UserError(f"{source}: not a Zarr hierarchy")
     engine = Engine(store, ChunkCache(options.cache_size_bytes))
-    namespace = Namespace(hierarchy, root, source, engine)
+    namespace = Namespace(hierarchy, root, source, engine, options.show_views)
     log.info("opened %s as %s (root: %s)", source, hierarchy.name, root.kind)
     return ZarrOperations(namespace, engine, options)
 

@@ -30,6 +30,7 @@ Index = tuple[int, ...]
 IO_THREADS_REMOTE = 16
 IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
+COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded")
 
 
 def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
@@ -79,7 +80,7 @@ class Engine:
         self.io_limiter = trio.CapacityLimiter(IO_THREADS_LOCAL if store.is_local else IO_THREADS_REMOTE)
         self.cpu_limiter = trio.CapacityLimiter(DECODE_THREADS)
         self._inflight: dict[tuple[str, Index], _Load] = {}
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self.errors: collections.Counter[str] = collections.Counter()
         self.decode_seconds = 0.0
         self.started = time.time()
@@ -156,6 +157,20 @@ class Engine:
                 raise _first_leaf(group) from None
         self.counters["reads"] += 1
         return stream.assemble(plan, chunks)
+
+    async def read_key(self, key: str, offset: int, size: int, key_size: int) -> bytes:
+        """Bytes of a store key as it is stored (the `store/` view)."""
+        end = min(offset + size, key_size)
+        if offset >= end:
+            return b""
+        try:
+            data = await self.run_io(self.store.get_range_sync, key, offset, end)
+        except ZarrfsError as e:
+            self._count_error(e, key)
+            raise
+        self.counters["store_gets"] += 1
+        self.counters["store_bytes"] += len(data)
+        return data
 
     def stats(self) -> dict[str, Any]:
         """Counters since mount (for stats.json and the log)."""

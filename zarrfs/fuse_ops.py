@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import logging
 import os
 import stat
 import time
 from typing import Any
 
-import numpy as np
 import pyfuse3
 
 from .engine import Engine
 from .errors import ReadOnly, ZarrfsError
-from .model import ArrayMeta, BrokenNode
+from .model import BrokenNode
 from .options import Options
 from .tree import Entry, Namespace, fs_name
 
@@ -27,7 +25,6 @@ log = logging.getLogger(__name__)
 ATTR_TIMEOUT_S = 60.0
 BLOCK_SIZE = 512  # st_blocks unit, fixed by POSIX
 IO_BLOCK_SIZE = 1 << 20  # st_blksize: tools like cp read in units of this size
-XATTR_PREFIX = "user.zarr."
 
 
 def boundary(fn: Any) -> Any:
@@ -53,17 +50,6 @@ def boundary(fn: Any) -> Any:
     return wrapper
 
 
-def _xattrs(entry: Entry) -> dict[str, bytes]:
-    node = entry.node
-    if node is None:
-        return {}
-    out = {"attributes": node.attributes}
-    if isinstance(node, ArrayMeta):
-        out.update(shape=list(node.shape), dtype=np.lib.format.dtype_to_descr(node.dtype),
-                   chunks=list(node.chunk_shape), codecs=node.codec.describe())
-    return {XATTR_PREFIX + k: json.dumps(v).encode() for k, v in out.items()}
-
-
 class ZarrOperations(pyfuse3.Operations):
     """Read-only file system operations over a Namespace."""
 
@@ -78,6 +64,9 @@ class ZarrOperations(pyfuse3.Operations):
         self.gid = int(_opt(options, "gid", os.getgid()))
         self.umask = int(_opt(options, "umask", "0"), 8)
         self.mount_time_ns = time.time_ns()
+        # Open files: fh -> (entry, bytes fixed at open for generated files such as stats.json)
+        self._handles: dict[int, tuple[Entry, bytes | None]] = {}
+        self._next_fh = 1
 
     def attributes(self, entry: Entry) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
@@ -91,8 +80,11 @@ class ZarrOperations(pyfuse3.Operations):
         else:
             attr.st_mode = stat.S_IFREG | (0o444 & ~self.umask)
             attr.st_nlink = 1
-        attr.st_size = entry.size
-        attr.st_blocks = -(-entry.size // BLOCK_SIZE)
+        attr.st_size = max(entry.size, 0)
+        stored = entry.stored_bytes if entry.stored_bytes is not None else entry.size
+        attr.st_blocks = -(-max(stored, 0) // BLOCK_SIZE)
+        if entry.kind == "stats":
+            attr.attr_timeout = 0.0  # its size changes with every read
         attr.st_blksize = IO_BLOCK_SIZE
         attr.st_uid = self.uid
         attr.st_gid = self.gid
@@ -108,21 +100,24 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return self.attributes(self.ns.get(inode))
+        entry = self.ns.get(inode)
+        if entry.kind == "stats":
+            entry.stored_bytes = None
+        await self.ns.settle(entry)
+        return self.attributes(entry)
 
     @boundary
     async def opendir(self, inode: int, ctx: Any) -> int:
         entry = self.ns.get(inode)
         if not entry.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        await self.ns.children(inode)
+        await self.ns.dir_len(inode)
         return inode
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        entries = await self.ns.list(fh)
-        for i in range(start_id, len(entries)):
-            name, entry = entries[i]
+        for i in range(start_id, await self.ns.dir_len(fh)):
+            name, entry = await self.ns.dir_item(fh, i)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(entry), i + 1):
                 break
 
@@ -138,18 +133,31 @@ class ZarrOperations(pyfuse3.Operations):
             raise ReadOnly("read-only mount")
         if entry.error is not None:
             node = entry.node
-            log.warning("%s: %s", node.key if isinstance(node, BrokenNode) else node, entry.error)
+            log.warning("%s: %s", node.key if isinstance(node, BrokenNode) else node.path, entry.error)
             raise entry.error
-        # The store is read-only for us, so pages the kernel cached stay valid.
-        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+        await self.ns.settle(entry)
+        snapshot = entry.content
+        if entry.kind == "stats":
+            snapshot = self.ns.stats_bytes()  # fresh at every open
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = (entry, snapshot)
+        # The store is read-only for us, so pages the kernel cached stay valid;
+        # generated files bypass the page cache so each open sees its own snapshot.
+        generated = entry.kind == "stats"
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not generated, direct_io=generated)
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        entry = self.ns.get(fh)
+        entry, snapshot = self._handles[fh]
+        if snapshot is not None:
+            return snapshot[off:off + size]
+        if entry.kind == "storekey":
+            return await self.engine.read_key(entry.key, off, size, entry.size)
         return await self.engine.read(entry.stream, off, size)
 
     async def release(self, fh: int) -> None:
-        pass
+        self._handles.pop(fh, None)
 
     async def flush(self, fh: int) -> None:
         pass
@@ -163,14 +171,14 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        value = _xattrs(self.ns.get(inode)).get(fs_name(name))
+        value = self.ns.xattrs(self.ns.get(inode)).get(fs_name(name))
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value
 
     @boundary
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return [n.encode() for n in _xattrs(self.ns.get(inode))]
+        return [n.encode() for n in self.ns.xattrs(self.ns.get(inode))]
 
     @boundary
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:

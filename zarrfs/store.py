@@ -79,16 +79,17 @@ class Store:
                 out[key] = res
         return out
 
-    def list_dir_sync(self, prefix: str) -> tuple[list[str], list[str]]:
-        """Names of the keys (files) and sub-prefixes (dirs) directly under a prefix."""
+    def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:
+        """Keys (files, with their sizes when the backend tells) and sub-prefixes (dirs) under a prefix."""
         base = self.path(prefix).rstrip("/")
         try:
             entries = self.fs.ls(base + ("/" if not self.is_local else ""), detail=True)
         except (FileNotFoundError, NotADirectoryError):
-            return [], []
+            return {}, []
         except Exception as e:
             raise StoreError(f"listing {prefix or '/'!r} failed: {type(e).__name__}: {e}") from None
-        files, dirs = [], []
+        files: dict[str, int | None] = {}
+        dirs: set[str] = set()
         for entry in entries:
             name = entry["name"].rstrip("/")
             if not name.startswith(base + "/"):
@@ -96,8 +97,47 @@ class Store:
             leaf = name[len(base) + 1:]
             if not leaf or "/" in leaf or leaf in (".", ".."):
                 continue
-            (dirs if entry.get("type") == "directory" else files).append(leaf)
-        return sorted(set(files)), sorted(set(dirs))
+            if entry.get("type") == "directory":
+                dirs.add(leaf)
+            else:
+                files[leaf] = entry.get("size")
+        return dict(sorted(files.items())), sorted(dirs)
+
+    def sizes_below_sync(self, prefix: str) -> dict[str, int | None]:
+        """Every key below a prefix (recursively), relative to it, with its size if known."""
+        base = self.path(prefix).rstrip("/")
+        try:
+            found = self.fs.find(base, detail=True, withdirs=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except Exception as e:
+            raise StoreError(f"listing below {prefix or '/'!r} failed: {type(e).__name__}: {e}") from None
+        out = {}
+        for name, info in found.items():
+            name = name.rstrip("/")
+            if name.startswith(base + "/"):
+                out[name[len(base) + 1:]] = info.get("size")
+        return out
+
+    def size_sync(self, key: str) -> int | None:
+        """Size of one key, or None when it is absent."""
+        try:
+            return int(self.fs.size(self.path(key)))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"size of {key!r} failed: {type(e).__name__}: {e}") from None
+
+    def get_range_sync(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a key (b"" past its end)."""
+        try:
+            return self.fs.cat_file(self.path(key), start=start, end=end)
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"reading {key!r} [{start}:{end}] failed: {type(e).__name__}: {e}") from None
 
     def exists_sync(self) -> bool:
         """Whether the store's root exists at all (for a clear error at mount time)."""

@@ -1,18 +1,24 @@
-"""The virtual namespace: inodes, directory entries and names for groups, arrays and views.
+"""The virtual namespace: inodes and names for groups, arrays and the `.zarrfs` views.
 
-Runs in the trio thread (tables need no locks); hierarchy I/O goes through the engine's
-worker threads. Inodes are assigned once per path and never reused while mounted.
+Runs in the trio thread (its tables need no locks); hierarchy and store I/O go through
+the engine's worker threads. An inode is assigned once per (parent, name) and kept
+while mounted, so names stay stable across lookups and directory pages.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import base64
+import json
 import logging
+import math
 import os
 import re
+from typing import Any
 
+import numpy as np
 import trio
 
+from . import grid
 from .engine import Engine
 from .errors import NotFound, ZarrfsError
 from .formats.base import Hierarchy
@@ -22,62 +28,107 @@ from .views import ArrayStream
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
-NPY_SUFFIX = ".npy"
+VIEWS_DIR = ".zarrfs"
+STATS_FILE = "stats.json"
+# The array views under .zarrfs: name -> (file suffix, element order, with NPY header).
+ARRAY_VIEWS = {"": (".npy", "C", True), "npy-f": (".npy", "F", True),
+               "raw": (".raw", "C", False), "raw-f": (".raw", "F", False)}
+VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info")
 
 
-@dataclasses.dataclass(eq=False)
 class Entry:
     """One file or directory of the mount."""
 
-    inode: int
-    is_dir: bool
-    node: Node | None = None
-    stream: ArrayStream | None = None
-    error: ZarrfsError | None = None
-    # name -> inode, filled on first listing
-    children: dict[str, int] | None = None
-    lock: trio.Lock = dataclasses.field(default_factory=trio.Lock)
+    __slots__ = ("inode", "kind", "view", "node", "stream", "error", "key", "size", "stored_bytes",
+                 "children", "content", "_lock")
+
+    def __init__(self, inode: int, kind: str, view: str = "", node: Node | None = None,
+                 stream: ArrayStream | None = None, error: ZarrfsError | None = None,
+                 key: str | None = None, size: int = 0) -> None:
+        self.inode = inode
+        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats
+        self.kind = kind
+        self.view = view
+        self.node = node
+        self.stream = stream
+        self.error = error
+        self.key = key  # store key (store view) or prefix (store dirs)
+        self.size = stream.size if stream is not None else size
+        self.stored_bytes: int | None = None  # bytes the store holds for it, when known
+        self.children: dict[str, int] | None = None
+        self.content: bytes | None = None
+        self._lock: trio.Lock | None = None
 
     @property
-    def size(self) -> int:
-        return self.stream.size if self.stream is not None else 0
+    def is_dir(self) -> bool:
+        return self.kind in ("group", "views", "chunkdir", "storedir")
+
+    @property
+    def lock(self) -> trio.Lock:
+        if self._lock is None:
+            self._lock = trio.Lock()
+        return self._lock
 
 
-def root_array_name(source: str) -> str:
-    """The file name of a root array: SOURCE's last component without `.zarr`, else `array`."""
-    last = re.split(r"[/\\]", source.rstrip("/"))[-1]
-    last = last.split("::")[-1].split("://")[-1] if "://" in last or "::" in last else last
+def root_array_stem(source: str) -> str:
+    """The name of a root array: SOURCE's last component without `.zarr`, else `array`."""
+    last = re.split(r"[/\\]|::|://", source.rstrip("/"))[-1]
     stem = last[: -len(".zarr")] if last.endswith(".zarr") else last
-    return (stem or "array") + NPY_SUFFIX
+    return stem or "array"
+
+
+def _jsonable(value: Any) -> Any:
+    """A fill value or attribute as JSON: NaN/Infinity as strings, bytes as base64."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist() if value.dtype.kind not in "SVmM" or value.dtype.fields else value[()]
+    if isinstance(value, (bytes, np.void)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, (np.datetime64, np.timedelta64)):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, complex):
+        return [_jsonable(value.real), _jsonable(value.imag)]
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    return value
 
 
 class Namespace:
-    """Maps inodes and names to groups (directories) and arrays (`.npy` files)."""
+    """Maps inodes and names to groups, arrays and views."""
 
-    def __init__(self, hierarchy: Hierarchy, root: Node, source: str, engine: Engine) -> None:
+    def __init__(self, hierarchy: Hierarchy, root: Node, source: str, engine: Engine,
+                 show_views: bool = False) -> None:
         self.hierarchy = hierarchy
         self.engine = engine
+        self.show_views = show_views
+        self.root_stem = root_array_stem(source)
+        self.root_node = root
         self._entries: dict[int, Entry] = {}
+        self._by_name: dict[tuple[int, str], int] = {}
         self._next_inode = ROOT_INODE
-        if isinstance(root, (ArrayMeta,)) or (isinstance(root, BrokenNode) and root.kind == "array"):
-            # A root array: the root directory holds just NAME.npy.
-            top = self._new(True, None)
-            top.children = {root_array_name(source): self._entry_for(root).inode}
-        else:
-            self._new(True, root, error=root.error if isinstance(root, BrokenNode) else None)
+        # Shared by every view of a group: its child nodes; and per array, its stored keys' sizes.
+        self._below: dict[str, list[Node]] = {}
+        self._sizes: dict[str, dict[str, int | None] | None] = {}
+        self._new("group", "", root if isinstance(root, GroupMeta) else None)
 
-    def _new(self, is_dir: bool, node: Node | None, **kw) -> Entry:
-        entry = Entry(self._next_inode, is_dir, node, **kw)
+    # --- entries ----------------------------------------------------------------------
+
+    def _new(self, kind: str, view: str, node: Node | None = None, **kw: Any) -> Entry:
+        entry = Entry(self._next_inode, kind, view, node, **kw)
         self._entries[entry.inode] = entry
         self._next_inode += 1
         return entry
 
-    def _entry_for(self, node: Node) -> Entry:
-        if isinstance(node, GroupMeta):
-            return self._new(True, node)
-        if isinstance(node, ArrayMeta):
-            return self._new(False, node, stream=ArrayStream(node, "C"))
-        return self._new(node.kind == "group", node, error=node.error)
+    def _child(self, parent: int, name: str, make: Any) -> int:
+        """The inode of `name` in `parent`, created once by `make()`."""
+        inode = self._by_name.get((parent, name))
+        if inode is None:
+            inode = make().inode
+            self._by_name[(parent, name)] = inode
+        return inode
 
     def get(self, inode: int) -> Entry:
         try:
@@ -85,47 +136,229 @@ class Namespace:
         except KeyError:
             raise NotFound(f"no inode {inode}") from None
 
-    async def children(self, inode: int) -> dict[str, int]:
-        """The entries of a directory (loaded once from the hierarchy)."""
-        entry = self.get(inode)
-        if not entry.is_dir:
-            raise NotFound("not a directory")
-        if entry.children is not None:
-            return entry.children
-        async with entry.lock:
-            if entry.children is not None:
-                return entry.children
-            if entry.error is not None:
-                raise entry.error
-            path = entry.node.path if entry.node is not None else ""
+    def _node_entry(self, view: str, node: Node) -> tuple[str, Any] | list[tuple[str, Any]]:
+        """(name, maker) of a node's entry in a view directory (info lists groups twice)."""
+        base = node.path.rsplit("/", 1)[-1] if node.path else self.root_stem
+        is_array = node.kind == "array"
+        error = node.error if isinstance(node, BrokenNode) else None
+        if view == "info":
+            out = [(base + ".json", lambda: self._new("info", view, node, error=error))]
+            if not is_array:
+                out.append((base, lambda: self._new("group", view, node, error=error)))
+            return out
+        if not is_array:
+            return [(base, lambda: self._new("group", view, node, error=error))]
+        if view == "chunks":
+            return [(base, lambda: self._new("chunkdir", view, node, error=error))]
+        suffix, order, header = ARRAY_VIEWS[view]
+        if error is not None:
+            return [(base + suffix, lambda: self._new("array", view, node, error=error))]
+        return [(base + suffix, lambda: self._new("array", view, node,
+                                                  stream=ArrayStream(node, order, header)))]
+
+    # --- directories --------------------------------------------------------------
+
+    async def nodes_below(self, path: str) -> list[Node]:
+        nodes = self._below.get(path)
+        if nodes is None:
             try:
                 nodes = await self.engine.run_io(self.hierarchy.children_sync, path)
             except ZarrfsError as e:
                 log.warning("listing %s: %s", path or "/", e)
                 raise
-            names: dict[str, int] = {}
             for node in nodes:
                 if isinstance(node, BrokenNode):
                     log.warning("%s: %s", node.key, node.error)
-                name = node.path.rsplit("/", 1)[-1]
-                if node.kind == "array":
-                    name += NPY_SUFFIX
-                if name not in names:
-                    names[name] = self._entry_for(node).inode
-            entry.children = names
+            self._below[path] = nodes
+        return nodes
+
+    async def children(self, inode: int) -> dict[str, int]:
+        """Name -> inode of a directory (all but chunk directories, which are computed)."""
+        entry = self.get(inode)
+        if entry.children is not None:
+            return entry.children
+        async with entry.lock:
+            if entry.children is None:
+                entry.children = await self._load_children(entry)
+        return entry.children
+
+    async def _load_children(self, entry: Entry) -> dict[str, int]:
+        if entry.error is not None:
+            raise entry.error
+        inode = entry.inode
+        names: dict[str, int] = {}
+        if entry.kind == "views":
+            for view in VIEW_DIRS:
+                if view == "store":
+                    names[view] = self._child(inode, view, lambda: self._new("storedir", "store", key=""))
+                else:
+                    names[view] = self._child(inode, view, lambda v=view: self._new("group", v, self._root_group()))
+            names[STATS_FILE] = self._child(inode, STATS_FILE, lambda: self._new("stats", "stats"))
             return names
+        if entry.kind == "storedir":
+            files, dirs = await self.engine.run_io(self.hierarchy.store.list_dir_sync, entry.key)
+            for d in dirs:
+                names[d] = self._child(inode, d, lambda d=d: self._new("storedir", "store", key=join(entry.key, d)))
+            for f, size in files.items():
+                names[f] = self._child(inode, f, lambda f=f, s=size: self._new(
+                    "storekey", "store", key=join(entry.key, f), size=s if s is not None else -1))
+            return names
+        if entry.kind != "group":
+            raise NotFound("not a directory")
+        if entry.node is None and self.root_node.kind == "array":
+            nodes: list[Node] = [self.root_node]  # a root array: the root holds just NAME.npy
+        else:
+            nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
+        if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
+            names[".json"] = self._child(inode, ".json", lambda: self._new("info", "info", entry.node))
+        for node in nodes:
+            for name, make in self._node_entry(entry.view, node):
+                if name not in names:
+                    names[name] = self._child(inode, name, make)
+        return names
+
+    def _root_group(self) -> GroupMeta | None:
+        return self.root_node if isinstance(self.root_node, GroupMeta) else None
+
+    def _chunk_names(self, entry: Entry) -> tuple[tuple[int, ...], int]:
+        meta = entry.node
+        shape = grid.grid_shape(meta.shape, meta.chunk_shape)
+        return shape, math.prod(shape)
+
+    async def dir_len(self, inode: int) -> int:
+        entry = self.get(inode)
+        if entry.kind == "chunkdir":
+            if entry.error is not None:
+                raise entry.error
+            return self._chunk_names(entry)[1]
+        n = len(await self.children(inode))
+        return n + (1 if inode == ROOT_INODE and self.show_views else 0)
+
+    async def dir_item(self, inode: int, i: int) -> tuple[str, Entry]:
+        """The i-th entry of a directory (chunk directories are never materialized whole)."""
+        entry = self.get(inode)
+        if entry.kind == "chunkdir":
+            shape, _ = self._chunk_names(entry)
+            idx = tuple(int(x) for x in np.unravel_index(i, shape)) if shape else ()
+            name = (".".join(map(str, idx)) or "0") + ".npy"
+            child = self.get(self._child(inode, name, lambda: self._chunk_entry(entry, idx)))
+        else:
+            children = await self.children(inode)
+            if i == len(children):  # only with show_views at the root
+                name, child = VIEWS_DIR, await self.lookup(inode, VIEWS_DIR)
+            else:
+                name = list(children)[i] if i < len(children) else None
+                if name is None:
+                    raise NotFound(f"entry {i}")
+                child = self.get(children[name])
+        await self.settle(child)
+        return name, child
+
+    def _chunk_entry(self, parent: Entry, idx: tuple[int, ...]) -> Entry:
+        return self._new("chunk", "chunks", parent.node, stream=ArrayStream(parent.node, "C", True, chunk=idx))
 
     async def lookup(self, parent: int, name: str) -> Entry:
-        children = await self.children(parent)
-        inode = children.get(name)
-        if inode is None:
-            raise NotFound(name)
-        return self.get(inode)
+        entry = self.get(parent)
+        if parent == ROOT_INODE and name == VIEWS_DIR:
+            child = self.get(self._child(parent, name, lambda: self._new("views", "views")))
+        elif entry.kind == "chunkdir":
+            child = self.get(self._child(parent, name, lambda: self._parse_chunk_name(entry, name)))
+        else:
+            inode = (await self.children(parent)).get(name)
+            if inode is None:
+                raise NotFound(name)
+            child = self.get(inode)
+        await self.settle(child)
+        return child
 
-    async def list(self, inode: int) -> list[tuple[str, Entry]]:
-        children = await self.children(inode)
-        return [(name, self._entries[i]) for name, i in children.items()]
+    def _parse_chunk_name(self, entry: Entry, name: str) -> Entry:
+        if entry.error is not None:
+            raise entry.error
+        meta = entry.node
+        m = re.fullmatch(r"(\d+(?:\.\d+)*)\.npy", name)
+        if not m:
+            raise NotFound(name)
+        idx = tuple(int(x) for x in m.group(1).split("."))
+        if not meta.shape:
+            idx = () if idx == (0,) else (-1,)
+        shape = grid.grid_shape(meta.shape, meta.chunk_shape)
+        if len(idx) != len(shape) or any(i >= n for i, n in zip(idx, shape)) or name != (
+                ".".join(map(str, idx)) or "0") + ".npy":
+            raise NotFound(name)
+        return self._chunk_entry(entry, idx)
+
+    # --- sizes, stored bytes, generated files ---------------------------------------
+
+    async def stored_sizes(self, meta: ArrayMeta) -> dict[str, int | None] | None:
+        """Sizes of an array's stored chunk keys (None when the store cannot list them)."""
+        if meta.path not in self._sizes:
+            try:
+                self._sizes[meta.path] = await self.engine.run_io(self.hierarchy.chunk_sizes_sync, meta)
+            except ZarrfsError as e:
+                log.info("stored size of %s unknown: %s", meta.path or "/", e)
+                self._sizes[meta.path] = None
+        return self._sizes[meta.path]
+
+    async def settle(self, entry: Entry) -> None:
+        """Fill in what an entry's attributes need: stored bytes, sizes of generated files."""
+        if entry.stored_bytes is not None or entry.error is not None:
+            return
+        if entry.kind == "array" or entry.kind == "chunk":
+            sizes = await self.stored_sizes(entry.node)
+            if sizes is None:
+                entry.stored_bytes = entry.size
+            elif entry.kind == "array":
+                entry.stored_bytes = sum(s or 0 for s in sizes.values())
+            else:
+                key = entry.node.chunk_key(entry.stream.origin)
+                entry.stored_bytes = sizes.get(key) or 0
+        elif entry.kind == "info":
+            entry.content = await self._info(entry.node)
+            entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind == "storekey":
+            if entry.size < 0:
+                size = await self.engine.run_io(self.hierarchy.store.size_sync, entry.key)
+                entry.size = size or 0
+            entry.stored_bytes = entry.size
+        elif entry.kind == "stats":
+            entry.size = len(self.stats_bytes())
+            entry.stored_bytes = 0
+        else:
+            entry.stored_bytes = entry.size
+
+    async def _info(self, node: Node) -> bytes:
+        info: dict[str, Any] = {"path": node.path, "kind": node.kind}
+        if isinstance(node, ArrayMeta):
+            sizes = await self.stored_sizes(node)
+            info.update(
+                format=node.format, shape=list(node.shape), dtype=np.lib.format.dtype_to_descr(node.dtype),
+                chunk_shape=list(node.chunk_shape), order=node.codec.order, codecs=node.codec.describe(),
+                fill_value=_jsonable(node.fill_value), dimension_names=_jsonable(node.dimension_names),
+                attributes=node.attributes, metadata_key=node.metadata_key,
+                chunks_total=grid.n_chunks(node.shape, node.chunk_shape),
+                chunks_stored=len(sizes) if sizes is not None else None,
+                logical_bytes=node.nbytes,
+                stored_bytes=sum(s or 0 for s in sizes.values()) if sizes is not None else None)
+        elif isinstance(node, GroupMeta):
+            info.update(format=node.format, attributes=node.attributes, metadata_key=node.metadata_key,
+                        implicit=node.metadata_key is None)
+        return (json.dumps(info, indent=2) + "\n").encode()
+
+    def stats_bytes(self) -> bytes:
+        return (json.dumps(self.engine.stats(), indent=2) + "\n").encode()
+
+    def xattrs(self, entry: Entry) -> dict[str, bytes]:
+        """The read-only `user.zarr.*` attributes of groups and arrays (main tree and views)."""
+        node = entry.node
+        if node is None or entry.kind not in ("group", "array", "chunkdir"):
+            return {}
+        out: dict[str, Any] = {"attributes": node.attributes}
+        if isinstance(node, ArrayMeta):
+            out.update(shape=list(node.shape), dtype=np.lib.format.dtype_to_descr(node.dtype),
+                       chunks=list(node.chunk_shape), codecs=node.codec.describe())
+        return {"user.zarr." + k: json.dumps(_jsonable(v)).encode() for k, v in out.items()}
 
 
 def fs_name(name: bytes) -> str:
     return os.fsdecode(name)
+

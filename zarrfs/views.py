@@ -30,18 +30,32 @@ class ReadPlan:
 
 
 class ArrayStream:
-    """An array as a byte stream: an optional NPY header, then its elements in C or F order."""
+    """An array as a byte stream: an optional NPY header, then its elements in C or F order.
 
-    def __init__(self, meta: ArrayMeta, order: str = "C", with_header: bool = True) -> None:
+    With `chunk` set, the stream is that one chunk of the array, clipped at the edge.
+    """
+
+    def __init__(self, meta: ArrayMeta, order: str = "C", with_header: bool = True,
+                 chunk: Index | None = None) -> None:
         self.meta = meta
         self.order = order
-        self.header = npy.header(meta.dtype, meta.shape, order == "F") if with_header else b""
-        self.size = len(self.header) + meta.nbytes
+        if chunk is None:
+            shape, self.origin = meta.shape, (0,) * len(meta.shape)
+        else:
+            shape, self.origin = grid.data_shape(chunk, meta.shape, meta.chunk_shape), chunk
+        self.shape = shape
+        self.header = npy.header(meta.dtype, shape, order == "F") if with_header else b""
+        self.size = len(self.header) + math.prod(shape) * meta.dtype.itemsize
         # F order is C order of the transposed array: work in reversed dimensions.
         flip = order == "F"
-        self._shape = meta.shape[::-1] if flip else meta.shape
+        self._shape = shape[::-1] if flip else shape
         self._chunks = meta.chunk_shape[::-1] if flip else meta.chunk_shape
         self._flip = flip
+
+    def _array_index(self, t_idx: Index) -> Index:
+        """Grid position in the array of a chunk index in the stream's (maybe flipped) order."""
+        idx = t_idx[::-1] if self._flip else t_idx
+        return tuple(o + i for o, i in zip(self.origin, idx))
 
     def plan(self, offset: int, size: int) -> ReadPlan:
         end = min(offset + size, self.size)
@@ -57,7 +71,7 @@ class ArrayStream:
         needed: dict[Index, None] = {}
         for start, box in boxes:
             for t_idx in grid.chunks_in_box(start, box, self._chunks):
-                needed[t_idx[::-1] if self._flip else t_idx] = None
+                needed[self._array_index(t_idx)] = None
         return ReadPlan(header_part, e0, e1, d0 - e0 * item, d1 - d0, boxes, tuple(needed))
 
     def assemble(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes:
@@ -71,7 +85,7 @@ class ArrayStream:
             out = buf[pos:pos + n].reshape(box)
             pos += n
             for t_idx in grid.chunks_in_box(start, box, self._chunks):
-                chunk = chunks[t_idx[::-1] if self._flip else t_idx]
+                chunk = chunks[self._array_index(t_idx)]
                 if self._flip:
                     chunk = chunk.T
                 src, dst = [], []

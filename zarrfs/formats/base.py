@@ -8,7 +8,7 @@ import logging
 from typing import Any, ClassVar
 
 from ..errors import MetadataError, ZarrfsError
-from ..model import BrokenNode, GroupMeta, Node, join
+from ..model import ArrayMeta, BrokenNode, GroupMeta, Node, join
 from ..store import Store
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,18 @@ class Hierarchy(abc.ABC):
     @abc.abstractmethod
     def children_sync(self, path: str) -> list[Node]:
         """The nodes directly below a group."""
+
+    #: names of metadata documents, never counted as chunk data
+    doc_names: ClassVar[tuple[str, ...]] = ()
+
+    def chunk_sizes_sync(self, meta: ArrayMeta) -> dict[str, int | None]:
+        """Stored chunk keys of an array with their sizes, from one recursive listing."""
+        prefix = meta.keys.prefix
+        out = {}
+        for rel, size in self.store.sizes_below_sync(prefix).items():
+            if rel.rsplit("/", 1)[-1] not in self.doc_names:
+                out[join(prefix, rel)] = size
+        return out
 
 
 class NodeDocsHierarchy(Hierarchy):
