@@ -74,7 +74,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     store = Store(source, options.storage_options)
     if not store.exists_sync():
         raise UserError(f"{source}: no such file, directory or store")
-    hierarchy = formats.open_hierarchy_sync(store, options.format)
+    hierarchy = formats.open_hierarchy_sync(store, options.format, options)
     root = hierarchy.node_sync("")
     if root is None:
         raise UserError(f"{source}: not a Zarr hierarchy")

@@ -116,7 +116,7 @@ class Engine:
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
         try:
-            raw = await self.run_io(self.store.get_sync, key)
+            raw = await self.run_io(meta.read_chunk_sync, self.store, idx)
         except ZarrfsError as e:
             self._count_error(e, key)
             raise

@@ -40,6 +40,24 @@ class ChunkKeys:
         return check_key(join(self.prefix, name))
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyedChunks:
+    """Where grid chunks are stored: each under its own key (every format but sharding transformers).
+
+    Formats whose grid chunks live inside larger objects (the v3 drafts' sharding storage
+    transformer) supply another source with the same two methods.
+    """
+
+    keys: ChunkKeys
+
+    def key(self, idx: tuple[int, ...]) -> str:
+        return self.keys.key(idx)
+
+    def read_sync(self, store: Any, idx: tuple[int, ...]) -> bytes | None:
+        """The encoded chunk at grid position `idx`, or None when it is not stored."""
+        return store.get_sync(self.keys.key(idx))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ArrayMeta:
     """An array as zarrfs sees it, whatever the format.
@@ -59,6 +77,8 @@ class ArrayMeta:
     format: str
     metadata_key: str
     dimension_names: tuple[Any, ...] | None = None
+    #: how a grid chunk's bytes are fetched; None means one key per chunk (`keys`)
+    source: Any = None
 
     def __post_init__(self) -> None:
         if len(self.shape) != len(self.chunk_shape):
@@ -71,7 +91,11 @@ class ArrayMeta:
         return math.prod(self.shape) * self.dtype.itemsize
 
     def chunk_key(self, idx: tuple[int, ...]) -> str:
-        return self.keys.key(idx)
+        """The store key holding chunk `idx` (for sharding transformers: its shard)."""
+        return (self.source or KeyedChunks(self.keys)).key(idx)
+
+    def read_chunk_sync(self, store: Any, idx: tuple[int, ...]) -> bytes | None:
+        return (self.source or KeyedChunks(self.keys)).read_sync(store, idx)
 
     @property
     def kind(self) -> str:

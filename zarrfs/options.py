@@ -42,6 +42,7 @@ class Options:
     show_views: bool = False
     chunks: tuple[int, ...] | None = None
     codec: str | None = None
+    v1_order: str = "spec"
     log_level: str = "warning"
     log_file: str | None = None
     foreground: bool = False
@@ -125,6 +126,11 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+(:-?\d+)?", codec):
                 raise UserError(f"codec={codec}: expected NAME or NAME:LEVEL")
             kw["codec"] = codec
+        elif name == "v1_order":
+            v1_order = _need(name, value)
+            if v1_order not in ("spec", "writer"):
+                raise UserError(f"v1_order={v1_order}: expected spec or writer")
+            kw["v1_order"] = v1_order
         elif name == "log_level":
             level = _need(name, value).lower()
             if level not in LOG_LEVELS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import UserError
+from ..options import Options
 from ..store import Store
 from .base import Hierarchy
 from .v2 import V2Hierarchy
@@ -12,18 +13,19 @@ from .v3 import V3Hierarchy
 FORMATS: dict[str, type] = {"v3": V3Hierarchy, "v2": V2Hierarchy}
 
 
-def open_hierarchy_sync(store: Store, fmt: str = "auto") -> Hierarchy:
+def open_hierarchy_sync(store: Store, fmt: str = "auto", options: Options | None = None) -> Hierarchy:
     """Open the hierarchy in `store`, detecting its format unless `fmt` names one."""
+    options = options or Options()
     if fmt != "auto":
         if fmt not in FORMATS:
             raise UserError(f"format {fmt} is not supported yet")
-        return FORMATS[fmt].open_sync(store)
+        return FORMATS[fmt].open_sync(store, options)
     for cls in FORMATS.values():
         if cls.detect_sync(store):
-            return cls.open_sync(store)
+            return cls.open_sync(store, options)
     # No document at the root: a hierarchy of implicit groups (tensorstore writes no groups).
     for cls in FORMATS.values():
-        hierarchy = cls.open_sync(store)
+        hierarchy = cls.open_sync(store, options)
         if hierarchy.node_sync("") is not None and hierarchy.children_sync(""):
             return hierarchy
     raise UserError(f"{store.source}: not a Zarr hierarchy (no .zarray, .zgroup, .zmetadata or zarr.json)")

@@ -49,6 +49,14 @@ class Hierarchy(abc.ABC):
     def detect_sync(cls, store: Store) -> bool:
         """Whether the store holds a hierarchy of this format (looking at its documents)."""
 
+    @classmethod
+    @abc.abstractmethod
+    def open_sync(cls, store: Store, options: Any = None) -> "Hierarchy":
+        """Open the hierarchy (reading what must be read once, such as consolidated metadata).
+
+        `options` is the mount's Options; formats take their own settings from it.
+        """
+
     @abc.abstractmethod
     def node_sync(self, path: str) -> Node | None:
         """The node at a hierarchy path ('' is the root), or None if there is none."""

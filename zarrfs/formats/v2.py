@@ -9,6 +9,7 @@ from .. import dtypes
 from ..codecs import v2_chain
 from ..errors import MetadataError
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, Node, ints, join
+from ..options import Options
 from ..store import Store
 from .base import NodeDocsHierarchy, json_object
 
@@ -28,7 +29,7 @@ class V2Hierarchy(NodeDocsHierarchy):
         return any(v is not None for v in raw.values())
 
     @classmethod
-    def open_sync(cls, store: Store) -> "V2Hierarchy":
+    def open_sync(cls, store: Store, options: Options | None = None) -> "V2Hierarchy":
         raw = store.get_sync(".zmetadata")
         consolidated = None
         if raw is not None:

@@ -9,6 +9,7 @@ from .. import dtypes
 from ..codecs import v3_chain
 from ..errors import MetadataError, Unsupported
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, Node, ints, join
+from ..options import Options
 from ..store import Store
 from .base import NodeDocsHierarchy, json_object
 
@@ -31,7 +32,7 @@ class V3Hierarchy(NodeDocsHierarchy):
         return isinstance(doc, dict) and doc.get("zarr_format") == 3
 
     @classmethod
-    def open_sync(cls, store: Store) -> "V3Hierarchy":
+    def open_sync(cls, store: Store, options: Options | None = None) -> "V3Hierarchy":
         root = json_object("zarr.json", store.get_sync("zarr.json")) or {}
         cm = root.get("consolidated_metadata")
         consolidated = None
