@@ -1,0 +1,221 @@
+"""The zarrfs command line: daemon and foreground modes, signals, and every user error (one line, no traceback)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import mounted
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    """A small v3 hierarchy: (store path, Expected of its array ``g/x``)."""
+    root = tmp_path_factory.mktemp("cli") / "small.zarr"
+    import zarr
+
+    zarr.open_group(os.fspath(root), mode="w", zarr_format=3)
+    mounted.create_array(root, mounted.ArraySpec("g/x", "int16", (30, 10), (8, 8), "zstd"), 3,
+                         np.random.default_rng(3))
+    return root, mounted.expected_for(root, "g/x")
+
+
+@pytest.fixture(scope="module")
+def small_store_v2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli-v2") / "small.zarr"
+    import zarr
+
+    zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
+    mounted.create_array(root, mounted.ArraySpec("x", "int16", (30, 10), (8, 8), "zstd"), 2,
+                         np.random.default_rng(3))
+    return root
+
+
+# --------------------------------------------------------------------------- daemon mode
+
+
+def test_daemon_mode_returns_only_once_live(mount, small_store):
+    """Without -f the command exits 0 with the mount already usable; it does not hold our pipes."""
+    store, expected = small_store
+    mnt, log = mount.new_mountpoint()
+    cmd = mount.command(store, mnt, log)
+    mount.adopt(mnt, log)
+    try:
+        r = subprocess.run(cmd, capture_output=True, timeout=mounted.MOUNT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail("zarrfs without -f did not return (a daemon still holding the stdout/stderr pipes "
+                    "of its parent keeps subprocess.run waiting too)")
+    assert r.returncode == 0, r.stderr
+    # no polling: the mount must be live the moment the command has returned
+    assert mounted.is_mounted(mnt)
+    assert os.listdir(mnt) == ["g"]
+    assert (mnt / "g" / "x.npy").read_bytes() == expected.npy
+    assert b"Traceback" not in r.stderr + r.stdout
+    assert mounted.pids_serving(mnt), "no background daemon process found"
+
+
+def test_daemon_exits_after_fusermount_u(mount, small_store):
+    store, _ = small_store
+    mnt = mount(store)
+    pids = mounted.pids_serving(mnt)
+    assert pids
+    r = subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert not mounted.is_mounted(mnt)
+    assert mounted.wait_until(lambda: not any(mounted._pid_alive(p) for p in pids), 10), "daemon outlived its mount"
+
+
+@pytest.mark.parametrize("form", ["-o format=v3", "--format=v3"])
+def test_format_option_forms(mount, small_store, form):
+    """``--option=value`` and ``-o option=value`` are the same option."""
+    store, expected = small_store
+    mnt, log = mount.new_mountpoint()
+    cmd = mount.command(store, mnt, log) + form.split()
+    mount.adopt(mnt, log)
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=mounted.MOUNT_TIMEOUT_S)
+    assert r.returncode == 0, r.stderr
+    assert (mnt / "g" / "x.npy").read_bytes() == expected.npy
+
+
+def test_two_mounts_of_one_store(mount, small_store):
+    store, expected = small_store
+    a = mount(store)
+    b = mount(store)
+    assert (a / "g" / "x.npy").read_bytes() == (b / "g" / "x.npy").read_bytes() == expected.npy
+
+
+# --------------------------------------------------------------------------- foreground mode
+
+
+def _start_foreground(mount, store):
+    mnt = mount(store, foreground=True)
+    rec = mount.records[-1]
+    assert rec.proc is not None and rec.proc.poll() is None
+    return mnt, rec.proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_foreground_signal_unmounts_and_exits_0(mount, small_store, sig):
+    store, expected = small_store
+    mnt, proc = _start_foreground(mount, store)
+    assert (mnt / "g" / "x.npy").read_bytes() == expected.npy
+    proc.send_signal(sig)
+    try:
+        code = proc.wait(mounted.EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"zarrfs -f still running {mounted.EXIT_TIMEOUT_S}s after {sig.name}")
+    assert code == 0, f"exit code {code} after {sig.name}:\n{mount.log_text(mnt)[-2000:]}"
+    assert not mounted.is_mounted(mnt), f"{mnt} still mounted after {sig.name}"
+
+
+def test_foreground_signal_while_file_open(mount, small_store):
+    """SIGTERM while a reader holds a file open still ends the process; the mount is gone or lazily detached."""
+    store, _ = small_store
+    mnt, proc = _start_foreground(mount, store)
+    f = open(mnt / "g" / "x.npy", "rb")
+    try:
+        f.read(10)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(mounted.EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail("zarrfs -f ignored SIGTERM while a file was open")
+        assert code == 0
+    finally:
+        try:
+            f.close()
+        except OSError:
+            pass
+    mounted.unmount(mnt)
+    assert not mounted.is_mounted(mnt)
+
+
+def test_foreground_exits_0_after_fusermount_u(mount, small_store):
+    store, _ = small_store
+    mnt, proc = _start_foreground(mount, store)
+    subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=30)
+    try:
+        assert proc.wait(mounted.EXIT_TIMEOUT_S) == 0
+    except subprocess.TimeoutExpired:
+        pytest.fail("zarrfs -f still running after fusermount3 -u")
+
+
+def test_foreground_keeps_running(mount, small_store):
+    """With -f the command does not return while mounted."""
+    store, _ = small_store
+    mnt, proc = _start_foreground(mount, store)
+    time.sleep(0.5)
+    assert proc.poll() is None
+    assert mounted.is_mounted(mnt)
+
+
+# --------------------------------------------------------------------------- user errors
+
+
+def _error_case(tmp_path, small_store, small_store_v2, case):
+    """(argv after the program, mountpoint to check) for the user error named CASE."""
+    store, _ = small_store
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    notzarr = tmp_path / "notzarr"
+    notzarr.mkdir()
+    (notzarr / "readme.txt").write_text("hello\n")
+    empty = tmp_path / "emptydir"
+    empty.mkdir()
+    textfile = tmp_path / "file.txt"
+    textfile.write_text("not zarr\n")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "something").write_text("x")
+    s, m = str(store), str(mnt)
+    return {
+        "source_missing": ([str(tmp_path / "no_such.zarr"), m], mnt),
+        "source_not_zarr_dir": ([str(notzarr), m], mnt),
+        "source_empty_dir": ([str(empty), m], mnt),
+        "source_plain_file": ([str(textfile), m], mnt),
+        "mountpoint_missing": ([s, str(tmp_path / "no_such_mnt")], None),
+        "mountpoint_not_empty": ([s, str(busy)], busy),
+        "mountpoint_is_file": ([s, str(textfile)], None),
+        "unknown_o_option": ([s, m, "-o", "no_such_option"], mnt),
+        "unknown_o_option_value": ([s, m, "-o", "no_such_option=1"], mnt),
+        "unknown_long_option": ([s, m, "--no_such_option"], mnt),
+        "bad_cache_size": ([s, m, "-o", "cache_size=abc"], mnt),
+        "bad_format": ([s, m, "-o", "format=v9"], mnt),
+        "bad_format_long": ([s, m, "--format=v9"], mnt),
+        "format_mismatch": ([str(small_store_v2), m, "-o", "format=v3"], mnt),
+        "writable_not_supported": ([s, m, "-o", "writable"], mnt),
+    }[case]
+
+
+ERROR_CASES = ["source_missing", "source_not_zarr_dir", "source_empty_dir", "source_plain_file",
+               "mountpoint_missing", "mountpoint_not_empty", "mountpoint_is_file", "unknown_o_option",
+               "unknown_o_option_value", "unknown_long_option", "bad_cache_size", "bad_format",
+               "bad_format_long", "format_mismatch", "writable_not_supported"]
+
+
+@pytest.mark.parametrize("foreground", [False, True], ids=["daemon", "foreground"])
+@pytest.mark.parametrize("case", ERROR_CASES)
+def test_user_error(tmp_path, small_store, small_store_v2, case, foreground):
+    args, mnt = _error_case(tmp_path, small_store, small_store_v2, case)
+    cmd = [*mounted.ZARRFS, *args] + (["-f"] if foreground else [])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        mounted_after = mnt is not None and mounted.is_mounted(mnt)
+    finally:
+        for mp in mounted.mounts_under(tmp_path):
+            mounted.unmount(mp)
+    lines = r.stderr.splitlines()
+    assert r.returncode != 0, f"exit 0 for {case}; stderr: {r.stderr!r}"
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert len(lines) == 1, f"want exactly one stderr line, got {len(lines)}: {r.stderr!r}"
+    assert lines[0].startswith("zarrfs: "), lines[0]
+    assert len(lines[0]) > len("zarrfs: ") + 5, lines[0]
+    assert not mounted_after, f"{mnt} left mounted"
+    if case == "writable_not_supported":
+        assert "not supported" in lines[0].lower(), lines[0]
