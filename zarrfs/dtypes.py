@@ -125,8 +125,11 @@ def _bytes_value(value: Any) -> bytes:
     raise MetadataError(f"bad fill value {value!r} for a bytes type")
 
 
-def fill_value(value: Any, dtype: np.dtype) -> np.ndarray:
-    """The fill value from JSON as a 0-d array of `dtype`; null means zeros."""
+def fill_value(value: Any, dtype: np.dtype, bytes_as_text: bool = False) -> np.ndarray:
+    """The fill value from JSON as a 0-d array of `dtype`; null means zeros.
+
+    Fixed-size bytes (`S`) are base64 in v2 and v3; v1 writers stored them as plain text.
+    """
     out = np.zeros((), dtype=dtype)
     if value is None:
         return out
@@ -137,7 +140,7 @@ def fill_value(value: Any, dtype: np.dtype) -> np.ndarray:
             out = np.frombuffer(raw.ljust(dtype.itemsize, b"\0")[: dtype.itemsize], dtype=dtype)[0]
             return np.array(out, dtype=dtype)
         if kind == "S":
-            raw = value.encode("latin1") if isinstance(value, str) and not _is_b64(value) else _bytes_value(value)
+            raw = value.encode("latin1") if bytes_as_text and isinstance(value, str) else _bytes_value(value)
             out[()] = raw[: dtype.itemsize]
         elif kind == "U":
             out[()] = str(value)
@@ -163,12 +166,4 @@ def fill_value(value: Any, dtype: np.dtype) -> np.ndarray:
     except (TypeError, ValueError, OverflowError) as e:
         raise MetadataError(f"bad fill value {value!r} for {dtype}: {e}") from None
     return out
-
-
-def _is_b64(text: str) -> bool:
-    try:
-        base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
-        return True
-    except (binascii.Error, ValueError):
-        return False
 

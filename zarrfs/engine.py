@@ -137,7 +137,8 @@ class Engine:
 
     def _count_error(self, error: ZarrfsError, key: str) -> None:
         self.errors[type(error).__name__] += 1
-        log.warning("%s: %s", key, error)
+        text = str(error)
+        log.warning("%s", text if key in text else f"{key}: {text}")
 
     async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes:
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently."""

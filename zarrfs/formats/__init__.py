@@ -6,11 +6,12 @@ from ..errors import UserError
 from ..options import Options
 from ..store import Store
 from .base import Hierarchy
+from .v1 import V1Hierarchy
 from .v2 import V2Hierarchy
 from .v3 import V3Hierarchy
 
 # Detection order: v3 before v2 (a store can hold both only by accident; v3 is newer).
-FORMATS: dict[str, type] = {"v3": V3Hierarchy, "v2": V2Hierarchy}
+FORMATS: dict[str, type] = {"v3": V3Hierarchy, "v2": V2Hierarchy, "v1": V1Hierarchy}
 
 
 def open_hierarchy_sync(store: Store, fmt: str = "auto", options: Options | None = None) -> Hierarchy:
@@ -28,4 +29,4 @@ def open_hierarchy_sync(store: Store, fmt: str = "auto", options: Options | None
         hierarchy = cls.open_sync(store, options)
         if hierarchy.node_sync("") is not None and hierarchy.children_sync(""):
             return hierarchy
-    raise UserError(f"{store.source}: not a Zarr hierarchy (no .zarray, .zgroup, .zmetadata or zarr.json)")
+    raise UserError(f"{store.source}: not a Zarr hierarchy (no .zarray, .zgroup, .zmetadata, zarr.json or meta)")

@@ -1,0 +1,98 @@
+"""Zarr v1 (storage specification version 1): one array per store, keys `meta`, `attrs`, `i.j`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import dtypes
+from ..codecs import v2_chain
+from ..errors import MetadataError, Unsupported
+from ..model import ArrayMeta, BrokenNode, ChunkKeys, Node, ints
+from ..options import Options
+from ..store import Store
+from .base import Hierarchy, json_object
+
+log = logging.getLogger(__name__)
+
+META_KEY, ATTRS_KEY = "meta", "attrs"
+
+
+class V1Hierarchy(Hierarchy):
+    """A v1 store: its only node is the root array."""
+
+    name = "v1"
+    doc_names = (META_KEY, ATTRS_KEY)
+
+    def __init__(self, store: Store, v1_order: str = "spec") -> None:
+        super().__init__(store)
+        self.v1_order = v1_order
+
+    @classmethod
+    def detect_sync(cls, store: Store) -> bool:
+        try:
+            doc = json_object(META_KEY, store.get_sync(META_KEY))
+        except MetadataError:
+            return False
+        return isinstance(doc, dict) and doc.get("zarr_format") == 1
+
+    @classmethod
+    def open_sync(cls, store: Store, options: Options | None = None) -> "V1Hierarchy":
+        return cls(store, (options or Options()).v1_order)
+
+    def node_sync(self, path: str) -> Node | None:
+        if path:
+            return None
+        raw = self.store.get_many_sync([META_KEY, ATTRS_KEY])
+        try:
+            meta = json_object(META_KEY, raw[META_KEY])
+            if meta is None:
+                return None
+            attrs = json_object(ATTRS_KEY, raw[ATTRS_KEY]) or {}
+            return parse_array(meta, attrs, self.v1_order)
+        except (MetadataError, Unsupported) as e:
+            return BrokenNode("", "array", META_KEY, e)
+
+    def children_sync(self, path: str) -> list[Node]:
+        return []
+
+
+def compressor_config(compression: Any, opts: Any) -> dict | None:
+    """The numcodecs config of a v1 `compression` / `compression_opts` pair."""
+    if compression in (None, "none"):
+        return None
+    if compression in ("zlib", "gzip"):  # gzip is the writer's alias of zlib (a zlib stream)
+        return {"id": "zlib", "level": 1 if opts is None else int(opts)}
+    if compression == "bz2":
+        return {"id": "bz2", "level": 1 if opts is None else int(opts)}
+    if compression == "lzma":
+        opts = opts or {}
+        fmt = opts.get("format", 1)
+        # Only raw streams (format 3) need the filter chain to decode; containers carry it.
+        return {"id": "lzma", "format": fmt, "check": opts.get("check", -1),
+                "preset": opts.get("preset"), "filters": opts.get("filters") if fmt == 3 else None}
+    if compression == "blosc":
+        opts = opts or {}
+        return {"id": "blosc", "cname": opts.get("cname", "lz4"), "clevel": opts.get("clevel", 5),
+                "shuffle": opts.get("shuffle", 1)}
+    raise Unsupported(f"{META_KEY}: unknown compression {compression!r}")
+
+
+def parse_array(doc: dict[str, Any], attrs: dict[str, Any], v1_order: str) -> ArrayMeta:
+    if not isinstance(attrs, dict):
+        raise MetadataError(f"{ATTRS_KEY}: attributes must be a JSON object")
+    try:
+        shape = ints(doc["shape"], "shape", META_KEY)
+        chunks = ints(doc["chunks"], "chunks", META_KEY)
+        dtype = dtypes.v2_dtype(doc["dtype"])
+        compression = doc["compression"]
+        order = doc.get("order", "C")
+    except KeyError as e:
+        raise MetadataError(f"{META_KEY}: missing field {e}") from None
+    # zarr 1.1.0, the one real writer, laid out F-order chunks in F order only with blosc.
+    stored_order = order if v1_order == "spec" or compression == "blosc" else "C"
+    codec = v2_chain(compressor_config(compression, doc.get("compression_opts")), None, stored_order, META_KEY)
+    return ArrayMeta(
+        path="", shape=shape, dtype=dtype, chunk_shape=chunks,
+        fill_value=dtypes.fill_value(doc.get("fill_value"), dtype, bytes_as_text=True), codec=codec,
+        keys=ChunkKeys("", ".", "", ""), attributes=attrs, format="v1", metadata_key=META_KEY)
