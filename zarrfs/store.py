@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import urllib.parse
 from typing import Any
 
 import fsspec
@@ -32,6 +33,9 @@ class Store:
             raise UserError(f"cannot open {source}: {e}") from None
         self.root = root.rstrip("/") if root not in ("/", "") else root
         self.is_local = isinstance(self.fs, LocalFileSystem)
+        # HTTP listings are links: names in them are percent-encoded.
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self._quoted_names = bool({"http", "https"} & set(protocols))
         self._real_root = os.path.realpath(self.root) if self.is_local else None
 
     def __repr__(self) -> str:
@@ -95,6 +99,8 @@ class Store:
             if not name.startswith(base + "/"):
                 continue
             leaf = name[len(base) + 1:]
+            if self._quoted_names:
+                leaf = urllib.parse.unquote(leaf)
             if not leaf or "/" in leaf or leaf in (".", ".."):
                 continue
             if entry.get("type") == "directory":
@@ -116,7 +122,8 @@ class Store:
         for name, info in found.items():
             name = name.rstrip("/")
             if name.startswith(base + "/"):
-                out[name[len(base) + 1:]] = info.get("size")
+                rel = name[len(base) + 1:]
+                out[urllib.parse.unquote(rel) if self._quoted_names else rel] = info.get("size")
         return out
 
     def size_sync(self, key: str) -> int | None:

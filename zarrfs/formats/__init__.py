@@ -20,7 +20,11 @@ def open_hierarchy_sync(store: Store, fmt: str = "auto", options: Options | None
     if fmt != "auto":
         if fmt not in FORMATS:
             raise UserError(f"format {fmt} is not supported yet")
-        return FORMATS[fmt].open_sync(store, options)
+        cls = FORMATS[fmt]
+        hierarchy = cls.open_sync(store, options)
+        if not cls.detect_sync(store) and not hierarchy.children_sync(""):
+            raise UserError(f"{store.source}: not a {fmt} hierarchy")
+        return hierarchy
     for cls in FORMATS.values():
         if cls.detect_sync(store):
             return cls.open_sync(store, options)
