@@ -31,6 +31,10 @@ class ChunkCache:
         """Bytes an array actually holds (0 for broadcast views of a scalar)."""
         return 0 if 0 in arr.strides and arr.size > 1 else arr.nbytes
 
+    def contains(self, key: Hashable) -> bool:
+        """Whether `key` is cached (no counters, no recency change)."""
+        return key in self._items
+
     def get(self, key: Hashable) -> np.ndarray | None:
         item = self._items.get(key)
         if item is None:

@@ -110,8 +110,9 @@ def _tune_read_ahead_sync(mountpoint: str) -> None:
         log.info("read-ahead left at the kernel's default: %s", e)
 
 
-async def _serve(mountpoint: str) -> None:
+async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
     async with trio.open_nursery() as nursery:
+        await nursery.start(ops.engine.run)
 
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -129,7 +130,7 @@ async def _serve(mountpoint: str) -> None:
 def serve(ops: ZarrOperations, mountpoint: str) -> None:
     """Run the main loop until unmounted or signalled, then unmount."""
     try:
-        trio.run(_serve, mountpoint)
+        trio.run(_serve, ops, mountpoint)
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s; %s", mountpoint, ops.engine.stats())

@@ -30,7 +30,13 @@ Index = tuple[int, ...]
 IO_THREADS_REMOTE = 16
 IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
-COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded")
+COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched")
+# Read-ahead of chunks for sequential readers: the window doubles on each sequential read
+# and resets on a seek (as mountpoint-s3 and ratarmount do), bounded in bytes and by a
+# share of the cache so that prefetched chunks are not evicted before they are read.
+PREFETCH_MAX_BYTES = 256 << 20
+PREFETCH_CACHE_SHARE = 4
+PREFETCH_STREAMS = 256  # sequential-read state kept for this many streams
 
 
 def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
@@ -84,6 +90,17 @@ class Engine:
         self.errors: collections.Counter[str] = collections.Counter()
         self.decode_seconds = 0.0
         self.started = time.time()
+        self._nursery: trio.Nursery | None = None
+        # stream id -> (offset the next sequential read starts at, read-ahead window in bytes)
+        self._sequential: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
+        self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Host background work (prefetch) until cancelled; without it there is no prefetch."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
 
     async def run_io(self, fn: Any, *args: Any) -> Any:
         """Run a blocking store call in a worker thread under the I/O limiter."""
@@ -157,7 +174,32 @@ class Engine:
             except BaseExceptionGroup as group:
                 raise _first_leaf(group) from None
         self.counters["reads"] += 1
+        self._read_ahead(stream, offset, size)
         return stream.assemble(plan, chunks)
+
+    def _read_ahead(self, stream: ArrayStream, offset: int, size: int) -> None:
+        """After a sequential read, start loading the chunks of the next window."""
+        if self._nursery is None or self.prefetch_max_bytes <= 0:
+            return
+        key = id(stream)
+        next_offset, window = self._sequential.pop(key, (-1, 0))
+        window = min(max(window * 2, size), self.prefetch_max_bytes) if offset == next_offset else 0
+        self._sequential[key] = (offset + size, window)
+        if len(self._sequential) > PREFETCH_STREAMS:
+            self._sequential.popitem(last=False)
+        if window == 0 or offset + size >= stream.size:
+            return
+        for idx in stream.plan(offset + size, window).chunks:
+            ckey = (stream.meta.path, idx)
+            if ckey not in self._inflight and not self.cache.contains(ckey):
+                self.counters["prefetched"] += 1
+                self._nursery.start_soon(self._prefetch, stream.meta, idx)
+
+    async def _prefetch(self, meta: ArrayMeta, idx: Index) -> None:
+        try:
+            await self.chunk(meta, idx)
+        except ZarrfsError:
+            pass  # reported when a reader asks for this chunk
 
     async def read_key(self, key: str, offset: int, size: int, key_size: int) -> bytes:
         """Bytes of a store key as it is stored (the `store/` view)."""
