@@ -142,3 +142,21 @@ def test_decode_runs_in_threads_off_the_loop(two_arrays):
 
     trio.run(main)
     assert len(ticks) == 5
+
+
+async def test_sequential_reads_prefetch_and_seeks_reset(two_arrays):
+    store, engine, streams = setup(two_arrays)
+    s = streams["a"]
+    row = 40 * 8
+    async with trio.open_nursery() as n:
+        await n.start(engine.run)
+        for i in range(5):  # sequential: the window doubles until it reaches chunk row 1
+            await engine.read(s, len(s.header) + i * row, row)
+        await trio.sleep(0.2)
+        assert engine.counters["prefetched"] > 0
+        assert "a/1.0" in store.gets  # chunk row 1 was loaded before anyone read it
+        before = engine.counters["prefetched"]
+        await engine.read(s, len(s.header) + 30 * row, 8)  # a seek: no read-ahead
+        await trio.sleep(0.1)
+        assert engine.counters["prefetched"] == before
+        n.cancel_scope.cancel()
