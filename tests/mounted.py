@@ -284,6 +284,36 @@ def log_lines_naming(log_text: str, key: str, levels=("WARNING", "ERROR", "CRITI
     return [ln for ln in log_text.splitlines() if key in ln and any(f" {lv} " in ln for lv in levels)]
 
 
+def run_expecting_failure(cmd, mnt, workdir, timeout_s=20.0):
+    """Run CMD to completion; if it mounts MNT instead of failing, unmount it and stop waiting.
+
+    Returns (exit code, stdout, stderr, was mounted). Output goes through files so that a
+    daemon wrongly left running cannot hold our pipes open.
+    """
+    out_p, err_p = workdir / "cli.stdout", workdir / "cli.stderr"
+    with open(out_p, "wb") as out, open(err_p, "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+    was_mounted = False
+    try:
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            if mnt is not None and is_mounted(mnt):
+                was_mounted = True
+                break
+            time.sleep(0.02)
+        if mnt is not None and is_mounted(mnt):
+            was_mounted = True
+    finally:
+        for mp in mounts_under(workdir):
+            unmount(mp)
+        try:
+            code = proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    return code, out_p.read_text(errors="replace"), err_p.read_text(errors="replace"), was_mounted
+
+
 # --------------------------------------------------------------------------- oracles
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -204,18 +205,39 @@ ERROR_CASES = ["source_missing", "source_not_zarr_dir", "source_empty_dir", "sou
 def test_user_error(tmp_path, small_store, small_store_v2, case, foreground):
     args, mnt = _error_case(tmp_path, small_store, small_store_v2, case)
     cmd = [*mounted.ZARRFS, *args] + (["-f"] if foreground else [])
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        mounted_after = mnt is not None and mounted.is_mounted(mnt)
-    finally:
-        for mp in mounted.mounts_under(tmp_path):
-            mounted.unmount(mp)
-    lines = r.stderr.splitlines()
-    assert r.returncode != 0, f"exit 0 for {case}; stderr: {r.stderr!r}"
-    assert "Traceback" not in r.stderr + r.stdout, r.stderr
-    assert len(lines) == 1, f"want exactly one stderr line, got {len(lines)}: {r.stderr!r}"
+    code, stdout, stderr, was_mounted = mounted.run_expecting_failure(cmd, mnt, tmp_path)
+    assert not was_mounted, f"{case}: zarrfs mounted {mnt} instead of failing (exit {code}, stderr {stderr!r})"
+    lines = stderr.splitlines()
+    assert code != 0, f"exit 0 for {case}; stderr: {stderr!r}"
+    assert "Traceback" not in stderr + stdout, stderr
+    assert len(lines) == 1, f"want exactly one stderr line, got {len(lines)}: {stderr!r}"
     assert lines[0].startswith("zarrfs: "), lines[0]
     assert len(lines[0]) > len("zarrfs: ") + 5, lines[0]
-    assert not mounted_after, f"{mnt} left mounted"
     if case == "writable_not_supported":
         assert "not supported" in lines[0].lower(), lines[0]
+
+
+# --------------------------------------------------------------------------- logging options
+
+
+LOG_LINE = re.compile(r"^\S.*? (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
+
+
+@pytest.mark.parametrize("level,allowed", [
+    ("debug", {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}),
+    ("info", {"INFO", "WARNING", "ERROR", "CRITICAL"}),
+    ("warning", {"WARNING", "ERROR", "CRITICAL"}),
+])
+def test_log_file_format_and_level(mount, small_store, level, allowed):
+    """``-o log_file=PATH,log_level=LEVEL``: every line is ``<time> <LEVEL> <logger>: <message>``, none below LEVEL."""
+    store, expected = small_store
+    mnt = mount(store, f"log_level={level}")
+    assert (mnt / "g" / "x.npy").read_bytes() == expected.npy
+    os.listdir(mnt / "g")
+    mounted.unmount(mnt)
+    mounted.wait_until(lambda: not mounted.pids_serving(mnt), 5)
+    text = mount.log_text(mnt)
+    for line in text.splitlines():
+        m = LOG_LINE.match(line)
+        assert m, f"log line not in '<time> <LEVEL> <logger>: <message>' form: {line!r}"
+        assert m.group(1) in allowed, f"{m.group(1)} line with log_level={level}: {line!r}"

@@ -193,13 +193,10 @@ def test_http_missing_source_is_a_user_error(served, tmp_path):
     server, _ = served
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    try:
-        r = subprocess.run([*mounted.ZARRFS, server.url("no_such_store.zarr"), str(mnt)],
-                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        assert not mounted.is_mounted(mnt)
-    finally:
-        mounted.unmount(mnt)
-    lines = r.stderr.splitlines()
-    assert r.returncode != 0
-    assert "Traceback" not in r.stderr + r.stdout
-    assert len(lines) == 1 and lines[0].startswith("zarrfs: "), r.stderr
+    code, stdout, stderr, was_mounted = mounted.run_expecting_failure(
+        [*mounted.ZARRFS, server.url("no_such_store.zarr"), str(mnt)], mnt, tmp_path)
+    assert not was_mounted
+    lines = stderr.splitlines()
+    assert code != 0
+    assert "Traceback" not in stderr + stdout
+    assert len(lines) == 1 and lines[0].startswith("zarrfs: "), stderr

@@ -294,3 +294,31 @@ def test_root_array_store(mount, tmp_path, fmt, dirname, suffix, name):
     assert _xattr_json(p, "user.zarr.shape") == e.shape
     assert _xattr_json(p, "user.zarr.attributes") == {"root": "array"}
     np.testing.assert_array_equal(np.load(p), e.value)
+
+
+# --------------------------------------------------------------------------- the fixture itself
+
+
+def test_fixture_hierarchy_is_as_described(hierarchy):
+    """Guard the oracle side: the store really holds the cases the tests above claim to cover."""
+    root, fmt = hierarchy.root, hierarchy.zarr_format
+    for group in hierarchy.implied_groups:
+        assert (root / group).is_dir()
+        assert not any((root / group / doc).exists() for doc in ("zarr.json", ".zgroup", ".zattrs")), group
+    assert not (root / "fill" / ("never_written/c" if fmt == 3 else "never_written/0.0")).exists()
+    if fmt == 2:
+        assert json.loads((root / "codecs/order_f_blosc/.zarray").read_text())["order"] == "F"
+        assert (root / "codecs/sep_slash/0/0").is_file()
+        assert (root / "codecs/sep_dot/0.0").is_file()
+        assert json.loads((root / "dtypes/int32_be/.zarray").read_text())["dtype"] == ">i4"
+    else:
+        # codecs/sharded: 2x2 shards of 20x14, only shard (0, 0) written, and inside it only
+        # the 5x7 inner chunks covering [0:10, 0:7]: 2 of its 8 index entries are filled.
+        assert sorted(p.relative_to(root / "codecs/sharded/c").as_posix()
+                      for p in (root / "codecs/sharded/c").rglob("*") if p.is_file()) == ["0/0"]
+        shard = (root / "codecs/sharded/c/0/0").read_bytes()
+        index = np.frombuffer(shard[-(8 * 16 + 4):-4], dtype="<u8").reshape(8, 2)
+        missing = int((index[:, 0] == np.iinfo(np.uint64).max).sum())
+        assert missing == 6, index
+        codecs = json.loads((root / "codecs/zstd_crc32c/zarr.json").read_text())["codecs"]
+        assert [c["name"] for c in codecs] == ["bytes", "zstd", "crc32c"]

@@ -1,8 +1,10 @@
-"""Codec chains (array->array*, array->bytes, bytes->bytes*) over numcodecs: decode one chunk.
+"""Codec chains (array->array*, array->bytes, bytes->bytes*) over numcodecs: encode and decode one chunk.
 
 Every format builds a CodecChain: v3 from its `codecs` list, v2 and v1 from `filters` and
 `compressor` (as bytes->bytes steps) followed by a plain `bytes` layout in C or F order.
-Decoding is synchronous and pure; the engine runs it in worker threads.
+Encoding and decoding are synchronous and pure; the engine runs them in worker threads.
+A chunk whose every element is the fill value is not stored (`is_fill`); a shard with no
+stored inner chunk encodes to b"", the sign to erase it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from . import grid
-from .errors import CorruptChunk, MetadataError, Unsupported
+from .errors import CorruptChunk, MetadataError, UnknownCodec, Unsupported
 
 # numcodecs ids by the role zarr-python 3 gives them under `numcodecs.<id>` in v3 metadata.
 ARRAY_ARRAY_IDS = {"delta", "bitround", "fixedscaleoffset", "quantize", "packbits", "astype"}
@@ -27,6 +29,30 @@ ABSENT = 2**64 - 1  # sharding index entry of a chunk that is not stored
 def _u1(buf: Any) -> np.ndarray:
     """A flat uint8 view of any buffer a codec returned."""
     return ensure_contiguous_ndarray(buf).reshape(-1).view(np.uint8)
+
+
+def _as_bytes(buf: Any) -> bytes:
+    """What a codec returned (bytes, or an array in memory order) as bytes."""
+    return buf if isinstance(buf, bytes) else _u1(buf).tobytes()
+
+
+def is_fill(arr: np.ndarray, fill: np.ndarray) -> bool:
+    """True when every element of `arr` has exactly the bytes of `fill` (cast to `arr`'s dtype).
+
+    Comparing bytes makes a NaN fill match NaNs of the same bit pattern and works for
+    structured, `S`, `U` and `V` types alike; -0.0 does not match a 0.0 fill, nor a NaN of
+    another payload a NaN fill, so erasing a chunk never changes what is read back.
+    """
+    arr = np.asarray(arr)
+    if arr.size == 0:
+        return True
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.asarray(fill).astype(arr.dtype).tobytes()
+    n = arr.dtype.itemsize
+    raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    if n in (1, 2, 4, 8):  # one integer comparison per element
+        return bool((raw.view(f"u{n}") == np.frombuffer(want, f"u{n}")[0]).all())
+    return bool((raw.reshape(-1, n) == np.frombuffer(want, np.uint8)).all())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +245,7 @@ def numcodecs_codec(config: dict, where: str) -> Any:
     try:
         return numcodecs.get_codec(dict(config))
     except (ValueError, KeyError, TypeError) as e:
-        raise Unsupported(f"unknown or invalid codec {config!r} in {where}: {e}") from None
+        raise UnknownCodec(f"unknown or invalid codec {config!r} in {where}: {e}") from None
 
 
 def _v3_numcodecs(name: str, config: dict, where: str) -> Any:
@@ -237,7 +263,7 @@ def _v3_numcodecs(name: str, config: dict, where: str) -> Any:
         return numcodecs_codec({"id": "crc32c"}, where)
     if name.startswith("numcodecs."):
         return numcodecs_codec({"id": name[len("numcodecs."):], **config}, where)
-    raise Unsupported(f"unknown codec {name!r} in {where}")
+    raise UnknownCodec(f"unknown codec {name!r} in {where}")
 
 
 def v3_chain(codecs: Any, ndim: int, where: str) -> CodecChain:

@@ -47,6 +47,12 @@ class Unsupported(ZarrfsError):
     errno = errno.EOPNOTSUPP
 
 
+class UnknownCodec(ZarrfsError):
+    """A codec that numcodecs does not know: the array's data cannot be decoded (EIO, as DESIGN.md says)."""
+
+    errno = errno.EIO
+
+
 class ReadOnly(ZarrfsError):
     """A write to a read-only mount."""
 

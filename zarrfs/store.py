@@ -6,6 +6,7 @@ Every method is synchronous (ends in `_sync`): the engine calls them in worker t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import urllib.parse
@@ -145,6 +146,85 @@ class Store:
             raise
         except Exception as e:
             raise StoreError(f"reading {key!r} [{start}:{end}] failed: {type(e).__name__}: {e}") from None
+
+    def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
+        """The last `nbytes` bytes of a key (all of it when shorter), or None when the key is absent.
+
+        One request where the backend supports suffix ranges (local, memory, HTTP `bytes=-N`).
+        """
+        try:
+            return self.fs.cat_file(self.path(key), start=-nbytes)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"reading the last {nbytes} bytes of {key!r} failed: {type(e).__name__}: {e}") from None
+
+    # --- writes -------------------------------------------------------------------------
+
+    def set_sync(self, key: str, value: bytes) -> None:
+        """Store a value; a failure leaves the previous value intact.
+
+        Local stores write a temporary file beside the key and rename it over the key,
+        so a reader (or a crash) sees the old value or the new one, never a mix.
+        """
+        path = self.path(key)
+        try:
+            if self.is_local:
+                directory = os.path.dirname(path)
+                os.makedirs(directory, exist_ok=True)
+                tmp = os.path.join(directory, f".{os.path.basename(path)}.zarrfs-{os.getpid()}-{id(value):x}.tmp")
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(value)
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+            else:
+                self.fs.pipe_file(path, bytes(value))
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"writing {key!r} failed: {type(e).__name__}: {e}") from None
+
+    def erase_sync(self, key: str) -> None:
+        """Remove a key; removing an absent key is not an error."""
+        try:
+            self.fs.rm_file(self.path(key))
+        except (FileNotFoundError, IsADirectoryError):
+            pass
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"erasing {key!r} failed: {type(e).__name__}: {e}") from None
+        self._prune_empty_dirs(key)
+
+    def erase_prefix_sync(self, prefix: str) -> None:
+        """Remove every key below a prefix (and, for local stores, the directories left)."""
+        try:
+            path = self.path(prefix)
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"erasing {prefix!r} failed: {type(e).__name__}: {e}") from None
+        self._prune_empty_dirs(prefix)
+
+    def _prune_empty_dirs(self, key: str) -> None:
+        """Local stores: remove directories a removal left empty, up to the root."""
+        if not self.is_local:
+            return
+        parts = key.split("/")[:-1]
+        while parts:
+            try:
+                os.rmdir(self.path("/".join(parts)))
+            except OSError:
+                return
+            parts.pop()
 
     def exists_sync(self) -> bool:
         """Whether the store's root exists at all (for a clear error at mount time)."""

@@ -9,9 +9,12 @@ from .base import Hierarchy
 from .v1 import V1Hierarchy
 from .v2 import V2Hierarchy
 from .v3 import V3Hierarchy
+from .v3draft import V3DraftHierarchy
 
 # Detection order: v3 before v2 (a store can hold both only by accident; v3 is newer).
 FORMATS: dict[str, type] = {"v3": V3Hierarchy, "v2": V2Hierarchy, "v1": V1Hierarchy}
+# The v3 drafts first: their zarr.json holds a URI string, never the final v3's `3`.
+FORMATS = {"v3-draft": V3DraftHierarchy, **FORMATS}
 
 
 def open_hierarchy_sync(store: Store, fmt: str = "auto", options: Options | None = None) -> Hierarchy:
