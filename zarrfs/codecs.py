@@ -65,6 +65,9 @@ class BytesBytes:
     def decode(self, data: Any) -> Any:
         return self.codec.decode(data)
 
+    def encode(self, data: Any) -> Any:
+        return self.codec.encode(data)
+
     def encoded_size(self, n: int) -> int:
         if self.codec.codec_id in ("crc32c", "crc32", "adler32"):
             return n + 4
@@ -86,6 +89,9 @@ class Transpose:
     def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return arr.transpose(np.argsort(self.order))
 
+    def encode(self, arr: np.ndarray) -> np.ndarray:
+        return arr.transpose(self.order)
+
     def describe(self) -> dict:
         return {"name": "transpose", "configuration": {"order": list(self.order)}}
 
@@ -98,6 +104,8 @@ class NumcodecsArray:
     name: str
 
     def encoded_shape(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[tuple[int, ...], np.dtype]:
+        if self.codec.codec_id == "packbits":  # a header byte, then 8 booleans a byte
+            return (1 + -(-math.prod(shape) // 8),), np.dtype("u1")
         for attr in ("astype", "encode_dtype"):
             enc = getattr(self.codec, attr, None)
             if enc is not None:
@@ -106,6 +114,11 @@ class NumcodecsArray:
 
     def decode(self, arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         out = np.asarray(self.codec.decode(np.ascontiguousarray(arr)))
+        return out.reshape(-1).view(dtype).reshape(shape) if out.dtype != dtype else out.reshape(shape)
+
+    def encode(self, arr: np.ndarray) -> np.ndarray:
+        shape, dtype = self.encoded_shape(arr.shape, arr.dtype)
+        out = np.asarray(self.codec.encode(np.ascontiguousarray(arr)))
         return out.reshape(-1).view(dtype).reshape(shape) if out.dtype != dtype else out.reshape(shape)
 
     def describe(self) -> dict:
@@ -122,16 +135,25 @@ class BytesLayout:
     endian: str | None = "little"
     order: str = "C"
 
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
-        stored = dtype
+    def stored_dtype(self, dtype: np.dtype) -> np.dtype:
+        """`dtype` in the byte order its elements are stored in."""
         if self.endian is not None and dtype.itemsize > 1 and dtype.fields is None and dtype.kind not in "SV":
-            stored = dtype.newbyteorder("<" if self.endian == "little" else ">")
+            return dtype.newbyteorder("<" if self.endian == "little" else ">")
+        return dtype
+
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+        stored = self.stored_dtype(dtype)
         raw = _u1(data)
         expected = math.prod(shape) * dtype.itemsize
         if raw.size != expected:
             raise CorruptChunk(f"decoded to {raw.size} bytes, expected {expected}")
         arr = raw.view(stored).reshape(shape, order=self.order)
         return arr if stored == dtype else arr.astype(dtype)
+
+    def encode(self, arr: np.ndarray, fill: np.ndarray) -> np.ndarray:
+        """The elements in `order` and stored byte order: a flat array, so that codecs
+        downstream see the element size (blosc's shuffle, v2 filters) as zarr gives it them."""
+        return np.ravel(arr.astype(self.stored_dtype(arr.dtype), copy=False), order=self.order)
 
     def describe(self) -> dict:
         if self.endian is None:
@@ -151,6 +173,9 @@ class NumcodecsArrayBytes:
         if out.size != math.prod(shape):
             raise CorruptChunk(f"decoded to {out.size} elements, expected {math.prod(shape)}")
         return out.reshape(-1).astype(dtype, copy=False).reshape(shape)
+
+    def encode(self, arr: np.ndarray, fill: np.ndarray) -> Any:
+        return self.codec.encode(np.ascontiguousarray(arr))
 
     def describe(self) -> dict:
         return {"name": self.name, "configuration": self.codec.get_config()}
@@ -175,6 +200,21 @@ class CodecChain:
         for aa, (s, d) in zip(reversed(self.array_array), reversed(shapes[:-1])):
             arr = aa.decode(arr, s, d)
         return arr
+
+    def encode(self, arr: np.ndarray, fill: np.ndarray) -> bytes:
+        """The bytes to store for `arr`, a chunk of exactly the chunk shape and the array's dtype.
+
+        b"" means there is nothing to store (a shard whose inner chunks are all fill): erase
+        the chunk. Whole chunks of fill are encoded like any other; see `is_fill`.
+        """
+        for aa in self.array_array:
+            arr = aa.encode(arr)
+        data = self.array_bytes.encode(arr, fill)
+        if isinstance(self.array_bytes, ShardingIndexed) and not len(data):
+            return b""
+        for bb in self.bytes_bytes:
+            data = bb.encode(data)
+        return _as_bytes(data)
 
     @property
     def order(self) -> str:
@@ -227,6 +267,34 @@ class ShardingIndexed:
             out[region] = self.inner.decode(buf[offset:offset + nbytes], self.inner_chunks, dtype, fill)
         return out
 
+    def encode(self, arr: np.ndarray, fill: np.ndarray) -> bytes:
+        """The shard: its inner chunks that are not all fill, back to back in C order over
+        the inner grid, and the index; b"" when every inner chunk is fill."""
+        shape = arr.shape
+        if any(s % c for s, c in zip(shape, self.inner_chunks)):
+            raise MetadataError(f"shard shape {shape} is not a multiple of inner chunks {self.inner_chunks}")
+        per_shard = tuple(s // c for s, c in zip(shape, self.inner_chunks))
+        index = np.full(per_shard + (2,), ABSENT, dtype="<u8")
+        index_nbytes = self.index.encoded_size(16 * math.prod(per_shard))
+        offset = 0 if self.index_at_end else index_nbytes
+        parts = []
+        for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
+            inner = arr[(*grid.chunk_slices(pos, shape, self.inner_chunks), ...)]
+            if is_fill(inner, fill):
+                continue
+            data = self.inner.encode(inner, fill)
+            if not data:  # a nested shard of fill
+                continue
+            index[pos] = (offset, len(data))
+            offset += len(data)
+            parts.append(data)
+        if not parts:
+            return b""
+        raw_index = self.index.encode(index, np.zeros((), "<u8"))
+        if len(raw_index) != index_nbytes:
+            raise Unsupported(f"shard index encoded to {len(raw_index)} bytes, expected {index_nbytes}")
+        return b"".join([*parts, raw_index] if self.index_at_end else [raw_index, *parts])
+
     def describe(self) -> dict:
         return {"name": "sharding_indexed", "configuration": {
             "chunk_shape": list(self.inner_chunks), "codecs": self.inner.describe(),
@@ -252,7 +320,8 @@ def _v3_numcodecs(name: str, config: dict, where: str) -> Any:
     if name == "blosc":
         shuffle = config.get("shuffle", "noshuffle")
         conf = {"id": "blosc", "cname": config.get("cname", "lz4"), "clevel": config.get("clevel", 5),
-                "shuffle": _BLOSC_SHUFFLE.get(shuffle, shuffle), "blocksize": config.get("blocksize", 0)}
+                "shuffle": _BLOSC_SHUFFLE.get(shuffle, shuffle), "blocksize": config.get("blocksize", 0),
+                "typesize": config.get("typesize")}  # the element size to shuffle by when encoding
         return numcodecs_codec(conf, where)
     if name == "gzip":
         return numcodecs_codec({"id": "gzip", "level": config.get("level", 5)}, where)

@@ -157,7 +157,7 @@ class Engine:
         text = str(error)
         log.warning("%s", text if key in text else f"{key}: {text}")
 
-    async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes:
+    async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes | memoryview:
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently."""
         plan = stream.plan(offset, size)
         chunks: dict[Index, np.ndarray] = {}

@@ -74,8 +74,11 @@ class ArrayStream:
                 needed[self._array_index(t_idx)] = None
         return ReadPlan(header_part, e0, e1, d0 - e0 * item, d1 - d0, boxes, tuple(needed))
 
-    def assemble(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes:
-        """The bytes of `plan`, given every chunk it names (full chunk shape, any layout)."""
+    def assemble(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes | memoryview:
+        """The bytes of `plan`, given every chunk it names (full chunk shape, any layout).
+
+        Data-only reads come back as a memoryview of a fresh buffer (no extra copy).
+        """
         if plan.take_bytes == 0:
             return plan.header_part
         buf = np.empty(plan.stop_elem - plan.first_elem, dtype=self.meta.dtype)
@@ -95,4 +98,4 @@ class ArrayStream:
                     dst.append(slice(lo - a, hi - a))
                 out[tuple(dst)] = chunk[tuple(src)]
         data = buf.view(np.uint8)[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
-        return plan.header_part + data.tobytes() if plan.header_part else data.tobytes()
+        return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)

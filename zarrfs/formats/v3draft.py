@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import dtypes
 from ..codecs import ABSENT, BytesBytes, BytesLayout, CodecChain, Transpose, numcodecs_codec
-from ..errors import CorruptChunk, MetadataError, Unsupported, UserError, ZarrfsError
+from ..errors import CorruptChunk, MetadataError, UnknownCodec, Unsupported, UserError, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, ChunkKeys, GroupMeta, Node, ints, join
 from ..options import Options
 from ..store import Store
@@ -473,7 +473,7 @@ def _codec_entry(entry: Any, where: str) -> tuple[str, dict[str, Any]]:
         raise MetadataError(f"{where}: codec entry {entry!r} has no `type` or `codec` URI")
     m = _CODEC_RE.match(uri)
     if m is None:
-        raise Unsupported(f"{where}: unknown codec {uri}")
+        raise UnknownCodec(f"{where}: unknown codec {uri}")
     config = entry.get("configuration")
     if config is None:
         config = {k: v for k, v in entry.items() if k not in ("type", "codec")}
@@ -491,8 +491,8 @@ def bytes_codec(entry: Any, where: str) -> BytesBytes:
         conf["shuffle"] = _BLOSC_SHUFFLE.get(conf.get("shuffle", 1), conf.get("shuffle", 1))
     try:
         codec = numcodecs_codec(conf, where)
-    except Unsupported:
-        raise Unsupported(f"{where}: unknown or invalid codec {name} {config!r}") from None
+    except UnknownCodec:
+        raise UnknownCodec(f"{where}: unknown or invalid codec {name} {config!r}") from None
     return BytesBytes(codec, name)
 
 
