@@ -65,3 +65,27 @@ def test_structured_fill_base64():
 def test_bad_fill_values(value, dtype):
     with pytest.raises(MetadataError):
         dtypes.fill_value(value, np.dtype(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["|b1", "<i2", ">u4", "<f8", ">f4", "<c8", "|S4", "<U2", "<M8[ns]", "<m8[10s]",
+                                   "|V3", [("a", "<i2"), ("b", "|S2")]], ids=str)
+@pytest.mark.parametrize("fmt", ["v2", "v3"])
+def test_dtype_and_fill_round_trip(dtype, fmt):
+    dt = np.dtype([tuple(f) for f in dtype] if isinstance(dtype, list) else dtype)
+    raw = np.random.default_rng(1).integers(1, 255, dt.itemsize, dtype=np.uint8).tobytes()
+    fill = np.frombuffer(raw, dtype=dt).reshape(())
+    if dt.kind == "f":
+        fill = np.array(np.nan, dt)
+    if dt.kind == "U":
+        fill = np.array("x", dt)
+    if dt.kind == "b":
+        fill = np.array(True, dt)
+    if fmt == "v2":
+        back_dt = dtypes.v2_dtype(dtypes.v2_dtype_json(dt))
+    else:
+        name, endian = dtypes.v3_dtype_json(dt)
+        back_dt = dtypes.v3_dtype(name).newbyteorder(">" if endian == "big" else "=") if dt.byteorder == ">" else \
+            dtypes.v3_dtype(name)
+    assert back_dt == dt
+    back = dtypes.fill_value(dtypes.fill_to_json(fill, dt), dt)
+    assert back.tobytes() == np.asarray(fill, dt).tobytes()

@@ -167,3 +167,67 @@ def fill_value(value: Any, dtype: np.dtype, bytes_as_text: bool = False) -> np.n
         raise MetadataError(f"bad fill value {value!r} for {dtype}: {e}") from None
     return out
 
+
+
+# --- the other way: numpy to each format's JSON (for arrays created through the mount) ---
+
+_V3_BY_NUMPY = {np.dtype(v).newbyteorder("<"): k for k, v in V3_NAMES.items() if v is not None}
+
+
+def v2_dtype_json(dtype: np.dtype) -> Any:
+    """A v1/v2 `dtype` field: the typestr, or the descr list of a structured type."""
+    descr = np.lib.format.dtype_to_descr(dtype)
+    return [list(f) for f in descr] if isinstance(descr, list) else descr
+
+
+def v3_dtype_json(dtype: np.dtype) -> tuple[Any, str]:
+    """A final-v3 `data_type` and the `bytes` codec endianness that keeps the bytes as they are."""
+    endian = "big" if dtype.byteorder == ">" else "little"
+    base = dtype.newbyteorder("<") if dtype.byteorder in "<>=" else dtype
+    if base in _V3_BY_NUMPY:
+        return _V3_BY_NUMPY[base], endian
+    if dtype.fields is not None:
+        fields = [[name, v3_dtype_json(dtype.fields[name][0])[0]] for name in dtype.names]
+        return {"name": "structured", "configuration": {"fields": fields}}, endian
+    if dtype.kind == "S":
+        return {"name": "null_terminated_bytes", "configuration": {"length_bytes": dtype.itemsize}}, endian
+    if dtype.kind == "V":
+        return {"name": "raw_bytes", "configuration": {"length_bytes": dtype.itemsize}}, endian
+    if dtype.kind == "U":
+        return {"name": "fixed_length_utf32", "configuration": {"length_bytes": dtype.itemsize}}, endian
+    if dtype.kind in "mM":
+        unit, count = np.datetime_data(dtype)
+        name = "numpy.datetime64" if dtype.kind == "M" else "numpy.timedelta64"
+        return {"name": name, "configuration": {"unit": unit, "scale_factor": count}}, endian
+    raise Unsupported(f"data type {dtype} has no v3 equivalent")
+
+
+def _float_json(value: float) -> Any:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float(value)
+
+
+def fill_to_json(fill: np.ndarray, dtype: np.dtype, bytes_as_text: bool = False) -> Any:
+    """The JSON of a fill value (0-d array of `dtype`), as v2 and v3 write it."""
+    value = np.asarray(fill, dtype=dtype)[()]
+    kind = dtype.kind
+    if dtype.fields is not None or kind == "V":
+        return base64.b64encode(np.asarray(fill, dtype=dtype).tobytes()).decode()
+    if kind == "S":
+        return bytes(value).decode("latin1") if bytes_as_text else base64.b64encode(bytes(value)).decode()
+    if kind == "U":
+        return str(value)
+    if kind == "b":
+        return bool(value)
+    if kind in "iu":
+        return int(value)
+    if kind == "f":
+        return _float_json(float(value))
+    if kind == "c":
+        return [_float_json(float(value.real)), _float_json(float(value.imag))]
+    if kind in "mM":
+        return int(np.asarray(fill, dtype=dtype).view("<i8" if dtype.byteorder != ">" else ">i8"))
+    raise Unsupported(f"fill value for data type {dtype}")
