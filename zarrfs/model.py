@@ -130,6 +130,17 @@ class BrokenNode:
 Node = Union[ArrayMeta, GroupMeta, BrokenNode]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class NewArray:
+    """What an array created through the mount is made of (from an NPY header and options)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunks: tuple[int, ...] | None = None  # None: the format's usual guess
+    codec: str | None = None  # the `codec=` option (NAME[:LEVEL]); None: the format's default
+    fill_value: np.ndarray | None = None  # None: zeros
+
+
 def ints(value: Any, what: str, where: str) -> tuple[int, ...]:
     """A tuple of non-negative ints from a JSON list, or a MetadataError naming the field."""
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0

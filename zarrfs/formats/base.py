@@ -5,10 +5,11 @@ from __future__ import annotations
 import abc
 import json
 import logging
+import math
 from typing import Any, ClassVar
 
-from ..errors import MetadataError, ZarrfsError
-from ..model import ArrayMeta, BrokenNode, GroupMeta, Node, join
+from ..errors import MetadataError, NotFound, Unsupported, UserError, ZarrfsError
+from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, join
 from ..store import Store
 
 log = logging.getLogger(__name__)
@@ -17,6 +18,51 @@ log = logging.getLogger(__name__)
 # deep enough for real hierarchies, small enough that a stray tree of files stays cheap.
 IMPLICIT_SEARCH_MAX_DEPTH = 8
 IMPLICIT_SEARCH_MAX_LISTINGS = 256
+
+
+# Chunks of arrays created through the mount aim at this many bytes, scaled with the array
+# (the h5py/zarr-python heuristic): small arrays get 128 KiB chunks, large ones up to 64 MiB.
+CHUNK_BASE_BYTES = 256 << 10
+CHUNK_MIN_BYTES = 128 << 10
+CHUNK_MAX_BYTES = 64 << 20
+# Default compression levels when `codec=NAME` gives none.
+DEFAULT_LEVELS = {"blosc": 5, "zstd": 0, "gzip": 5, "zlib": 5, "bz2": 5, "lzma": 6, "lz4": 1}
+
+
+def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """A chunk shape for a new array: halve dimensions in turn until the chunk is small enough."""
+    if not shape:
+        return ()
+    chunks = [max(1, n) for n in shape]
+    total = math.prod(chunks) * max(itemsize, 1)
+    target = CHUNK_BASE_BYTES * 2 ** math.log10(max(total, 1) / (1 << 20)) if total > 0 else CHUNK_MIN_BYTES
+    target = min(max(target, CHUNK_MIN_BYTES), CHUNK_MAX_BYTES)
+    i = 0
+    while math.prod(chunks) * itemsize > target and any(c > 1 for c in chunks):
+        d = i % len(chunks)
+        chunks[d] = -(-chunks[d] // 2)
+        i += 1
+    return tuple(chunks)
+
+
+def compressor_config(codec: str | None, default: str, itemsize: int) -> dict | None:
+    """The numcodecs config of a `codec=NAME[:LEVEL]` option (or of the format's default)."""
+    name, _, level_text = (codec or default).partition(":")
+    name = name.lower()
+    if name == "none":
+        return None
+    if name not in DEFAULT_LEVELS:
+        raise UserError(f"codec={codec}: expected one of none, {', '.join(DEFAULT_LEVELS)}")
+    level = int(level_text) if level_text else DEFAULT_LEVELS[name]
+    return {
+        "blosc": {"id": "blosc", "cname": "lz4", "clevel": level, "shuffle": 1, "blocksize": 0},
+        "zstd": {"id": "zstd", "level": level},
+        "gzip": {"id": "gzip", "level": level},
+        "zlib": {"id": "zlib", "level": level},
+        "bz2": {"id": "bz2", "level": max(1, level)},
+        "lzma": {"id": "lzma", "preset": level},
+        "lz4": {"id": "lz4", "acceleration": level},
+    }[name]
 
 
 def parse_json(key: str, raw: bytes | None) -> Any:
@@ -67,6 +113,57 @@ class Hierarchy(abc.ABC):
 
     #: names of metadata documents, never counted as chunk data
     doc_names: ClassVar[tuple[str, ...]] = ()
+
+    # --- writes: synchronous, run by the engine in worker threads -------------------------
+
+    def create_group_sync(self, path: str) -> GroupMeta:
+        raise Unsupported(f"{self.name} hierarchies have no groups to create")
+
+    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+        raise Unsupported(f"creating arrays in {self.name} hierarchies is not supported")
+
+    def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
+        raise Unsupported(f"writing attributes of {self.name} nodes is not supported")
+
+    def node_keys_sync(self, node: Node) -> list[str]:
+        """Every store key that belongs to a node and its descendants."""
+        raise Unsupported(f"{self.name} nodes cannot be listed for removal")
+
+    def relocate_key(self, key: str, old_path: str, new_path: str) -> str:
+        """Where `key` of the node at `old_path` goes when the node moves to `new_path`."""
+        raise Unsupported(f"moving {self.name} nodes is not supported")
+
+    def erase_node_sync(self, node: Node) -> None:
+        """Remove a node (an array with all its chunks, or an empty group)."""
+        for key in self.node_keys_sync(node):
+            self.store.erase_sync(key)
+        self.after_change_sync()
+
+    def move_node_sync(self, node: Node, new_path: str) -> None:
+        """Copy every key of a node to its new place, then remove the old keys.
+
+        The old name disappears only once the new one is complete: a failure part-way
+        leaves the original whole (and maybe a partial copy, which the next try replaces).
+        """
+        if not node.path:
+            raise Unsupported("the root cannot be moved")
+        if self.node_sync(new_path) is not None:
+            raise Unsupported(f"{new_path} exists")
+        keys = self.node_keys_sync(node)
+        moved = {key: self.relocate_key(key, node.path, new_path) for key in keys}
+        # Metadata documents last, so that the new node appears only once its data is there.
+        order = sorted(keys, key=lambda k: k.rsplit("/", 1)[-1] in self.doc_names)
+        for key in order:
+            value = self.store.get_sync(key)
+            if value is None:
+                raise NotFound(f"{key} vanished while moving {node.path}")
+            self.store.set_sync(moved[key], value)
+        for key in reversed(order):
+            self.store.erase_sync(key)
+        self.after_change_sync()
+
+    def after_change_sync(self) -> None:
+        """Called after metadata changed (formats with consolidated metadata refresh it)."""
 
     def chunk_sizes_sync(self, meta: ArrayMeta) -> dict[str, int | None]:
         """Stored chunk keys of an array with their sizes, from one recursive listing."""
@@ -155,6 +252,48 @@ class NodeDocsHierarchy(Hierarchy):
             if node is not None:
                 out.append(node)
         return out
+
+    # --- writes shared by the per-node-documents formats ----------------------------------
+
+    def node_keys_sync(self, node: Node) -> list[str]:
+        return [join(node.path, rel) for rel in self.store.sizes_below_sync(node.path)]
+
+    def relocate_key(self, key: str, old_path: str, new_path: str) -> str:
+        return new_path + key[len(old_path):] if old_path else join(new_path, key)
+
+    def write_docs_sync(self, path: str, docs: dict[str, Any]) -> None:
+        """Write a node's documents (None erases one) and keep consolidated metadata current."""
+        for name, doc in docs.items():
+            key = join(path, name)
+            if doc is None:
+                self.store.erase_sync(key)
+            else:
+                self.store.set_sync(key, (json.dumps(doc, indent=2) + "\n").encode())
+        if self.consolidated is not None:
+            entry = self.consolidated.setdefault(path, {n: None for n in self.doc_names})
+            entry.update(docs)
+            self.write_consolidated_sync()
+
+    def after_change_sync(self) -> None:
+        if self.consolidated is None:
+            return
+        # Re-read what is left: the documents of every node still in the consolidated set.
+        for path in list(self.consolidated):
+            raw = self.store.get_many_sync([join(path, n) for n in self.doc_names])
+            docs = {n: parse_json(join(path, n), raw[join(path, n)]) for n in self.doc_names}
+            if all(d is None for d in docs.values()) and path:
+                del self.consolidated[path]
+            else:
+                self.consolidated[path] = docs
+        for key in self.store.sizes_below_sync(""):
+            path, _, name = key.rpartition("/")
+            if name in self.doc_names and path not in self.consolidated:
+                self.consolidated[path] = {
+                    n: parse_json(join(path, n), self.store.get_sync(join(path, n))) for n in self.doc_names}
+        self.write_consolidated_sync()
+
+    def write_consolidated_sync(self) -> None:
+        """Rewrite the store's consolidated metadata from `self.consolidated`."""
 
     def _contains_node_sync(self, path: str) -> bool:
         """Whether some node lies below `path` (then `path` is an implicit group)."""

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from typing import Any
+
+import numpy as np
 
 from .. import dtypes
 from ..codecs import v2_chain
 from ..errors import MetadataError
-from ..model import ArrayMeta, ChunkKeys, GroupMeta, Node, ints, join
+from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import NodeDocsHierarchy, json_object
+from .base import NodeDocsHierarchy, compressor_config, guess_chunks, json_object
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,39 @@ class V2Hierarchy(NodeDocsHierarchy):
     def kind_guess(self, docs: dict[str, Any]) -> str:
         return "array" if docs.get(".zarray") is not None else "group"
 
+    # --- writes ---------------------------------------------------------------------------
+
+    def create_group_sync(self, path: str) -> GroupMeta:
+        self.write_docs_sync(path, {".zgroup": {"zarr_format": 2}})
+        return GroupMeta(path, {}, self.name, join(path, ".zgroup"))
+
+    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+        fill = new.fill_value if new.fill_value is not None else np.zeros((), new.dtype)
+        doc = {
+            "zarr_format": 2, "shape": list(new.shape),
+            "chunks": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize)),
+            "dtype": dtypes.v2_dtype_json(new.dtype),
+            "compressor": compressor_config(new.codec, "blosc", new.dtype.itemsize),
+            "fill_value": dtypes.fill_to_json(fill, new.dtype), "order": "C", "filters": None,
+            "dimension_separator": ".",
+        }
+        meta = parse_array(path, doc, {})
+        self.write_docs_sync(path, {".zarray": doc})
+        return meta
+
+    def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
+        self.write_docs_sync(node.path, {".zattrs": attributes})
+        return dataclasses.replace(node, attributes=attributes)
+
+    def write_consolidated_sync(self) -> None:
+        metadata = {}
+        for path, docs in sorted(self.consolidated.items()):
+            for name, doc in docs.items():
+                if doc is not None:
+                    metadata[join(path, name)] = doc
+        body = {"zarr_consolidated_format": 1, "metadata": metadata}
+        self.store.set_sync(".zmetadata", (json.dumps(body, indent=2) + "\n").encode())
+
     def parse_docs(self, path: str, docs: dict[str, Any]) -> Node | None:
         attrs = docs.get(".zattrs") or {}
         if not isinstance(attrs, dict):
@@ -85,3 +122,4 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
         path=path, shape=shape, dtype=dtype, chunk_shape=chunks,
         fill_value=dtypes.fill_value(doc.get("fill_value"), dtype), codec=codec,
         keys=ChunkKeys(path, sep, "", "0"), attributes=attrs, format="v2", metadata_key=key)
+

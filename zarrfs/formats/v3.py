@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from typing import Any
+
+import numpy as np
 
 from .. import dtypes
 from ..codecs import v3_chain
 from ..errors import MetadataError, Unsupported
-from ..model import ArrayMeta, ChunkKeys, GroupMeta, Node, ints, join
+from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import NodeDocsHierarchy, json_object
+from .base import NodeDocsHierarchy, compressor_config, guess_chunks, json_object
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,46 @@ class V3Hierarchy(NodeDocsHierarchy):
     def kind_of_doc(self, name: str) -> str:
         return "group"
 
+    # --- writes ---------------------------------------------------------------------------
+
+    def create_group_sync(self, path: str) -> GroupMeta:
+        self.write_docs_sync(path, {"zarr.json": {"zarr_format": 3, "node_type": "group", "attributes": {}}})
+        return GroupMeta(path, {}, self.name, join(path, "zarr.json"))
+
+    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+        data_type, endian = dtypes.v3_dtype_json(new.dtype)
+        fill = new.fill_value if new.fill_value is not None else np.zeros((), new.dtype)
+        codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": endian}}]
+        compressor = compressor_config(new.codec, "zstd", new.dtype.itemsize)
+        if compressor is not None:
+            codecs.append(v3_codec_json(compressor, new.dtype.itemsize))
+        doc = {
+            "zarr_format": 3, "node_type": "array", "shape": list(new.shape), "data_type": data_type,
+            "chunk_grid": {"name": "regular", "configuration": {
+                "chunk_shape": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize))}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": dtypes.fill_to_json(fill, new.dtype), "codecs": codecs, "attributes": {},
+        }
+        meta = parse_array(path, doc, {})
+        self.write_docs_sync(path, {"zarr.json": doc})
+        return meta
+
+    def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
+        key = join(node.path, "zarr.json")
+        doc = json_object(key, self.store.get_sync(key))
+        if doc is None:  # an implicit group gets a document of its own
+            doc = {"zarr_format": 3, "node_type": "group"}
+        doc["attributes"] = attributes
+        self.write_docs_sync(node.path, {"zarr.json": doc})
+        return dataclasses.replace(node, attributes=attributes)
+
+    def write_consolidated_sync(self) -> None:
+        root = dict((self.consolidated.get("") or {}).get("zarr.json") or {"zarr_format": 3, "node_type": "group"})
+        metadata = {path: docs["zarr.json"] for path, docs in sorted(self.consolidated.items())
+                    if path and docs.get("zarr.json") is not None}
+        root["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": metadata}
+        self.store.set_sync("zarr.json", (json.dumps(root, indent=2) + "\n").encode())
+
     def parse_docs(self, path: str, docs: dict[str, Any]) -> Node | None:
         doc = docs.get("zarr.json")
         if doc is None:
@@ -65,6 +109,19 @@ class V3Hierarchy(NodeDocsHierarchy):
         if kind == "array":
             return parse_array(path, doc, attrs)
         raise MetadataError(f"{key}: unknown node_type {kind!r}")
+
+
+def v3_codec_json(config: dict[str, Any], itemsize: int) -> dict[str, Any]:
+    """The v3 `codecs` entry of a numcodecs compressor config."""
+    conf = {k: v for k, v in config.items() if k != "id"}
+    if config["id"] == "blosc":
+        shuffle = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}[conf.get("shuffle", 1)]
+        return {"name": "blosc", "configuration": {**conf, "shuffle": shuffle, "typesize": itemsize}}
+    if config["id"] == "zstd":
+        return {"name": "zstd", "configuration": {"level": conf.get("level", 0), "checksum": False}}
+    if config["id"] == "gzip":
+        return {"name": "gzip", "configuration": conf}
+    return {"name": f"numcodecs.{config['id']}", "configuration": conf}
 
 
 def _extension_ok(name: str, value: Any) -> bool:
