@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import struct
 
 import numpy as np
@@ -34,3 +35,42 @@ def header(dtype: np.dtype, shape: tuple[int, ...], fortran_order: bool = False)
             continue
         return prefix + body + b" " * pad + b"\n"
     raise ValueError("NPY header too large")
+
+
+class NotNpy(ValueError):
+    """Bytes that do not start with a valid NPY header."""
+
+
+def parse_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """(shape, fortran_order, dtype, header length) of the NPY header at the start of `data`.
+
+    None while `data` is too short to hold the whole header; NotNpy when it is no NPY file.
+    """
+    if len(data) < len(MAGIC):
+        if not MAGIC.startswith(bytes(data)):
+            raise NotNpy("not an NPY file (bad magic)")
+        return None
+    if not bytes(data[: len(MAGIC)]) == MAGIC:
+        raise NotNpy("not an NPY file (bad magic)")
+    if len(data) < len(MAGIC) + 2:
+        return None
+    major = data[len(MAGIC)]
+    if major not in (1, 2, 3):
+        raise NotNpy(f"unknown NPY format version {major}")
+    len_size = 2 if major == 1 else 4
+    start = len(MAGIC) + 2 + len_size
+    if len(data) < start:
+        return None
+    hlen = int.from_bytes(data[len(MAGIC) + 2:start], "little")
+    if len(data) < start + hlen:
+        return None
+    buf = io.BytesIO(bytes(data[: start + hlen]))
+    try:
+        version = np.lib.format.read_magic(buf)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(buf)
+    except (ValueError, SyntaxError, TypeError) as e:
+        raise NotNpy(f"bad NPY header: {e}") from None
+    return tuple(int(n) for n in shape), bool(fortran), dtype, start + hlen

@@ -1,4 +1,4 @@
-"""Zarr v3 drafts: the May 2022 core draft, zarr 2.12-2.18's `meta/root` layout, protocol-draft documents, sharding transformer.
+"""Zarr v3 drafts: May 2022 core draft, zarr 2.12-2.18's `meta/root`, protocol-draft documents, sharding.
 
 Three generations of pre-release v3 share one shape: an entry point `zarr.json` whose
 `zarr_format` is a URI string, metadata documents under `meta/`, chunks under `data/`.
@@ -27,7 +27,8 @@ import dataclasses
 import logging
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -150,7 +151,7 @@ class V3DraftHierarchy(Hierarchy):
         return isinstance(doc, dict) and isinstance(doc.get("zarr_format"), str)
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> "V3DraftHierarchy":
+    def open_sync(cls, store: Store, options: Options | None = None) -> V3DraftHierarchy:
         """Read the entry point; refuse (UserError) what the drafts say must stop processing."""
         try:
             doc = json_object("zarr.json", store.get_sync("zarr.json"))
