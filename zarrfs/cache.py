@@ -59,6 +59,11 @@ class ChunkCache:
             self.used_bytes -= old_cost
             self.evictions += 1
 
+    def discard_prefix(self, path: str) -> None:
+        """Drop every chunk of an array (keys are (array path, index))."""
+        for key in [k for k in self._items if k[0] == path]:
+            self.discard(key)
+
     def discard(self, key: Hashable) -> None:
         item = self._items.pop(key, None)
         if item is not None:

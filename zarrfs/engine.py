@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import numpy as np
 import trio
 
+from . import grid
+from .codecs import is_fill
 from .errors import CorruptChunk, StoreError, ZarrfsError
 from .model import ArrayMeta
 from .store import Store
@@ -30,13 +33,30 @@ Index = tuple[int, ...]
 IO_THREADS_REMOTE = 16
 IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
-COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched")
+COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
+            "bytes_written", "chunks_stored", "chunks_erased")
 # Read-ahead of chunks for sequential readers: the window doubles on each sequential read
 # and resets on a seek (as mountpoint-s3 and ratarmount do), bounded in bytes and by a
 # share of the cache so that prefetched chunks are not evicted before they are read.
 PREFETCH_MAX_BYTES = 256 << 20
 PREFETCH_CACHE_SHARE = 4
 PREFETCH_STREAMS = 256  # sequential-read state kept for this many streams
+# Dirty (written, not yet stored) chunks are flushed oldest first beyond this budget, so a
+# streaming copy of any size holds at most this much: a few chunk rows of a large array.
+DIRTY_MAX_BYTES = 256 << 20
+
+
+def encode_chunk_sync(meta: ArrayMeta, key: str, arr: np.ndarray) -> bytes | None:
+    """The bytes to store for a chunk, or None when it is all fill value (then it is erased)."""
+    if is_fill(arr, meta.fill_value):
+        return None
+    try:
+        data = meta.codec.encode(arr, meta.fill_value)
+    except ZarrfsError as e:
+        raise type(e)(f"chunk {key}: {e}") from None
+    except Exception as e:
+        raise StoreError(f"chunk {key}: cannot encode: {type(e).__name__}: {e}") from None
+    return bytes(data) if len(data) else None
 
 
 def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
@@ -94,6 +114,14 @@ class Engine:
         # stream id -> (offset the next sequential read starts at, read-ahead window in bytes)
         self._sequential: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
         self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
+        # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
+        self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
+            collections.OrderedDict())
+        self.dirty_bytes = 0
+        self.dirty_max_bytes = DIRTY_MAX_BYTES
+        self._chunk_locks: dict[tuple[str, Index], trio.Lock] = {}
+        # A failed background flush is reported at the array's next fsync/close.
+        self._write_errors: dict[str, ZarrfsError] = {}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Host background work (prefetch) until cancelled; without it there is no prefetch."""
@@ -109,6 +137,9 @@ class Engine:
     async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
         key = (meta.path, idx)
+        dirty = self._dirty.get(key)
+        if dirty is not None:
+            return dirty[1]
         arr = self.cache.get(key)
         if arr is not None:
             return arr
@@ -200,6 +231,120 @@ class Engine:
             await self.chunk(meta, idx)
         except ZarrfsError:
             pass  # reported when a reader asks for this chunk
+
+    # --- writes -------------------------------------------------------------------------
+
+    async def write(self, stream: ArrayStream, offset: int, data: bytes) -> None:
+        """Write bytes into the data part of a stream: patch the chunks touched (read-modify-write).
+
+        The caller has checked any part of `data` that falls on the NPY header.
+        """
+        meta = stream.meta
+        plan = stream.plan(offset, len(data))
+        if plan.take_bytes == 0:
+            return
+        item = meta.dtype.itemsize
+        n_elems = plan.stop_elem - plan.first_elem
+        buf = np.empty(n_elems, dtype=meta.dtype)
+        raw = buf.view(np.uint8)
+        if plan.skip_bytes or (plan.skip_bytes + plan.take_bytes) % item:
+            # Partial elements at the edges keep their other bytes.
+            first = len(stream.header) + plan.first_elem * item
+            raw[:] = np.frombuffer(await self.read(stream, first, n_elems * item), np.uint8)
+        src = data[len(plan.header_part):len(plan.header_part) + plan.take_bytes]
+        raw[plan.skip_bytes:plan.skip_bytes + plan.take_bytes] = np.frombuffer(src, np.uint8)
+        covered = stream.coverage(plan)
+        need = [idx for idx in plan.chunks if (meta.path, idx) not in self._dirty
+                and covered[idx] < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape))]
+        loaded: dict[Index, np.ndarray] = {}
+        if need:
+            async def load(idx: Index) -> None:
+                loaded[idx] = await self.chunk(meta, idx)
+
+            try:
+                async with trio.open_nursery() as nursery:
+                    for idx in need:
+                        nursery.start_soon(load, idx)
+            except BaseExceptionGroup as group:
+                raise _first_leaf(group) from None
+        # From here to the end no await: the patch of every chunk is atomic.
+        targets = {}
+        for idx in plan.chunks:
+            key = (meta.path, idx)
+            entry = self._dirty.get(key)
+            if entry is None:
+                base = self._dirty_base(meta, idx, loaded.get(idx))
+                entry = self._dirty[key] = (meta, base)
+                self.dirty_bytes += base.nbytes
+            targets[idx] = entry[1]
+        stream.scatter(plan, buf, targets)
+        self.counters["bytes_written"] += plan.take_bytes
+        if self.dirty_bytes > self.dirty_max_bytes:
+            await self._flush_oldest()
+
+    def _dirty_base(self, meta: ArrayMeta, idx: Index, current: np.ndarray | None) -> np.ndarray:
+        """A writable copy of a chunk to patch: its current values, or fill where none matter."""
+        if current is None:  # the write covers every element of the chunk inside the array
+            return np.full(meta.chunk_shape, meta.fill_value, dtype=meta.dtype)
+        return np.array(current, dtype=meta.dtype, order="C", copy=True)
+
+    async def _flush_oldest(self) -> None:
+        """Store dirty chunks, oldest first, until back within the budget."""
+        while self.dirty_bytes > self.dirty_max_bytes // 2 and self._dirty:
+            key = next(iter(self._dirty))
+            try:
+                await self._flush_chunk(key)
+            except ZarrfsError as e:
+                self._write_errors.setdefault(key[0], e)
+                raise
+
+    async def _flush_chunk(self, key: tuple[str, Index]) -> None:
+        lock = self._chunk_locks.setdefault(key, trio.Lock())
+        async with lock:  # flushes of one chunk reach the store in the order they started
+            entry = self._dirty.pop(key, None)
+            if entry is None:
+                return
+            meta, arr = entry
+            self.dirty_bytes -= arr.nbytes
+            arr.flags.writeable = False
+            self.cache.put(key, arr)  # readers see it while it is being stored
+            store_key = meta.chunk_key(key[1])
+            try:
+                data = await trio.to_thread.run_sync(encode_chunk_sync, meta, store_key, arr,
+                                                     limiter=self.cpu_limiter)
+                await self.run_io(meta.write_chunk_sync, self.store, key[1], data)
+            except ZarrfsError as e:
+                self.cache.discard(key)  # what the store holds is the truth again
+                self._count_error(e, store_key)
+                raise
+            self.counters["chunks_stored" if data is not None else "chunks_erased"] += 1
+        if not lock.locked() and lock.statistics().tasks_waiting == 0:
+            self._chunk_locks.pop(key, None)
+
+    async def flush(self, path: str | None = None) -> None:
+        """Store every dirty chunk (of one array, or all); raise the first failure (EIO)."""
+        keys = [k for k in self._dirty if path is None or k[0] == path]
+        errors: list[ZarrfsError] = []
+
+        async def one(key: tuple[str, Index]) -> None:
+            try:
+                await self._flush_chunk(key)
+            except ZarrfsError as e:
+                errors.append(e)
+
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(one, key)
+        earlier = [self._write_errors.pop(p) for p in list(self._write_errors) if path is None or p == path]
+        if errors or earlier:
+            raise (earlier + errors)[0]
+
+    def discard(self, path: str) -> None:
+        """Forget everything held for an array (after it is removed or replaced)."""
+        for key in [k for k in self._dirty if k[0] == path]:
+            self.dirty_bytes -= self._dirty.pop(key)[1].nbytes
+        self.cache.discard_prefix(path)
+        self._write_errors.pop(path, None)
 
     async def read_key(self, key: str, offset: int, size: int, key_size: int) -> bytes:
         """Bytes of a store key as it is stored (the `store/` view)."""

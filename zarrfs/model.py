@@ -57,6 +57,13 @@ class KeyedChunks:
         """The encoded chunk at grid position `idx`, or None when it is not stored."""
         return store.get_sync(self.keys.key(idx))
 
+    def write_sync(self, store: Any, idx: tuple[int, ...], data: bytes | None) -> None:
+        """Store an encoded chunk, or erase it (None: the chunk is all fill value)."""
+        if data is None:
+            store.erase_sync(self.keys.key(idx))
+        else:
+            store.set_sync(self.keys.key(idx), data)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ArrayMeta:
@@ -96,6 +103,9 @@ class ArrayMeta:
 
     def read_chunk_sync(self, store: Any, idx: tuple[int, ...]) -> bytes | None:
         return (self.source or KeyedChunks(self.keys)).read_sync(store, idx)
+
+    def write_chunk_sync(self, store: Any, idx: tuple[int, ...], data: bytes | None) -> None:
+        (self.source or KeyedChunks(self.keys)).write_sync(store, idx, data)
 
     @property
     def kind(self) -> str:

@@ -74,6 +74,33 @@ class ArrayStream:
                 needed[self._array_index(t_idx)] = None
         return ReadPlan(header_part, e0, e1, d0 - e0 * item, d1 - d0, boxes, tuple(needed))
 
+    def _pieces(self, plan: ReadPlan):
+        """(array chunk index, slices into the chunk (stream order), box start offset, slices into the box)."""
+        pos = 0
+        for start, box in plan.boxes:
+            n = math.prod(box)
+            for t_idx in grid.chunks_in_box(start, box, self._chunks):
+                src, dst = [], []
+                for i, c, a, b, s in zip(t_idx, self._chunks, start, box, self._shape):
+                    lo, hi = max(i * c, a), min((i + 1) * c, a + b, s)
+                    src.append(slice(lo - i * c, hi - i * c))
+                    dst.append(slice(lo - a, hi - a))
+                yield self._array_index(t_idx), tuple(src), pos, box, tuple(dst)
+            pos += n
+
+    def coverage(self, plan: ReadPlan) -> dict[Index, int]:
+        """How many elements of each chunk a plan touches."""
+        out: dict[Index, int] = dict.fromkeys(plan.chunks, 0)
+        for idx, src, _, _, _ in self._pieces(plan):
+            out[idx] += math.prod(s.stop - s.start for s in src)
+        return out
+
+    def scatter(self, plan: ReadPlan, buf: np.ndarray, chunks: dict[Index, np.ndarray]) -> None:
+        """The reverse of assemble: copy the plan's elements from `buf` into writable chunks."""
+        for idx, src, pos, box, dst in self._pieces(plan):
+            chunk = chunks[idx].T if self._flip else chunks[idx]
+            chunk[src] = buf[pos:pos + math.prod(box)].reshape(box)[dst]
+
     def assemble(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes | memoryview:
         """The bytes of `plan`, given every chunk it names (full chunk shape, any layout).
 
@@ -82,20 +109,8 @@ class ArrayStream:
         if plan.take_bytes == 0:
             return plan.header_part
         buf = np.empty(plan.stop_elem - plan.first_elem, dtype=self.meta.dtype)
-        pos = 0
-        for start, box in plan.boxes:
-            n = math.prod(box)
-            out = buf[pos:pos + n].reshape(box)
-            pos += n
-            for t_idx in grid.chunks_in_box(start, box, self._chunks):
-                chunk = chunks[self._array_index(t_idx)]
-                if self._flip:
-                    chunk = chunk.T
-                src, dst = [], []
-                for i, c, a, b, s in zip(t_idx, self._chunks, start, box, self._shape):
-                    lo, hi = max(i * c, a), min((i + 1) * c, a + b, s)
-                    src.append(slice(lo - i * c, hi - i * c))
-                    dst.append(slice(lo - a, hi - a))
-                out[tuple(dst)] = chunk[tuple(src)]
+        for idx, src, pos, box, dst in self._pieces(plan):
+            chunk = chunks[idx].T if self._flip else chunks[idx]
+            buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunk[src]
         data = buf.view(np.uint8)[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
         return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)
