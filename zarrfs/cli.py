@@ -50,8 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         source, mountpoint, items, foreground = parse(argv)
         options = build_options(items, foreground=foreground)
-        if options.writable:
-            raise UserError("option writable is not supported yet (read-only mounts only)")
         from .daemon import run  # pyfuse3 is imported only once the command line is valid
 
         return run(source, os.path.abspath(mountpoint), options)

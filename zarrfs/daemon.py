@@ -124,6 +124,10 @@ async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
         nursery.start_soon(on_signals)
         nursery.start_soon(trio.to_thread.run_sync, _tune_read_ahead_sync, mountpoint)
         await pyfuse3.main()
+        try:
+            await ops.engine.flush()  # anything still dirty reaches the store before we exit
+        except ZarrfsError as e:
+            log.error("chunks written before unmount could not be stored: %s", e)
         nursery.cancel_scope.cancel()
 
 

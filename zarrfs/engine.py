@@ -243,9 +243,9 @@ class Engine:
         plan = stream.plan(offset, len(data))
         if plan.take_bytes == 0:
             return
-        item = meta.dtype.itemsize
+        item = stream.dtype.itemsize
         n_elems = plan.stop_elem - plan.first_elem
-        buf = np.empty(n_elems, dtype=meta.dtype)
+        buf = np.empty(n_elems, dtype=stream.dtype)
         raw = buf.view(np.uint8)
         if plan.skip_bytes or (plan.skip_bytes + plan.take_bytes) % item:
             # Partial elements at the edges keep their other bytes.

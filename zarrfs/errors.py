@@ -57,3 +57,37 @@ class ReadOnly(ZarrfsError):
     """A write to a read-only mount."""
 
     errno = errno.EROFS
+
+
+class InvalidArgument(ZarrfsError):
+    """A write that cannot be done as asked (bad NPY header, header change without truncation)."""
+
+    errno = errno.EINVAL
+
+
+class NotPermitted(ZarrfsError):
+    """An operation the tree does not allow there (a non-.npy file, a view, a v1 store's second array)."""
+
+    errno = errno.EPERM
+
+
+class Exists(ZarrfsError):
+    errno = errno.EEXIST
+
+
+class NotEmpty(ZarrfsError):
+    errno = errno.ENOTEMPTY
+
+
+class NotADir(ZarrfsError):
+    errno = errno.ENOTDIR
+
+
+class IsADir(ZarrfsError):
+    errno = errno.EISDIR
+
+
+class TooBig(ZarrfsError):
+    """A write past the end of an array's file (arrays do not grow)."""
+
+    errno = errno.EFBIG

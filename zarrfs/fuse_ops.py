@@ -13,7 +13,7 @@ from typing import Any
 import pyfuse3
 
 from .engine import Engine
-from .errors import ReadOnly, ZarrfsError
+from .errors import InvalidArgument, ReadOnly, ZarrfsError
 from .model import BrokenNode
 from .options import Options
 from .tree import Entry, Namespace, fs_name
@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 # Metadata of a read-only mount changes only if the store is changed behind our back;
 # a minute keeps lookups off the Python server without hiding such changes for long.
 ATTR_TIMEOUT_S = 60.0
+# With writes, names and sizes change under the kernel's caches: keep them short.
+WRITABLE_ATTR_TIMEOUT_S = 1.0
 BLOCK_SIZE = 512  # st_blocks unit, fixed by POSIX
 IO_BLOCK_SIZE = 1 << 20  # st_blksize: tools like cp read in units of this size
 
@@ -37,8 +39,9 @@ def boundary(fn: Any) -> Any:
         except pyfuse3.FUSEError:
             raise
         except ZarrfsError as e:
-            if e.errno not in (errno.ENOENT, errno.EROFS, errno.ENODATA):
-                log.warning("%s: %s", fn.__name__, e)
+            level = logging.WARNING if e.errno in (errno.EIO, errno.EOPNOTSUPP, errno.EINVAL, errno.EFBIG) \
+                else logging.DEBUG
+            log.log(level, "%s: %s", fn.__name__, e)
             raise pyfuse3.FUSEError(e.errno) from None
         except OSError as e:
             log.warning("%s: %s", fn.__name__, e)
@@ -67,6 +70,8 @@ class ZarrOperations(pyfuse3.Operations):
         # Open files: fh -> (entry, bytes fixed at open for generated files such as stats.json)
         self._handles: dict[int, tuple[Entry, bytes | None]] = {}
         self._next_fh = 1
+        self._open_count: dict[int, int] = {}
+        namespace.create_chunks, namespace.create_codec = options.chunks, options.codec
 
     def attributes(self, entry: Entry) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
@@ -74,12 +79,15 @@ class ZarrOperations(pyfuse3.Operations):
         attr.generation = 0
         attr.entry_timeout = ATTR_TIMEOUT_S
         attr.attr_timeout = ATTR_TIMEOUT_S
+        writable = self.options.writable and (entry.writable or (entry.kind == "group" and entry.view == ""))
         if entry.is_dir:
-            attr.st_mode = stat.S_IFDIR | (0o555 & ~self.umask)
+            attr.st_mode = stat.S_IFDIR | ((0o755 if writable else 0o555) & ~self.umask)
             attr.st_nlink = 2
         else:
-            attr.st_mode = stat.S_IFREG | (0o444 & ~self.umask)
+            attr.st_mode = stat.S_IFREG | ((0o644 if writable else 0o444) & ~self.umask)
             attr.st_nlink = 1
+        if self.options.writable:
+            attr.entry_timeout = attr.attr_timeout = WRITABLE_ATTR_TIMEOUT_S
         attr.st_size = max(entry.size, 0)
         stored = entry.stored_bytes if entry.stored_bytes is not None else entry.size
         attr.st_blocks = -(-max(stored, 0) // BLOCK_SIZE)
@@ -129,9 +137,18 @@ class ZarrOperations(pyfuse3.Operations):
         entry = self.ns.get(inode)
         if entry.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-            raise ReadOnly("read-only mount")
-        if entry.error is not None:
+        wants_write = flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND)
+        if wants_write:
+            if not self.options.writable:
+                raise ReadOnly("read-only mount")
+            if not entry.writable:
+                raise pyfuse3.FUSEError(errno.EACCES)
+            if flags & os.O_APPEND:
+                raise InvalidArgument("arrays do not grow: O_APPEND is refused")
+            if flags & os.O_TRUNC:
+                self.ns.truncate(entry)
+                return self._open_handle(entry, None)
+        if entry.error is not None and entry.pending is None:
             node = entry.node
             log.warning("%s: %s", node.key if isinstance(node, BrokenNode) else node.path, entry.error)
             raise entry.error
@@ -139,13 +156,19 @@ class ZarrOperations(pyfuse3.Operations):
         snapshot = entry.content
         if entry.kind == "stats":
             snapshot = self.ns.stats_bytes()  # fresh at every open
+        return self._open_handle(entry, snapshot)
+
+    def _open_handle(self, entry: Entry, snapshot: bytes | None) -> pyfuse3.FileInfo:
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = (entry, snapshot)
-        # The store is read-only for us, so pages the kernel cached stay valid;
-        # generated files bypass the page cache so each open sees its own snapshot.
+        self._open_count[entry.inode] = self._open_count.get(entry.inode, 0) + 1
+        # Read-only: pages the kernel cached stay valid. Writable: another view or writer may
+        # have changed the data, so each open starts without cached pages. Generated files
+        # bypass the page cache so each open sees its own snapshot.
         generated = entry.kind == "stats"
-        return pyfuse3.FileInfo(fh=fh, keep_cache=not generated, direct_io=generated)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not generated and not self.options.writable,
+                                direct_io=generated)
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -156,17 +179,109 @@ class ZarrOperations(pyfuse3.Operations):
             return await self.engine.read_key(entry.key, off, size, entry.size)
         return await self.engine.read(entry.stream, off, size)
 
+    @boundary
     async def release(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        entry, _ = self._handles.pop(fh)
+        count = self._open_count.get(entry.inode, 1) - 1
+        if count:
+            self._open_count[entry.inode] = count
+        else:
+            self._open_count.pop(entry.inode, None)
+        if self.options.writable:
+            await self.ns.close(entry, last=count == 0)
 
+    @boundary
     async def flush(self, fh: int) -> None:
-        pass
+        """close(): the written chunks are in the store when it returns (or it fails with EIO)."""
+        if self.options.writable:
+            entry, _ = self._handles[fh]
+            await self.ns.close(entry, last=False)
+
+    @boundary
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        if self.options.writable:
+            entry, _ = self._handles[fh]
+            await self.ns.close(entry, last=False)
+
+    # --- writes (with -o writable) --------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if not self.options.writable:
+            raise ReadOnly("read-only mount")
+
+    @boundary
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        self._check_writable()
+        entry, _ = self._handles[fh]
+        return await self.ns.write(entry, off, buf)
+
+    @boundary
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self._check_writable()
+        entry = await self.ns.create(parent_inode, fs_name(name))
+        return self._open_handle(entry, None), self.attributes(entry)
+
+    @boundary
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
+        entry = self.ns.get(inode)
+        if fields.update_size:
+            self._check_writable()
+            if attr.st_size == 0:
+                self.ns.truncate(entry)
+            elif attr.st_size != entry.size:
+                raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
+        elif fields.update_mode or fields.update_uid or fields.update_gid:
+            self._check_writable()
+        # Times and modes are not stored by Zarr: accepted (cp -p, touch) and not kept.
+        return self.attributes(entry)
+
+    @boundary
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        self._check_writable()
+        return self.attributes(await self.ns.mkdir(parent_inode, fs_name(name)))
+
+    @boundary
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._check_writable()
+        await self.ns.rmdir(parent_inode, fs_name(name))
+
+    @boundary
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        self._check_writable()
+        await self.ns.unlink(parent_inode, fs_name(name))
+
+    @boundary
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
+                     flags: int, ctx: Any) -> None:
+        self._check_writable()
+        if flags:  # RENAME_NOREPLACE / RENAME_EXCHANGE
+            raise InvalidArgument("rename flags are not supported")
+        await self.ns.rename(parent_inode_old, fs_name(name_old), parent_inode_new, fs_name(name_new))
+
+    @boundary
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        self._check_writable()
+        if fs_name(name) != "user.zarr.attributes":
+            raise pyfuse3.FUSEError(errno.EPERM if fs_name(name).startswith("user.zarr.") else errno.ENOTSUP)
+        await self.ns.set_attributes(self.ns.get(inode), value)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS if not self.options.writable else errno.EPERM)
+
+    async def _refuse(self, *args: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS if not self.options.writable else errno.EPERM)
+
+    mknod = symlink = link = _refuse
 
     @boundary
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:
-        self.ns.get(inode)
+        entry = self.ns.get(inode)
         if mode & os.W_OK:
-            raise ReadOnly("read-only mount")
+            if not self.options.writable:
+                raise ReadOnly("read-only mount")
+            if not (entry.writable or (entry.kind == "group" and entry.view == "")):
+                raise pyfuse3.FUSEError(errno.EACCES)
         return True
 
     @boundary
@@ -189,14 +304,6 @@ class ZarrOperations(pyfuse3.Operations):
         st.f_files = st.f_ffree = st.f_favail = 0
         st.f_namemax = 255
         return st
-
-    # --- every change is refused until writes land --------------------------------
-
-    async def _refuse(self, *args: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = _refuse
-    create = write = setxattr = removexattr = _refuse
 
 
 def _opt(options: Options, name: str, default: Any) -> Any:

@@ -20,14 +20,18 @@ import trio
 
 from . import grid
 from .engine import Engine
-from .errors import NotFound, ZarrfsError
+from . import npy
+from .dtypes import check_fixed_size
+from .errors import (Exists, InvalidArgument, IsADir, NotADir, NotEmpty, NotFound, NotPermitted, TooBig,
+                     Unsupported, ZarrfsError)
 from .formats.base import Hierarchy
-from .model import ArrayMeta, BrokenNode, GroupMeta, Node, join
+from .model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, join
 from .views import ArrayStream
 
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
+NPY_SUFFIX = ".npy"
 VIEWS_DIR = ".zarrfs"
 STATS_FILE = "stats.json"
 # The array views under .zarrfs: name -> (file suffix, element order, with NPY header).
@@ -39,8 +43,8 @@ VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info")
 class Entry:
     """One file or directory of the mount."""
 
-    __slots__ = ("inode", "kind", "view", "node", "stream", "error", "key", "size", "stored_bytes",
-                 "children", "content", "_lock")
+    __slots__ = ("inode", "kind", "view", "node", "stream", "error", "key", "stored_bytes",
+                 "children", "content", "_lock", "_size", "pending", "replacing", "ingest", "parent")
 
     def __init__(self, inode: int, kind: str, view: str = "", node: Node | None = None,
                  stream: ArrayStream | None = None, error: ZarrfsError | None = None,
@@ -53,15 +57,39 @@ class Entry:
         self.stream = stream
         self.error = error
         self.key = key  # store key (store view) or prefix (store dirs)
-        self.size = stream.size if stream is not None else size
+        self._size = stream.size if stream is not None else size
         self.stored_bytes: int | None = None  # bytes the store holds for it, when known
         self.children: dict[str, int] | None = None
         self.content: bytes | None = None
         self._lock: trio.Lock | None = None
+        # Writes: an NPY file being created or replaced buffers its bytes until the header
+        # is complete (`pending`); `replacing` is the array it replaces; `ingest` is the
+        # stream the writer's own header describes (its order and header length).
+        self.pending: bytearray | None = None
+        self.replacing: Node | None = None
+        self.ingest: ArrayStream | None = None
+        self.parent = 0
 
     @property
     def is_dir(self) -> bool:
         return self.kind in ("group", "views", "chunkdir", "storedir")
+
+    @property
+    def writable(self) -> bool:
+        """Data files that writes go to (the .npy tree, npy-f, raw, raw-f and chunk files)."""
+        return self.kind in ("array", "chunk")
+
+    @property
+    def size(self) -> int:
+        if self.ingest is not None:
+            return self.ingest.size
+        if self.pending is not None:
+            return len(self.pending)
+        return self.stream.size if self.stream is not None else self._size
+
+    @size.setter
+    def size(self, value: int) -> None:
+        self._size = value
 
     @property
     def lock(self) -> trio.Lock:
@@ -96,7 +124,214 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-class Namespace:
+class NamespaceWrites:
+    """The changes a writable mount makes: create, replace, write, mkdir, rmdir, unlink, rename, attributes.
+
+    Mixed into Namespace; every store change runs in a worker thread through the engine.
+    """
+
+    # An NPY header larger than this is refused: numpy writes at most a few KiB.
+    MAX_HEADER_BYTES = 1 << 20
+
+    def _group_dir(self: "Namespace", inode: int) -> Entry:
+        entry = self.get(inode)
+        if entry.kind != "group" or entry.view != "":
+            raise NotPermitted("only groups of the main tree take new files and directories")
+        if entry.error is not None:
+            raise entry.error
+        if entry.node is None and self.root_node.kind == "array":
+            raise NotPermitted("a store whose root is an array holds no other nodes")
+        return entry
+
+    def _invalidate(self: "Namespace") -> None:
+        """Listings are read again after a change (inodes of unchanged names stay)."""
+        self._below.clear()
+        for entry in self._entries.values():
+            if entry.kind == "group" and entry.children is not None:
+                entry.children = None
+
+    async def children(self: "Namespace", inode: int) -> dict[str, int]:
+        names = await Namespace._listing(self, inode)
+        for (parent, name), child in self._pending_names.items():
+            if parent == inode:
+                names.setdefault(name, child)
+        return names
+
+    async def create(self: "Namespace", parent_inode: int, name: str) -> Entry:
+        parent = self._group_dir(parent_inode)
+        if not name.endswith(NPY_SUFFIX) or len(name) == len(NPY_SUFFIX) or name.startswith("."):
+            raise NotPermitted(f"{name}: only NAME.npy files can be created (arrays)")
+        if name in await self.children(parent_inode):
+            raise Exists(name)
+        path = join(parent.node.path if parent.node else "", name[: -len(NPY_SUFFIX)])
+        entry = self._new("array", "", None, key=path)
+        entry.pending = bytearray()
+        entry.parent = parent_inode
+        self._pending_names[(parent_inode, name)] = entry.inode
+        self._by_name[(parent_inode, name)] = entry.inode
+        return entry
+
+    def truncate(self: "Namespace", entry: Entry) -> None:
+        """Size 0: the next NPY header written defines the array that replaces this one."""
+        if entry.kind != "array" or entry.view != "":
+            raise InvalidArgument("only .npy files of the main tree can be truncated (to replace the array)")
+        if entry.pending is None:
+            entry.replacing = entry.node
+            entry.key = entry.node.path
+        entry.pending = bytearray()
+        entry.ingest = None
+
+    async def write(self: "Namespace", entry: Entry, offset: int, data: bytes) -> int:
+        if entry.pending is not None and entry.ingest is None:
+            return await self._ingest(entry, offset, data)
+        if entry.error is not None:
+            raise entry.error
+        stream = entry.ingest or entry.stream
+        if offset + len(data) > stream.size:
+            raise TooBig(f"{entry.key or stream.meta.path}: an array's file cannot grow "
+                         f"(write ends at {offset + len(data)}, size {stream.size}); truncate to replace it")
+        hlen = len(stream.header)
+        if offset < hlen and data[: hlen - offset] != stream.header[offset:offset + len(data)]:
+            raise InvalidArgument("a write to the NPY header may not change shape or dtype; truncate first")
+        await self.engine.write(stream, offset, data)
+        self._sizes.pop(stream.meta.path, None)
+        entry.stored_bytes = None
+        return len(data)
+
+    async def _ingest(self: "Namespace", entry: Entry, offset: int, data: bytes) -> int:
+        buf = entry.pending
+        if offset > self.MAX_HEADER_BYTES:
+            raise InvalidArgument("the NPY header must be written first")
+        if offset > len(buf):
+            buf.extend(bytes(offset - len(buf)))
+        buf[offset:offset + len(data)] = data
+        try:
+            parsed = npy.parse_header(buf)
+            if parsed is not None:
+                check_fixed_size(parsed[2])
+        except (npy.NotNpy, Unsupported) as e:
+            buf.clear()
+            raise InvalidArgument(f"{entry.key}: {e}") from None
+        if parsed is None:
+            if len(buf) > self.MAX_HEADER_BYTES:
+                raise InvalidArgument(f"{entry.key}: NPY header larger than {self.MAX_HEADER_BYTES} bytes")
+            return len(data)
+        shape, fortran, dtype, hlen = parsed
+        chunks = self.create_chunks if self.create_chunks and len(self.create_chunks) == len(shape) else None
+        new = NewArray(shape, dtype, chunks, self.create_codec)
+        old = entry.replacing
+        meta = await self.engine.run_io(self._replace_sync, old, entry.key, new)
+        if old is not None:
+            self.engine.discard(old.path)
+        entry.node, entry.replacing, entry.error = meta, None, None
+        entry.stream = ArrayStream(meta, "C")
+        entry.ingest = ArrayStream(meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
+        self._sizes.pop(meta.path, None)
+        self._invalidate()
+        rest = bytes(buf[hlen:])
+        if rest:
+            await self.engine.write(entry.ingest, hlen, rest)
+        return len(data)
+
+    def _replace_sync(self: "Namespace", old: Node | None, path: str, new: NewArray) -> ArrayMeta:
+        if old is not None:
+            self.hierarchy.erase_node_sync(old)
+        return self.hierarchy.create_array_sync(path, new)
+
+    async def close(self: "Namespace", entry: Entry, last: bool) -> None:
+        """Store what was written (fsync, close); a new file whose header never came vanishes."""
+        if entry.stream is not None and entry.kind in ("array", "chunk"):
+            await self.engine.flush(entry.stream.meta.path)
+            self._sizes.pop(entry.stream.meta.path, None)
+            entry.stored_bytes = None
+        if last and entry.pending is not None:
+            if entry.ingest is not None:
+                entry.pending = entry.ingest = None
+            elif entry.node is None or entry.replacing is not None:
+                if entry.replacing is None:  # created, never given a header: nothing was made
+                    for key, inode in list(self._pending_names.items()):
+                        if inode == entry.inode:
+                            del self._pending_names[key]
+                            self._by_name.pop(key, None)
+                entry.pending, entry.replacing = None, None
+        for key, inode in list(self._pending_names.items()):
+            if inode == entry.inode and entry.node is not None:
+                del self._pending_names[key]
+
+    async def mkdir(self: "Namespace", parent_inode: int, name: str) -> Entry:
+        parent = self._group_dir(parent_inode)
+        if name in await self.children(parent_inode):
+            raise Exists(name)
+        path = join(parent.node.path if parent.node else "", name)
+        await self.engine.run_io(self.hierarchy.create_group_sync, path)
+        self._invalidate()
+        return await self.lookup(parent_inode, name)
+
+    async def rmdir(self: "Namespace", parent_inode: int, name: str) -> None:
+        self._group_dir(parent_inode)
+        entry = await self.lookup(parent_inode, name)
+        if entry.kind != "group" or entry.node is None:
+            raise NotADir(name)
+        self._below.pop(entry.node.path, None)
+        if await self.nodes_below(entry.node.path):
+            raise NotEmpty(name)
+        await self.engine.run_io(self.hierarchy.erase_node_sync, entry.node)
+        self._by_name.pop((parent_inode, name), None)
+        self._invalidate()
+
+    async def unlink(self: "Namespace", parent_inode: int, name: str) -> None:
+        self._group_dir(parent_inode)
+        entry = await self.lookup(parent_inode, name)
+        if entry.kind != "array":
+            raise IsADir(name)
+        node = entry.node or entry.replacing
+        if node is not None:
+            await self.engine.run_io(self.hierarchy.erase_node_sync, node)
+            self.engine.discard(node.path)
+        self._pending_names.pop((parent_inode, name), None)
+        self._by_name.pop((parent_inode, name), None)
+        self._invalidate()
+
+    async def rename(self: "Namespace", old_parent: int, old_name: str, new_parent: int, new_name: str) -> None:
+        self._group_dir(old_parent)
+        target_dir = self._group_dir(new_parent)
+        entry = await self.lookup(old_parent, old_name)
+        node = entry.node
+        if node is None or entry.kind not in ("group", "array") or entry.pending is not None:
+            raise NotPermitted(f"{old_name} cannot be moved now")
+        if (entry.kind == "array") != new_name.endswith(NPY_SUFFIX) or new_name == NPY_SUFFIX:
+            raise NotPermitted(f"{new_name}: arrays are NAME.npy files, groups are directories")
+        stem = new_name[: -len(NPY_SUFFIX)] if entry.kind == "array" else new_name
+        new_path = join(target_dir.node.path if target_dir.node else "", stem)
+        if new_path == node.path or (node.path and new_path.startswith(node.path + "/")):
+            raise InvalidArgument(f"cannot move {node.path} into itself")
+        existing = (await self.children(new_parent)).get(new_name)
+        if existing is not None:
+            other = self.get(existing)
+            if other.kind != "array" or entry.kind != "array":
+                raise Exists(new_name)
+            await self.unlink(new_parent, new_name)  # mv onto an array replaces it
+        await self.engine.flush(node.path) if entry.kind == "array" else await self.engine.flush()
+        await self.engine.run_io(self.hierarchy.move_node_sync, node, new_path)
+        self.engine.discard(node.path)
+        self._by_name.pop((old_parent, old_name), None)
+        self._invalidate()
+
+    async def set_attributes(self: "Namespace", entry: Entry, value: bytes) -> None:
+        try:
+            attrs = json.loads(value)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InvalidArgument(f"user.zarr.attributes must be a JSON object: {e}") from None
+        if not isinstance(attrs, dict):
+            raise InvalidArgument("user.zarr.attributes must be a JSON object")
+        node = entry.node
+        if node is None or entry.kind not in ("group", "array", "chunkdir") or isinstance(node, BrokenNode):
+            raise NotPermitted("only groups and arrays have attributes")
+        entry.node = await self.engine.run_io(self.hierarchy.set_attributes_sync, node, attrs)
+        self._invalidate()
+
+
+class Namespace(NamespaceWrites):
     """Maps inodes and names to groups, arrays and views."""
 
     def __init__(self, hierarchy: Hierarchy, root: Node, source: str, engine: Engine,
@@ -112,6 +347,11 @@ class Namespace:
         # Shared by every view of a group: its child nodes; and per array, its stored keys' sizes.
         self._below: dict[str, list[Node]] = {}
         self._sizes: dict[str, dict[str, int | None] | None] = {}
+        # Files created and not yet arrays: (parent inode, name) -> inode
+        self._pending_names: dict[tuple[int, str], int] = {}
+        # Chunking and codec of arrays created through the mount (options chunks=, codec=)
+        self.create_chunks: tuple[int, ...] | None = None
+        self.create_codec: str | None = None
         self._new("group", "", root if isinstance(root, GroupMeta) else None)
 
     # --- entries ----------------------------------------------------------------------
@@ -172,7 +412,7 @@ class Namespace:
             self._below[path] = nodes
         return nodes
 
-    async def children(self, inode: int) -> dict[str, int]:
+    async def _listing(self, inode: int) -> dict[str, int]:
         """Name -> inode of a directory (all but chunk directories, which are computed)."""
         entry = self.get(inode)
         if entry.children is not None:

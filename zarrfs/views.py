@@ -36,16 +36,20 @@ class ArrayStream:
     """
 
     def __init__(self, meta: ArrayMeta, order: str = "C", with_header: bool = True,
-                 chunk: Index | None = None) -> None:
+                 chunk: Index | None = None, header: bytes | None = None, dtype: np.dtype | None = None) -> None:
         self.meta = meta
+        # The elements' dtype in this stream: the array's, or a writer's own byte order.
+        self.dtype = meta.dtype if dtype is None else dtype
         self.order = order
         if chunk is None:
             shape, self.origin = meta.shape, (0,) * len(meta.shape)
         else:
             shape, self.origin = grid.data_shape(chunk, meta.shape, meta.chunk_shape), chunk
         self.shape = shape
-        self.header = npy.header(meta.dtype, shape, order == "F") if with_header else b""
-        self.size = len(self.header) + math.prod(shape) * meta.dtype.itemsize
+        if header is None:
+            header = npy.header(self.dtype, shape, order == "F") if with_header else b""
+        self.header = header  # a writer's own NPY header may differ from ours in length
+        self.size = len(self.header) + math.prod(shape) * self.dtype.itemsize
         # F order is C order of the transposed array: work in reversed dimensions.
         flip = order == "F"
         self._shape = shape[::-1] if flip else shape
@@ -63,7 +67,7 @@ class ArrayStream:
         hlen = len(self.header)
         header_part = self.header[offset:end] if offset < hlen else b""
         d0, d1 = max(offset - hlen, 0), end - hlen
-        item = self.meta.dtype.itemsize
+        item = self.dtype.itemsize
         if d1 <= d0 or item == 0:
             return ReadPlan(header_part, 0, 0, 0, 0, (), ())
         e0, e1 = d0 // item, -(-d1 // item)
@@ -108,7 +112,7 @@ class ArrayStream:
         """
         if plan.take_bytes == 0:
             return plan.header_part
-        buf = np.empty(plan.stop_elem - plan.first_elem, dtype=self.meta.dtype)
+        buf = np.empty(plan.stop_elem - plan.first_elem, dtype=self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan):
             chunk = chunks[idx].T if self._flip else chunks[idx]
             buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunk[src]
