@@ -224,6 +224,8 @@ class NamespaceWrites:
         if old is not None:
             self.engine.discard(old.path)
         entry.node, entry.replacing, entry.error = meta, None, None
+        if not meta.path:
+            self.root_node = meta
         entry.stream = ArrayStream(meta, "C")
         entry.ingest = ArrayStream(meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
         self._sizes.pop(meta.path, None)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from typing import Any
+
+import numpy as np
 
 from .. import dtypes
 from ..codecs import v2_chain
 from ..errors import MetadataError, Unsupported
-from ..model import ArrayMeta, BrokenNode, ChunkKeys, Node, ints
+from ..model import ArrayMeta, BrokenNode, ChunkKeys, NewArray, Node, ints
 from ..options import Options
 from ..store import Store
-from .base import Hierarchy, json_object
+from .base import Hierarchy, compressor_config, guess_chunks, json_object
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +60,45 @@ class V1Hierarchy(Hierarchy):
     def children_sync(self, path: str) -> list[Node]:
         return []
 
+    # --- writes: a v1 store holds one array, which can be rewritten or replaced ---------
 
-def compressor_config(compression: Any, opts: Any) -> dict | None:
+    def node_keys_sync(self, node: Node) -> list[str]:
+        return list(self.store.sizes_below_sync(""))
+
+    def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
+        self.store.set_sync(ATTRS_KEY, json.dumps(attributes, indent=4, sort_keys=True).encode())
+        return dataclasses.replace(node, attributes=attributes)
+
+    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+        if path:
+            raise Unsupported("a v1 store holds one array: only the root array can be replaced")
+        config = compressor_config(new.codec, "blosc", new.dtype.itemsize)
+        compression, opts = ("none", None) if config is None else _v1_compression(config)
+        fill = new.fill_value if new.fill_value is not None else np.zeros((), new.dtype)
+        doc = {"zarr_format": 1, "shape": list(new.shape),
+               "chunks": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize)),
+               "dtype": dtypes.v2_dtype_json(new.dtype), "compression": compression,
+               "compression_opts": opts, "fill_value": dtypes.fill_to_json(fill, new.dtype, bytes_as_text=True),
+               "order": "C"}
+        meta = parse_array(doc, {}, self.v1_order)
+        self.store.set_sync(META_KEY, json.dumps(doc, indent=4, sort_keys=True).encode())
+        self.store.set_sync(ATTRS_KEY, b"{}")
+        return meta
+
+
+def _v1_compression(config: dict[str, Any]) -> tuple[str, Any]:
+    """v1 `compression`, `compression_opts` of a numcodecs config (v1 knows four compressors)."""
+    kind = config["id"]
+    if kind == "blosc":
+        return "blosc", {"cname": config["cname"], "clevel": config["clevel"], "shuffle": config["shuffle"]}
+    if kind in ("zlib", "bz2"):
+        return kind, config["level"]
+    if kind == "lzma":
+        return "lzma", {"format": 1, "check": -1, "preset": config.get("preset"), "filters": None}
+    raise Unsupported(f"v1 stores know none, zlib, bz2, lzma and blosc, not {kind}")
+
+
+def v1_compressor_config(compression: Any, opts: Any) -> dict | None:
     """The numcodecs config of a v1 `compression` / `compression_opts` pair."""
     if compression in (None, "none"):
         return None
@@ -91,7 +132,7 @@ def parse_array(doc: dict[str, Any], attrs: dict[str, Any], v1_order: str) -> Ar
         raise MetadataError(f"{META_KEY}: missing field {e}") from None
     # zarr 1.1.0, the one real writer, laid out F-order chunks in F order only with blosc.
     stored_order = order if v1_order == "spec" or compression == "blosc" else "C"
-    codec = v2_chain(compressor_config(compression, doc.get("compression_opts")), None, stored_order, META_KEY)
+    codec = v2_chain(v1_compressor_config(compression, doc.get("compression_opts")), None, stored_order, META_KEY)
     return ArrayMeta(
         path="", shape=shape, dtype=dtype, chunk_shape=chunks,
         fill_value=dtypes.fill_value(doc.get("fill_value"), dtype, bytes_as_text=True), codec=codec,
