@@ -190,14 +190,14 @@ def _error_case(tmp_path, small_store, small_store_v2, case):
         "bad_format": ([s, m, "-o", "format=v9"], mnt),
         "bad_format_long": ([s, m, "--format=v9"], mnt),
         "format_mismatch": ([str(small_store_v2), m, "-o", "format=v3"], mnt),
-        "writable_not_supported": ([s, m, "-o", "writable"], mnt),
+        "unknown_codec": ([s, m, "-o", "writable,codec=nosuch"], mnt),
     }[case]
 
 
 ERROR_CASES = ["source_missing", "source_not_zarr_dir", "source_empty_dir", "source_plain_file",
                "mountpoint_missing", "mountpoint_not_empty", "mountpoint_is_file", "unknown_o_option",
                "unknown_o_option_value", "unknown_long_option", "bad_cache_size", "bad_format",
-               "bad_format_long", "format_mismatch", "writable_not_supported"]
+               "bad_format_long", "format_mismatch", "unknown_codec"]
 
 
 @pytest.mark.parametrize("foreground", [False, True], ids=["daemon", "foreground"])
@@ -213,8 +213,8 @@ def test_user_error(tmp_path, small_store, small_store_v2, case, foreground):
     assert len(lines) == 1, f"want exactly one stderr line, got {len(lines)}: {stderr!r}"
     assert lines[0].startswith("zarrfs: "), lines[0]
     assert len(lines[0]) > len("zarrfs: ") + 5, lines[0]
-    if case == "writable_not_supported":
-        assert "not supported" in lines[0].lower(), lines[0]
+    if case == "unknown_codec":
+        assert "nosuch" in lines[0], lines[0]
 
 
 # --------------------------------------------------------------------------- logging options

@@ -21,6 +21,7 @@ from . import formats
 from .cache import ChunkCache
 from .engine import Engine
 from .errors import UserError, ZarrfsError
+from .formats.base import compressor_config
 from .fuse_ops import ZarrOperations
 from .options import Options
 from .store import Store
@@ -74,6 +75,10 @@ def build(source: str, options: Options) -> ZarrOperations:
     store = Store(source, options.storage_options)
     if not store.exists_sync():
         raise UserError(f"{source}: no such file, directory or store")
+    if options.writable and store.read_only:
+        raise UserError(f"{source}: this store cannot be written ({store.fs.protocol}); mount it without writable")
+    if options.codec:
+        compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
     hierarchy = formats.open_hierarchy_sync(store, options.format, options)
     root = hierarchy.node_sync("")
     if root is None:

@@ -37,6 +37,7 @@ class Store:
         # HTTP listings are links: names in them are percent-encoded.
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self._quoted_names = bool({"http", "https"} & set(protocols))
+        self.read_only = self._quoted_names  # fsspec's HTTP file system cannot write
         self._real_root = os.path.realpath(self.root) if self.is_local else None
 
     def __repr__(self) -> str:
