@@ -161,6 +161,32 @@ class Engine:
             del self._inflight[key]
             load.done.set()
 
+    async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index]) -> dict[Index, np.ndarray]:
+        """Several chunks: those held (dirty or cached) at once, the others loaded concurrently."""
+        out: dict[Index, np.ndarray] = {}
+        missing = []
+        for idx in wanted:
+            key = (meta.path, idx)
+            dirty = self._dirty.get(key)
+            arr = dirty[1] if dirty is not None else self.cache.get(key)
+            if arr is None:
+                missing.append(idx)
+            else:
+                out[idx] = arr
+        if len(missing) == 1:
+            out[missing[0]] = await self.chunk(meta, missing[0])
+        elif missing:
+            async def get(idx: Index) -> None:
+                out[idx] = await self.chunk(meta, idx)
+
+            try:
+                async with trio.open_nursery() as nursery:
+                    for idx in missing:
+                        nursery.start_soon(get, idx)
+            except BaseExceptionGroup as group:
+                raise _first_leaf(group) from None
+        return out
+
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
         try:
@@ -191,19 +217,7 @@ class Engine:
     async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes | memoryview:
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently."""
         plan = stream.plan(offset, size)
-        chunks: dict[Index, np.ndarray] = {}
-        if len(plan.chunks) == 1:
-            chunks[plan.chunks[0]] = await self.chunk(stream.meta, plan.chunks[0])
-        elif plan.chunks:
-            async def get(idx: Index) -> None:
-                chunks[idx] = await self.chunk(stream.meta, idx)
-
-            try:
-                async with trio.open_nursery() as nursery:
-                    for idx in plan.chunks:
-                        nursery.start_soon(get, idx)
-            except BaseExceptionGroup as group:
-                raise _first_leaf(group) from None
+        chunks = await self.chunks(stream.meta, plan.chunks)
         self.counters["reads"] += 1
         self._read_ahead(stream, offset, size)
         return stream.assemble(plan, chunks)
@@ -256,17 +270,7 @@ class Engine:
         covered = stream.coverage(plan)
         need = [idx for idx in plan.chunks if (meta.path, idx) not in self._dirty
                 and covered[idx] < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape))]
-        loaded: dict[Index, np.ndarray] = {}
-        if need:
-            async def load(idx: Index) -> None:
-                loaded[idx] = await self.chunk(meta, idx)
-
-            try:
-                async with trio.open_nursery() as nursery:
-                    for idx in need:
-                        nursery.start_soon(load, idx)
-            except BaseExceptionGroup as group:
-                raise _first_leaf(group) from None
+        loaded = await self.chunks(meta, need)
         # From here to the end no await: the patch of every chunk is atomic.
         targets = {}
         for idx in plan.chunks:
