@@ -48,7 +48,7 @@ DIRTY_MAX_BYTES = 256 << 20
 
 def encode_chunk_sync(meta: ArrayMeta, key: str, arr: np.ndarray) -> bytes | None:
     """The bytes to store for a chunk, or None when it is all fill value (then it is erased)."""
-    if is_fill(arr, meta.fill_value):
+    if meta.erase_fill_chunks and is_fill(arr, meta.fill_value):
         return None
     try:
         data = meta.codec.encode(arr, meta.fill_value)

@@ -86,6 +86,9 @@ class ArrayMeta:
     dimension_names: tuple[Any, ...] | None = None
     #: how a grid chunk's bytes are fetched; None means one key per chunk (`keys`)
     source: Any = None
+    #: chunks all equal to the fill value are erased, unless the metadata's fill is null
+    #: (undefined: readers may show something else for a missing chunk, e.g. NaT)
+    erase_fill_chunks: bool = True
 
     def __post_init__(self) -> None:
         if len(self.shape) != len(self.chunk_shape):

@@ -136,4 +136,5 @@ def parse_array(doc: dict[str, Any], attrs: dict[str, Any], v1_order: str) -> Ar
     return ArrayMeta(
         path="", shape=shape, dtype=dtype, chunk_shape=chunks,
         fill_value=dtypes.fill_value(doc.get("fill_value"), dtype, bytes_as_text=True), codec=codec,
-        keys=ChunkKeys("", ".", "", ""), attributes=attrs, format="v1", metadata_key=META_KEY)
+        keys=ChunkKeys("", ".", "", ""), attributes=attrs, format="v1", metadata_key=META_KEY,
+        erase_fill_chunks=doc.get("fill_value") is not None)

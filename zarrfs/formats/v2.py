@@ -121,5 +121,6 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
     return ArrayMeta(
         path=path, shape=shape, dtype=dtype, chunk_shape=chunks,
         fill_value=dtypes.fill_value(doc.get("fill_value"), dtype), codec=codec,
-        keys=ChunkKeys(path, sep, "", "0"), attributes=attrs, format="v2", metadata_key=key)
+        keys=ChunkKeys(path, sep, "", "0"), attributes=attrs, format="v2", metadata_key=key,
+        erase_fill_chunks=doc.get("fill_value") is not None)
 
