@@ -60,8 +60,8 @@ class ChunkCache:
             self.evictions += 1
 
     def discard_prefix(self, path: str) -> None:
-        """Drop every chunk of an array (keys are (array path, index))."""
-        for key in [k for k in self._items if k[0] == path]:
+        """Drop every chunk of an array, or of every array below a group (keys are (path, index))."""
+        for key in [k for k in self._items if k[0] == path or k[0].startswith(path + "/") or not path]:
             self.discard(key)
 
     def discard(self, key: Hashable) -> None:

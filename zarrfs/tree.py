@@ -161,7 +161,8 @@ class NamespaceWrites:
         parent = self._group_dir(parent_inode)
         if not name.endswith(NPY_SUFFIX) or len(name) == len(NPY_SUFFIX) or name.startswith("."):
             raise NotPermitted(f"{name}: only NAME.npy files can be created (arrays)")
-        if name in await self.children(parent_inode):
+        names = await self.children(parent_inode)
+        if name in names or name[: -len(NPY_SUFFIX)] in names:  # an array and a group cannot share a path
             raise Exists(name)
         path = join(parent.node.path if parent.node else "", name[: -len(NPY_SUFFIX)])
         entry = self._new("array", "", None, key=path)
@@ -262,7 +263,8 @@ class NamespaceWrites:
 
     async def mkdir(self: "Namespace", parent_inode: int, name: str) -> Entry:
         parent = self._group_dir(parent_inode)
-        if name in await self.children(parent_inode):
+        names = await self.children(parent_inode)
+        if name in names or name + NPY_SUFFIX in names:  # an array and a group cannot share a path
             raise Exists(name)
         path = join(parent.node.path if parent.node else "", name)
         await self.engine.run_io(self.hierarchy.create_group_sync, path)
@@ -316,7 +318,23 @@ class NamespaceWrites:
         await self.engine.flush(node.path) if entry.kind == "array" else await self.engine.flush()
         await self.engine.run_io(self.hierarchy.move_node_sync, node, new_path)
         self.engine.discard(node.path)
+        # The kernel keeps the moved inodes under their new names: point them (and every
+        # view of the moved nodes) at the new place.
+        for other in list(self._entries.values()):
+            old = other.node
+            if old is None or isinstance(old, BrokenNode) or not (
+                    old.path == node.path or old.path.startswith(node.path + "/")):
+                continue
+            fresh = await self.engine.run_io(self.hierarchy.node_sync, new_path + old.path[len(node.path):])
+            if fresh is None:
+                continue
+            other.node = fresh
+            if other.stream is not None and isinstance(fresh, ArrayMeta):
+                was = other.stream
+                other.stream = ArrayStream(fresh, was.order, bool(was.header),
+                                           chunk=was.origin if other.kind == "chunk" else None)
         self._by_name.pop((old_parent, old_name), None)
+        self._by_name[(new_parent, new_name)] = entry.inode
         self._invalidate()
 
     async def set_attributes(self: "Namespace", entry: Entry, value: bytes) -> None:

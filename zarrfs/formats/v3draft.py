@@ -19,26 +19,38 @@ Three generations of pre-release v3 share one shape: an entry point `zarr.json` 
 
 The sharding storage transformer (every spelling of its URI) makes a grid chunk an inner
 chunk of a shard: see ShardedChunks.
+
+Writes keep each family in its own format: under `meta/root` arrays are created as zarr
+2.18 creates them (`compressor` object, numpy type strings, no compressor for 0-d), in a
+May 2022 hierarchy as that draft's text says (`codecs` with `type` URIs, core data type
+names, `endian` codec for big-endian elements). Groups are `{"attributes": {...}}` in
+both. A node owns its document and everything under its `meta/P/` and `data/P/` prefixes:
+that is what erasing and moving it touch. Inner chunks of shards are written by
+rewriting their shard (ShardedChunks.write_sync).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import math
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes
 from ..codecs import ABSENT, BytesBytes, BytesLayout, CodecChain, Transpose, numcodecs_codec
-from ..errors import CorruptChunk, MetadataError, UnknownCodec, Unsupported, UserError, ZarrfsError
-from ..model import ArrayMeta, BrokenNode, ChunkKeys, GroupMeta, Node, ints, join
+from ..errors import (CorruptChunk, Exists, InvalidArgument, MetadataError, NotFound, UnknownCodec, Unsupported,
+                      UserError, ZarrfsError)
+from ..model import ArrayMeta, BrokenNode, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import Hierarchy, json_object
+from .base import Hierarchy, compressor_config, guess_chunks, json_object
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +69,9 @@ _SHARDING_RE = re.compile(r"storage[_-]?transformers?/sharding(?:/|$)")
 
 # Data type extensions zarr 2.12-2.18 writes, with a numpy descr as `type` and no fallback.
 _NUMPY_TYPE_EXTENSIONS = re.compile(
-    r"(core-protocol-v3\.0-dev/protocol/extensions/[a-z-]*dtypes/"  # complex, datetime
-    r"|^TODO: [a-z ]*array protocol URL$)")                          # bytestring, structured
+    r"(core-protocol-v3\.0-dev/protocol/extensions/[a-z-]*dtypes/"           # complex
+    r"|zarr-specs\.readthedocs\.io/en/latest/extensions/data-types/datetime/"  # datetime64, timedelta64
+    r"|^TODO: [a-z ]*array protocol URL$)")                                   # bytestring, unicode, structured
 # Data type strings of the protocol draft (and of the May 2022 draft's own examples).
 _TYPESTR_RE = re.compile(r"^[<>|]?(b1|[iu][1248]|f[248]|c(8|16))$")
 
@@ -67,6 +80,9 @@ _TYPESTR_RE = re.compile(r"^[<>|]?(b1|[iu][1248]|f[248]|c(8|16))$")
 # refuses the array, as the May 2022 draft requires ("must fail to open").
 ARRAY_FIELDS = {"shape", "data_type", "chunk_grid", "chunk_memory_layout", "fill_value", "extensions",
                 "attributes", "codecs", "storage_transformers", "compressor", "zarr_format", "chunk_codecs"}
+# zarr 2.18 also writes `dimension_separator` when it was given at creation (it reads
+# `chunk_grid.separator` and ignores this copy); only the `meta/root` layout takes it.
+PROTOCOL_ARRAY_FIELDS = ARRAY_FIELDS | {"dimension_separator"}
 GROUP_FIELDS = {"attributes", "zarr_format", "extensions"}
 # Codec names whose numcodecs configuration differs from the draft's.
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -92,6 +108,58 @@ class Layout:
         return join(self.meta, path)
 
 
+class _ReadWriteLock:
+    """Many readers or one writer (threads of this process)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self._writers_waiting = 0
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writing or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+# A shard is rewritten whole to change one inner chunk: writers of one shard take turns
+# (the engine flushes inner chunks concurrently), and a reader's two ranged reads (index,
+# then chunk) never straddle a rewrite. Locks are striped by shard key: bounded memory,
+# and only shards sharing a stripe ever wait for each other.
+_SHARD_LOCKS = tuple(_ReadWriteLock() for _ in range(128))
+
+
+def _shard_lock(store: Any, key: str) -> _ReadWriteLock:
+    return _SHARD_LOCKS[hash((getattr(store, "root", id(store)), key)) % len(_SHARD_LOCKS)]
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardedChunks:
     """Grid chunks stored as inner chunks of shards (the drafts' sharding storage transformer).
@@ -100,6 +168,7 @@ class ShardedChunks:
     an index of (offset, nbytes) little-endian uint64 pairs, one per inner chunk in C
     order over `chunks_per_shard`; 2^64-1 twice marks an absent chunk. Reading an inner
     chunk costs two ranged reads: the index (a suffix read) and the chunk's bytes.
+    Writing one reads the whole shard and stores it again (see `write_sync`).
     """
 
     keys: ChunkKeys
@@ -108,9 +177,18 @@ class ShardedChunks:
     def key(self, idx: tuple[int, ...]) -> str:
         return self.keys.key(tuple(i // n for i, n in zip(idx, self.chunks_per_shard)))
 
+    def _position(self, idx: tuple[int, ...]) -> int:
+        """Index of grid chunk `idx` in its shard's index (C order over chunks_per_shard)."""
+        local = tuple(i % n for i, n in zip(idx, self.chunks_per_shard))
+        return int(np.ravel_multi_index(local, self.chunks_per_shard)) if local else 0
+
     def read_sync(self, store: Any, idx: tuple[int, ...]) -> bytes | None:
         """The encoded inner chunk at grid position `idx`, or None when it is not stored."""
         key = self.key(idx)
+        with _shard_lock(store, key).reading():
+            return self._read_unlocked(store, key, idx)
+
+    def _read_unlocked(self, store: Any, key: str, idx: tuple[int, ...]) -> bytes | None:
         n_inner = math.prod(self.chunks_per_shard)
         index_nbytes = 16 * n_inner
         tail = store.get_suffix_sync(key, index_nbytes)
@@ -119,17 +197,59 @@ class ShardedChunks:
         if len(tail) < index_nbytes:
             raise CorruptChunk(f"shard {key}: {len(tail)} bytes, shorter than its index of {index_nbytes}")
         index = np.frombuffer(tail, dtype="<u8").reshape(n_inner, 2)
-        local = tuple(i % n for i, n in zip(idx, self.chunks_per_shard))
-        pos = int(np.ravel_multi_index(local, self.chunks_per_shard)) if local else 0
+        pos = self._position(idx)
         offset, nbytes = int(index[pos, 0]), int(index[pos, 1])
         if offset == ABSENT and nbytes == ABSENT:
             return None
         if offset == ABSENT or nbytes == ABSENT:
-            raise CorruptChunk(f"shard {key}: bad index entry ({offset}, {nbytes}) for inner chunk {local}")
+            raise CorruptChunk(f"shard {key}: bad index entry ({offset}, {nbytes}) for inner chunk {idx}")
         data = store.get_range_sync(key, offset, offset + nbytes)
         if len(data) != nbytes:
-            raise CorruptChunk(f"shard {key}: inner chunk {local} at {offset}+{nbytes} lies outside the shard")
+            raise CorruptChunk(f"shard {key}: inner chunk {idx} at {offset}+{nbytes} lies outside the shard")
         return data
+
+    def write_sync(self, store: Any, idx: tuple[int, ...], data: bytes | None) -> None:
+        """Store the encoded inner chunk at grid position `idx`, or drop it (None).
+
+        The shard is read whole, the inner chunk replaced or dropped, and the shard stored
+        again as its inner chunks back to back (C order over the shard) followed by a fresh
+        index; a shard left with no inner chunk is erased. A shard that cannot be parsed is
+        left as it is (CorruptChunk): its other inner chunks are not thrown away.
+        """
+        key = self.key(idx)
+        n_inner = math.prod(self.chunks_per_shard)
+        index_nbytes = 16 * n_inner
+        with _shard_lock(store, key).writing():
+            shard = store.get_sync(key)
+            inner: list[bytes | None] = [None] * n_inner
+            if shard is not None:
+                shard = bytes(shard)
+                if len(shard) < index_nbytes:
+                    raise CorruptChunk(f"shard {key}: {len(shard)} bytes, shorter than its index of "
+                                       f"{index_nbytes}; not rewriting it")
+                body = len(shard) - index_nbytes
+                index = np.frombuffer(shard, dtype="<u8", offset=body).reshape(n_inner, 2)
+                for pos, (offset, nbytes) in enumerate(index.tolist()):
+                    if offset == ABSENT and nbytes == ABSENT:
+                        continue
+                    if offset == ABSENT or nbytes == ABSENT or offset + nbytes > body:
+                        raise CorruptChunk(f"shard {key}: bad index entry ({offset}, {nbytes}) at position "
+                                           f"{pos}; not rewriting it")
+                    inner[pos] = shard[offset:offset + nbytes]
+            elif data is None:
+                return  # nothing stored, nothing to store
+            inner[self._position(idx)] = None if data is None else bytes(data)
+            if all(chunk is None for chunk in inner):
+                store.erase_sync(key)
+                return
+            index = np.full((n_inner, 2), ABSENT, dtype="<u8")
+            parts, offset = [], 0
+            for pos, chunk in enumerate(inner):
+                if chunk is not None:
+                    index[pos] = (offset, len(chunk))
+                    parts.append(chunk)
+                    offset += len(chunk)
+            store.set_sync(key, b"".join(parts) + index.tobytes())
 
 
 class V3DraftHierarchy(Hierarchy):
@@ -215,6 +335,234 @@ class V3DraftHierarchy(Hierarchy):
             return parse_array(path, doc, key, self.layout, self.warn_once)
         except ZarrfsError as e:
             return BrokenNode(path, kind, key, e)
+
+    # --- writes: each family in its own format (see the "Writing" section below) --------
+
+    def _writable_layout(self) -> Layout:
+        if self.layout is None:
+            raise Unsupported("the store has no v3 draft entry point (zarr.json): nothing can be written")
+        return self.layout
+
+    def _put_doc(self, key: str, doc: dict[str, Any]) -> None:
+        self.store.set_sync(key, dump_doc(doc))
+
+    def _is_group_sync(self, path: str) -> bool:
+        """Whether a group (explicit, or implied by anything under its `meta` prefix) is at `path`."""
+        layout = self._writable_layout()
+        if self.store.get_sync(layout.meta_key(path, "group")) is not None:
+            return True
+        files, dirs = self.store.list_dir_sync(layout.meta_dir(path))
+        return bool(files or dirs)
+
+    def create_group_sync(self, path: str) -> GroupMeta:
+        """An explicit group: `{"attributes": {}}`, the document both families write."""
+        layout = self._writable_layout()
+        if self.store.get_sync(layout.meta_key(path, "array")) is not None:
+            raise Exists(f"{path}: an array has this path")
+        key = layout.meta_key(path, "group")
+        self._put_doc(key, {"attributes": {}})
+        return GroupMeta(path, {}, self.name, key)
+
+    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+        """An array document in the family's own format (zarr 2.18's, or the May 2022 draft's)."""
+        layout = self._writable_layout()
+        if path and self._is_group_sync(path):
+            raise Exists(f"{path}: a group has this path")
+        doc = protocol_array_doc(new) if layout.family == "protocol" else core_array_doc(new)
+        key = layout.meta_key(path, "array")
+        meta = parse_array(path, doc, key, layout, self.warn_once)  # what readers will see, checked first
+        self._put_doc(key, doc)
+        return meta
+
+    def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
+        """Replace a node's `attributes`; the rest of its document stays as it is.
+
+        An implicit group gets a group document. zarr 2.18 keeps an array's numcodecs
+        filters in `attributes.filters`: like zarr 2.18, the stored filters are kept when
+        the new attributes leave them out, and changing them (which would change how the
+        chunks decode) is refused.
+        """
+        layout = self._writable_layout()
+        kind = "array" if node.kind == "array" else "group"
+        key = layout.meta_key(node.path, kind)
+        doc = json_object(key, self.store.get_sync(key))
+        if doc is None:
+            if kind == "array":
+                raise NotFound(f"{key} is gone")
+            doc = {"attributes": {}}
+        attrs = dict(attributes)
+        old = doc.get("attributes") if isinstance(doc.get("attributes"), dict) else {}
+        if (kind == "array" and layout.family == "protocol" and "codecs" not in doc
+                and "zarr_format" not in doc):  # zarr 2.18's documents: filters are attributes
+            if "filters" not in attrs and old.get("filters") is not None:
+                attrs["filters"] = old["filters"]
+            if attrs.get("filters") != old.get("filters"):
+                raise InvalidArgument(f"{node.path}: attributes.filters holds the array's numcodecs filters "
+                                      f"({old.get('filters')!r}); it cannot be changed through attributes")
+        doc["attributes"] = attrs
+        self._put_doc(key, doc)
+        return dataclasses.replace(node, attributes=attrs)
+
+    def node_keys_sync(self, node: Node) -> list[str]:
+        """A node's keys: data first, then the documents below it, its own document last.
+
+        Moves copy in this order (the node appears only once everything is there) and
+        erasures go the other way (the node disappears first). A group owns everything
+        under its `meta` and `data` prefixes, as the May 2022 draft's "Erase a group" says.
+        """
+        layout = self._writable_layout()
+        kind = "array" if node.kind == "array" else "group"
+        own = layout.meta_key(node.path, kind)
+        prefixes = [join(layout.data, node.path)]
+        if kind == "group":
+            prefixes.append(layout.meta_dir(node.path))
+        keys: list[str] = []
+        for prefix in prefixes:
+            below = sorted(self.store.sizes_below_sync(prefix), key=lambda rel: (-rel.count("/"), rel))
+            keys.extend(join(prefix, rel) for rel in below)
+        keys = [k for k in dict.fromkeys(keys) if k != own and k != "zarr.json"]
+        if self.store.get_sync(own) is not None:
+            keys.append(own)
+        return keys
+
+    def relocate_key(self, key: str, old_path: str, new_path: str) -> str:
+        layout = self._writable_layout()
+        if not old_path or not new_path:
+            raise Unsupported("the root cannot be moved, nor anything moved onto it")
+        for kind in ("array", "group"):
+            if key == layout.meta_key(old_path, kind):
+                return layout.meta_key(new_path, kind)
+        for base in (layout.data, layout.meta):
+            prefix = join(base, old_path) + "/"
+            if key.startswith(prefix):
+                return join(base, new_path) + "/" + key[len(prefix):]
+        raise MetadataError(f"{key} does not belong to {old_path}")
+
+    def erase_node_sync(self, node: Node) -> None:
+        """Remove a node: its own document first (it disappears at once), then the rest."""
+        for key in reversed(self.node_keys_sync(node)):
+            self.store.erase_sync(key)
+        self.after_change_sync()
+
+
+# ---------------------------------------------------------------------------------------
+# Writing: array documents as each family writes them
+
+
+def dump_doc(doc: dict[str, Any]) -> bytes:
+    """A metadata document as zarr 2.18 serialises it (sorted keys, 4-space indent, ASCII)."""
+    return json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": ")).encode("ascii")
+
+
+# zarr 2.18's data type extensions (meta.get_extended_dtype_info)
+Z218_COMPLEX = ("https://zarr-specs.readthedocs.io/en/core-protocol-v3.0-dev/protocol/extensions/"
+                "complex-dtypes/v1.0.html")
+Z218_DATETIME = "https://zarr-specs.readthedocs.io/en/latest/extensions/data-types/datetime/v1.0.html"
+_Z218_DATE_UNITS = {"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "μs", "ns", "ps", "fs", "as"}
+_CORE_NAMES = {np.dtype(v): k for k, v in dtypes.V3_NAMES.items() if v is not None}
+
+
+def _grid(new: NewArray) -> tuple[list[int], dict[str, Any]]:
+    chunks = list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize))
+    if len(chunks) != len(new.shape):
+        raise InvalidArgument(f"chunks {chunks} do not fit shape {list(new.shape)}")
+    return chunks, {"chunk_shape": chunks, "separator": "/", "type": "regular"}
+
+
+def _fill(new: NewArray) -> np.ndarray:
+    return np.asarray(new.fill_value if new.fill_value is not None else np.zeros((), new.dtype), dtype=new.dtype)
+
+
+def zarr218_dtype_json(dtype: np.dtype) -> Any:
+    """`data_type` as zarr 2.18 writes it (Metadata3.encode_dtype); Unsupported where it raises."""
+    s = dtype.str
+    if s in ("|b1", "|u1", "|i1"):
+        return {"|b1": "bool", "|u1": "u1", "|i1": "i1"}[s]
+    if re.fullmatch(r"[<>][uif][248]", s):
+        return s
+    if dtype.kind == "c" and dtype.itemsize in (8, 16):
+        return {"extension": Z218_COMPLEX, "type": s, "fallback": None}
+    if dtype.kind in "mM" and np.datetime_data(dtype)[0] in _Z218_DATE_UNITS and np.datetime_data(dtype)[1] == 1:
+        return {"extension": Z218_DATETIME, "type": s, "fallback": None}
+    if dtype.kind == "S":
+        return {"extension": "TODO: bytestring array protocol URL", "type": s, "fallback": None}
+    if dtype.kind == "U":
+        return {"extension": "TODO: unicode array protocol URL", "type": s, "fallback": None}
+    if dtype.kind == "V" and dtype.subdtype is None:
+        # zarr 2.18 writes the descr list; for raw bytes (no fields) it reads `|V3` back the same
+        type_ = dtypes.v2_dtype_json(dtype) if dtype.fields is not None else s
+        return {"extension": "TODO: structured array protocol URL", "type": type_, "fallback": None}
+    raise Unsupported(f"data type {dtype} cannot be written in zarr 2.18's v3 layout")
+
+
+def protocol_array_doc(new: NewArray) -> dict[str, Any]:
+    """An array document as zarr 2.18 writes under `meta/root` (its quirks included: no
+    compressor for a 0-d array, chunk key `c0`; numpy type strings; `compressor` object)."""
+    _, grid = _grid(new)
+    doc: dict[str, Any] = {
+        "attributes": {}, "chunk_grid": grid, "chunk_memory_layout": "C",
+        "data_type": zarr218_dtype_json(new.dtype), "extensions": [],
+        "fill_value": dtypes.fill_to_json(_fill(new), new.dtype), "shape": list(new.shape),
+    }
+    config = compressor_config(new.codec, "blosc", new.dtype.itemsize)
+    if config is not None and new.shape:  # zarr 2.18 drops the compressor of 0-d arrays
+        conf = {k: v for k, v in config.items() if k != "id"}
+        doc["compressor"] = {"codec": f"https://purl.org/zarr/spec/codec/{config['id']}/1.0", "configuration": conf}
+    return doc
+
+
+def core_dtype_json(dtype: np.dtype) -> tuple[str, str | None]:
+    """May 2022 `data_type` (a core name, or `r*` for raw bytes) and the endian codec's
+    byte order when the elements are big-endian (None: little, the default)."""
+    if dtype.kind == "V" and dtype.fields is None and dtype.subdtype is None:
+        return f"r{8 * dtype.itemsize}", None
+    big = dtype.str[0] == ">" and dtype.itemsize > 1
+    base = dtype.newbyteorder("<") if dtype.byteorder in "<>=" else dtype
+    name = _CORE_NAMES.get(base)
+    if name is None:
+        raise Unsupported(f"data type {dtype} has no core data type in the May 2022 v3 draft "
+                          f"(bool, intN, uintN, floatN, complexN, r*)")
+    return name, "big" if big else None
+
+
+def _core_float(value: float) -> Any:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Infinity" if value > 0 else "-Infinity"
+    return float(value)
+
+
+def core_fill_json(fill: np.ndarray, dtype: np.dtype) -> Any:
+    """May 2022 `fill_value`: numbers and booleans, "NaN"/"+Infinity"/"-Infinity", `0x` bytes for `r*`."""
+    value = np.asarray(fill, dtype=dtype)
+    if dtype.kind == "V":
+        return "0x" + value.tobytes().hex()
+    if dtype.kind == "f":
+        return _core_float(float(value[()]))
+    if dtype.kind == "c":  # the draft leaves it open; [real, imaginary] as the later spec writes it
+        return [_core_float(float(value[()].real)), _core_float(float(value[()].imag))]
+    return dtypes.fill_to_json(value, dtype)
+
+
+def core_array_doc(new: NewArray) -> dict[str, Any]:
+    """An array document of the May 2022 core draft: `codecs` objects with `type` URIs."""
+    _, grid = _grid(new)
+    data_type, endian = core_dtype_json(new.dtype)
+    codecs: list[dict[str, Any]] = []
+    if endian is not None:
+        codecs.append({"type": "https://purl.org/zarr/spec/codecs/endian/1.0", "configuration": {"endian": endian}})
+    config = compressor_config(new.codec, "blosc", new.dtype.itemsize)
+    if config is not None:
+        conf = {k: v for k, v in config.items() if k != "id"}
+        if config["id"] == "zstd":
+            conf.setdefault("checksum", False)
+        codecs.append({"type": f"https://purl.org/zarr/spec/codecs/{config['id']}/1.0", "configuration": conf})
+    return {
+        "attributes": {}, "chunk_grid": grid, "chunk_memory_layout": "C", "codecs": codecs,
+        "data_type": data_type, "extensions": [], "fill_value": core_fill_json(_fill(new), new.dtype),
+        "shape": list(new.shape),
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,7 +668,7 @@ def parse_group(path: str, doc: dict[str, Any], key: str, layout: Layout) -> Gro
 def parse_array(path: str, doc: dict[str, Any], key: str, layout: Layout,
                 warn: Callable[[str], None] = log.warning) -> ArrayMeta:
     """An ArrayMeta from a draft array document (any of the three generations)."""
-    unknown = sorted(set(doc) - ARRAY_FIELDS)
+    unknown = sorted(set(doc) - (PROTOCOL_ARRAY_FIELDS if layout.family == "protocol" else ARRAY_FIELDS))
     if unknown:
         raise Unsupported(f"{key}: unknown field(s) {', '.join(map(repr, unknown))} in an array document")
     protocol_doc = _check_zarr_format(doc, key)
@@ -372,7 +720,8 @@ def parse_array(path: str, doc: dict[str, Any], key: str, layout: Layout,
     keys = ChunkKeys(join(layout.data, path), sep, head, zero_d)
     source = storage_transformers(doc.get("storage_transformers"), keys, len(shape), key)
     return ArrayMeta(path=path, shape=shape, dtype=dtype, chunk_shape=chunks, fill_value=fill, codec=codec,
-                     keys=keys, attributes=attrs, format="v3-draft", metadata_key=key, source=source)
+                     keys=keys, attributes=attrs, format="v3-draft", metadata_key=key, source=source,
+                     erase_fill_chunks=doc["fill_value"] is not None)
 
 
 def storage_transformers(value: Any, keys: ChunkKeys, ndim: int, key: str) -> ShardedChunks | None:
