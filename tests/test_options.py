@@ -45,3 +45,8 @@ def test_defaults():
 def test_bad_options(bad):
     with pytest.raises(UserError):
         build_options([bad])
+
+
+def test_chunks_in_a_comma_list():
+    o = build_options(split_o("writable,chunks=8,5,codec=zstd:3"))
+    assert o.chunks == (8, 5) and o.codec == "zstd:3" and o.writable

@@ -120,6 +120,9 @@ class Engine:
         self.dirty_bytes = 0
         self.dirty_max_bytes = DIRTY_MAX_BYTES
         self._chunk_locks: dict[tuple[str, Index], trio.Lock] = {}
+        self._storing: dict[tuple[str, Index], np.ndarray] = {}
+        # Changes of each written chunk, so a writer notices one made while it waited.
+        self._versions: dict[tuple[str, Index], int] = {}
         # A failed background flush is reported at the array's next fsync/close.
         self._write_errors: dict[str, ZarrfsError] = {}
 
@@ -137,10 +140,9 @@ class Engine:
     async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
         key = (meta.path, idx)
-        dirty = self._dirty.get(key)
-        if dirty is not None:
-            return dirty[1]
-        arr = self.cache.get(key)
+        arr = self._held(key)
+        if arr is None:
+            arr = self.cache.get(key)
         if arr is not None:
             return arr
         load = self._inflight.get(key)
@@ -161,14 +163,20 @@ class Engine:
             del self._inflight[key]
             load.done.set()
 
+    def _held(self, key: tuple[str, Index]) -> np.ndarray | None:
+        """A written chunk the store may not have yet: dirty, or being stored right now."""
+        dirty = self._dirty.get(key)
+        return dirty[1] if dirty is not None else self._storing.get(key)
+
     async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index]) -> dict[Index, np.ndarray]:
         """Several chunks: those held (dirty or cached) at once, the others loaded concurrently."""
         out: dict[Index, np.ndarray] = {}
         missing = []
         for idx in wanted:
             key = (meta.path, idx)
-            dirty = self._dirty.get(key)
-            arr = dirty[1] if dirty is not None else self.cache.get(key)
+            arr = self._held(key)
+            if arr is None:
+                arr = self.cache.get(key)
             if arr is None:
                 missing.append(idx)
             else:
@@ -268,9 +276,20 @@ class Engine:
         src = data[len(plan.header_part):len(plan.header_part) + plan.take_bytes]
         raw[plan.skip_bytes:plan.skip_bytes + plan.take_bytes] = np.frombuffer(src, np.uint8)
         covered = stream.coverage(plan)
-        need = [idx for idx in plan.chunks if (meta.path, idx) not in self._dirty
-                and covered[idx] < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape))]
-        loaded = await self.chunks(meta, need)
+        partial = [idx for idx in plan.chunks
+                   if covered[idx] < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape))]
+        loaded: dict[Index, np.ndarray] = {}
+        seen: dict[Index, int] = {}
+        while True:
+            # Chunks to start from: partly written, not dirty, and not loaded since their
+            # last change (another writer may change or store them while we wait).
+            need = [idx for idx in partial if (meta.path, idx) not in self._dirty and (
+                idx not in loaded or self._versions.get((meta.path, idx), 0) != seen[idx])]
+            if not need:
+                break
+            for idx in need:
+                seen[idx] = self._versions.get((meta.path, idx), 0)
+            loaded.update(await self.chunks(meta, need))
         # From here to the end no await: the patch of every chunk is atomic.
         targets = {}
         for idx in plan.chunks:
@@ -281,6 +300,7 @@ class Engine:
                 entry = self._dirty[key] = (meta, base)
                 self.dirty_bytes += base.nbytes
             targets[idx] = entry[1]
+            self._versions[key] = self._versions.get(key, 0) + 1
         stream.scatter(plan, buf, targets)
         self.counters["bytes_written"] += plan.take_bytes
         if self.dirty_bytes > self.dirty_max_bytes:
@@ -311,7 +331,9 @@ class Engine:
             meta, arr = entry
             self.dirty_bytes -= arr.nbytes
             arr.flags.writeable = False
-            self.cache.put(key, arr)  # readers see it while it is being stored
+            # Readers and writers see it while it is being stored, cached or not.
+            self._storing[key] = arr
+            self.cache.put(key, arr)
             store_key = meta.chunk_key(key[1])
             try:
                 data = await trio.to_thread.run_sync(encode_chunk_sync, meta, store_key, arr,
@@ -319,8 +341,12 @@ class Engine:
                 await self.run_io(meta.write_chunk_sync, self.store, key[1], data)
             except ZarrfsError as e:
                 self.cache.discard(key)  # what the store holds is the truth again
+                self._versions[key] = self._versions.get(key, 0) + 1
                 self._count_error(e, store_key)
                 raise
+            finally:
+                if self._storing.get(key) is arr:
+                    del self._storing[key]
             self.counters["chunks_stored" if data is not None else "chunks_erased"] += 1
         if not lock.locked() and lock.statistics().tasks_waiting == 0:
             self._chunk_locks.pop(key, None)
@@ -345,7 +371,7 @@ class Engine:
 
     def discard(self, path: str) -> None:
         """Forget everything held for an array (after it is removed or replaced)."""
-        for key in [k for k in self._dirty if k[0] == path]:
+        for key in [k for k in self._dirty if k[0] == path or k[0].startswith(path + "/")]:
             self.dirty_bytes -= self._dirty.pop(key)[1].nbytes
         self.cache.discard_prefix(path)
         self._write_errors.pop(path, None)

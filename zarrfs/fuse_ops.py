@@ -72,6 +72,8 @@ class ZarrOperations(pyfuse3.Operations):
         self._next_fh = 1
         self._open_count: dict[int, int] = {}
         namespace.create_chunks, namespace.create_codec = options.chunks, options.codec
+        namespace.forget_name = lambda parent, name: pyfuse3.invalidate_entry_async(
+            parent, os.fsencode(name), ignore_enoent=True)
 
     def attributes(self, entry: Entry) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
@@ -87,7 +89,12 @@ class ZarrOperations(pyfuse3.Operations):
             attr.st_mode = stat.S_IFREG | ((0o644 if writable else 0o444) & ~self.umask)
             attr.st_nlink = 1
         if self.options.writable:
-            attr.entry_timeout = attr.attr_timeout = WRITABLE_ATTR_TIMEOUT_S
+            # Sizes change when an array is replaced through any of its names: the kernel
+            # asks again each time (reads past the size it knows refresh it too).
+            attr.entry_timeout = WRITABLE_ATTR_TIMEOUT_S
+            attr.attr_timeout = 0.0
+            if entry.kind == "array" and entry.node is None:
+                attr.entry_timeout = attr.attr_timeout = 0.0  # may vanish if no NPY header comes
         attr.st_size = max(entry.size, 0)
         stored = entry.stored_bytes if entry.stored_bytes is not None else entry.size
         attr.st_blocks = -(-max(stored, 0) // BLOCK_SIZE)

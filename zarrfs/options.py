@@ -90,7 +90,13 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
     """Build Options from `name` / `name=value` items (from -o and --name[=value])."""
     kw: dict[str, Any] = {"foreground": foreground}
     fuse: list[str] = []
-    for item in items:
+    merged: list[str] = []
+    for item in items:  # `-o chunks=8,5` arrives split at its comma: bare numbers join chunks=
+        if merged and merged[-1].startswith("chunks=") and item.isdigit():
+            merged[-1] += "," + item
+        else:
+            merged.append(item)
+    for item in merged:
         name, sep, raw = item.partition("=")
         value = raw if sep else None
         name = name.strip().replace("-", "_") if name not in FUSE_PASSTHROUGH_FLAG else name

@@ -143,6 +143,42 @@ class NamespaceWrites:
             raise NotPermitted("a store whose root is an array holds no other nodes")
         return entry
 
+    async def _repoint(self: "Namespace", old_path: str, new_path: str, skip: int = 0) -> None:
+        """Entries of nodes at or below `old_path` now show the nodes at `new_path` (after a
+        move or a replacement); those with nothing left to show give ENOENT."""
+        for other in list(self._entries.values()):
+            was = other.node
+            if other.inode == skip or was is None or isinstance(was, BrokenNode) or not (
+                    was.path == old_path or (old_path and was.path.startswith(old_path + "/"))):
+                continue
+            fresh = await self.engine.run_io(self.hierarchy.node_sync, new_path + was.path[len(old_path):])
+            if fresh is None or fresh.kind != was.kind:
+                other.error = NotFound(f"{was.path} is gone")
+                continue
+            other.node, other.stored_bytes, other.content, other.error = fresh, None, None, None
+            if other.stream is not None and isinstance(fresh, ArrayMeta):
+                stream = other.stream
+                origin = stream.origin if other.kind == "chunk" else None
+                if origin is not None and (len(origin) != len(fresh.shape) or any(
+                        i >= n for i, n in zip(origin, grid.grid_shape(fresh.shape, fresh.chunk_shape)))):
+                    other.error = NotFound(f"chunk {origin} of {fresh.path} no longer exists")
+                    continue
+                other.stream = ArrayStream(fresh, stream.order, bool(stream.header), chunk=origin)
+        self._sizes.pop(old_path, None)
+        self._sizes.pop(new_path, None)
+
+    def _forget(self: "Namespace", path: str, keep: int = 0) -> None:
+        """Entries of a removed or replaced node (and its views, chunk files, descendants)
+        lose their names; open handles to them get ENOENT from now on."""
+        gone = {e.inode for e in self._entries.values() if e.inode != keep and e.node is not None and (
+            e.node.path == path or e.node.path.startswith(path + "/") or (not path and e.inode != ROOT_INODE))}
+        for name_key in [k for k, inode in self._by_name.items() if inode in gone or k[0] in gone]:
+            del self._by_name[name_key]
+            self.forget_name(*name_key)
+        for inode in gone:
+            self._entries[inode].error = NotFound(f"{path} was removed or replaced")
+        self._sizes.pop(path, None)
+
     def _invalidate(self: "Namespace") -> None:
         """Listings are read again after a change (inodes of unchanged names stay)."""
         self._below.clear()
@@ -177,8 +213,11 @@ class NamespaceWrites:
         if entry.kind != "array" or entry.view != "":
             raise InvalidArgument("only .npy files of the main tree can be truncated (to replace the array)")
         if entry.pending is None:
-            entry.replacing = entry.node
-            entry.key = entry.node.path
+            if entry.node is None:  # a created file whose header never came: created again
+                self._pending_names[(entry.parent, entry.key.rsplit("/", 1)[-1] + NPY_SUFFIX)] = entry.inode
+            else:
+                entry.replacing = entry.node
+                entry.key = entry.node.path
         entry.pending = bytearray()
         entry.ingest = None
 
@@ -230,6 +269,9 @@ class NamespaceWrites:
         entry.stream = ArrayStream(meta, "C")
         entry.ingest = ArrayStream(meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
         self._sizes.pop(meta.path, None)
+        # Views of an array replaced here, or removed and now created again, are names the
+        # kernel may still hold: they show the new array.
+        await self._repoint(meta.path, meta.path, skip=entry.inode)
         self._invalidate()
         rest = bytes(buf[hlen:])
         if rest:
@@ -256,6 +298,7 @@ class NamespaceWrites:
                         if inode == entry.inode:
                             del self._pending_names[key]
                             self._by_name.pop(key, None)
+                            self.forget_name(*key)
                 entry.pending, entry.replacing = None, None
         for key, inode in list(self._pending_names.items()):
             if inode == entry.inode and entry.node is not None:
@@ -280,7 +323,7 @@ class NamespaceWrites:
         if await self.nodes_below(entry.node.path):
             raise NotEmpty(name)
         await self.engine.run_io(self.hierarchy.erase_node_sync, entry.node)
-        self._by_name.pop((parent_inode, name), None)
+        self._forget(entry.node.path)
         self._invalidate()
 
     async def unlink(self: "Namespace", parent_inode: int, name: str) -> None:
@@ -292,6 +335,7 @@ class NamespaceWrites:
         if node is not None:
             await self.engine.run_io(self.hierarchy.erase_node_sync, node)
             self.engine.discard(node.path)
+            self._forget(node.path)
         self._pending_names.pop((parent_inode, name), None)
         self._by_name.pop((parent_inode, name), None)
         self._invalidate()
@@ -320,19 +364,7 @@ class NamespaceWrites:
         self.engine.discard(node.path)
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.
-        for other in list(self._entries.values()):
-            old = other.node
-            if old is None or isinstance(old, BrokenNode) or not (
-                    old.path == node.path or old.path.startswith(node.path + "/")):
-                continue
-            fresh = await self.engine.run_io(self.hierarchy.node_sync, new_path + old.path[len(node.path):])
-            if fresh is None:
-                continue
-            other.node = fresh
-            if other.stream is not None and isinstance(fresh, ArrayMeta):
-                was = other.stream
-                other.stream = ArrayStream(fresh, was.order, bool(was.header),
-                                           chunk=was.origin if other.kind == "chunk" else None)
+        await self._repoint(node.path, new_path)
         self._by_name.pop((old_parent, old_name), None)
         self._by_name[(new_parent, new_name)] = entry.inode
         self._invalidate()
@@ -369,6 +401,8 @@ class Namespace(NamespaceWrites):
         self._sizes: dict[str, dict[str, int | None] | None] = {}
         # Files created and not yet arrays: (parent inode, name) -> inode
         self._pending_names: dict[tuple[int, str], int] = {}
+        # Told when a name disappears (the FUSE layer tells the kernel to drop its dentry)
+        self.forget_name: Any = lambda parent, name: None
         # Chunking and codec of arrays created through the mount (options chunks=, codec=)
         self.create_chunks: tuple[int, ...] | None = None
         self.create_codec: str | None = None
@@ -563,7 +597,9 @@ class Namespace(NamespaceWrites):
         """Fill in what an entry's attributes need: stored bytes, sizes of generated files."""
         if entry.stored_bytes is not None or entry.error is not None:
             return
-        if entry.kind == "array" or entry.kind == "chunk":
+        if entry.kind == "array" and entry.node is None:  # created, no header yet
+            entry.stored_bytes = 0
+        elif entry.kind == "array" or entry.kind == "chunk":
             sizes = await self.stored_sizes(entry.node)
             if sizes is None:
                 entry.stored_bytes = entry.size

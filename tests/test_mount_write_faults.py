@@ -1,0 +1,241 @@
+"""Mounted writes when things go wrong: a store write that fails (EIO at fsync/close, the old
+chunk kept, the key in the log, the daemon alive) and a daemon killed in the middle of a
+large copy (the store still opens and every stored chunk decodes).
+
+Failures are injected by tests/failing_store.py: zarrfs's own command line over an
+fsspec file system (``failfile://``) whose ``pipe_file`` fails on the Nth write.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mounted
+from mounted import ArraySpec, assert_same_array
+
+FAILING_STORE = Path(__file__).parent / "failing_store.py"
+FORMATS = pytest.mark.parametrize("fmt", [2, 3], ids=["v2", "v3"])
+# A failed store write is logged as a WARNING naming the key (the caller gets EIO); the
+# daemon logs must hold no ERROR line and no traceback, as for every mounted test.
+
+SPEC = ArraySpec("g/a", "int32", (37, 23), (10, 7), "zstd")
+
+
+def mount_failing(mounter: mounted.Mounter, source: Path, env: dict[str, str], *opts: str):
+    """Mount SOURCE through failing_store.py in the foreground; returns (mountpoint, process, log file)."""
+    mnt, log = mounter.new_mountpoint()
+    o = ",".join(["writable", f"log_file={log}", "log_level=info", *opts])
+    cmd = [sys.executable, os.fspath(FAILING_STORE), os.fspath(source), os.fspath(mnt), "-f", "-o", o]
+    out = open(mounter.workdir / f"{mnt.name}.cli-output", "wb")
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                            env={**os.environ, **env})
+    out.close()
+    mounter.adopt(mnt, log, proc)
+    if not mounted.wait_until(lambda: mounted.is_mounted(mnt) or proc.poll() is not None, mounted.MOUNT_TIMEOUT_S):
+        pytest.fail(f"failing_store.py did not mount {source}")
+    assert mounted.is_mounted(mnt), f"failing_store.py exited {proc.poll()}: {log.read_text() if log.exists() else ''}"
+    return mnt, proc, log
+
+
+def _store(tmp_path: Path, fmt: int) -> tuple[Path, np.ndarray]:
+    root = tmp_path / "fail.zarr"
+    mounted.create_array(root, SPEC, fmt, np.random.default_rng(21))
+    mounted.create_array(root, ArraySpec("g/other", "float32", (8, 8), (4, 4), "none"), fmt,
+                         np.random.default_rng(22))
+    return root, mounted.zarr_value(root, "g/a")
+
+
+@FORMATS
+@pytest.mark.parametrize("at", ["close", "fsync"])
+def test_failed_chunk_write_is_eio_and_keeps_the_stored_chunk(mount, tmp_path, fmt, at):
+    root, model = _store(tmp_path, fmt)
+    key = "g/a/" + mounted.zarr_chunk_key(root, "g/a", (1, 2))  # the chunk holding rows 10-19, cols 14-20
+    old_chunk = (root / key).read_bytes()
+    calls = tmp_path / "calls.txt"
+    mnt, proc, log = mount_failing(mount, root, {"FAILFILE_MATCH": key, "FAILFILE_FAIL_AT": "1",
+                                                 "FAILFILE_CALLS": os.fspath(calls)})
+    hlen = mounted.view_header_len(model, "npy")
+    new = np.arange(-100, -93, dtype="<i4")  # row 12, columns 14-20: inside chunk (1, 2) only
+    fd = os.open(mnt / "g/a.npy", os.O_WRONLY)
+    try:
+        mounted.pwrite_all(fd, new.tobytes(), hlen + 4 * (12 * 23 + 14))
+        if at == "fsync":
+            with pytest.raises(OSError) as exc:
+                os.fsync(fd)
+            assert exc.value.errno == errno.EIO
+    finally:
+        if at == "close":
+            with pytest.raises(OSError) as exc:
+                os.close(fd)
+            assert exc.value.errno == errno.EIO
+        else:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the error was reported by fsync; close may or may not repeat it
+    assert "FAILED" in calls.read_text(), calls.read_text()
+    # the store holds the previous chunk, whole
+    assert (root / key).read_bytes() == old_chunk
+    assert_same_array(mounted.zarr_value(root, "g/a"), model, "zarr after the failed write")
+    assert mounted.leftover_temp_files(root) == []
+    # the log names the key; the daemon lives and serves what the store holds
+    assert mounted.log_lines_naming(log.read_text(), key), log.read_text()
+    assert proc.poll() is None and mounted.is_mounted(mnt)
+    assert (mnt / "g/a.npy").read_bytes() == mounted.npy_bytes(model)
+    assert (mnt / "g/other.npy").read_bytes() == mounted.npy_bytes(mounted.zarr_value(root, "g/other"))
+    # later writes work (only the first write of that key was made to fail)
+    fd = os.open(mnt / "g/a.npy", os.O_WRONLY)
+    try:
+        mounted.pwrite_all(fd, new.tobytes(), hlen + 4 * (12 * 23 + 14))
+    finally:
+        os.close(fd)
+    model[12, 14:21] = new
+    assert (root / key).read_bytes() != old_chunk
+    assert_same_array(mounted.zarr_value(root, "g/a"), model, "zarr after the retried write")
+    assert (mnt / "g/a.npy").read_bytes() == mounted.npy_bytes(model)
+
+
+@FORMATS
+def test_failed_write_of_one_chunk_stores_the_others(mount, tmp_path, fmt):
+    root, model = _store(tmp_path, fmt)
+    key = "g/a/" + mounted.zarr_chunk_key(root, "g/a", (0, 0))
+    old_chunk = (root / key).read_bytes()
+    mnt, proc, log = mount_failing(mount, root, {"FAILFILE_MATCH": key, "FAILFILE_FAIL_AT": "1"})
+    m = np.load(mnt / "g/a.npy", mmap_mode="r+")
+    m[:, :] = -5  # every chunk
+    code = None
+    try:
+        m.flush()  # msync: FUSE fsync
+    except OSError as e:  # not kept: its traceback holds the mapping, which would keep the mount busy
+        code = e.errno
+    del m
+    assert code == errno.EIO
+    want = np.full(model.shape, -5, model.dtype)
+    want[0:10, 0:7] = model[0:10, 0:7]  # the one chunk that failed keeps its stored values
+    assert (root / key).read_bytes() == old_chunk
+    assert_same_array(mounted.zarr_value(root, "g/a"), want, "zarr after one chunk failed")
+    assert mounted.log_lines_naming(log.read_text(), key)
+    assert proc.poll() is None
+
+
+@FORMATS
+def test_failed_metadata_write_leaves_no_array(mount, tmp_path, fmt):
+    root, _ = _store(tmp_path, fmt)
+    doc = ".zarray" if fmt == 2 else "zarr.json"
+    mnt, proc, log = mount_failing(mount, root, {"FAILFILE_MATCH": f"g/new/{doc}", "FAILFILE_FAIL_AT": "1"})
+    x = np.arange(30.0).reshape(5, 6)
+    np.save(tmp_path / "x.npy", x)
+    # one write of the whole file (shutil.copyfile would quietly retry a failed first sendfile)
+    fd = os.open(mnt / "g/new.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with pytest.raises(OSError) as exc:
+            os.write(fd, mounted.npy_bytes(x))
+        assert exc.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+    assert "new.npy" not in os.listdir(mnt / "g")
+    assert mounted.store_keys(root, "g/new") == []
+    assert proc.poll() is None
+    shutil.copyfile(tmp_path / "x.npy", mnt / "g/new.npy")  # the second try is not made to fail
+    assert_same_array(mounted.zarr_value(root, "g/new"), x, "zarr after the retried copy")
+    assert "new.npy" in os.listdir(mnt / "g")
+
+
+# --------------------------------------------------------------------------- SIGKILL mid-copy
+
+BIG_SHAPE = (12800, 4096)  # float32: 200 MiB
+BLOCK = 1 << 20
+FSYNC_EVERY = 16 << 20  # so that chunks are stored (and being stored) when the daemon dies
+
+
+def _big_npy(p: Path) -> None:
+    """A 200 MiB float32 NPY file whose element i is (i % 1000003) + 1: never 0 (the fill value), exact in float32."""
+    out = np.lib.format.open_memmap(p, mode="w+", dtype="<f4", shape=BIG_SHAPE)
+    flat = out.reshape(-1)
+    step = 1 << 22
+    for a in range(0, flat.size, step):
+        idx = np.arange(a, min(a + step, flat.size), dtype=np.int64)
+        flat[a:a + idx.size] = (idx % 1000003 + 1).astype("<f4")
+    out.flush()
+    del out
+
+
+@FORMATS
+def test_sigkill_in_the_middle_of_a_large_copy_leaves_a_store_that_opens(mount, tmp_path, fmt):
+    import zarr
+
+    root = tmp_path / "kill.zarr"
+    zarr.open_group(os.fspath(root), mode="w", zarr_format=fmt)
+    src = tmp_path / "big.npy"
+    _big_npy(src)
+    size = src.stat().st_size
+    mnt = mount(root, "writable")
+    pids = mounted.pids_serving(mnt)
+    assert len(pids) == 1, pids
+    written = 0
+    failure: list[BaseException] = []
+
+    def copy() -> None:
+        nonlocal written
+        try:
+            fd = os.open(mnt / "big.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            with open(src, "rb") as f:
+                since_sync = 0
+                while block := f.read(BLOCK):
+                    os.write(fd, block)
+                    written += len(block)
+                    since_sync += len(block)
+                    if since_sync >= FSYNC_EVERY:
+                        os.fsync(fd)
+                        since_sync = 0
+            os.close(fd)
+        except OSError as e:
+            failure.append(e)
+
+    t = threading.Thread(target=copy)
+    t.start()
+    assert mounted.wait_until(lambda: written >= size // 2 or not t.is_alive(), 120, 0.001)
+    assert t.is_alive(), f"the copy ended before half was written: {failure}"
+    os.kill(pids[0], signal.SIGKILL)
+    t.join(60)
+    assert not t.is_alive()
+    assert failure, "the copy went on after the daemon was killed"
+    r = subprocess.run(["fusermount3", "-uz", os.fspath(mnt)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert mounted.wait_until(lambda: not mounted.is_mounted(mnt), 5)
+    killed_at = written
+
+    # the store opens; every stored chunk decodes to the source's values (or the fill value
+    # where a chunk was stored before the copy reached its other rows)
+    arr = mounted.open_zarr_array(root, "big")
+    assert arr.shape == BIG_SHAPE and arr.dtype == np.dtype("<f4")
+    chunks = mounted.zarr_chunk_shape(root, "big")
+    stored = mounted.chunk_keys(root, "big")
+    assert stored, f"no chunk stored after {killed_at} of {size} bytes with fsync every {FSYNC_EVERY}"
+    source = np.load(src, mmap_mode="r")
+    grid = [-(-s // c) for s, c in zip(BIG_SHAPE, chunks)]
+    seen = 0
+    for idx in itertools.product(*(range(n) for n in grid)):
+        key = mounted.zarr_chunk_key(root, "big", idx)
+        if key not in stored:
+            continue
+        region = mounted.chunk_slices(idx, chunks, BIG_SHAPE)
+        got = arr[region]  # raises if the chunk does not decode
+        want = source[region]
+        ok = (got == want) | (got == 0)
+        assert ok.all(), f"chunk {key}: {int((~ok).sum())} elements are neither the source's nor the fill value"
+        seen += 1
+    assert seen == len([k for k in stored if not k.rsplit("/", 1)[-1].startswith(".")]), \
+        f"stored keys outside the grid: {sorted(stored)[:10]}"
+    del source
