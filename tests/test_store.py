@@ -48,3 +48,19 @@ def test_chunk_keys_from_hostile_prefix():
     assert ChunkKeys("g/a", "/", "c/", "c").key((0, 1)) == "g/a/c/0/1"
     assert ChunkKeys("g/a", "/", "c/", "c").key(()) == "g/a/c"
     assert ChunkKeys("", ".", "", "0").key((3, 4)) == "3.4"
+
+
+def test_symlinked_directory_out_of_store_refused(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "k").write_bytes(b"secret")
+    store = tmp_path / "s"
+    store.mkdir()
+    os.symlink(outside, store / "d")
+    s = Store(str(store))
+    with pytest.raises(StoreError, match="outside"):
+        s.get_sync("d/k")
+    os.symlink(store / "real", store / "inside")  # a link that stays inside is fine
+    (store / "real").mkdir()
+    (store / "real" / "k").write_bytes(b"ok")
+    assert s.get_sync("inside/k") == b"ok"

@@ -21,6 +21,9 @@ from .model import check_key, join
 
 log = logging.getLogger(__name__)
 
+# Resolved directories of a local store kept for the symlink check (a few MiB at most).
+REAL_DIRS_REMEMBERED = 10_000
+
 
 class Store:
     """A Zarr store rooted at an fsspec URL or local path; keys are `/`-separated strings."""
@@ -39,6 +42,7 @@ class Store:
         self._quoted_names = bool({"http", "https"} & set(protocols))
         self.read_only = self._quoted_names  # fsspec's HTTP file system cannot write
         self._real_root = os.path.realpath(self.root) if self.is_local else None
+        self._real_dirs: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"Store({self.source!r})"
@@ -50,10 +54,27 @@ class Store:
         if not key:
             full = self.root
         if self._real_root is not None:
-            real = os.path.realpath(full)
-            if real != self._real_root and not real.startswith(self._real_root + os.sep):
-                raise StoreError(f"key {key!r} resolves outside the store ({real})")
+            self._check_inside(key, full)
         return full
+
+    def _check_inside(self, key: str, full: str) -> None:
+        """Local stores: refuse keys that symlinks lead outside the root.
+
+        A key's directory is resolved once and remembered (realpath costs a system call
+        per component); the key itself is resolved only when it is a symlink.
+        """
+        directory = os.path.dirname(full)
+        real_dir = self._real_dirs.get(directory)
+        if real_dir is None:
+            real_dir = os.path.realpath(directory)
+            if len(self._real_dirs) > REAL_DIRS_REMEMBERED:
+                self._real_dirs.clear()
+            self._real_dirs[directory] = real_dir
+        real = os.path.join(real_dir, os.path.basename(full))
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        if real != self._real_root and not real.startswith(self._real_root + os.sep):
+            raise StoreError(f"key {key!r} resolves outside the store ({real})")
 
     def get_sync(self, key: str) -> bytes | None:
         """The value of a key, or None when the key is absent."""
