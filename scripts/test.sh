@@ -4,4 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ZARRFS_EXTRAS="test,http" source scripts/setup.sh
+
+# The oracle for the v3 drafts' experimental layout: zarr-python 2.18, which needs numpy<2
+# and so lives in a venv of its own (tests find it at .venv-zarr218).
+if ! .venv-zarr218/bin/python -c "import zarr, pytest; assert zarr.__version__.startswith('2.18')" 2>/dev/null; then
+    echo "setup: installing the zarr 2.18 oracle into .venv-zarr218" >&2
+    "${PYTHON:-python3}" -m venv .venv-zarr218
+    .venv-zarr218/bin/python -m pip install -q 'zarr==2.18.*' 'numpy<2' pytest
+fi
 exec .venv/bin/python -m pytest "$@"

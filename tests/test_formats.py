@@ -64,8 +64,6 @@ def check(store_path: str, name: str) -> None:
 @pytest.mark.parametrize("dtype", DTYPES_BOTH, ids=str)
 def test_dtypes(tmp_path, fmt, dtype):
     dtype = np.dtype([tuple(f) for f in dtype] if isinstance(dtype, list) else dtype)
-    if fmt == 3 and dtype.fields is not None:
-        pytest.importorskip("zarr", minversion="3.1")
     shape, chunks = (7, 5), (3, 2)
     arr = zarr.create_array(str(tmp_path / "s"), name="a", shape=shape, chunks=chunks, dtype=dtype,
                             zarr_format=fmt)
