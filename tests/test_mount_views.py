@@ -7,7 +7,6 @@ for Zarr v1, the checked-in fixtures of tests/fixtures/v1 (what zarr 1.1.0 read 
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
@@ -60,16 +59,7 @@ V1_CASES = _v1_cases()
 # --------------------------------------------------------------------------- oracles
 
 
-def npy_f_bytes(value: np.ndarray) -> bytes:
-    """What numpy writes for VALUE as a Fortran-order NPY file (fortran_order True even for 0-d/1-d)."""
-    d = {"descr": np.lib.format.dtype_to_descr(value.dtype), "fortran_order": True, "shape": value.shape}
-    buf = io.BytesIO()
-    try:
-        np.lib.format.write_array_header_1_0(buf, d)
-    except ValueError:
-        buf = io.BytesIO()
-        np.lib.format.write_array_header_2_0(buf, d)
-    return buf.getvalue() + value.tobytes(order="F")
+npy_f_bytes = mounted.npy_f_bytes
 
 
 def grid_shape(shape, chunks) -> tuple[int, ...]:
