@@ -375,6 +375,8 @@ class Engine:
             self.dirty_bytes -= self._dirty.pop(key)[1].nbytes
         self.cache.discard_prefix(path)
         self._write_errors.pop(path, None)
+        for key in [k for k in self._versions if k[0] == path or k[0].startswith(path + "/")]:
+            del self._versions[key]
 
     async def read_key(self, key: str, offset: int, size: int, key_size: int) -> bytes:
         """Bytes of a store key as it is stored (the `store/` view)."""

@@ -184,6 +184,12 @@ class ZarrOperations(pyfuse3.Operations):
             return snapshot[off:off + size]
         if entry.kind == "storekey":
             return await self.engine.read_key(entry.key, off, size, entry.size)
+        if entry.ingest is not None:  # a file being written: the writer's own layout
+            return await self.engine.read(entry.ingest, off, size)
+        if entry.pending is not None:  # no NPY header yet: only what was written so far
+            return bytes(entry.pending[off:off + size])
+        if entry.error is not None:
+            raise entry.error
         return await self.engine.read(entry.stream, off, size)
 
     @boundary

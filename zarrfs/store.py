@@ -224,18 +224,6 @@ class Store:
             raise StoreError(f"erasing {key!r} failed: {type(e).__name__}: {e}") from None
         self._prune_empty_dirs(key)
 
-    def erase_prefix_sync(self, prefix: str) -> None:
-        """Remove every key below a prefix (and, for local stores, the directories left)."""
-        try:
-            path = self.path(prefix)
-            if self.fs.exists(path):
-                self.fs.rm(path, recursive=True)
-        except ZarrfsError:
-            raise
-        except Exception as e:
-            raise StoreError(f"erasing {prefix!r} failed: {type(e).__name__}: {e}") from None
-        self._prune_empty_dirs(prefix)
-
     def _prune_empty_dirs(self, key: str) -> None:
         """Local stores: remove directories a removal left empty, up to the root."""
         if not self.is_local:
