@@ -22,12 +22,24 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 extras="${ZARRFS_EXTRAS:-http}"
-# Reinstall only when pyproject.toml or the extras changed since the last install.
+# Reinstall only when pyproject.toml changed, or extras are wanted that are not there yet.
 stamp=".venv/.zarrfs-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "setup: installing zarrfs[$extras] into .venv" >&2
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e ".[$extras]"
-    echo "$want" > "$stamp"
+hash="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+installed_hash=""; installed_extras=""
+if [ -f "$stamp" ]; then read -r installed_hash installed_extras < "$stamp" || true; fi
+missing=""
+for e in ${extras//,/ }; do
+    case ",$installed_extras," in *",$e,"*) ;; *) missing="$missing $e" ;; esac
+done
+if [ "$installed_hash" != "$hash" ] || [ -n "$missing" ]; then
+    if [ "$installed_hash" = "$hash" ]; then all="$installed_extras,$extras"; else all="$extras"; fi
+    all="$(echo "$all" | tr ',' '\n' | grep -v '^$' | sort -u | paste -sd, -)"
+    echo "setup: installing zarrfs[$all] into .venv" >&2
+    log="$(mktemp)"
+    if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e ".[$all]"; } >"$log" 2>&1; then
+        cat "$log" >&2
+        exit 1
+    fi
+    rm -f "$log"
+    echo "$hash $all" > "$stamp"
 fi
