@@ -202,11 +202,12 @@ def v3_dtype_json(dtype: np.dtype) -> tuple[Any, str]:
     raise Unsupported(f"data type {dtype} has no v3 equivalent")
 
 
-def _float_json(value: float) -> Any:
+def float_json(value: float, plus_infinity: str = "Infinity") -> Any:
+    """A float as JSON: NaN and the infinities as strings (the May 2022 draft spells `+Infinity`)."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
+        return plus_infinity if value > 0 else "-Infinity"
     return float(value)
 
 
@@ -225,9 +226,9 @@ def fill_to_json(fill: np.ndarray, dtype: np.dtype, bytes_as_text: bool = False)
     if kind in "iu":
         return int(value)
     if kind == "f":
-        return _float_json(float(value))
+        return float_json(float(value))
     if kind == "c":
-        return [_float_json(float(value.real)), _float_json(float(value.imag))]
+        return [float_json(float(value.real)), float_json(float(value.imag))]
     if kind in "mM":
         return int(np.asarray(fill, dtype=dtype).view("<i8" if dtype.byteorder != ">" else ">i8"))
     raise Unsupported(f"fill value for data type {dtype}")

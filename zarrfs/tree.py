@@ -146,12 +146,16 @@ class NamespaceWrites:
     async def _repoint(self: "Namespace", old_path: str, new_path: str, skip: int = 0) -> None:
         """Entries of nodes at or below `old_path` now show the nodes at `new_path` (after a
         move or a replacement); those with nothing left to show give ENOENT."""
+        fresh_nodes: dict[str, Node | None] = {}  # one metadata read per node, however many views
         for other in list(self._entries.values()):
             was = other.node
             if other.inode == skip or was is None or isinstance(was, BrokenNode) or not (
                     was.path == old_path or (old_path and was.path.startswith(old_path + "/"))):
                 continue
-            fresh = await self.engine.run_io(self.hierarchy.node_sync, new_path + was.path[len(old_path):])
+            target = new_path + was.path[len(old_path):]
+            if target not in fresh_nodes:
+                fresh_nodes[target] = await self.engine.run_io(self.hierarchy.node_sync, target)
+            fresh = fresh_nodes[target]
             if fresh is None or fresh.kind != was.kind:
                 other.error = NotFound(f"{was.path} is gone")
                 continue

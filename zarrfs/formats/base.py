@@ -82,6 +82,14 @@ def json_object(key: str, raw: bytes | None) -> dict | None:
     return doc
 
 
+def root_zarr_json_sync(store: Store) -> dict | None:
+    """The store's root `zarr.json` (v3 and the v3 drafts tell themselves apart by it), if usable."""
+    try:
+        return json_object("zarr.json", store.get_sync("zarr.json"))
+    except MetadataError:
+        return None
+
+
 class Hierarchy(abc.ABC):
     """A Zarr hierarchy in one format. Methods are synchronous: they do store I/O."""
 

@@ -15,7 +15,7 @@ from ..errors import MetadataError, Unsupported
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import NodeDocsHierarchy, compressor_config, guess_chunks, json_object
+from .base import NodeDocsHierarchy, compressor_config, guess_chunks, json_object, root_zarr_json_sync
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +29,8 @@ class V3Hierarchy(NodeDocsHierarchy):
 
     @classmethod
     def detect_sync(cls, store: Store) -> bool:
-        try:
-            doc = json_object("zarr.json", store.get_sync("zarr.json"))
-        except MetadataError:
-            return False
-        return isinstance(doc, dict) and doc.get("zarr_format") == 3
+        doc = root_zarr_json_sync(store)
+        return doc is not None and doc.get("zarr_format") == 3
 
     @classmethod
     def open_sync(cls, store: Store, options: Options | None = None) -> "V3Hierarchy":

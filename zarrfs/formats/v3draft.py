@@ -50,7 +50,7 @@ from ..errors import (CorruptChunk, Exists, InvalidArgument, MetadataError, NotF
 from ..model import ArrayMeta, BrokenNode, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import Hierarchy, compressor_config, guess_chunks, json_object
+from .base import Hierarchy, compressor_config, guess_chunks, json_object, root_zarr_json_sync
 
 log = logging.getLogger(__name__)
 
@@ -264,11 +264,8 @@ class V3DraftHierarchy(Hierarchy):
 
     @classmethod
     def detect_sync(cls, store: Store) -> bool:
-        try:
-            doc = json_object("zarr.json", store.get_sync("zarr.json"))
-        except MetadataError:
-            return False
-        return isinstance(doc, dict) and isinstance(doc.get("zarr_format"), str)
+        doc = root_zarr_json_sync(store)
+        return doc is not None and isinstance(doc.get("zarr_format"), str)
 
     @classmethod
     def open_sync(cls, store: Store, options: Options | None = None) -> V3DraftHierarchy:
@@ -525,23 +522,15 @@ def core_dtype_json(dtype: np.dtype) -> tuple[str, str | None]:
     return name, "big" if big else None
 
 
-def _core_float(value: float) -> Any:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Infinity" if value > 0 else "-Infinity"
-    return float(value)
-
-
 def core_fill_json(fill: np.ndarray, dtype: np.dtype) -> Any:
     """May 2022 `fill_value`: numbers and booleans, "NaN"/"+Infinity"/"-Infinity", `0x` bytes for `r*`."""
     value = np.asarray(fill, dtype=dtype)
     if dtype.kind == "V":
         return "0x" + value.tobytes().hex()
     if dtype.kind == "f":
-        return _core_float(float(value[()]))
+        return dtypes.float_json(float(value[()]), "+Infinity")
     if dtype.kind == "c":  # the draft leaves it open; [real, imaginary] as the later spec writes it
-        return [_core_float(float(value[()].real)), _core_float(float(value[()].imag))]
+        return [dtypes.float_json(float(v), "+Infinity") for v in (value[()].real, value[()].imag)]
     return dtypes.fill_to_json(value, dtype)
 
 
