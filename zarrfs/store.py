@@ -38,8 +38,10 @@ class Store:
         self.root = root.rstrip("/") if root not in ("/", "") else root
         self.is_local = isinstance(self.fs, LocalFileSystem)
         # HTTP listings are links: names in them are percent-encoded.
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        self._quoted_names = bool({"http", "https"} & set(protocols))
+        # fsspec spells a file system's protocol as a string, a tuple or (older backends) a list.
+        protocol = self.fs.protocol
+        protocols = {protocol} if isinstance(protocol, str) else set(protocol)
+        self._quoted_names = bool({"http", "https"} & protocols)
         self.read_only = self._quoted_names  # fsspec's HTTP file system cannot write
         self._real_root = os.path.realpath(self.root) if self.is_local else None
         self._real_dirs: dict[str, str] = {}
