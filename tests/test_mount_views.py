@@ -625,6 +625,49 @@ def test_stats_json_counts_store_gets_and_cache_hits(mount, side_store):
     assert not after_npyf["errors"], after_npyf
 
 
+def test_small_read_of_a_shard_fetches_its_index_and_one_inner_chunk(mount, tmp_path):
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    root = tmp_path / "sharded.zarr"
+    zarr.open_group(str(root), mode="w", zarr_format=3)
+    inner, per_shard = 1024, 32
+    arr = zarr.create_array(str(root), name="s", shape=(70000,), dtype="<f8", shards=(inner * per_shard,),
+                            chunks=(inner,), compressors=[ZstdCodec(level=1)], zarr_format=3)
+    value = np.random.default_rng(3).normal(size=70000)
+    arr[:] = value
+    shard = (root / "s" / "c" / "0").read_bytes()
+    index_nbytes = 16 * per_shard + 4  # zarr's index codecs: bytes + crc32c, at the end
+    index = np.frombuffer(shard[-index_nbytes:-4], "<u8").reshape(per_shard, 2)
+    mnt = mount(root)
+    before = stats(mnt)
+    fd = open_random(mnt / "s.npy")  # no read-ahead: the kernel asks for the 4 KiB page read
+    try:
+        hlen = os.fstat(fd).st_size - value.nbytes
+        page = 11 * 4096
+        first, last = (page - hlen) // 8, (page + 4096 - hlen) // 8
+        assert first // inner == last // inner == 5  # the page lies inside inner chunk 5 of shard 0
+        assert hlen % 8 == 0
+        assert os.pread(fd, 8, page + 32) == value[(page + 32 - hlen) // 8].tobytes()
+        after = stats(mnt)
+        assert after["store_gets"] - before["store_gets"] == 2, (before, after)  # the index, one inner chunk
+        assert after["store_bytes"] - before["store_bytes"] == index_nbytes + int(index[5, 1]), (before, after)
+        assert after["store_bytes"] - before["store_bytes"] < len(shard) / 10
+        # Another element of that inner chunk, through raw/: a cache hit, no store get.
+        raw = open_random(view(mnt, "raw", "s", ".raw"))
+        try:
+            assert os.pread(raw, 8, 5200 * 8) == value[5200].tobytes()
+        finally:
+            os.close(raw)
+        again = stats(mnt)
+        assert again["store_gets"] == after["store_gets"] and again["cache_hits"] > after["cache_hits"]
+    finally:
+        os.close(fd)
+    # The chunk file of a shard is the whole shard, clipped at the array's edge.
+    same_values(np.load(mnt / VIEWS_DIR / "chunks" / "s" / "2.npy"), value[2 * inner * per_shard:])
+    assert not stats(mnt)["errors"]
+
+
 def test_stats_json_is_fresh_at_every_open(mount, side_store):
     mnt = mount(side_store)
     p = mnt / VIEWS_DIR / "stats.json"

@@ -245,21 +245,37 @@ class ShardingIndexed:
     index: CodecChain
     index_at_end: bool = True
 
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+    def per_shard(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Inner chunks along each dimension of a shard of `shape`."""
         if any(s % c for s, c in zip(shape, self.inner_chunks)):
             raise MetadataError(f"shard shape {shape} is not a multiple of inner chunks {self.inner_chunks}")
-        per_shard = tuple(s // c for s, c in zip(shape, self.inner_chunks))
+        return tuple(s // c for s, c in zip(shape, self.inner_chunks))
+
+    def index_nbytes(self, per_shard: tuple[int, ...]) -> int:
+        """Stored size of a shard's index (at its end or its start)."""
+        return self.index.encoded_size(16 * math.prod(per_shard))
+
+    def decode_index(self, raw: Any, per_shard: tuple[int, ...]) -> np.ndarray:
+        """The (offset, nbytes) pairs of a shard's index, shape per_shard + (2,), checked."""
+        index = self.index.decode(raw, per_shard + (2,), np.dtype("<u8"), np.zeros((), "<u8"))
+        absent = index == ABSENT
+        if (absent[..., 0] != absent[..., 1]).any():
+            raise CorruptChunk("shard index marks an inner chunk absent in one field only")
+        return index
+
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+        per_shard = self.per_shard(shape)
         buf = _u1(data)
-        index_nbytes = self.index.encoded_size(16 * math.prod(per_shard))
+        index_nbytes = self.index_nbytes(per_shard)
         if buf.size < index_nbytes:
             raise CorruptChunk(f"shard of {buf.size} bytes is shorter than its index ({index_nbytes})")
         raw_index = buf[buf.size - index_nbytes:] if self.index_at_end else buf[:index_nbytes]
-        index = self.index.decode(raw_index, per_shard + (2,), np.dtype("<u8"), np.zeros((), "<u8"))
+        index = self.decode_index(raw_index, per_shard)
         out = np.empty(shape, dtype=dtype)
         for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
             offset, nbytes = (int(x) for x in index[pos])
             region = grid.chunk_slices(pos, shape, self.inner_chunks)
-            if offset == ABSENT and nbytes == ABSENT:
+            if offset == ABSENT:
                 out[region] = fill
                 continue
             if offset + nbytes > buf.size:
@@ -271,11 +287,9 @@ class ShardingIndexed:
         """The shard: its inner chunks that are not all fill, back to back in C order over
         the inner grid, and the index; b"" when every inner chunk is fill."""
         shape = arr.shape
-        if any(s % c for s, c in zip(shape, self.inner_chunks)):
-            raise MetadataError(f"shard shape {shape} is not a multiple of inner chunks {self.inner_chunks}")
-        per_shard = tuple(s // c for s, c in zip(shape, self.inner_chunks))
+        per_shard = self.per_shard(shape)
         index = np.full(per_shard + (2,), ABSENT, dtype="<u8")
-        index_nbytes = self.index.encoded_size(16 * math.prod(per_shard))
+        index_nbytes = self.index_nbytes(per_shard)
         offset = 0 if self.index_at_end else index_nbytes
         parts = []
         for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):

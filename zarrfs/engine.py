@@ -8,6 +8,7 @@ atomic and the tables (cache, in-flight loads, counters) need no locks. Worker t
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import math
 import os
@@ -18,9 +19,9 @@ import numpy as np
 import trio
 
 from . import grid
-from .codecs import is_fill
+from .codecs import ABSENT, is_fill
 from .errors import CorruptChunk, StoreError, ZarrfsError
-from .model import ArrayMeta
+from .model import ArrayMeta, ShardedInner
 from .store import Store
 from .views import ArrayStream
 
@@ -44,6 +45,14 @@ PREFETCH_STREAMS = 256  # sequential-read state kept for this many streams
 # Dirty (written, not yet stored) chunks are flushed oldest first beyond this budget, so a
 # streaming copy of any size holds at most this much: a few chunk rows of a large array.
 DIRTY_MAX_BYTES = 256 << 20
+# Inner chunks of one shard that a read needs are fetched as ranges of the shard, merged
+# when the bytes between them cost less than another request would.
+RANGE_GAP_LOCAL = 64 << 10
+RANGE_GAP_REMOTE = 1 << 20
+# Cache keys of inner chunks and of shard indexes carry a tag after (path, index).
+INNER = "inner"
+INDEX = "index"
+NO_SHARD = np.zeros(0, dtype="<u8")  # cached index of a shard that is not stored
 
 
 def encode_chunk_sync(meta: ArrayMeta, key: str, arr: np.ndarray) -> bytes | None:
@@ -71,6 +80,11 @@ def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
         raise CorruptChunk(f"chunk {key}: decoded to {arr.shape} {arr.dtype}, "
                            f"expected {meta.chunk_shape} {meta.dtype}")
     return arr
+
+
+def decode_chunks_sync(meta: ArrayMeta, pieces: list[tuple[str, Any]]) -> list[np.ndarray]:
+    """Decode several stored chunks of one array, each labelled by its key for errors."""
+    return [decode_chunk_sync(meta, key, raw) for key, raw in pieces]
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:
@@ -137,63 +151,115 @@ class Engine:
         """Run a blocking store call in a worker thread under the I/O limiter."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
 
-    async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
-        """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
-        key = (meta.path, idx)
-        arr = self._held(key)
-        if arr is None:
-            arr = self.cache.get(key)
-        if arr is not None:
-            return arr
-        load = self._inflight.get(key)
-        if load is not None:
-            await load.done.wait()
-            if load.error is not None:
-                raise load.error
-            return load.value
-        load = self._inflight[key] = _Load()
-        try:
-            load.value = await self._load(meta, idx)
-            self.cache.put(key, load.value)
-            return load.value
-        except BaseException as e:
-            load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of chunk {idx} was interrupted")
-            raise
-        finally:
-            del self._inflight[key]
-            load.done.set()
+    @staticmethod
+    def _key(meta: ArrayMeta, idx: Index) -> tuple:
+        """Cache key of a decoded chunk; inner chunks of shards have their own."""
+        return (meta.path, idx, INNER) if isinstance(meta.source, ShardedInner) else (meta.path, idx)
+
+    @staticmethod
+    def _write_unit(meta: ArrayMeta, idx: Index) -> tuple[str, Index]:
+        """The written chunk a chunk belongs to: itself, or for an inner chunk its shard."""
+        src = meta.source
+        return (meta.path, src.shard_of(idx)) if isinstance(src, ShardedInner) else (meta.path, idx)
+
+    def _lookup(self, meta: ArrayMeta, idx: Index) -> np.ndarray | None:
+        """A chunk without loading it: held by a writer, or cached (for an inner chunk, its shard too)."""
+        unit = self._write_unit(meta, idx)
+        whole = self._held(unit)
+        src = meta.source
+        if isinstance(src, ShardedInner):
+            if whole is None and self.cache.contains(unit):
+                whole = self.cache.get(unit)
+            if whole is not None:  # the inner chunk's region of its decoded shard
+                return whole[tuple(slice(p * c, (p + 1) * c) for p, c in zip(src.position(idx), meta.chunk_shape))]
+            return self.cache.get(self._key(meta, idx))
+        return whole if whole is not None else self.cache.get(unit)
 
     def _held(self, key: tuple[str, Index]) -> np.ndarray | None:
         """A written chunk the store may not have yet: dirty, or being stored right now."""
         dirty = self._dirty.get(key)
         return dirty[1] if dirty is not None else self._storing.get(key)
 
-    async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index]) -> dict[Index, np.ndarray]:
-        """Several chunks: those held (dirty or cached) at once, the others loaded concurrently."""
-        out: dict[Index, np.ndarray] = {}
-        missing = []
-        for idx in wanted:
-            key = (meta.path, idx)
-            arr = self._held(key)
-            if arr is None:
-                arr = self.cache.get(key)
-            if arr is None:
-                missing.append(idx)
-            else:
-                out[idx] = arr
-        if len(missing) == 1:
-            out[missing[0]] = await self.chunk(meta, missing[0])
-        elif missing:
-            async def get(idx: Index) -> None:
-                out[idx] = await self.chunk(meta, idx)
+    async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
+        """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
+        return (await self.chunks(meta, (idx,)))[idx]
 
-            try:
+    async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index]) -> dict[Index, np.ndarray]:
+        """Several chunks: those held or cached at once; the others loaded concurrently, each
+        once however many readers want it (inner chunks of one shard in one batch)."""
+        out: dict[Index, np.ndarray] = {}
+        waiting: list[tuple[Index, _Load]] = []
+        new: dict[Index, _Load] = {}
+        for idx in wanted:
+            arr = self._lookup(meta, idx)
+            if arr is not None:
+                out[idx] = arr
+                continue
+            key = self._key(meta, idx)
+            load = self._inflight.get(key)
+            if load is None:
+                load = new[idx] = self._inflight[key] = _Load()
+            waiting.append((idx, load))
+        if new:
+            batches = self._batches(meta, list(new))
+            if len(batches) == 1:
+                await self._load_batch(meta, batches[0], new)
+            else:
                 async with trio.open_nursery() as nursery:
-                    for idx in missing:
-                        nursery.start_soon(get, idx)
-            except BaseExceptionGroup as group:
-                raise _first_leaf(group) from None
+                    for batch in batches:
+                        nursery.start_soon(self._load_batch, meta, batch, new)
+        for idx, load in waiting:
+            await load.done.wait()
+            if load.error is not None:
+                raise load.error
+            out[idx] = load.value
         return out
+
+    @staticmethod
+    def _batches(meta: ArrayMeta, idxs: list[Index]) -> list[list[Index]]:
+        """Loads that go together: each chunk alone; the inner chunks of a shard as one."""
+        src = meta.source
+        if not isinstance(src, ShardedInner):
+            return [[idx] for idx in idxs]
+        by_shard: dict[Index, list[Index]] = {}
+        for idx in idxs:
+            by_shard.setdefault(src.shard_of(idx), []).append(idx)
+        return list(by_shard.values())
+
+    async def _load_batch(self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, _Load]) -> None:
+        """Load a batch and settle its loads (values or the error); cache what is still current.
+
+        Only cancellation propagates: load errors reach every reader through its `_Load`.
+        """
+        unit = self._write_unit(meta, batch[0])
+        version = self._versions.get(unit, 0)
+        values: dict[Index, np.ndarray] = {}
+        error: BaseException | None = None
+        try:
+            if isinstance(meta.source, ShardedInner):
+                values = await self._load_inner(meta, batch)
+            else:
+                values = {batch[0]: await self._load(meta, batch[0])}
+        except ZarrfsError as e:
+            error = e
+        except BaseException:
+            error = StoreError(f"load of chunk {batch[0]} of {meta.path or '/'} was interrupted")
+            raise
+        finally:
+            # A write since the load began makes what was read stale: hand it to the
+            # readers that asked before the write, but do not cache it.
+            current = self._versions.get(unit, 0) == version
+            for idx in batch:
+                key = self._key(meta, idx)
+                load = loads[idx]
+                if error is None:
+                    load.value = values[idx]
+                    if current:
+                        self.cache.put(key, load.value)
+                else:
+                    load.error = error
+                del self._inflight[key]
+                load.done.set()
 
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
@@ -207,15 +273,98 @@ class Engine:
             self.counters["fill_chunks"] += 1
             return np.broadcast_to(meta.fill_value, meta.chunk_shape)
         self.counters["store_bytes"] += len(raw)
+        return (await self._decode(meta, [(key, raw)]))[0]
+
+    async def _decode(self, meta: ArrayMeta, pieces: list[tuple[str, Any]]) -> list[np.ndarray]:
+        """Decode encoded chunks (labelled for errors) in one worker thread."""
         t0 = time.perf_counter()
         try:
-            arr = await trio.to_thread.run_sync(decode_chunk_sync, meta, key, raw, limiter=self.cpu_limiter)
+            arrs = await trio.to_thread.run_sync(decode_chunks_sync, meta, pieces, limiter=self.cpu_limiter)
         except ZarrfsError as e:
-            self._count_error(e, key)
+            self._count_error(e, pieces[0][0])
             raise
         self.decode_seconds += time.perf_counter() - t0
-        self.counters["bytes_decoded"] += arr.nbytes
-        return arr
+        self.counters["bytes_decoded"] += sum(a.nbytes for a in arrs)
+        return arrs
+
+    async def _shard_index(self, meta: ArrayMeta, shard: Index) -> np.ndarray | None:
+        """The index of a shard (cached, loaded once), or None when the shard is not stored."""
+        src: ShardedInner = meta.source
+        key = (meta.path, shard, INDEX)
+        index = self.cache.get(key)
+        if index is None:
+            load = self._inflight.get(key)
+            if load is not None:
+                await load.done.wait()
+                if load.error is not None:
+                    raise load.error
+                index = load.value
+            else:
+                load = self._inflight[key] = _Load()
+                version = self._versions.get((meta.path, shard), 0)
+                try:
+                    index = await self.run_io(src.read_index_sync, self.store, shard)
+                    self.counters["store_gets"] += 1
+                    if index is None:
+                        index = NO_SHARD
+                    else:
+                        self.counters["store_bytes"] += src.sharding.index_nbytes(src.per_shard)
+                    load.value = index
+                    if self._versions.get((meta.path, shard), 0) == version:
+                        self.cache.put(key, index)
+                except BaseException as e:
+                    load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
+                    if isinstance(e, ZarrfsError):
+                        self._count_error(e, src.keys.key(shard))
+                    raise
+                finally:
+                    del self._inflight[key]
+                    load.done.set()
+        return None if index.size == 0 else index
+
+    async def _load_inner(self, meta: ArrayMeta, batch: list[Index]) -> dict[Index, np.ndarray]:
+        """Inner chunks of one shard: its index, then only their bytes, in as few ranges as reason allows."""
+        src: ShardedInner = meta.source
+        shard = src.shard_of(batch[0])
+        shard_key = src.keys.key(shard)
+        index = await self._shard_index(meta, shard)
+        out: dict[Index, np.ndarray] = {}
+        stored: list[tuple[int, int, Index]] = []
+        for idx in batch:
+            offset, nbytes = (int(x) for x in index[src.position(idx)]) if index is not None else (ABSENT, 0)
+            if offset == ABSENT:
+                self.counters["fill_chunks"] += 1
+                out[idx] = np.broadcast_to(meta.fill_value, meta.chunk_shape)
+            else:
+                stored.append((offset, nbytes, idx))
+        if not stored:
+            return out
+        stored.sort()
+        gap = RANGE_GAP_LOCAL if self.store.is_local else RANGE_GAP_REMOTE
+        ranges: list[list[int]] = []
+        for offset, nbytes, _ in stored:
+            if ranges and offset - ranges[-1][1] <= gap:
+                ranges[-1][1] = max(ranges[-1][1], offset + nbytes)
+            else:
+                ranges.append([offset, offset + nbytes])
+        try:
+            datas = await self.run_io(src.read_ranges_sync, self.store, shard, [tuple(r) for r in ranges])
+        except ZarrfsError as e:
+            self._count_error(e, shard_key)
+            raise
+        self.counters["store_gets"] += len(ranges)
+        self.counters["store_bytes"] += sum(len(d) for d in datas)
+        pieces = []
+        r = 0
+        for offset, nbytes, idx in stored:
+            while offset >= ranges[r][1]:
+                r += 1
+            start = offset - ranges[r][0]
+            pieces.append((f"{shard_key} (inner chunk {src.position(idx)})",
+                           memoryview(datas[r])[start:start + nbytes]))
+        for (_, _, idx), arr in zip(stored, await self._decode(meta, pieces)):
+            out[idx] = arr
+        return out
 
     def _count_error(self, error: ZarrfsError, key: str) -> None:
         self.errors[type(error).__name__] += 1
@@ -224,6 +373,7 @@ class Engine:
 
     async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes | memoryview:
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently."""
+        stream = stream.for_reads()
         plan = stream.plan(offset, size)
         chunks = await self.chunks(stream.meta, plan.chunks)
         self.counters["reads"] += 1
@@ -242,17 +392,26 @@ class Engine:
             self._sequential.popitem(last=False)
         if window == 0 or offset + size >= stream.size:
             return
+        meta = stream.meta
+        ahead = []
         for idx in stream.plan(offset + size, window).chunks:
-            ckey = (stream.meta.path, idx)
-            if ckey not in self._inflight and not self.cache.contains(ckey):
-                self.counters["prefetched"] += 1
-                self._nursery.start_soon(self._prefetch, stream.meta, idx)
+            key = self._key(meta, idx)
+            if key not in self._inflight and not self.cache.contains(key) and not self._known(meta, idx):
+                ahead.append(idx)
+        if ahead:
+            self.counters["prefetched"] += len(ahead)
+            self._nursery.start_soon(self._prefetch, meta, ahead)
 
-    async def _prefetch(self, meta: ArrayMeta, idx: Index) -> None:
+    def _known(self, meta: ArrayMeta, idx: Index) -> bool:
+        """Whether a chunk's write unit (the chunk, or its shard) is held or cached whole."""
+        unit = self._write_unit(meta, idx)
+        return self._held(unit) is not None or self.cache.contains(unit)
+
+    async def _prefetch(self, meta: ArrayMeta, idxs: list[Index]) -> None:
         try:
-            await self.chunk(meta, idx)
+            await self.chunks(meta, idxs)
         except ZarrfsError:
-            pass  # reported when a reader asks for this chunk
+            pass  # reported when a reader asks for these chunks
 
     # --- writes -------------------------------------------------------------------------
 
@@ -347,9 +506,19 @@ class Engine:
             finally:
                 if self._storing.get(key) is arr:
                     del self._storing[key]
+                self._forget_inner(meta, key[1])
             self.counters["chunks_stored" if data is not None else "chunks_erased"] += 1
         if not lock.locked() and lock.statistics().tasks_waiting == 0:
             self._chunk_locks.pop(key, None)
+
+    def _forget_inner(self, meta: ArrayMeta, shard: Index) -> None:
+        """Drop the cached index and inner chunks of a shard that was just stored (or failed to be)."""
+        if meta.inner is None:
+            return
+        src: ShardedInner = meta.inner.source
+        self.cache.discard((meta.path, shard, INDEX))
+        for pos in itertools.product(*map(range, src.per_shard)):
+            self.cache.discard((meta.path, tuple(s * n + p for s, n, p in zip(shard, src.per_shard, pos)), INNER))
 
     async def flush(self, path: str | None = None) -> None:
         """Store every dirty chunk (of one array, or all); raise the first failure (EIO)."""

@@ -8,8 +8,8 @@ from typing import Any, Union
 
 import numpy as np
 
-from .codecs import CodecChain
-from .errors import MetadataError, ZarrfsError
+from .codecs import ABSENT, CodecChain, ShardingIndexed
+from .errors import CorruptChunk, MetadataError, ZarrfsError
 
 
 def check_key(key: str) -> str:
@@ -65,6 +65,76 @@ class KeyedChunks:
             store.set_sync(self.keys.key(idx), data)
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardedInner:
+    """Inner chunks of v3 `sharding_indexed` shards, fetched one by one (partial shard reads).
+
+    Grid position `idx` of the inner grid lies in the shard at `shard_of(idx)` (the key of
+    that position in the shard grid) at `position(idx)` of its index. The index is read
+    once per shard (`read_index_sync`, cached by the engine), then only the byte ranges of
+    the inner chunks a read needs (`read_ranges_sync`). Read-only: writes go to whole shards.
+    """
+
+    keys: ChunkKeys
+    per_shard: tuple[int, ...]
+    sharding: ShardingIndexed
+
+    def shard_of(self, idx: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(i // n for i, n in zip(idx, self.per_shard))
+
+    def position(self, idx: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(i % n for i, n in zip(idx, self.per_shard))
+
+    def key(self, idx: tuple[int, ...]) -> str:
+        """The key of the shard holding inner chunk `idx`."""
+        return self.keys.key(self.shard_of(idx))
+
+    def read_index_sync(self, store: Any, shard: tuple[int, ...]) -> np.ndarray | None:
+        """A shard's index (per_shard + (2,) of offset, nbytes), or None when the shard is absent."""
+        key = self.keys.key(shard)
+        nbytes = self.sharding.index_nbytes(self.per_shard)
+        if self.sharding.index_at_end:
+            raw = store.get_suffix_sync(key, nbytes)
+        else:
+            raw = store.get_prefix_sync(key, nbytes)
+        if raw is None:
+            return None
+        if len(raw) < nbytes:
+            raise CorruptChunk(f"shard {key}: {len(raw)} bytes, shorter than its index of {nbytes}")
+        try:
+            return self.sharding.decode_index(raw, self.per_shard)
+        except ZarrfsError as e:
+            raise type(e)(f"shard {key}: index: {e}") from None
+        except Exception as e:  # numcodecs raises many types (a checksum that does not match)
+            raise CorruptChunk(f"shard {key}: cannot decode its index: {type(e).__name__}: {e}") from None
+
+    def read_ranges_sync(self, store: Any, shard: tuple[int, ...],
+                         ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges [start, end) of one shard, each checked to lie inside it."""
+        key = self.keys.key(shard)
+        out = []
+        for start, end in ranges:
+            data = store.get_range_sync(key, start, end)
+            if len(data) != end - start:
+                raise CorruptChunk(f"shard {key}: bytes {start}:{end} named by its index lie outside it "
+                                   f"({len(data)} read)")
+            out.append(data)
+        return out
+
+    def read_sync(self, store: Any, idx: tuple[int, ...]) -> bytes | None:
+        """One encoded inner chunk, or None when it (or its shard) is not stored."""
+        index = self.read_index_sync(store, self.shard_of(idx))
+        if index is None:
+            return None
+        offset, nbytes = (int(x) for x in index[self.position(idx)])
+        if offset == ABSENT:
+            return None
+        return self.read_ranges_sync(store, self.shard_of(idx), [(offset, offset + nbytes)])[0]
+
+    def write_sync(self, store: Any, idx: tuple[int, ...], data: bytes | None) -> None:
+        raise MetadataError("inner chunks of a shard are written through their shard")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ArrayMeta:
     """An array as zarrfs sees it, whatever the format.
@@ -89,6 +159,9 @@ class ArrayMeta:
     #: chunks all equal to the fill value are erased, unless the metadata's fill is null
     #: (undefined: readers may show something else for a missing chunk, e.g. NaT)
     erase_fill_chunks: bool = True
+    #: for v3 shards whose only codec is `sharding_indexed`: the same array over the inner
+    #: chunk grid (source ShardedInner), so that a read fetches only the inner chunks it needs
+    inner: ArrayMeta | None = None
 
     def __post_init__(self) -> None:
         if len(self.shape) != len(self.chunk_shape):
@@ -113,6 +186,20 @@ class ArrayMeta:
     @property
     def kind(self) -> str:
         return "array"
+
+    def with_inner_reads(self) -> ArrayMeta:
+        """This array with `inner` set when its chunks are shards that can be read in part."""
+        chain = self.codec
+        sharding = chain.array_bytes
+        if not isinstance(sharding, ShardingIndexed) or chain.array_array or chain.bytes_bytes:
+            return self
+        try:
+            per_shard = sharding.per_shard(self.chunk_shape)
+        except MetadataError:
+            return self  # reported when a shard is decoded
+        inner = dataclasses.replace(self, chunk_shape=sharding.inner_chunks, codec=sharding.inner,
+                                    source=ShardedInner(self.keys, per_shard, sharding))
+        return dataclasses.replace(self, inner=inner)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -7,6 +7,7 @@ Pure: no I/O, no trio.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -55,6 +56,22 @@ class ArrayStream:
         self._shape = shape[::-1] if flip else shape
         self._chunks = meta.chunk_shape[::-1] if flip else meta.chunk_shape
         self._flip = flip
+        self._reads: ArrayStream | None = None
+
+    def for_reads(self) -> ArrayStream:
+        """The stream to plan reads with: itself, or over the inner chunks of its shards when
+        the array can be read a part of a shard at a time (same bytes, finer pieces)."""
+        inner = self.meta.inner
+        if inner is None:
+            return self
+        if self._reads is None:
+            fine = copy.copy(self)
+            fine.meta = inner
+            ratio = [c // i for c, i in zip(self.meta.chunk_shape, inner.chunk_shape)]
+            fine.origin = tuple(o * r for o, r in zip(self.origin, ratio))
+            fine._chunks = inner.chunk_shape[::-1] if self._flip else inner.chunk_shape
+            self._reads = fine
+        return self._reads
 
     def _array_index(self, t_idx: Index) -> Index:
         """Grid position in the array of a chunk index in the stream's (maybe flipped) order."""

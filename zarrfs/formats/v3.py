@@ -168,4 +168,5 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
     return ArrayMeta(
         path=path, shape=shape, dtype=dtype, chunk_shape=chunks, fill_value=fill, codec=codec,
         keys=chunk_keys(path, doc.get("chunk_key_encoding"), key), attributes=attrs, format="v3",
-        metadata_key=key, dimension_names=tuple(names) if isinstance(names, list) else None)
+        metadata_key=key, dimension_names=tuple(names) if isinstance(names, list) else None,
+    ).with_inner_reads()

@@ -1,0 +1,176 @@
+"""Partial reads of v3 shards: a read fetches the shard's index and only the inner chunks it
+needs, whatever the view; values always match zarr-python 3, including after writes."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import trio
+import zarr
+import zarr.codecs as zc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zarrfs.cache import ChunkCache
+from zarrfs.engine import Engine
+from zarrfs.errors import CorruptChunk
+from zarrfs.formats import open_hierarchy_sync
+from zarrfs.store import Store
+from zarrfs.views import ArrayStream
+
+from corehelp import np_save_bytes
+
+warnings.filterwarnings("ignore", module="zarr")
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+SHAPE, SHARD, INNER = (90, 70), (40, 32), (8, 8)
+
+
+def make(path, index_location="end", inner_codecs=None, fill=7, write=True):
+    """A sharded u2 array written by zarr-python 3 (some inner chunks and one shard left out)."""
+    inner_codecs = inner_codecs or [zc.BytesCodec(), zc.ZstdCodec(level=1)]
+    a = zarr.create_array(path, name="a", shape=SHAPE, chunks=SHARD, dtype="<u2", fill_value=fill, compressors=None,
+                          serializer=zc.ShardingCodec(chunk_shape=INNER, codecs=inner_codecs,
+                                                      index_location=index_location))
+    if write:
+        rng = np.random.default_rng(1)
+        data = rng.integers(0, 60000, SHAPE, dtype="<u2")
+        a[:] = data
+        a[3:11, 20:29] = fill  # inner chunks all fill value are left out of their shard
+        a[40:80, 32:64] = fill  # a whole shard of fill value is not stored
+    return np.asarray(zarr.open_array(f"{path}/a", mode="r")[...])
+
+
+def engine_for(path, cache_bytes=64 << 20):
+    store = Store(path)
+    meta = open_hierarchy_sync(store).node_sync("a")
+    return store, meta, Engine(store, ChunkCache(cache_bytes))
+
+
+def test_v3_sharding_gets_an_inner_grid(tmp_path):
+    make(str(tmp_path / "s"))
+    _, meta, _ = engine_for(str(tmp_path / "s"))
+    assert meta.chunk_shape == SHARD  # the chunk files of DESIGN.md are shards
+    assert meta.inner is not None and meta.inner.chunk_shape == INNER
+
+
+@pytest.mark.parametrize("index_location", ["start", "end"])
+def test_small_read_fetches_a_fraction_of_the_shard(tmp_path, index_location):
+    path = str(tmp_path / "s")
+    expected = make(path, index_location)
+    store, meta, engine = engine_for(path)
+    shard = open(f"{path}/a/c/0/0", "rb").read()
+    n_inner = (SHARD[0] // INNER[0]) * (SHARD[1] // INNER[1])
+    index_nbytes = 16 * n_inner + 4  # bytes + crc32c, zarr's default index codecs
+    raw_index = shard[-index_nbytes:-4] if index_location == "end" else shard[:index_nbytes - 4]
+    index = np.frombuffer(raw_index, "<u8").reshape(SHARD[0] // INNER[0], SHARD[1] // INNER[1], 2)
+    stream = ArrayStream(meta, "C", with_header=False)
+    row, col = 13, 5  # one element, inside shard (0, 0)
+    off = (row * SHAPE[1] + col) * 2
+
+    async def main():
+        return bytes(await engine.read(stream, off, 2))
+
+    assert trio.run(main) == expected[row, col].tobytes()
+    s = engine.stats()
+    assert s["store_gets"] == 2  # the index, then one inner chunk
+    assert s["store_bytes"] == index_nbytes + int(index[13 // INNER[0], 5 // INNER[1], 1])
+    assert s["store_bytes"] < len(shard) / 2
+
+
+@pytest.mark.parametrize("index_location", ["start", "end"])
+@pytest.mark.parametrize("order", ["C", "F"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_ranges_match_zarr(tmp_path_factory, index_location, order, data):
+    path = str(tmp_path_factory.mktemp("s"))
+    expected = make(path, index_location, inner_codecs=[zc.TransposeCodec(order=(1, 0)), zc.BytesCodec(),
+                                                        zc.GzipCodec(level=1)])
+    _, meta, engine = engine_for(path, cache_bytes=data.draw(st.sampled_from([0, 20_000, 64 << 20])))
+    stream = ArrayStream(meta, order)
+    oracle = np_save_bytes(np.asfortranarray(expected) if order == "F" else expected)
+    assert stream.size == len(oracle)
+    ranges = data.draw(st.lists(st.tuples(st.integers(0, len(oracle)), st.integers(1, 30_000)),
+                                min_size=1, max_size=6))
+
+    async def main():
+        return [bytes(await engine.read(stream, off, n)) for off, n in ranges]
+
+    for (off, n), got in zip(ranges, trio.run(main)):
+        assert got == oracle[off:off + n]
+
+
+def test_chunk_file_of_a_shard_reads_in_part(tmp_path):
+    path = str(tmp_path / "s")
+    expected = make(path)
+    store, meta, engine = engine_for(path)
+    shard = (1, 2)  # at the array's edge: clipped to 40 x 6
+    stream = ArrayStream(meta, "C", chunk=shard)
+    oracle = np_save_bytes(expected[40:80, 64:70])
+
+    async def main():
+        whole = bytes(await engine.read(stream, 0, stream.size))
+        part = bytes(await engine.read(stream, len(stream.header) + 100, 20))
+        return whole, part
+
+    whole, part = trio.run(main)
+    assert whole == oracle
+    assert part == oracle[len(stream.header) + 100:len(stream.header) + 120]
+
+
+def test_writes_are_seen_by_partial_reads(tmp_path):
+    path = str(tmp_path / "s")
+    expected = make(path).copy()
+    store, meta, engine = engine_for(path)
+    reader = ArrayStream(meta, "C", with_header=False)
+    writer = ArrayStream(meta, "C", with_header=False)
+    row = 17 * SHAPE[1] * 2
+
+    async def main():
+        before = bytes(await engine.read(reader, row, 140))  # caches index and inner chunks
+        await engine.write(writer, row + 20, np.arange(10, dtype="<u2").tobytes())
+        dirty = bytes(await engine.read(reader, row, 140))
+        await engine.flush()
+        stored = bytes(await engine.read(reader, row, 140))
+        return before, dirty, stored
+
+    before, dirty, stored = trio.run(main)
+    assert before == expected[17].tobytes()
+    expected[17, 10:20] = np.arange(10)
+    assert dirty == stored == expected[17].tobytes()
+    assert np.array_equal(zarr.open_array(f"{path}/a", mode="r")[...], expected)
+
+
+def test_fill_shard_and_empty_array(tmp_path):
+    path = str(tmp_path / "s")
+    make(path, write=False)
+    store, meta, engine = engine_for(path)
+    stream = ArrayStream(meta, "C")
+
+    async def main():
+        return bytes(await engine.read(stream, 0, stream.size))
+
+    assert trio.run(main) == np_save_bytes(np.full(SHAPE, 7, "<u2"))
+
+
+def test_corrupt_inner_chunk_fails_only_its_reads(tmp_path):
+    path = str(tmp_path / "s")
+    expected = make(path, inner_codecs=[zc.BytesCodec(), zc.ZstdCodec(level=1)])
+    key = f"{path}/a/c/0/0"
+    raw = bytearray(open(key, "rb").read())
+    index = np.frombuffer(bytes(raw[-(16 * 5 * 4 + 4):-4]), "<u8").reshape(5, 4, 2)
+    offset, nbytes = (int(x) for x in index[0, 0])
+    raw[offset:offset + nbytes] = b"\xff" * nbytes  # inner chunk (0, 0) of shard (0, 0)
+    open(key, "wb").write(bytes(raw))
+    _, meta, engine = engine_for(path)
+    stream = ArrayStream(meta, "C", with_header=False)
+
+    async def main():
+        good = bytes(await engine.read(stream, (20 * SHAPE[1]) * 2, 16))  # inner chunk (2, 0)
+        with pytest.raises(CorruptChunk, match=r"a/c/0/0 \(inner chunk \(0, 0\)\)"):
+            await engine.read(stream, 0, 16)
+        return good
+
+    assert trio.run(main) == expected[20, :8].tobytes()
