@@ -49,6 +49,7 @@ DIRTY_MAX_BYTES = 256 << 20
 # when the bytes between them cost less than another request would.
 RANGE_GAP_LOCAL = 64 << 10
 RANGE_GAP_REMOTE = 1 << 20
+BATCH_BYTES = 4 << 20  # decoded bytes of inner chunks loaded together, at most (or one chunk)
 # Cache keys of inner chunks and of shard indexes carry a tag after (path, index).
 INNER = "inner"
 INDEX = "index"
@@ -125,8 +126,9 @@ class Engine:
         self.decode_seconds = 0.0
         self.started = time.time()
         self._nursery: trio.Nursery | None = None
-        # stream id -> (offset the next sequential read starts at, read-ahead window in bytes)
-        self._sequential: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
+        # stream id -> (offset the next sequential read starts at, read-ahead window in bytes,
+        # offset up to which read-ahead was already started)
+        self._sequential: collections.OrderedDict[int, tuple[int, int, int]] = collections.OrderedDict()
         self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
@@ -190,6 +192,7 @@ class Engine:
         out: dict[Index, np.ndarray] = {}
         waiting: list[tuple[Index, _Load]] = []
         new: dict[Index, _Load] = {}
+        shards: list[Index] = []
         for idx in wanted:
             arr = self._lookup(meta, idx)
             if arr is not None:
@@ -197,6 +200,9 @@ class Engine:
                 continue
             key = self._key(meta, idx)
             load = self._inflight.get(key)
+            if load is None and key[-1] == INNER and self._write_unit(meta, idx) in self._inflight:
+                shards.append(idx)  # its shard is being loaded whole: take it from there
+                continue
             if load is None:
                 load = new[idx] = self._inflight[key] = _Load()
             waiting.append((idx, load))
@@ -213,18 +219,31 @@ class Engine:
             if load.error is not None:
                 raise load.error
             out[idx] = load.value
+        for idx in shards:
+            load = self._inflight.get(self._write_unit(meta, idx))
+            if load is not None:
+                await load.done.wait()
+            arr = self._lookup(meta, idx)
+            out[idx] = arr if arr is not None else (await self.chunks(meta, (idx,)))[idx]
         return out
 
     @staticmethod
     def _batches(meta: ArrayMeta, idxs: list[Index]) -> list[list[Index]]:
-        """Loads that go together: each chunk alone; the inner chunks of a shard as one."""
+        """Loads that go together: each chunk alone; inner chunks of one shard a few at a time."""
         src = meta.source
         if not isinstance(src, ShardedInner):
             return [[idx] for idx in idxs]
         by_shard: dict[Index, list[Index]] = {}
         for idx in idxs:
             by_shard.setdefault(src.shard_of(idx), []).append(idx)
-        return list(by_shard.values())
+        # Bounded batches, in the shard's own order: a reader waits only for the batch
+        # holding its chunk, and several batches decode in parallel.
+        per_batch = max(1, BATCH_BYTES // (math.prod(meta.chunk_shape) * meta.dtype.itemsize or 1))
+        batches = []
+        for group in by_shard.values():
+            group.sort(key=src.position)
+            batches += [group[i:i + per_batch] for i in range(0, len(group), per_batch)]
+        return batches
 
     async def _load_batch(self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, _Load]) -> None:
         """Load a batch and settle its loads (values or the error); cache what is still current.
@@ -372,40 +391,64 @@ class Engine:
         log.warning("%s", text if key in text else f"{key}: {text}")
 
     async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes | memoryview:
-        """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently."""
-        stream = stream.for_reads()
+        """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently.
+
+        Arrays of shards that can be read in part are planned over their inner chunks,
+        unless every shard the read needs is already decoded whole (then over the shards:
+        fewer, larger copies).
+        """
         plan = stream.plan(offset, size)
-        chunks = await self.chunks(stream.meta, plan.chunks)
+        fine = stream.for_reads()
+        if fine is not stream and not all(self._known(stream.meta, idx) for idx in plan.chunks):
+            plan, reader = fine.plan(offset, size), fine
+        else:
+            reader = stream
+        chunks = await self.chunks(reader.meta, plan.chunks)
         self.counters["reads"] += 1
         self._read_ahead(stream, offset, size)
-        return stream.assemble(plan, chunks)
+        return reader.assemble(plan, chunks)
 
     def _read_ahead(self, stream: ArrayStream, offset: int, size: int) -> None:
-        """After a sequential read, start loading the chunks of the next window."""
+        """After a sequential read, start loading the chunks of the next window.
+
+        Shards that fit in the window are loaded whole; in a smaller window, only the
+        inner chunks the window covers.
+        """
         if self._nursery is None or self.prefetch_max_bytes <= 0:
             return
         key = id(stream)
-        next_offset, window = self._sequential.pop(key, (-1, 0))
-        window = min(max(window * 2, size), self.prefetch_max_bytes) if offset == next_offset else 0
-        self._sequential[key] = (offset + size, window)
+        next_offset, window, planned = self._sequential.pop(key, (-1, 0, 0))
+        if offset == next_offset:
+            window = min(max(window * 2, size), self.prefetch_max_bytes)
+        else:
+            window, planned = 0, 0
+        end = offset + size
+        # Only the part of the window not planned by an earlier read is planned now.
+        start = max(end, planned)
+        stop = min(end + window, stream.size)
+        self._sequential[key] = (end, window, max(planned, stop))
         if len(self._sequential) > PREFETCH_STREAMS:
             self._sequential.popitem(last=False)
-        if window == 0 or offset + size >= stream.size:
+        if start >= stop:
             return
         meta = stream.meta
+        if meta.inner is not None and math.prod(meta.chunk_shape) * meta.dtype.itemsize > window:
+            stream = stream.for_reads()
+            meta = stream.meta
         ahead = []
-        for idx in stream.plan(offset + size, window).chunks:
-            key = self._key(meta, idx)
-            if key not in self._inflight and not self.cache.contains(key) and not self._known(meta, idx):
+        for idx in stream.plan(start, stop - start).chunks:
+            if self._key(meta, idx) not in self._inflight and not self._known(meta, idx):
                 ahead.append(idx)
         if ahead:
             self.counters["prefetched"] += len(ahead)
             self._nursery.start_soon(self._prefetch, meta, ahead)
 
     def _known(self, meta: ArrayMeta, idx: Index) -> bool:
-        """Whether a chunk's write unit (the chunk, or its shard) is held or cached whole."""
+        """Whether a chunk is held or cached (an inner chunk: it, or its shard whole)."""
         unit = self._write_unit(meta, idx)
-        return self._held(unit) is not None or self.cache.contains(unit)
+        if self._held(unit) is not None or self.cache.contains(unit):
+            return True
+        return isinstance(meta.source, ShardedInner) and self.cache.contains(self._key(meta, idx))
 
     async def _prefetch(self, meta: ArrayMeta, idxs: list[Index]) -> None:
         try:
