@@ -174,3 +174,46 @@ def test_corrupt_inner_chunk_fails_only_its_reads(tmp_path):
         return good
 
     assert trio.run(main) == expected[20, :8].tobytes()
+
+
+class SlowRangeStore(Store):
+    """A real local store whose ranged reads wait until released (to order a race)."""
+
+    def __init__(self, source):
+        super().__init__(source)
+        import threading
+        self.release = threading.Event()
+
+    def get_range_sync(self, key, start, end):
+        self.release.wait(10)
+        return super().get_range_sync(key, start, end)
+
+
+def test_a_load_overtaken_by_a_write_is_not_cached(tmp_path):
+    path = str(tmp_path / "s")
+    expected = make(path).copy()
+    store = SlowRangeStore(path)
+    meta = open_hierarchy_sync(store).node_sync("a")
+    engine = Engine(store, ChunkCache(64 << 20))
+    stream = ArrayStream(meta, "C", with_header=False)
+    row = 5 * SHAPE[1] * 2
+    new = np.arange(SHAPE[1], dtype="<u2")
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            first = []
+
+            async def slow_reader():
+                first.append(bytes(await engine.read(stream, row, SHAPE[1] * 2)))
+
+            nursery.start_soon(slow_reader)
+            await trio.testing.wait_all_tasks_blocked()  # its inner chunks wait in get_range
+            await engine.write(stream, row, new.tobytes())  # whole rows of two shards: no ranged read
+            await engine.flush()
+            store.release.set()
+        return first[0], bytes(await engine.read(stream, row, SHAPE[1] * 2))
+
+    import trio.testing
+    first, second = trio.run(main)
+    assert first in (expected[5].tobytes(), new.tobytes())
+    assert second == new.tobytes()

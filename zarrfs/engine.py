@@ -49,6 +49,7 @@ DIRTY_MAX_BYTES = 256 << 20
 # when the bytes between them cost less than another request would.
 RANGE_GAP_LOCAL = 64 << 10
 RANGE_GAP_REMOTE = 1 << 20
+SHARD_RETRIES = 3  # reads of a shard again after a write overtook them, at most
 BATCH_BYTES = 4 << 20  # decoded bytes of inner chunks loaded together, at most (or one chunk)
 # Cache keys of inner chunks and of shard indexes carry a tag after (path, index).
 INNER = "inner"
@@ -256,7 +257,8 @@ class Engine:
         error: BaseException | None = None
         try:
             if isinstance(meta.source, ShardedInner):
-                values = await self._load_inner(meta, batch)
+                values, error = await self._load_inner_consistent(meta, batch)
+                version = self._versions.get(unit, 0)
             else:
                 values = {batch[0]: await self._load(meta, batch[0])}
         except ZarrfsError as e:
@@ -280,6 +282,32 @@ class Engine:
                 del self._inflight[key]
                 load.done.set()
 
+    async def _load_inner_consistent(self, meta: ArrayMeta, batch: list[Index]
+                                     ) -> tuple[dict[Index, np.ndarray], ZarrfsError | None]:
+        """Inner chunks read from one version of their shard.
+
+        The index and the chunks' bytes are separate requests: a shard stored by a writer
+        between them leaves offsets of the old shard over the bytes of the new one. When
+        the shard was written meanwhile, what was read (or failed to decode) is dropped
+        and read again, from the writer's chunk while it is held.
+        """
+        unit = self._write_unit(meta, batch[0])
+        for attempt in range(SHARD_RETRIES + 1):
+            version = self._versions.get(unit, 0)
+            values = {idx: arr for idx in batch if (arr := self._lookup(meta, idx)) is not None}
+            error: ZarrfsError | None = None
+            try:
+                if len(values) < len(batch):
+                    values.update(await self._load_inner(meta, [i for i in batch if i not in values]))
+            except ZarrfsError as e:
+                error = e
+            if self._versions.get(unit, 0) == version or attempt == SHARD_RETRIES:
+                break
+            log.debug("shard of %s chunk %s was written while it was read; reading again", meta.path, batch[0])
+        if error is not None:
+            self._count_error(error, meta.chunk_key(batch[0]))
+        return values, error
+
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
         try:
@@ -294,13 +322,15 @@ class Engine:
         self.counters["store_bytes"] += len(raw)
         return (await self._decode(meta, [(key, raw)]))[0]
 
-    async def _decode(self, meta: ArrayMeta, pieces: list[tuple[str, Any]]) -> list[np.ndarray]:
+    async def _decode(self, meta: ArrayMeta, pieces: list[tuple[str, Any]],
+                      count_errors: bool = True) -> list[np.ndarray]:
         """Decode encoded chunks (labelled for errors) in one worker thread."""
         t0 = time.perf_counter()
         try:
             arrs = await trio.to_thread.run_sync(decode_chunks_sync, meta, pieces, limiter=self.cpu_limiter)
         except ZarrfsError as e:
-            self._count_error(e, pieces[0][0])
+            if count_errors:
+                self._count_error(e, pieces[0][0])
             raise
         self.decode_seconds += time.perf_counter() - t0
         self.counters["bytes_decoded"] += sum(a.nbytes for a in arrs)
@@ -331,10 +361,8 @@ class Engine:
                     load.value = index
                     if self._versions.get((meta.path, shard), 0) == version:
                         self.cache.put(key, index)
-                except BaseException as e:
+                except BaseException as e:  # counted and logged by the batch that asked
                     load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
-                    if isinstance(e, ZarrfsError):
-                        self._count_error(e, src.keys.key(shard))
                     raise
                 finally:
                     del self._inflight[key]
@@ -366,11 +394,7 @@ class Engine:
                 ranges[-1][1] = max(ranges[-1][1], offset + nbytes)
             else:
                 ranges.append([offset, offset + nbytes])
-        try:
-            datas = await self.run_io(src.read_ranges_sync, self.store, shard, [tuple(r) for r in ranges])
-        except ZarrfsError as e:
-            self._count_error(e, shard_key)
-            raise
+        datas = await self.run_io(src.read_ranges_sync, self.store, shard, [tuple(r) for r in ranges])
         self.counters["store_gets"] += len(ranges)
         self.counters["store_bytes"] += sum(len(d) for d in datas)
         pieces = []
@@ -381,7 +405,7 @@ class Engine:
             start = offset - ranges[r][0]
             pieces.append((f"{shard_key} (inner chunk {src.position(idx)})",
                            memoryview(datas[r])[start:start + nbytes]))
-        for (_, _, idx), arr in zip(stored, await self._decode(meta, pieces)):
+        for (_, _, idx), arr in zip(stored, await self._decode(meta, pieces, count_errors=False)):
             out[idx] = arr
         return out
 
