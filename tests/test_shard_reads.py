@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import warnings
 
+import threading
+
+import crc32c
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import zarr
 import zarr.codecs as zc
 from hypothesis import HealthCheck, given, settings
@@ -181,7 +185,6 @@ class SlowRangeStore(Store):
 
     def __init__(self, source):
         super().__init__(source)
-        import threading
         self.release = threading.Event()
 
     def get_range_sync(self, key, start, end):
@@ -213,7 +216,29 @@ def test_a_load_overtaken_by_a_write_is_not_cached(tmp_path):
             store.release.set()
         return first[0], bytes(await engine.read(stream, row, SHAPE[1] * 2))
 
-    import trio.testing
     first, second = trio.run(main)
     assert first in (expected[5].tobytes(), new.tobytes())
     assert second == new.tobytes()
+
+
+@pytest.mark.parametrize("entry", [(2**40, 100), (0, 2**62), (10, 2**64 - 2), (2**64 - 1, 5)])
+def test_hostile_index_entries_fail_their_reads_only(tmp_path, entry):
+    path = str(tmp_path / "s")
+    expected = make(path, inner_codecs=[zc.BytesCodec()])
+    key = f"{path}/a/c/0/0"
+    raw = bytearray(open(key, "rb").read())
+    n = 16 * 5 * 4
+    index = np.frombuffer(bytes(raw[-(n + 4):-4]), "<u8").reshape(5, 4, 2).copy()
+    index[0, 0] = entry  # inner chunk (0, 0) of shard (0, 0)
+    raw[-(n + 4):-4] = index.tobytes()
+    raw[-4:] = crc32c.crc32c(bytes(raw[-(n + 4):-4])).to_bytes(4, "little")  # a valid checksum over it
+    open(key, "wb").write(bytes(raw))
+    _, meta, engine = engine_for(path)
+    stream = ArrayStream(meta, "C", with_header=False)
+
+    async def main():
+        with pytest.raises(CorruptChunk, match=r"a/c/0/0"):
+            await engine.read(stream, 0, 16)
+        return bytes(await engine.read(stream, (20 * SHAPE[1]) * 2, 16))  # inner chunk (2, 0)
+
+    assert trio.run(main) == expected[20, :8].tobytes()

@@ -256,12 +256,18 @@ class ShardingIndexed:
         return self.index.encoded_size(16 * math.prod(per_shard))
 
     def decode_index(self, raw: Any, per_shard: tuple[int, ...]) -> np.ndarray:
-        """The (offset, nbytes) pairs of a shard's index, shape per_shard + (2,), checked."""
-        index = self.index.decode(raw, per_shard + (2,), np.dtype("<u8"), np.zeros((), "<u8"))
-        absent = index == ABSENT
-        if (absent[..., 0] != absent[..., 1]).any():
-            raise CorruptChunk("shard index marks an inner chunk absent in one field only")
-        return index
+        """The (offset, nbytes) pairs of a shard's index, shape per_shard + (2,)."""
+        return self.index.decode(raw, per_shard + (2,), np.dtype("<u8"), np.zeros((), "<u8"))
+
+    @staticmethod
+    def entry(index: np.ndarray, pos: tuple[int, ...]) -> tuple[int, int] | None:
+        """(offset, nbytes) of inner chunk `pos`, or None when it is absent."""
+        offset, nbytes = (int(x) for x in index[pos])
+        if offset == ABSENT and nbytes == ABSENT:
+            return None
+        if offset == ABSENT or nbytes == ABSENT:
+            raise CorruptChunk(f"shard index entry ({offset}, {nbytes}) of inner chunk {pos} is absent in one field only")
+        return offset, nbytes
 
     def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
         per_shard = self.per_shard(shape)
@@ -273,11 +279,12 @@ class ShardingIndexed:
         index = self.decode_index(raw_index, per_shard)
         out = np.empty(shape, dtype=dtype)
         for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
-            offset, nbytes = (int(x) for x in index[pos])
+            found = self.entry(index, pos)
             region = grid.chunk_slices(pos, shape, self.inner_chunks)
-            if offset == ABSENT:
+            if found is None:
                 out[region] = fill
                 continue
+            offset, nbytes = found
             if offset + nbytes > buf.size:
                 raise CorruptChunk(f"inner chunk {pos} at {offset}+{nbytes} lies outside the shard")
             out[region] = self.inner.decode(buf[offset:offset + nbytes], self.inner_chunks, dtype, fill)

@@ -19,7 +19,7 @@ import numpy as np
 import trio
 
 from . import grid
-from .codecs import ABSENT, is_fill
+from .codecs import is_fill
 from .errors import CorruptChunk, StoreError, ZarrfsError
 from .model import ArrayMeta, ShardedInner
 from .store import Store
@@ -377,11 +377,23 @@ class Engine:
         index = await self._shard_index(meta, shard)
         out: dict[Index, np.ndarray] = {}
         stored: list[tuple[int, int, Index]] = []
+        # A hostile index must not make us ask for terabytes: no codec of fixed-size data
+        # grows it by more than a header and a small fraction.
+        decoded = math.prod(meta.chunk_shape) * meta.dtype.itemsize
+        limit = 2 * decoded + (1 << 16)
         for idx in batch:
-            offset, nbytes = (int(x) for x in index[src.position(idx)]) if index is not None else (ABSENT, 0)
-            if offset == ABSENT:
+            try:
+                found = None if index is None else src.sharding.entry(index, src.position(idx))
+            except CorruptChunk as e:
+                raise CorruptChunk(f"shard {shard_key}: {e}") from None
+            if found is None:
                 self.counters["fill_chunks"] += 1
                 out[idx] = np.broadcast_to(meta.fill_value, meta.chunk_shape)
+                continue
+            offset, nbytes = found
+            if nbytes > limit:
+                raise CorruptChunk(f"shard {shard_key}: its index gives inner chunk {src.position(idx)} "
+                                   f"{nbytes} bytes, more than any encoding of {decoded} bytes takes")
             else:
                 stored.append((offset, nbytes, idx))
         if not stored:

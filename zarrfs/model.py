@@ -8,7 +8,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .codecs import ABSENT, CodecChain, ShardingIndexed
+from .codecs import CodecChain, ShardingIndexed
 from .errors import CorruptChunk, MetadataError, ZarrfsError
 
 
@@ -126,9 +126,10 @@ class ShardedInner:
         index = self.read_index_sync(store, self.shard_of(idx))
         if index is None:
             return None
-        offset, nbytes = (int(x) for x in index[self.position(idx)])
-        if offset == ABSENT:
+        found = self.sharding.entry(index, self.position(idx))
+        if found is None:
             return None
+        offset, nbytes = found
         return self.read_ranges_sync(store, self.shard_of(idx), [(offset, offset + nbytes)])[0]
 
     def write_sync(self, store: Any, idx: tuple[int, ...], data: bytes | None) -> None:
