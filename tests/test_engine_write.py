@@ -125,3 +125,38 @@ async def test_concurrent_writers_of_one_chunk_write_whole_elements(tmp_path):
     await engine.flush()
     row = zarr.open_array(f"{path}/a", mode="r")[0, :4].tolist()
     assert len(set(row)) == 1 and row[0] in (111, 222, 333)
+
+
+async def test_background_flush_overlaps_a_streaming_write_and_reports_failures_at_flush(tmp_path):
+    path = str(tmp_path / "s")
+    zarr.open_group(path, mode="w", zarr_format=3)
+    store = FailingSetStore(path, fail_at=3)
+    h = open_hierarchy_sync(store)
+    meta = await trio.to_thread.run_sync(h.create_array_sync, "big", NewArray((256, 256), np.dtype("<f8"), (16, 256)))
+    engine = Engine(store, ChunkCache(1 << 20))
+    engine.dirty_max_bytes = 8 * 16 * 256 * 8  # eight chunks
+    stream = ArrayStream(meta, "C", with_header=False)
+    data = np.arange(256 * 256, dtype="<f8")
+    peak = stored_while_writing = 0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        reported = []
+        for off in range(0, data.nbytes, 1 << 15):
+            try:
+                await engine.write(stream, off, data.tobytes()[off:off + (1 << 15)])
+            except StoreError as e:  # a write past the budget waits for a flush, and may see it fail
+                reported.append(e)
+            await trio.sleep(0)
+            peak = max(peak, engine.dirty_bytes + engine.storing_bytes)
+            stored_while_writing = max(stored_while_writing, engine.counters["chunks_stored"])
+        assert stored_while_writing > 0  # stored in the background, before any flush
+        # The third set failed: whether a write saw it or not, the next flush reports it.
+        with pytest.raises(StoreError, match="injected"):
+            await engine.flush()
+        assert all("injected" in str(e) for e in reported)
+        await engine.flush()  # reported; nothing else is pending
+        nursery.cancel_scope.cancel()
+    assert peak <= engine.dirty_max_bytes + (1 << 15) * 2
+    stored = zarr.open_array(f"{path}/big", mode="r")[...].ravel()
+    lost = stored != data
+    assert lost.sum() <= 16 * 256  # at most the one chunk whose set failed

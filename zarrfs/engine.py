@@ -44,6 +44,7 @@ PREFETCH_CACHE_SHARE = 4
 PREFETCH_STREAMS = 256  # sequential-read state kept for this many streams
 # Dirty (written, not yet stored) chunks are flushed oldest first beyond this budget, so a
 # streaming copy of any size holds at most this much: a few chunk rows of a large array.
+# Past a quarter of it the oldest are stored in the background while the writer goes on.
 DIRTY_MAX_BYTES = 256 << 20
 # Inner chunks of one shard that a read needs are fetched as ranges of the shard, merged
 # when the bytes between them cost less than another request would.
@@ -136,6 +137,8 @@ class Engine:
             collections.OrderedDict())
         self.dirty_bytes = 0
         self.dirty_max_bytes = DIRTY_MAX_BYTES
+        self.storing_bytes = 0  # chunks taken from the dirty set and being encoded or stored
+        self._flushing = False  # a background flush is running
         self._chunk_locks: dict[tuple[str, Index], trio.Lock] = {}
         self._storing: dict[tuple[str, Index], np.ndarray] = {}
         # Changes of each written chunk, so a writer notices one made while it waited.
@@ -541,8 +544,13 @@ class Engine:
             self._versions[key] = self._versions.get(key, 0) + 1
         stream.scatter(plan, buf, targets)
         self.counters["bytes_written"] += plan.take_bytes
-        if self.dirty_bytes > self.dirty_max_bytes:
-            await self._flush_oldest()
+        if self.dirty_bytes + self.storing_bytes > self.dirty_max_bytes:
+            await self._flush_oldest(self.dirty_max_bytes // 2)
+        elif self.dirty_bytes > self.dirty_max_bytes // 4 and not self._flushing and self._nursery is not None:
+            # Store the oldest chunks in the background while the writer goes on, so that
+            # encoding overlaps the copy instead of stalling it at the budget.
+            self._flushing = True
+            self._nursery.start_soon(self._flush_background)
 
     def _dirty_base(self, meta: ArrayMeta, idx: Index, current: np.ndarray | None) -> np.ndarray:
         """A writable copy of a chunk to patch: its current values, or fill where none matter."""
@@ -550,15 +558,37 @@ class Engine:
             return np.full(meta.chunk_shape, meta.fill_value, dtype=meta.dtype)
         return np.array(current, dtype=meta.dtype, order="C", copy=True)
 
-    async def _flush_oldest(self) -> None:
-        """Store dirty chunks, oldest first, until back within the budget."""
-        while self.dirty_bytes > self.dirty_max_bytes // 2 and self._dirty:
-            key = next(iter(self._dirty))
+    async def _flush_oldest(self, target: int) -> None:
+        """Store the oldest dirty chunks, several at once, until dirty bytes are within `target`;
+        raise the first failure (also kept for the array's next fsync/close)."""
+        keys, excess = [], self.dirty_bytes - target
+        for key, (_, arr) in self._dirty.items():
+            if excess <= 0:
+                break
+            keys.append(key)
+            excess -= arr.nbytes
+        errors: list[ZarrfsError] = []
+
+        async def one(key: tuple[str, Index]) -> None:
             try:
                 await self._flush_chunk(key)
             except ZarrfsError as e:
                 self._write_errors.setdefault(key[0], e)
-                raise
+                errors.append(e)
+
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(one, key)
+        if errors:
+            raise errors[0]
+
+    async def _flush_background(self) -> None:
+        try:
+            await self._flush_oldest(self.dirty_max_bytes // 8)
+        except ZarrfsError:
+            pass  # kept in _write_errors: reported at the array's next fsync or close
+        finally:
+            self._flushing = False
 
     async def _flush_chunk(self, key: tuple[str, Index]) -> None:
         lock = self._chunk_locks.setdefault(key, trio.Lock())
@@ -568,6 +598,7 @@ class Engine:
                 return
             meta, arr = entry
             self.dirty_bytes -= arr.nbytes
+            self.storing_bytes += arr.nbytes
             arr.flags.writeable = False
             # Readers and writers see it while it is being stored, cached or not.
             self._storing[key] = arr
@@ -583,6 +614,7 @@ class Engine:
                 self._count_error(e, store_key)
                 raise
             finally:
+                self.storing_bytes -= arr.nbytes
                 if self._storing.get(key) is arr:
                     del self._storing[key]
                 self._forget_inner(meta, key[1])
