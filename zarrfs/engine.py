@@ -90,19 +90,6 @@ def decode_chunks_sync(meta: ArrayMeta, pieces: list[tuple[str, Any]]) -> list[n
     return [decode_chunk_sync(meta, key, raw) for key, raw in pieces]
 
 
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    """The error to report from a group of failed loads: a ZarrfsError if there is one."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(e.exceptions)
-        else:
-            leaves.append(e)
-    return next((e for e in leaves if isinstance(e, ZarrfsError)), leaves[0])
-
-
 class _Load:
     """One chunk load in flight, shared by every reader that wants that chunk."""
 
@@ -266,6 +253,9 @@ class Engine:
                 values = {batch[0]: await self._load(meta, batch[0])}
         except ZarrfsError as e:
             error = e
+        except Exception as e:  # a bug fails this load (EIO), never the daemon
+            log.exception("unexpected error loading chunk %s of %s", batch[0], meta.path or "/")
+            error = StoreError(f"chunk {batch[0]} of {meta.path or '/'}: unexpected {type(e).__name__}: {e}")
         except BaseException:
             error = StoreError(f"load of chunk {batch[0]} of {meta.path or '/'} was interrupted")
             raise
@@ -415,7 +405,7 @@ class Engine:
         pieces = []
         r = 0
         for offset, nbytes, idx in stored:
-            while offset >= ranges[r][1]:
+            while offset + nbytes > ranges[r][1]:  # pieces and ranges are both in offset order
                 r += 1
             start = offset - ranges[r][0]
             pieces.append((f"{shard_key} (inner chunk {src.position(idx)})",
@@ -494,6 +484,8 @@ class Engine:
             await self.chunks(meta, idxs)
         except ZarrfsError:
             pass  # reported when a reader asks for these chunks
+        except Exception:  # background work must not end the daemon
+            log.exception("unexpected error in read-ahead of %s", meta.path or "/")
 
     # --- writes -------------------------------------------------------------------------
 
@@ -572,7 +564,10 @@ class Engine:
         async def one(key: tuple[str, Index]) -> None:
             try:
                 await self._flush_chunk(key)
-            except ZarrfsError as e:
+            except Exception as e:
+                if not isinstance(e, ZarrfsError):
+                    log.exception("unexpected error storing chunk %s of %s", key[1], key[0] or "/")
+                    e = StoreError(f"chunk {key[1]} of {key[0] or '/'}: unexpected {type(e).__name__}: {e}")
                 self._write_errors.setdefault(key[0], e)
                 errors.append(e)
 
@@ -587,6 +582,8 @@ class Engine:
             await self._flush_oldest(self.dirty_max_bytes // 8)
         except ZarrfsError:
             pass  # kept in _write_errors: reported at the array's next fsync or close
+        except Exception:  # background work must not end the daemon
+            log.exception("unexpected error in a background flush")
         finally:
             self._flushing = False
 
