@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from zarrfs.cache import ChunkCache
 from zarrfs.engine import Engine
-from zarrfs.errors import CorruptChunk
+from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.store import Store
 from zarrfs.views import ArrayStream
@@ -242,3 +242,75 @@ def test_hostile_index_entries_fail_their_reads_only(tmp_path, entry):
         return bytes(await engine.read(stream, (20 * SHAPE[1]) * 2, 16))  # inner chunk (2, 0)
 
     assert trio.run(main) == expected[20, :8].tobytes()
+
+
+def _inner_bytes(shard: bytes, per_shard: tuple[int, int]) -> dict:
+    """Encoded inner chunks of a zarr-python shard (index at the end, crc32c), by position."""
+    n = per_shard[0] * per_shard[1]
+    index = np.frombuffer(shard[-(16 * n + 4):-4], "<u8").reshape(*per_shard, 2)
+    return {(i, j): shard[int(o):int(o) + int(k)] for i in range(per_shard[0]) for j in range(per_shard[1])
+            for o, k in [index[i, j]] if int(o) != 2**64 - 1}
+
+
+def test_small_write_re_encodes_only_the_inner_chunks_it_touches(tmp_path):
+    path = str(tmp_path / "s")
+    expected = make(path).copy()
+    per_shard = (SHARD[0] // INNER[0], SHARD[1] // INNER[1])
+    before = _inner_bytes(open(f"{path}/a/c/0/0", "rb").read(), per_shard)
+    store, meta, engine = engine_for(path)
+    stream = ArrayStream(meta, "C", with_header=False)
+
+    async def main():
+        await engine.write(stream, (17 * SHAPE[1] + 3) * 2, np.array([1, 2, 3], "<u2").tobytes())
+        await engine.flush()
+
+    trio.run(main)
+    expected[17, 3:6] = [1, 2, 3]
+    np.testing.assert_array_equal(zarr.open_array(f"{path}/a", mode="r")[...], expected)
+    after = _inner_bytes(open(f"{path}/a/c/0/0", "rb").read(), per_shard)
+    assert after.keys() == before.keys()
+    assert after[(2, 0)] != before[(2, 0)]  # the one inner chunk written
+    assert {p: b for p, b in after.items() if p != (2, 0)} == {p: b for p, b in before.items() if p != (2, 0)}
+
+
+class FirstSetFailsLate(Store):
+    """A real local store whose first set waits until released, then fails (fault injection)."""
+
+    def __init__(self, source):
+        super().__init__(source)
+        self.release, self.sets = threading.Event(), 0
+
+    def set_sync(self, key, value):
+        self.sets += 1
+        if self.sets == 1:
+            self.release.wait(10)
+            raise StoreError(f"writing {key!r} failed: injected")
+        super().set_sync(key, value)
+
+
+def test_a_shard_written_while_its_store_fails_keeps_both_writes(tmp_path):
+    path = str(tmp_path / "s")
+    expected = make(path).copy()
+    store = FirstSetFailsLate(path)
+    meta = open_hierarchy_sync(store).node_sync("a")
+    engine = Engine(store, ChunkCache(64 << 20))
+    stream = ArrayStream(meta, "C", with_header=False)
+
+    async def main():
+        await engine.write(stream, (17 * SHAPE[1] + 3) * 2, np.array([1, 2], "<u2").tobytes())
+        async with trio.open_nursery() as nursery:
+            async def first_flush():
+                with pytest.raises(StoreError, match="injected"):
+                    await engine.flush()
+
+            nursery.start_soon(first_flush)
+            await trio.testing.wait_all_tasks_blocked()  # the shard is being stored
+            # Written again meanwhile: patched from the copy being stored, not from the store.
+            await engine.write(stream, (30 * SHAPE[1] + 20) * 2, np.array([9], "<u2").tobytes())
+            store.release.set()
+        await engine.flush()
+
+    trio.run(main)
+    expected[17, 3:5] = [1, 2]
+    expected[30, 20] = 9
+    np.testing.assert_array_equal(zarr.open_array(f"{path}/a", mode="r")[...], expected)

@@ -290,9 +290,13 @@ class ShardingIndexed:
             out[region] = self.inner.decode(buf[offset:offset + nbytes], self.inner_chunks, dtype, fill)
         return out
 
-    def encode(self, arr: np.ndarray, fill: np.ndarray) -> bytes:
+    def encode(self, arr: np.ndarray, fill: np.ndarray,
+               keep: dict[tuple[int, ...], bytes | None] | None = None) -> bytes:
         """The shard: its inner chunks that are not all fill, back to back in C order over
-        the inner grid, and the index; b"" when every inner chunk is fill."""
+        the inner grid, and the index; b"" when every inner chunk is fill.
+
+        `keep` gives inner chunks already encoded (None: absent), stored as they are.
+        """
         shape = arr.shape
         per_shard = self.per_shard(shape)
         index = np.full(per_shard + (2,), ABSENT, dtype="<u8")
@@ -300,6 +304,13 @@ class ShardingIndexed:
         offset = 0 if self.index_at_end else index_nbytes
         parts = []
         for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
+            if keep is not None and pos in keep:
+                data = keep[pos]
+                if data is not None:
+                    index[pos] = (offset, len(data))
+                    offset += len(data)
+                    parts.append(data)
+                continue
             inner = arr[(*grid.chunk_slices(pos, shape, self.inner_chunks), ...)]
             if is_fill(inner, fill):
                 continue
@@ -315,6 +326,31 @@ class ShardingIndexed:
         if len(raw_index) != index_nbytes:
             raise Unsupported(f"shard index encoded to {len(raw_index)} bytes, expected {index_nbytes}")
         return b"".join([*parts, raw_index] if self.index_at_end else [raw_index, *parts])
+
+    def encode_changed(self, arr: np.ndarray, fill: np.ndarray, old: Any,
+                       changed: set[tuple[int, ...]]) -> bytes:
+        """The shard, encoding only the inner chunks in `changed`: the others are copied
+        from `old`, the stored shard `arr` was read from. An `old` that cannot be parsed
+        is not trusted: then every inner chunk is encoded."""
+        per_shard = self.per_shard(arr.shape)
+        buf = _u1(old)
+        index_nbytes = self.index_nbytes(per_shard)
+        keep: dict[tuple[int, ...], bytes | None] = {}
+        try:
+            if buf.size < index_nbytes:
+                raise CorruptChunk("shorter than its index")
+            raw_index = buf[buf.size - index_nbytes:] if self.index_at_end else buf[:index_nbytes]
+            index = self.decode_index(raw_index, per_shard)
+            for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
+                if pos in changed:
+                    continue
+                found = self.entry(index, pos)
+                if found is not None and found[0] + found[1] > buf.size:
+                    raise CorruptChunk(f"inner chunk {pos} lies outside the shard")
+                keep[pos] = None if found is None else buf[found[0]:found[0] + found[1]].tobytes()
+        except Exception:  # numcodecs raises many types for a corrupt index
+            keep = {}
+        return self.encode(arr, fill, keep)
 
     def describe(self) -> dict:
         return {"name": "sharding_indexed", "configuration": {

@@ -58,11 +58,19 @@ INDEX = "index"
 NO_SHARD = np.zeros(0, dtype="<u8")  # cached index of a shard that is not stored
 
 
-def encode_chunk_sync(meta: ArrayMeta, key: str, arr: np.ndarray) -> bytes | None:
-    """The bytes to store for a chunk, or None when it is all fill value (then it is erased)."""
+def encode_chunk_sync(meta: ArrayMeta, key: str, arr: np.ndarray,
+                      old: bytes | None = None, changed: set[Index] | None = None) -> bytes | None:
+    """The bytes to store for a chunk, or None when it is all fill value (then it is erased).
+
+    For a shard read from stored bytes `old`, only the inner chunks in `changed` are
+    encoded; the others keep their stored bytes.
+    """
     if meta.erase_fill_chunks and is_fill(arr, meta.fill_value):
         return None
     try:
+        if old is not None and changed is not None and meta.inner is not None:
+            data = meta.codec.array_bytes.encode_changed(arr, meta.fill_value, old, changed)
+            return data or None
         data = meta.codec.encode(arr, meta.fill_value)
     except ZarrfsError as e:
         raise type(e)(f"chunk {key}: {e}") from None
@@ -128,6 +136,9 @@ class Engine:
         self._flushing = False  # a background flush is running
         self._chunk_locks: dict[tuple[str, Index], trio.Lock] = {}
         self._storing: dict[tuple[str, Index], np.ndarray] = {}
+        # Dirty shards patched from what the store holds: the inner chunks written since
+        # (None: every inner chunk is encoded again at flush).
+        self._changed: dict[tuple[str, Index], set[Index] | None] = {}
         # Changes of each written chunk, so a writer notices one made while it waited.
         self._versions: dict[tuple[str, Index], int] = {}
         # A failed background flush is reported at the array's next fsync/close.
@@ -523,15 +534,24 @@ class Engine:
             for idx in need:
                 seen[idx] = self._versions.get((meta.path, idx), 0)
             loaded.update(await self.chunks(meta, need))
+        changed = self._inner_changed(stream, offset, len(data)) if meta.inner is not None else {}
         # From here to the end no await: the patch of every chunk is atomic.
         targets = {}
         for idx in plan.chunks:
             key = (meta.path, idx)
             entry = self._dirty.get(key)
             if entry is None:
-                base = self._dirty_base(meta, idx, loaded.get(idx))
+                current = loaded.get(idx)
+                base = self._dirty_base(meta, idx, current)
                 entry = self._dirty[key] = (meta, base)
                 self.dirty_bytes += base.nbytes
+                if meta.inner is not None:
+                    # A shard patched from what the store holds re-encodes only the inner
+                    # chunks written; one from fill or from a copy not yet stored, all.
+                    from_store = current is not None and current is not self._storing.get(key)
+                    self._changed[key] = set() if from_store else None
+            if self._changed.get(key) is not None:
+                self._changed[key] |= changed.get(idx, set())
             targets[idx] = entry[1]
             self._versions[key] = self._versions.get(key, 0) + 1
         stream.scatter(plan, buf, targets)
@@ -543,6 +563,16 @@ class Engine:
             # encoding overlaps the copy instead of stalling it at the budget.
             self._flushing = True
             self._nursery.start_soon(self._flush_background)
+
+    @staticmethod
+    def _inner_changed(stream: ArrayStream, offset: int, size: int) -> dict[Index, set[Index]]:
+        """Inner chunks (positions within their shard) that bytes [offset, offset+size) touch, by shard."""
+        fine = stream.for_reads()
+        src: ShardedInner = fine.meta.source
+        out: dict[Index, set[Index]] = {}
+        for idx in fine.plan(offset, size).chunks:
+            out.setdefault(src.shard_of(idx), set()).add(src.position(idx))
+        return out
 
     def _dirty_base(self, meta: ArrayMeta, idx: Index, current: np.ndarray | None) -> np.ndarray:
         """A writable copy of a chunk to patch: its current values, or fill where none matter."""
@@ -594,6 +624,7 @@ class Engine:
             if entry is None:
                 return
             meta, arr = entry
+            changed = self._changed.pop(key, None)
             self.dirty_bytes -= arr.nbytes
             self.storing_bytes += arr.nbytes
             arr.flags.writeable = False
@@ -602,7 +633,13 @@ class Engine:
             self.cache.put(key, arr)
             store_key = meta.chunk_key(key[1])
             try:
-                data = await trio.to_thread.run_sync(encode_chunk_sync, meta, store_key, arr,
+                # A shard of which few inner chunks changed keeps the others' stored bytes
+                # (read again from a local store: cheaper than encoding them; remote, not).
+                old = None
+                if (changed is not None and self.store.is_local
+                        and len(changed) < math.prod(meta.inner.source.per_shard) // 2):
+                    old = await self.run_io(self.store.get_sync, store_key)
+                data = await trio.to_thread.run_sync(encode_chunk_sync, meta, store_key, arr, old, changed,
                                                      limiter=self.cpu_limiter)
                 await self.run_io(meta.write_chunk_sync, self.store, key[1], data)
             except ZarrfsError as e:
@@ -650,6 +687,7 @@ class Engine:
         """Forget everything held for an array (after it is removed or replaced)."""
         for key in [k for k in self._dirty if k[0] == path or k[0].startswith(path + "/")]:
             self.dirty_bytes -= self._dirty.pop(key)[1].nbytes
+            self._changed.pop(key, None)
         self.cache.discard_prefix(path)
         self._write_errors.pop(path, None)
         for key in [k for k in self._versions if k[0] == path or k[0].startswith(path + "/")]:
