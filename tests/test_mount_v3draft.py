@@ -96,3 +96,26 @@ def test_required_extension_refuses_to_mount(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("zarrfs: "), r.stderr
     assert "https://example.org/zarr/extension/needs-understanding" in lines[0]
+
+
+def test_chunk_files_under_the_sharding_transformer_count_their_own_bytes(mount):
+    """st_blocks of an inner chunk's file follows its bytes in the shard (its index entry,
+    read here from the shard files as the spec lays them out), not the whole shard."""
+    mnt = mount(Z218 / "store")
+    shards = Z218 / "store" / "data" / "root" / "sharded" / "uint16_blosc"
+    per_shard, grid_shape = (2, 2), (5, 4)  # chunks_per_shard; ceil((36, 36) / (8, 10))
+    chunk_dir = mnt / ".zarrfs" / "chunks" / "sharded" / "uint16_blosc"
+    total = 0
+    for i in range(grid_shape[0]):
+        for j in range(grid_shape[1]):
+            shard = shards / f"c{i // per_shard[0]}" / str(j // per_shard[1])
+            nbytes = 0
+            if shard.exists():
+                raw = shard.read_bytes()
+                index = np.frombuffer(raw[-16 * 4:], "<u8").reshape(per_shard + (2,))
+                offset, n = (int(x) for x in index[i % per_shard[0], j % per_shard[1]])
+                nbytes = 0 if offset == 2**64 - 1 else n
+            st = os.stat(chunk_dir / f"{i}.{j}.npy")
+            assert st.st_blocks == -(-nbytes // 512), (i, j, nbytes, st.st_blocks)
+            total += nbytes
+    assert total > 0

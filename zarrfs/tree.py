@@ -612,6 +612,14 @@ class Namespace(NamespaceWrites):
             else:
                 key = entry.node.chunk_key(entry.stream.origin)
                 entry.stored_bytes = sizes.get(key) or 0
+                inner_size = getattr(entry.node.source, "stored_nbytes_sync", None)
+                if inner_size is not None and entry.stored_bytes:  # an inner chunk: its part of the shard
+                    try:
+                        entry.stored_bytes = await self.engine.run_io(inner_size, self.hierarchy.store,
+                                                                      entry.stream.origin)
+                    except ZarrfsError as e:
+                        log.info("stored size of chunk %s of %s unknown: %s", entry.stream.origin,
+                                 entry.node.path or "/", e)
         elif entry.kind == "info":
             entry.content = await self._info(entry.node)
             entry.size = entry.stored_bytes = len(entry.content)

@@ -188,7 +188,8 @@ class ShardedChunks:
         with _shard_lock(store, key).reading():
             return self._read_unlocked(store, key, idx)
 
-    def _read_unlocked(self, store: Any, key: str, idx: tuple[int, ...]) -> bytes | None:
+    def _entry_unlocked(self, store: Any, key: str, idx: tuple[int, ...]) -> tuple[int, int] | None:
+        """(offset, nbytes) of inner chunk `idx` from its shard's index, or None when absent."""
         n_inner = math.prod(self.chunks_per_shard)
         index_nbytes = 16 * n_inner
         tail = store.get_suffix_sync(key, index_nbytes)
@@ -203,6 +204,20 @@ class ShardedChunks:
             return None
         if offset == ABSENT or nbytes == ABSENT:
             raise CorruptChunk(f"shard {key}: bad index entry ({offset}, {nbytes}) for inner chunk {idx}")
+        return offset, nbytes
+
+    def stored_nbytes_sync(self, store: Any, idx: tuple[int, ...]) -> int:
+        """Bytes the inner chunk at `idx` takes in its shard (0 when it is not stored)."""
+        key = self.key(idx)
+        with _shard_lock(store, key).reading():
+            found = self._entry_unlocked(store, key, idx)
+        return 0 if found is None else found[1]
+
+    def _read_unlocked(self, store: Any, key: str, idx: tuple[int, ...]) -> bytes | None:
+        found = self._entry_unlocked(store, key, idx)
+        if found is None:
+            return None
+        offset, nbytes = found
         data = store.get_range_sync(key, offset, offset + nbytes)
         if len(data) != nbytes:
             raise CorruptChunk(f"shard {key}: inner chunk {idx} at {offset}+{nbytes} lies outside the shard")
