@@ -35,13 +35,15 @@ class ChunkCache:
         """Whether `key` is cached (no counters, no recency change)."""
         return key in self._items
 
-    def get(self, key: Hashable) -> np.ndarray | None:
+    def get(self, key: Hashable, count: bool = True) -> np.ndarray | None:
+        """A cached array (now the most recently used), or None; `count` moves the hit and
+        miss counters (lookups that are not reads, such as a shard's index, do not)."""
         item = self._items.get(key)
         if item is None:
-            self.misses += 1
+            self.misses += count
             return None
         self._items.move_to_end(key)
-        self.hits += 1
+        self.hits += count
         return item[0]
 
     def put(self, key: Hashable, arr: np.ndarray) -> None:

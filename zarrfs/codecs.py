@@ -266,7 +266,7 @@ class ShardingIndexed:
         if offset == ABSENT and nbytes == ABSENT:
             return None
         if offset == ABSENT or nbytes == ABSENT:
-            raise CorruptChunk(f"shard index entry ({offset}, {nbytes}) of inner chunk {pos} is absent in one field only")
+            raise CorruptChunk(f"bad index entry ({offset}, {nbytes}) of inner chunk {pos}: absent in one field only")
         return offset, nbytes
 
     def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:

@@ -166,18 +166,18 @@ class Engine:
         src = meta.source
         return (meta.path, src.shard_of(idx)) if isinstance(src, ShardedInner) else (meta.path, idx)
 
-    def _lookup(self, meta: ArrayMeta, idx: Index) -> np.ndarray | None:
+    def _lookup(self, meta: ArrayMeta, idx: Index, count: bool = True) -> np.ndarray | None:
         """A chunk without loading it: held by a writer, or cached (for an inner chunk, its shard too)."""
         unit = self._write_unit(meta, idx)
         whole = self._held(unit)
         src = meta.source
         if isinstance(src, ShardedInner):
             if whole is None and self.cache.contains(unit):
-                whole = self.cache.get(unit)
+                whole = self.cache.get(unit, count)
             if whole is not None:  # the inner chunk's region of its decoded shard
                 return whole[tuple(slice(p * c, (p + 1) * c) for p, c in zip(src.position(idx), meta.chunk_shape))]
-            return self.cache.get(self._key(meta, idx))
-        return whole if whole is not None else self.cache.get(unit)
+            return self.cache.get(self._key(meta, idx), count)
+        return whole if whole is not None else self.cache.get(unit, count)
 
     def _held(self, key: tuple[str, Index]) -> np.ndarray | None:
         """A written chunk the store may not have yet: dirty, or being stored right now."""
@@ -298,7 +298,8 @@ class Engine:
         unit = self._write_unit(meta, batch[0])
         for attempt in range(SHARD_RETRIES + 1):
             version = self._versions.get(unit, 0)
-            values = {idx: arr for idx in batch if (arr := self._lookup(meta, idx)) is not None}
+            # Held or cached since the reader looked (a write may have come in between).
+            values = {idx: arr for idx in batch if (arr := self._lookup(meta, idx, count=False)) is not None}
             error: ZarrfsError | None = None
             try:
                 if len(values) < len(batch):
@@ -344,7 +345,7 @@ class Engine:
         """The index of a shard (cached, loaded once), or None when the shard is not stored."""
         src: ShardedInner = meta.source
         key = (meta.path, shard, INDEX)
-        index = self.cache.get(key)
+        index = self.cache.get(key, count=False)
         if index is None:
             load = self._inflight.get(key)
             if load is not None:
@@ -534,7 +535,7 @@ class Engine:
             for idx in need:
                 seen[idx] = self._versions.get((meta.path, idx), 0)
             loaded.update(await self.chunks(meta, need))
-        changed = self._inner_changed(stream, offset, len(data)) if meta.inner is not None else {}
+        changed: dict[Index, set[Index]] | None = None  # computed when a shard needs it
         # From here to the end no await: the patch of every chunk is atomic.
         targets = {}
         for idx in plan.chunks:
@@ -551,6 +552,8 @@ class Engine:
                     from_store = current is not None and current is not self._storing.get(key)
                     self._changed[key] = set() if from_store else None
             if self._changed.get(key) is not None:
+                if changed is None:
+                    changed = self._inner_changed(stream, offset, len(data))
                 self._changed[key] |= changed.get(idx, set())
             targets[idx] = entry[1]
             self._versions[key] = self._versions.get(key, 0) + 1

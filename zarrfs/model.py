@@ -72,7 +72,8 @@ class ShardedInner:
     Grid position `idx` of the inner grid lies in the shard at `shard_of(idx)` (the key of
     that position in the shard grid) at `position(idx)` of its index. The index is read
     once per shard (`read_index_sync`, cached by the engine), then only the byte ranges of
-    the inner chunks a read needs (`read_ranges_sync`). Read-only: writes go to whole shards.
+    the inner chunks a read needs (`read_ranges_sync`): the engine loads inner chunks in
+    batches itself. Read-only: writes go to whole shards (the array's own grid).
     """
 
     keys: ChunkKeys
@@ -120,20 +121,6 @@ class ShardedInner:
                                    f"({len(data)} read)")
             out.append(data)
         return out
-
-    def read_sync(self, store: Any, idx: tuple[int, ...]) -> bytes | None:
-        """One encoded inner chunk, or None when it (or its shard) is not stored."""
-        index = self.read_index_sync(store, self.shard_of(idx))
-        if index is None:
-            return None
-        found = self.sharding.entry(index, self.position(idx))
-        if found is None:
-            return None
-        offset, nbytes = found
-        return self.read_ranges_sync(store, self.shard_of(idx), [(offset, offset + nbytes)])[0]
-
-    def write_sync(self, store: Any, idx: tuple[int, ...], data: bytes | None) -> None:
-        raise MetadataError("inner chunks of a shard are written through their shard")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
-from ..codecs import ABSENT, BytesBytes, BytesLayout, CodecChain, Transpose, numcodecs_codec
+from ..codecs import ABSENT, BytesBytes, BytesLayout, CodecChain, ShardingIndexed, Transpose, numcodecs_codec
 from ..errors import (CorruptChunk, Exists, InvalidArgument, MetadataError, NotFound, UnknownCodec, Unsupported,
                       UserError, ZarrfsError)
 from ..model import ArrayMeta, BrokenNode, ChunkKeys, GroupMeta, NewArray, Node, ints, join
@@ -198,13 +198,10 @@ class ShardedChunks:
         if len(tail) < index_nbytes:
             raise CorruptChunk(f"shard {key}: {len(tail)} bytes, shorter than its index of {index_nbytes}")
         index = np.frombuffer(tail, dtype="<u8").reshape(n_inner, 2)
-        pos = self._position(idx)
-        offset, nbytes = int(index[pos, 0]), int(index[pos, 1])
-        if offset == ABSENT and nbytes == ABSENT:
-            return None
-        if offset == ABSENT or nbytes == ABSENT:
-            raise CorruptChunk(f"shard {key}: bad index entry ({offset}, {nbytes}) for inner chunk {idx}")
-        return offset, nbytes
+        try:
+            return ShardingIndexed.entry(index, self._position(idx))
+        except CorruptChunk as e:
+            raise CorruptChunk(f"shard {key}: {e}") from None
 
     def stored_nbytes_sync(self, store: Any, idx: tuple[int, ...]) -> int:
         """Bytes the inner chunk at `idx` takes in its shard (0 when it is not stored)."""
