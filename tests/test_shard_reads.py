@@ -314,3 +314,22 @@ def test_a_shard_written_while_its_store_fails_keeps_both_writes(tmp_path):
     expected[17, 3:5] = [1, 2]
     expected[30, 20] = 9
     np.testing.assert_array_equal(zarr.open_array(f"{path}/a", mode="r")[...], expected)
+
+
+def test_index_with_a_bad_checksum_fails_only_its_shard(tmp_path):
+    path = str(tmp_path / "s")
+    expected = make(path)
+    key = f"{path}/a/c/0/0"
+    raw = bytearray(open(key, "rb").read())
+    raw[-1] ^= 0xFF  # the crc32c of the index
+    open(key, "wb").write(bytes(raw))
+    _, meta, engine = engine_for(path)
+    stream = ArrayStream(meta, "C", with_header=False)
+
+    async def main():
+        with pytest.raises(CorruptChunk, match=r"shard a/c/0/0: cannot decode its index"):
+            await engine.read(stream, 0, 16)
+        return bytes(await engine.read(stream, (0 * SHAPE[1] + 40) * 2, 16))  # shard (0, 1)
+
+    assert trio.run(main) == expected[0, 40:48].tobytes()
+    assert engine.stats()["errors"] == {"CorruptChunk": 1}
