@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 import zlib
 
 import numpy as np
@@ -200,3 +202,44 @@ def test_http_missing_source_is_a_user_error(served, tmp_path):
     assert code != 0
     assert "Traceback" not in stderr + stdout
     assert len(lines) == 1 and lines[0].startswith("zarrfs: "), stderr
+
+
+def test_http_server_ignoring_range_gets_whole_shards(mount, served):
+    """python -m http.server answers a ranged GET with the whole object: once zarrfs sees
+    that, it reads shards whole instead of fetching the whole shard once per inner chunk.
+    The server's own request log counts the GETs."""
+    import zarr
+
+    server, _ = served
+    root = server.directory / "sharded_big.zarr"
+    zarr.open_group(str(root), mode="w", zarr_format=3)
+    arr = zarr.create_array(str(root), name="s", shape=(512, 512), dtype="<f4", shards=(256, 256),
+                            chunks=(32, 32), zarr_format=3)
+    value = np.random.default_rng(5).normal(size=(512, 512)).astype("<f4")
+    arr[:] = value
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # consolidated metadata is not in the v3 spec (zarr says so)
+        zarr.consolidate_metadata(str(root))
+
+    def shard_gets() -> int:  # GETs of shard keys that the server answered (listings aside)
+        text = server.log_path.read_text(errors="replace")
+        return len(re.findall(r'"GET /sharded_big\.zarr/s/c/\d+/\d+ HTTP/1\.[01]" 200 ', text))
+
+    mnt = mount(server.url("sharded_big.zarr"))
+    before = shard_gets()
+    # Small reads in 16 different inner chunks, one after the other; each kernel page of
+    # the file holds two rows, so each read touches shards (0, 0) and (0, 1).
+    fd = os.open(mnt / "s.npy", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        hlen = os.fstat(fd).st_size - value.nbytes
+        for k in range(16):
+            row, col = 32 * (k // 2) + 5, 32 * (k % 2 * 4) + 7
+            assert os.pread(fd, 4, hlen + (row * 512 + col) * 4) == value[row, col].tobytes()
+    finally:
+        os.close(fd)
+    # Per shard, the index and one part come back whole; then the shard is read whole once
+    # and serves every other read. Parts of it would cost a whole shard each (18 GETs).
+    assert shard_gets() - before <= 2 * 3, shard_gets() - before
+    assert "ignores Range requests" in mount.log_text()
+    assert np.array_equal(np.load(mnt / "s.npy"), value)

@@ -440,7 +440,8 @@ class Engine:
         """
         plan = stream.plan(offset, size)
         fine = stream.for_reads()
-        if fine is not stream and not all(self._known(stream.meta, idx) for idx in plan.chunks):
+        if (fine is not stream and not self.store.ranges_ignored
+                and not all(self._known(stream.meta, idx) for idx in plan.chunks)):
             plan, reader = fine.plan(offset, size), fine
         else:
             reader = stream
@@ -473,7 +474,8 @@ class Engine:
         if start >= stop:
             return
         meta = stream.meta
-        if meta.inner is not None and math.prod(meta.chunk_shape) * meta.dtype.itemsize > window:
+        if (meta.inner is not None and not self.store.ranges_ignored
+                and math.prod(meta.chunk_shape) * meta.dtype.itemsize > window):
             stream = stream.for_reads()
             meta = stream.meta
         ahead = []

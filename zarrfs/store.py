@@ -43,6 +43,9 @@ class Store:
         protocols = {protocol} if isinstance(protocol, str) else set(protocol)
         self._quoted_names = bool({"http", "https"} & protocols)
         self.read_only = self._quoted_names  # fsspec's HTTP file system cannot write
+        # Set once a ranged read came back whole (a server that ignores Range): reading
+        # parts of an object then costs the whole object each time, so callers read whole.
+        self.ranges_ignored = False
         self._real_root = os.path.realpath(self.root) if self.is_local else None
         self._real_dirs: dict[str, str] = {}
 
@@ -171,7 +174,16 @@ class Store:
         except Exception as e:
             raise StoreError(f"reading {key!r} [{start}:{end}] failed: {type(e).__name__}: {e}") from None
         # A server that ignores Range (python -m http.server) sends the whole object.
-        return data[start:end] if len(data) > end - start else data
+        return self._asked(data, slice(start, end), end - start)
+
+    def _asked(self, data: bytes, part: slice, nbytes: int) -> bytes:
+        """The part of `data` a ranged read asked for, when the server sent more (all of it)."""
+        if len(data) <= nbytes:
+            return data
+        if not self.ranges_ignored:
+            self.ranges_ignored = True
+            log.info("%s ignores Range requests: objects are read whole from now on", self.source)
+        return data[part]
 
     def get_prefix_sync(self, key: str, nbytes: int) -> bytes | None:
         """The first `nbytes` bytes of a key (all of it when shorter), or None when the key is absent."""
@@ -183,7 +195,7 @@ class Store:
             raise
         except Exception as e:
             raise StoreError(f"reading the first {nbytes} bytes of {key!r} failed: {type(e).__name__}: {e}") from None
-        return data[:nbytes]  # the whole object from a server that ignores Range
+        return self._asked(data, slice(0, nbytes), nbytes)
 
     def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
         """The last `nbytes` bytes of a key (all of it when shorter), or None when the key is absent.
@@ -198,7 +210,7 @@ class Store:
             raise
         except Exception as e:
             raise StoreError(f"reading the last {nbytes} bytes of {key!r} failed: {type(e).__name__}: {e}") from None
-        return data[len(data) - nbytes:] if len(data) > nbytes else data  # ditto
+        return self._asked(data, slice(len(data) - nbytes, None), nbytes)
 
     # --- writes -------------------------------------------------------------------------
 
