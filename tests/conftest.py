@@ -110,3 +110,14 @@ def hierarchy_mount(module_mount, hierarchy_factory):
         return cache[zarr_format]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def plain_venv():
+    """zarrfs as a plain ``pip install`` gives it (no extras), in a venv of the system python; cached across runs."""
+    import plain_venv as pv
+
+    try:
+        return pv.plain_venv()
+    except Exception as e:  # an install that fails is a failed test, never a skipped one
+        pytest.fail(f"cannot build the plain zarrfs venv: {e}", pytrace=False)

@@ -217,6 +217,26 @@ def test_user_error(tmp_path, small_store, small_store_v2, case, foreground):
         assert "nosuch" in lines[0], lines[0]
 
 
+@pytest.mark.parametrize("with_crc32c", [False, True], ids=["plain", "plus_crc32c"])
+def test_user_error_one_line_from_plain_install(plain_venv, tmp_path, with_crc32c):
+    """The venv's own `zarrfs` of a plain install prints one line for a user error, also when the
+    user has the `crc32c` package too (the README once advised it; numcodecs >= 0.16.4 warns at
+    import when it is the only checksum library)."""
+    extra = plain_venv.crc32c_dir() if with_crc32c else None
+    if extra is not None:
+        r = subprocess.run(plain_venv.python_command(["-c", "import crc32c"], pythonpath=extra),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"crc32c not importable in the plain venv: {r.stderr}"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cmd = plain_venv.command([tmp_path / "no_such.zarr", mnt], pythonpath=extra)
+    code, stdout, stderr, was_mounted = mounted.run_expecting_failure(cmd, mnt, tmp_path)
+    assert not was_mounted
+    assert code == 1, stderr
+    assert stdout == ""
+    assert stderr.splitlines() == [f"zarrfs: {tmp_path / 'no_such.zarr'}: no such file, directory or store"], stderr
+
+
 # --------------------------------------------------------------------------- logging options
 
 
