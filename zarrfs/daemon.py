@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
 import signal
 import sys
 
@@ -30,6 +31,7 @@ from .tree import Namespace
 log = logging.getLogger("zarrfs")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+SYSLOG_FORMAT = "zarrfs[%(process)d]: %(levelname)s %(name)s: %(message)s"
 # Read-ahead the kernel uses on our mount: FACTS.md measured 1 MiB requests as the point
 # where a Python server stops being bound by request count (default is 128 KiB).
 READ_AHEAD_KB = 1024
@@ -48,21 +50,61 @@ def check_mountpoint(mountpoint: str) -> None:
         raise UserError("no FUSE: /dev/fuse is missing (load the fuse module or install fuse3)")
 
 
+# What would break a record's line or its encoding: C0/C1 control characters (newline, CR,
+# tab...), Unicode line and paragraph separators (str.splitlines splits there) and lone
+# surrogates (os.fsdecode keeps an undecodable byte as U+DC80..U+DCFF; UTF-8 refuses them).
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_UNSAFE_IN_TRACEBACK = re.compile(r"[\ud800-\udfff]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(m: re.Match) -> str:
+    c = m.group()
+    if c in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[c]
+    code = ord(c)
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"  # the undecodable byte itself
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}"
+
+
+def escape_log_text(text: str) -> str:
+    """TEXT on one line and encodable in UTF-8: control characters, line separators and
+    undecodable bytes written as backslash escapes (``\\n``, ``\\x1b``, ``\\xff``)."""
+    return _UNSAFE.sub(_escape_char, text)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A record is one line, whatever names its message holds; an attached traceback keeps
+    its own lines, with undecodable bytes escaped so that it can be written too."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_log_text(super().formatMessage(record))
+
+    def formatException(self, ei) -> str:
+        return _UNSAFE_IN_TRACEBACK.sub(_escape_char, super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _UNSAFE_IN_TRACEBACK.sub(_escape_char, super().formatStack(stack_info))
+
+
 def setup_logging(options: Options, daemon: bool) -> None:
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     if options.log_file:
-        handler: logging.Handler = logging.FileHandler(options.log_file)
+        handler: logging.Handler = logging.FileHandler(options.log_file, encoding="utf-8")
     elif daemon and os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler(address="/dev/log")
-        handler.setFormatter(logging.Formatter("zarrfs[%(process)d]: %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(OneLineFormatter(SYSLOG_FORMAT))
     elif daemon:
         handler = logging.NullHandler()
     else:
         handler = logging.StreamHandler(sys.stderr)
     if handler.formatter is None:
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.setFormatter(OneLineFormatter(LOG_FORMAT))
     root.addHandler(handler)
     root.setLevel(options.log_level.upper())
     # fsspec and pyfuse3 are chatty at debug level; keep them at our level or above info.

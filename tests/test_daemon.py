@@ -1,0 +1,110 @@
+"""The daemon's logging: every record is one line and encodable, whatever names it holds, on every handler setup_logging picks."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import socket
+
+import pytest
+
+from zarrfs import daemon
+from zarrfs.options import build_options
+
+# A name as os.fsdecode gives it for the bytes b"bad\xffname" (invalid UTF-8), and one with
+# a newline, a carriage return, a tab, an escape and a Unicode line separator.
+UNDECODABLE = os.fsdecode(b"bad\xffname")
+CONTROL = "new\nline\rcr\ttab\x1besc\u2028sep"
+ESCAPED = {UNDECODABLE: "bad\\xffname", CONTROL: "new\\nline\\rcr\\ttab\\x1besc\\u2028sep"}
+
+
+@pytest.fixture
+def restore_root_logger():
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+        h.close()
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)
+
+
+def _log_names(logger: logging.Logger) -> None:
+    for name in ESCAPED:
+        logger.warning("%s/.zarray: malformed JSON", name)
+
+
+def test_log_file_holds_every_record_on_one_line(tmp_path, restore_root_logger, capsys):
+    log_file = tmp_path / "zarrfs.log"
+    daemon.setup_logging(build_options([f"log_file={log_file}", "log_level=info"]), daemon=False)
+    logger = logging.getLogger("zarrfs.test")
+    _log_names(logger)
+    logging.getLogger().handlers[0].flush()
+    lines = log_file.read_bytes().decode("utf-8").splitlines()
+    assert len(lines) == len(ESCAPED), lines
+    for line, want in zip(lines, ESCAPED.values()):
+        assert line.endswith(f" WARNING zarrfs.test: {want}/.zarray: malformed JSON"), line
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_stderr_records_are_one_line(restore_root_logger, capsys):
+    daemon.setup_logging(build_options(["log_level=info"], foreground=True), daemon=False)
+    _log_names(logging.getLogger("zarrfs.test"))
+    err = capsys.readouterr().err
+    assert "Logging error" not in err
+    lines = err.splitlines()
+    assert [ln.split(" zarrfs.test: ", 1)[1] for ln in lines] == [f"{w}/.zarray: malformed JSON" for w in ESCAPED.values()]
+
+
+def test_traceback_keeps_its_lines_and_is_encodable(tmp_path, restore_root_logger, capsys):
+    log_file = tmp_path / "zarrfs.log"
+    daemon.setup_logging(build_options([f"log_file={log_file}"]), daemon=False)
+    try:
+        raise ValueError(f"cannot read {UNDECODABLE}")
+    except ValueError:
+        logging.getLogger("zarrfs.test").exception("reading %s failed", CONTROL)
+    logging.getLogger().handlers[0].flush()
+    lines = log_file.read_bytes().decode("utf-8").splitlines()
+    assert lines[0].endswith(f"ERROR zarrfs.test: reading {ESCAPED[CONTROL]} failed"), lines[0]
+    assert lines[1] == "Traceback (most recent call last):", lines
+    assert lines[-1] == "ValueError: cannot read bad\\xffname", lines
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_syslog_records_are_one_encodable_line(tmp_path, restore_root_logger, monkeypatch, capsys):
+    """The daemon's syslog handler (used without log_file) escapes the same way."""
+    sock_path = os.fspath(tmp_path / "log.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(sock_path)
+
+    class LocalSysLogHandler(logging.handlers.SysLogHandler):
+        def __init__(self, address="/dev/log", **kwargs):
+            assert address == "/dev/log"
+            super().__init__(sock_path, **kwargs)
+
+    real_exists = os.path.exists
+    monkeypatch.setattr(daemon.os.path, "exists", lambda p: True if p == "/dev/log" else real_exists(p))
+    monkeypatch.setattr(daemon.logging.handlers, "SysLogHandler", LocalSysLogHandler)
+    try:
+        daemon.setup_logging(build_options([]), daemon=True)
+        assert isinstance(logging.getLogger().handlers[0], LocalSysLogHandler)
+        _log_names(logging.getLogger("zarrfs.test"))
+        server.setblocking(False)  # SysLogHandler sends in emit(): the datagrams are there already
+        got = []
+        for _ in ESCAPED:
+            try:
+                got.append(server.recv(65536))
+            except BlockingIOError:
+                break
+    finally:
+        server.close()
+    assert "Logging error" not in capsys.readouterr().err
+    assert len(got) == len(ESCAPED), f"records lost: {got}"
+    for datagram, want in zip(got, ESCAPED.values()):
+        text = datagram.decode("utf-8").rstrip("\0")
+        assert len(text.splitlines()) == 1, text
+        assert text.endswith(f"WARNING zarrfs.test: {want}/.zarray: malformed JSON"), text
+        assert f"zarrfs[{os.getpid()}]: " in text, text
