@@ -261,3 +261,41 @@ def test_log_file_format_and_level(mount, small_store, level, allowed):
         m = LOG_LINE.match(line)
         assert m, f"log line not in '<time> <LEVEL> <logger>: <message>' form: {line!r}"
         assert m.group(1) in allowed, f"{m.group(1)} line with log_level={level}: {line!r}"
+
+
+def test_log_escapes_names(mount, tmp_path):
+    """Names with a newline or undecodable bytes stay in one log line each, escaped; no record is lost.
+
+    A v2 group (zarr-python 3 writes it and its one good array) holds directories so named
+    with a broken `.zarray`, which zarrfs logs a WARNING about when it lists the group.
+    """
+    import zarr
+
+    root = tmp_path / "names.zarr"
+    zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
+    mounted.create_array(root, mounted.ArraySpec("good", "int16", (6, 5), (4, 4), "zstd"), 2,
+                         np.random.default_rng(5))
+    bad_names = {b"new\nline": "new\\nline", b"bad\xffutf8": "bad\\xffutf8", b"cr\rtab\tesc\x1b": "cr\\rtab\\tesc\\x1b"}
+    for name in bad_names:
+        os.mkdir(os.fsencode(root) + b"/" + name)
+        with open(os.fsencode(root) + b"/" + name + b"/.zarray", "wb") as f:
+            f.write(b"{not json")
+    mnt = mount(root, foreground=True)
+    listed = set(os.listdir(os.fsencode(mnt)))
+    assert listed == {b"good.npy"} | {n + b".npy" for n in bad_names}, listed
+    assert (mnt / "good.npy").read_bytes() == mounted.expected_for(root, "good").npy
+    for name in bad_names:
+        with pytest.raises(OSError):
+            open(os.fsencode(mnt) + b"/" + name + b".npy", "rb").read()
+    for missing in (b"no\nsuch", b"no\xfesuch.npy", b"x\ny/z"):
+        with pytest.raises(FileNotFoundError):
+            os.stat(os.fsencode(mnt) + b"/" + missing)
+    mounted.unmount_and_wait(mount, mnt)
+    raw = mount.records[-1].log_file.read_bytes()
+    text = raw.decode("utf-8")  # strict: every record was written in full
+    for line in text.splitlines():
+        assert LOG_LINE.match(line), f"log line not in '<time> <LEVEL> <logger>: <message>' form: {line!r}"
+    for name, escaped in bad_names.items():
+        assert mounted.log_lines_naming(text, f"{escaped}/.zarray", ("WARNING",)), f"no WARNING naming {escaped}:\n{text}"
+    output = (mount.workdir / f"{mnt.name}.cli-output").read_text(errors="replace")
+    assert "Logging error" not in output, output
