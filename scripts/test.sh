@@ -12,4 +12,7 @@ if ! .venv-zarr218/bin/python -c "import zarr, pytest; assert zarr.__version__.s
     "${PYTHON:-python3}" -m venv .venv-zarr218
     .venv-zarr218/bin/python -m pip install -q 'zarr==2.18.*' 'numpy<2' pytest
 fi
+# zarrfs as a plain `pip install` gives it (no extras), for tests/test_install.py: built here so
+# that the first test does not spend a minute compiling pyfuse3; cached outside the clone.
+.venv/bin/python tests/plain_venv.py
 exec .venv/bin/python -m pytest "$@"
