@@ -248,7 +248,7 @@ class UnusableChain(CodecChain):
     description: Any = ()
     layout_order: str = "C"
 
-    def _fail(self) -> UnknownCodec:
+    def _fail(self) -> Exception:
         return type(self.error)(str(self.error))
 
     def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
