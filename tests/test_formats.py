@@ -13,7 +13,7 @@ import zarr.codecs as zc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zarrfs.errors import Unsupported
+from zarrfs.errors import UnknownCodec, Unsupported
 from zarrfs.model import ArrayMeta, BrokenNode, GroupMeta
 
 from corehelp import np_save_bytes, open_node, read_npy
@@ -234,7 +234,12 @@ def test_unsupported_and_broken_nodes(tmp_path):
     assert nodes["text"].kind == "array"
     assert isinstance(nodes["bad"], BrokenNode) and nodes["bad"].key == "bad/zarr.json"
     assert "malformed JSON" in str(nodes["bad"].error)
-    assert isinstance(nodes["codec"], BrokenNode) and "no-such-codec" in str(nodes["codec"].error)
+    # An unknown codec keeps the array's metadata (issue 8); only its decoding fails.
+    codec = nodes["codec"]
+    assert isinstance(codec, ArrayMeta) and codec.shape == (3,) and codec.dtype == np.dtype("<i4")
+    assert codec.codec.describe()[-1] == {"name": "no-such-codec"}
+    with pytest.raises(UnknownCodec, match="no-such-codec.*codec/zarr.json"):
+        codec.codec.decode(b"", (3,), codec.dtype, codec.fill_value)
 
 
 @st.composite

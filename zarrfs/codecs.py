@@ -236,6 +236,45 @@ class CodecChain:
         return [c.describe() for c in (*self.array_array, self.array_bytes, *self.bytes_bytes)]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class UnusableChain(CodecChain):
+    """Codecs the metadata names that cannot run here (unknown, or their library missing).
+
+    The array keeps what its metadata says (shape, dtype, attributes, this description);
+    each decode and encode fails with `error`, which names the document and the reason.
+    """
+
+    error: Exception = dataclasses.field(default_factory=lambda: UnknownCodec("codec unavailable"))
+    description: Any = ()
+    layout_order: str = "C"
+
+    def _fail(self) -> Exception:
+        return type(self.error)(str(self.error))
+
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+        raise self._fail()
+
+    def encode(self, arr: np.ndarray, fill: np.ndarray) -> bytes:
+        raise self._fail()
+
+    def encoded_size(self, n_bytes: int) -> int:
+        raise self._fail()
+
+    @property
+    def order(self) -> str:
+        return self.layout_order
+
+    def describe(self) -> list[dict]:
+        return list(self.description)
+
+
+def v2_description(compressor: Any, filters: Any, order: str) -> list[dict]:
+    """The codecs of v1/v2 metadata as CodecChain.describe shows them, straight from the document."""
+    steps = [*(filters if isinstance(filters, list) else []), *([compressor] if compressor is not None else [])]
+    return [{"name": "bytes", "configuration": {"order": order}},
+            *({"name": s.get("id") if isinstance(s, dict) else None, "configuration": s} for s in steps)]
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardingIndexed:
     """v3 `sharding_indexed`: a shard holds inner chunks and an index of (offset, nbytes) u64."""

@@ -24,6 +24,7 @@ from .engine import Engine
 from .errors import UserError, ZarrfsError
 from .formats.base import compressor_config
 from .fuse_ops import ZarrOperations
+from .model import BrokenNode
 from .options import Options
 from .store import Store
 from .tree import Namespace
@@ -125,6 +126,8 @@ def build(source: str, options: Options) -> ZarrOperations:
     root = hierarchy.node_sync("")
     if root is None:
         raise UserError(f"{source}: not a Zarr hierarchy")
+    if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
+        raise UserError(f"{source}: {root.error}")
     engine = Engine(store, ChunkCache(options.cache_size_bytes))
     namespace = Namespace(hierarchy, root, source, engine, options.show_views)
     log.info("opened %s as %s (root: %s)", source, hierarchy.name, root.kind)

@@ -8,8 +8,16 @@ from typing import Any, Union
 
 import numpy as np
 
+from . import grid, npy
 from .codecs import CodecChain, ShardingIndexed
 from .errors import CorruptChunk, MetadataError, ZarrfsError
+
+# An array's .npy file size is an off_t (st_size, read offsets): signed 64 bits.
+MAX_FILE_BYTES = 2**63 - 1
+# numpy indexes with intp: a dimension, a chunk's element count or a grid position
+# number beyond it cannot be addressed (np.empty, unravel_index); readdir offsets of a
+# chunk directory are signed 64-bit too.
+MAX_INDEX = 2**63 - 1
 
 
 def check_key(key: str) -> str:
@@ -156,6 +164,28 @@ class ArrayMeta:
             raise MetadataError(f"shape {self.shape} and chunks {self.chunk_shape} differ in rank")
         if any(n < 0 for n in self.shape) or any(c < 1 for c in self.chunk_shape):
             raise MetadataError(f"bad shape {self.shape} or chunks {self.chunk_shape}")
+        self._check_size()
+
+    def _check_size(self) -> None:
+        """Refuse shapes no file or numpy array can hold (2^62 x 2^62: the size overflows st_size)."""
+        where = self.metadata_key
+        if any(n > MAX_INDEX for n in (*self.shape, *self.chunk_shape)):
+            raise MetadataError(f"{where}: shape {self.shape} or chunks {self.chunk_shape} too large "
+                                f"(a dimension over 2^63-1)")
+        try:
+            header = max(len(npy.header(self.dtype, self.shape, f)) for f in (False, True))
+        except ValueError as e:
+            raise MetadataError(f"{where}: no NPY header can describe shape {self.shape} of {self.dtype}: {e}") from None
+        if header + self.nbytes > MAX_FILE_BYTES:
+            raise MetadataError(f"{where}: shape {self.shape} of {self.dtype} too large: {self.nbytes} bytes "
+                                f"do not fit a file (at most 2^63-1 bytes)")
+        if math.prod(self.chunk_shape) * self.dtype.itemsize > MAX_FILE_BYTES:
+            raise MetadataError(f"{where}: chunks {self.chunk_shape} of {self.dtype} too large "
+                                f"(over 2^63-1 bytes each)")
+        positions = grid.n_chunks(self.shape, self.chunk_shape)
+        if positions > MAX_INDEX:
+            raise MetadataError(f"{where}: shape {self.shape} in chunks {self.chunk_shape} too large: "
+                                f"{positions} grid positions (at most 2^63-1)")
 
     @property
     def nbytes(self) -> int:

@@ -38,6 +38,8 @@ STATS_FILE = "stats.json"
 ARRAY_VIEWS = {"": (".npy", "C", True), "npy-f": (".npy", "F", True),
                "raw": (".raw", "C", False), "raw-f": (".raw", "F", False)}
 VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info")
+# Linux's NAME_MAX: the kernel refuses a whole readdir reply that holds a longer name.
+NAME_MAX_BYTES = 255
 
 
 class Entry:
@@ -98,11 +100,32 @@ class Entry:
         return self._lock
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a directory entry (None when it can)."""
+    if name in ("", ".", ".."):
+        return f"{name!r} is not a file name"
+    if "/" in name or "\0" in name:
+        return "a file name cannot hold / or NUL"
+    try:
+        n = len(os.fsencode(name))
+    except UnicodeEncodeError:  # a lone surrogate from a JSON escape
+        return "a file name must be valid text"
+    if n > NAME_MAX_BYTES:
+        return f"a name of {n} bytes is longer than a file name can be ({NAME_MAX_BYTES})"
+    return None
+
+
 def root_array_stem(source: str) -> str:
     """The name of a root array: SOURCE's last component without `.zarr`, else `array`."""
     last = re.split(r"[/\\]|::|://", source.rstrip("/"))[-1]
     stem = last[: -len(".zarr")] if last.endswith(".zarr") else last
     return stem or "array"
+
+
+def _node_key(node: Node) -> str:
+    """The store key a log line names for a node: its metadata document, else its path."""
+    key = node.key if isinstance(node, BrokenNode) else node.metadata_key
+    return key or node.path or "/"
 
 
 def _jsonable(value: Any) -> Any:
@@ -403,6 +426,8 @@ class Namespace(NamespaceWrites):
         # Shared by every view of a group: its child nodes; and per array, its stored keys' sizes.
         self._below: dict[str, list[Node]] = {}
         self._sizes: dict[str, dict[str, int | None] | None] = {}
+        # Keys whose names cannot be file names (logged once, never listed)
+        self._unlistable: set[str] = set()
         # Files created and not yet arrays: (parent inode, name) -> inode
         self._pending_names: dict[tuple[int, str], int] = {}
         # Told when a name disappears (the FUSE layer tells the kernel to drop its dentry)
@@ -496,10 +521,12 @@ class Namespace(NamespaceWrites):
         if entry.kind == "storedir":
             files, dirs = await self.engine.run_io(self.hierarchy.store.list_dir_sync, entry.key)
             for d in dirs:
-                names[d] = self._child(inode, d, lambda d=d: self._new("storedir", "store", key=join(entry.key, d)))
+                if self._listable(d, join(entry.key, d)):
+                    names[d] = self._child(inode, d, lambda d=d: self._new("storedir", "store", key=join(entry.key, d)))
             for f, size in files.items():
-                names[f] = self._child(inode, f, lambda f=f, s=size: self._new(
-                    "storekey", "store", key=join(entry.key, f), size=s if s is not None else -1))
+                if self._listable(f, join(entry.key, f)):
+                    names[f] = self._child(inode, f, lambda f=f, s=size: self._new(
+                        "storekey", "store", key=join(entry.key, f), size=s if s is not None else -1))
             return names
         if entry.kind != "group":
             raise NotFound("not a directory")
@@ -511,9 +538,17 @@ class Namespace(NamespaceWrites):
             names[".json"] = self._child(inode, ".json", lambda: self._new("info", "info", entry.node))
         for node in nodes:
             for name, make in self._node_entry(entry.view, node):
-                if name not in names:
+                if name not in names and self._listable(name, _node_key(node)):
                     names[name] = self._child(inode, name, make)
         return names
+
+    def _listable(self, name: str, key: str) -> bool:
+        """Whether `name` can be listed; if not, say so once (naming the key) and leave it out."""
+        problem = name_problem(name)
+        if problem is not None and key not in self._unlistable:
+            self._unlistable.add(key)
+            log.warning("%s: not listed: %s", key, problem)
+        return problem is None
 
     def _root_group(self) -> GroupMeta | None:
         return self.root_node if isinstance(self.root_node, GroupMeta) else None

@@ -9,7 +9,7 @@ import math
 from typing import Any, ClassVar
 
 from ..errors import MetadataError, NotFound, Unsupported, UserError, ZarrfsError
-from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, join
+from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, check_key, join
 from ..store import Store
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ def parse_json(key: str, raw: bytes | None) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise MetadataError(f"{key}: malformed JSON: {e}") from None
+    except RecursionError:
+        raise MetadataError(f"{key}: JSON nested too deeply") from None
 
 
 def json_object(key: str, raw: bytes | None) -> dict | None:
@@ -80,6 +82,26 @@ def json_object(key: str, raw: bytes | None) -> dict | None:
     if doc is not None and not isinstance(doc, dict):
         raise MetadataError(f"{key}: expected a JSON object, got {type(doc).__name__}")
     return doc
+
+
+def broken(path: str, kind: str, key: str, error: BaseException) -> BrokenNode:
+    """The BrokenNode of a node whose documents could not be fetched or used.
+
+    Any exception counts (a store refusal, malformed or absurd metadata, a parser's
+    RecursionError): one bad node fails alone, its listing's siblings stay usable.
+    """
+    if not isinstance(error, ZarrfsError):
+        error = MetadataError(f"{key}: {type(error).__name__}: {error}")
+    return BrokenNode(path, kind, key, error)
+
+
+def consolidated_path(path: str, where: str) -> str | None:
+    """A node path named by consolidated metadata, checked like a listed key; None (logged) if hostile."""
+    try:
+        return check_key(path)
+    except MetadataError as e:
+        log.warning("%s: ignoring an entry of the consolidated metadata: %s", where, e)
+        return None
 
 
 def root_zarr_json_sync(store: Store) -> dict | None:
@@ -202,14 +224,18 @@ class NodeDocsHierarchy(Hierarchy):
         """The node described by its documents (parsed JSON or None each), None if no node."""
 
     def _docs_sync(self, path: str) -> dict[str, Any] | BrokenNode:
-        raw = self.store.get_many_sync([join(path, n) for n in self.doc_names])
+        """A node's parsed documents, or the BrokenNode naming the first that cannot be read."""
+        keys = [join(path, n) for n in self.doc_names]
+        try:
+            raw = self.store.get_many_sync(keys)
+        except Exception:  # one key failed: fetch them one by one to learn which
+            raw = None
         docs: dict[str, Any] = {}
-        for name in self.doc_names:
-            key = join(path, name)
+        for name, key in zip(self.doc_names, keys):
             try:
-                docs[name] = json_object(key, raw[key])
-            except ZarrfsError as e:
-                return BrokenNode(path, self.kind_of_doc(name), key, e)
+                docs[name] = json_object(key, raw[key] if raw is not None else self.store.get_sync(key))
+            except Exception as e:
+                return broken(path, self.kind_of_doc(name), key, e)
         return docs
 
     def kind_of_doc(self, name: str) -> str:
@@ -218,9 +244,14 @@ class NodeDocsHierarchy(Hierarchy):
     def _parse(self, path: str, docs: dict[str, Any]) -> Node | None:
         try:
             return self.parse_docs(path, docs)
-        except ZarrfsError as e:
-            key = join(path, self.main_doc(docs))
-            return BrokenNode(path, self.kind_guess(docs), key, e)
+        except Exception as e:
+            return broken(path, self._kind_guess_safe(docs), join(path, self.main_doc(docs)), e)
+
+    def _kind_guess_safe(self, docs: dict[str, Any]) -> str:
+        try:
+            return self.kind_guess(docs)
+        except Exception:  # a document of the wrong shape (consolidated entries are not checked)
+            return "group"
 
     def main_doc(self, docs: dict[str, Any]) -> str:
         return next((n for n in self.doc_names if docs.get(n) is not None), self.doc_names[0])
@@ -229,6 +260,13 @@ class NodeDocsHierarchy(Hierarchy):
         return "group"
 
     def node_sync(self, path: str) -> Node | None:
+        """The node at `path`; never raises: whatever fails makes it a BrokenNode."""
+        try:
+            return self._node_sync(path)
+        except Exception as e:  # e.g. listing below an implicit group refused
+            return broken(path, "group", path or "/", e)
+
+    def _node_sync(self, path: str) -> Node | None:
         if self.consolidated is not None:
             docs = self.consolidated.get(path)
             if docs is not None:

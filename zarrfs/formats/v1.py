@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
-from ..codecs import v2_chain
-from ..errors import MetadataError, Unsupported
-from ..model import ArrayMeta, BrokenNode, ChunkKeys, NewArray, Node, ints
+from ..codecs import UnusableChain, v2_chain
+from ..errors import MetadataError, UnknownCodec, Unsupported
+from ..model import ArrayMeta, ChunkKeys, NewArray, Node, ints
 from ..options import Options
 from ..store import Store
-from .base import Hierarchy, compressor_config, guess_chunks, json_object
+from .base import Hierarchy, broken, compressor_config, guess_chunks, json_object
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +47,15 @@ class V1Hierarchy(Hierarchy):
     def node_sync(self, path: str) -> Node | None:
         if path:
             return None
-        raw = self.store.get_many_sync([META_KEY, ATTRS_KEY])
         try:
+            raw = self.store.get_many_sync([META_KEY, ATTRS_KEY])
             meta = json_object(META_KEY, raw[META_KEY])
             if meta is None:
                 return None
             attrs = json_object(ATTRS_KEY, raw[ATTRS_KEY]) or {}
             return parse_array(meta, attrs, self.v1_order)
-        except (MetadataError, Unsupported) as e:
-            return BrokenNode("", "array", META_KEY, e)
+        except Exception as e:  # whatever fails makes the array a BrokenNode
+            return broken("", "array", META_KEY, e)
 
     def children_sync(self, path: str) -> list[Node]:
         return []
@@ -132,7 +132,13 @@ def parse_array(doc: dict[str, Any], attrs: dict[str, Any], v1_order: str) -> Ar
         raise MetadataError(f"{META_KEY}: missing field {e}") from None
     # zarr 1.1.0, the one real writer, laid out F-order chunks in F order only with blosc.
     stored_order = order if v1_order == "spec" or compression == "blosc" else "C"
-    codec = v2_chain(v1_compressor_config(compression, doc.get("compression_opts")), None, stored_order, META_KEY)
+    try:
+        codec = v2_chain(v1_compressor_config(compression, doc.get("compression_opts")), None, stored_order, META_KEY)
+    except (UnknownCodec, Unsupported) as e:  # listed with its metadata; reads fail with this error
+        description = [{"name": "bytes", "configuration": {"order": stored_order}},
+                       {"name": compression, "configuration": doc.get("compression_opts")}]
+        codec = UnusableChain(error=UnknownCodec(str(e)), description=description,
+                              layout_order=stored_order if stored_order in ("C", "F") else "C")
     return ArrayMeta(
         path="", shape=shape, dtype=dtype, chunk_shape=chunks,
         fill_value=dtypes.fill_value(doc.get("fill_value"), dtype, bytes_as_text=True), codec=codec,

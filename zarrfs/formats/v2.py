@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
-from ..codecs import v2_chain
-from ..errors import MetadataError
+from ..codecs import UnusableChain, v2_chain, v2_description
+from ..errors import MetadataError, UnknownCodec
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import NodeDocsHierarchy, compressor_config, guess_chunks, json_object
+from .base import NodeDocsHierarchy, compressor_config, consolidated_path, guess_chunks, json_object
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class V2Hierarchy(NodeDocsHierarchy):
                 consolidated = {}
                 for key, value in meta.items():
                     path, _, name = key.rpartition("/")
-                    if name in cls.doc_names:
+                    if name in cls.doc_names and consolidated_path(key, ".zmetadata") is not None:
                         consolidated.setdefault(path, {n: None for n in cls.doc_names})[name] = value
             except MetadataError as e:
                 log.warning("ignoring consolidated metadata: %s", e)
@@ -117,7 +117,11 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
     sep = doc.get("dimension_separator") or "."
     if sep not in (".", "/"):
         raise MetadataError(f"{key}: bad dimension_separator {sep!r}")
-    codec = v2_chain(doc.get("compressor"), doc.get("filters"), order, key)
+    try:
+        codec = v2_chain(doc.get("compressor"), doc.get("filters"), order, key)
+    except UnknownCodec as e:  # listed with its metadata; reads fail with this error
+        codec = UnusableChain(error=e, description=v2_description(doc.get("compressor"), doc.get("filters"), order),
+                              layout_order=order if order in ("C", "F") else "C")
     return ArrayMeta(
         path=path, shape=shape, dtype=dtype, chunk_shape=chunks,
         fill_value=dtypes.fill_value(doc.get("fill_value"), dtype), codec=codec,

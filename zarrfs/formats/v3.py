@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
-from ..codecs import v3_chain
-from ..errors import MetadataError, Unsupported
+from ..codecs import UnusableChain, v3_chain
+from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import NodeDocsHierarchy, compressor_config, guess_chunks, json_object, root_zarr_json_sync
+from .base import (NodeDocsHierarchy, compressor_config, consolidated_path, guess_chunks, json_object,
+                   root_zarr_json_sync)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,10 @@ class V3Hierarchy(NodeDocsHierarchy):
         if isinstance(cm, dict) and cm.get("kind", "inline") == "inline" and isinstance(cm.get("metadata"), dict):
             consolidated = {"": {"zarr.json": root}}
             for path, doc in cm["metadata"].items():
-                consolidated[path.strip("/")] = {"zarr.json": doc}
+                if path and consolidated_path(path, "zarr.json") is not None:  # the root is not its own entry
+                    consolidated[path] = {"zarr.json": doc}
+                elif not path:
+                    log.warning("zarr.json: ignoring an entry of the consolidated metadata: empty path")
         return cls(store, consolidated)
 
     def kind_guess(self, docs: dict[str, Any]) -> str:
@@ -160,7 +164,10 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
         if not isinstance(grid, dict) or grid.get("name") != "regular":
             raise Unsupported(f"{key}: chunk grid {grid!r} is not `regular`")
         chunks = ints((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape", key)
-        codec = v3_chain(doc["codecs"], len(shape), key)
+        try:
+            codec = v3_chain(doc["codecs"], len(shape), key)
+        except UnknownCodec as e:  # listed with its metadata; reads fail with this error
+            codec = UnusableChain(error=e, description=tuple(doc["codecs"]))
         fill = dtypes.fill_value(doc["fill_value"], dtype)
     except KeyError as e:
         raise MetadataError(f"{key}: missing field {e}") from None

@@ -47,10 +47,10 @@ from .. import dtypes
 from ..codecs import ABSENT, BytesBytes, BytesLayout, CodecChain, ShardingIndexed, Transpose, numcodecs_codec
 from ..errors import (CorruptChunk, Exists, InvalidArgument, MetadataError, NotFound, UnknownCodec, Unsupported,
                       UserError, ZarrfsError)
-from ..model import ArrayMeta, BrokenNode, ChunkKeys, GroupMeta, NewArray, Node, ints, join
+from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import Hierarchy, compressor_config, guess_chunks, json_object, root_zarr_json_sync
+from .base import Hierarchy, broken, compressor_config, guess_chunks, json_object, root_zarr_json_sync
 
 log = logging.getLogger(__name__)
 
@@ -298,14 +298,27 @@ class V3DraftHierarchy(Hierarchy):
     # --- nodes ------------------------------------------------------------------------
 
     def node_sync(self, path: str) -> Node | None:
+        """The node at `path`; never raises: whatever fails makes it a BrokenNode."""
+        try:
+            return self._node_sync(path)
+        except Exception as e:  # e.g. its meta directory cannot be listed
+            return broken(path, "group", path or "/", e)
+
+    def _node_sync(self, path: str) -> Node | None:
         if self.layout is None:
             return None
         array_key, group_key = self.layout.meta_key(path, "array"), self.layout.meta_key(path, "group")
-        raw = self.store.get_many_sync([array_key, group_key])
-        if raw[array_key] is not None:
-            return self._parse(path, "array", array_key, raw[array_key])
-        if raw[group_key] is not None:
-            return self._parse(path, "group", group_key, raw[group_key])
+        try:
+            raw = self.store.get_many_sync([array_key, group_key])
+        except Exception:  # one key failed: fetch them one by one to learn which
+            raw = None
+        for kind, key in (("array", array_key), ("group", group_key)):
+            try:
+                value = raw[key] if raw is not None else self.store.get_sync(key)
+            except Exception as e:
+                return broken(path, kind, key, e)
+            if value is not None:
+                return self._parse(path, kind, key, value)
         if path == "":
             return GroupMeta("", {}, self.name)  # the root always exists
         files, dirs = self.store.list_dir_sync(self.layout.meta_dir(path))
@@ -328,7 +341,11 @@ class V3DraftHierarchy(Hierarchy):
             if "array" in kinds or "group" in kinds:
                 kind = "array" if "array" in kinds else "group"
                 key = self.layout.meta_key(child, kind)
-                raw = self.store.get_sync(key)
+                try:
+                    raw = self.store.get_sync(key)
+                except Exception as e:  # one bad node fails alone
+                    out.append(broken(child, kind, key, e))
+                    continue
                 if raw is not None:
                     out.append(self._parse(child, kind, key, raw))
                     continue
@@ -342,8 +359,8 @@ class V3DraftHierarchy(Hierarchy):
             if kind == "group":
                 return parse_group(path, doc, key, self.layout)
             return parse_array(path, doc, key, self.layout, self.warn_once)
-        except ZarrfsError as e:
-            return BrokenNode(path, kind, key, e)
+        except Exception as e:
+            return broken(path, kind, key, e)
 
     # --- writes: each family in its own format (see the "Writing" section below) --------
 
