@@ -263,3 +263,46 @@ def test_random_shapes_and_ranges(tmp_path_factory, case, data):
               for _ in range(5)]
     got = read_npy(path, "a", ranges=ranges)
     assert got == [expected[o:o + n] for o, n in ranges]
+
+
+def _v3_group_doc(**extra):
+    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}, **extra})
+
+
+def _zarr_opens_group(path) -> bool:
+    try:
+        zarr.open_group(str(path), mode="r")
+        return True
+    except Exception:
+        return False
+
+
+def test_v3_group_with_required_unknown_field_fails_alone(tmp_path):
+    """v3: a node with an unknown field that does not say `must_understand: false` must not be
+    opened (zarr-python 3 refuses it too); its siblings and parent stay readable."""
+    path = tmp_path / "s"
+    root = zarr.open_group(str(path), mode="w", zarr_format=3)
+    root.create_group("strict")
+    root.create_group("lenient")
+    root.create_array("a", shape=(2,), dtype="<i4")
+    (path / "strict" / "zarr.json").write_text(_v3_group_doc(ext={"must_understand": True}))
+    (path / "lenient" / "zarr.json").write_text(_v3_group_doc(ext={"must_understand": False, "x": 1}))
+    assert not _zarr_opens_group(path / "strict")
+    _, h, node = open_node(str(path), "")
+    assert isinstance(node, GroupMeta)
+    nodes = {n.path: n for n in h.children_sync("")}
+    assert isinstance(nodes["strict"], BrokenNode) and nodes["strict"].key == "strict/zarr.json"
+    assert "'ext' that must be understood" in str(nodes["strict"].error)
+    assert isinstance(nodes["lenient"], GroupMeta) and isinstance(nodes["a"], ArrayMeta)
+
+
+@pytest.mark.parametrize("extra", [{"ext": {"must_understand": True}}, {"ext": 1}])
+def test_v3_root_group_with_required_unknown_field_refuses_the_mount(tmp_path, extra):
+    from zarrfs.errors import UserError
+
+    path = tmp_path / "s"
+    zarr.open_group(str(path), mode="w", zarr_format=3).create_array("a", shape=(2,), dtype="<i4")
+    (path / "zarr.json").write_text(_v3_group_doc(**extra))
+    assert not _zarr_opens_group(path)
+    with pytest.raises(UserError, match=r"zarr.json: unknown field 'ext' that must be understood"):
+        open_node(str(path), "")

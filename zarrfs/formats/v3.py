@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import dtypes
 from ..codecs import v3_chain
-from ..errors import MetadataError, Unsupported
+from ..errors import MetadataError, Unsupported, UserError
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 ARRAY_FIELDS = {"zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding",
                 "fill_value", "codecs", "attributes", "dimension_names", "storage_transformers"}
+GROUP_FIELDS = {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
 
 
 class V3Hierarchy(NodeDocsHierarchy):
@@ -35,6 +36,12 @@ class V3Hierarchy(NodeDocsHierarchy):
     @classmethod
     def open_sync(cls, store: Store, options: Options | None = None) -> "V3Hierarchy":
         root = json_object("zarr.json", store.get_sync("zarr.json")) or {}
+        if root.get("node_type") == "group":
+            # The root group is the mount: one it must not read refuses the mount (README).
+            try:
+                check_fields(root, GROUP_FIELDS, "zarr.json")
+            except Unsupported as e:
+                raise UserError(f"{store.source}: {e}") from None
         cm = root.get("consolidated_metadata")
         consolidated = None
         if isinstance(cm, dict) and cm.get("kind", "inline") == "inline" and isinstance(cm.get("metadata"), dict):
@@ -102,6 +109,7 @@ class V3Hierarchy(NodeDocsHierarchy):
             raise MetadataError(f"{key}: attributes must be a JSON object")
         kind = doc.get("node_type")
         if kind == "group":
+            check_fields(doc, GROUP_FIELDS, key)
             return GroupMeta(path, attrs, self.name, key)
         if kind == "array":
             return parse_array(path, doc, attrs)
@@ -126,6 +134,17 @@ def _extension_ok(name: str, value: Any) -> bool:
     return isinstance(value, dict) and value.get("must_understand") is False
 
 
+def check_fields(doc: dict[str, Any], known: set[str], key: str) -> None:
+    """Refuse a node document with an unknown field that does not say `must_understand: false`.
+
+    The v3 spec: implementations must fail to open a node with such a field (zarr-python 3
+    refuses every unknown field of a group, even one that may be ignored).
+    """
+    for field in doc:
+        if field not in known and not _extension_ok(field, doc[field]):
+            raise Unsupported(f"{key}: unknown field {field!r} that must be understood")
+
+
 def chunk_keys(path: str, encoding: Any, key: str) -> ChunkKeys:
     if encoding is None:
         encoding = {"name": "default"}
@@ -148,9 +167,7 @@ def chunk_keys(path: str, encoding: Any, key: str) -> ChunkKeys:
 def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayMeta:
     """An ArrayMeta from a final-v3 array `zarr.json`."""
     key = join(path, "zarr.json")
-    for field in doc:
-        if field not in ARRAY_FIELDS and not _extension_ok(field, doc[field]):
-            raise Unsupported(f"{key}: unknown field {field!r} that must be understood")
+    check_fields(doc, ARRAY_FIELDS, key)
     if doc.get("storage_transformers"):
         raise Unsupported(f"{key}: storage transformers {doc['storage_transformers']!r} not supported")
     try:
