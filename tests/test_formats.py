@@ -221,7 +221,9 @@ def test_consolidated_used_without_listing(tmp_path):
 def test_unsupported_and_broken_nodes(tmp_path):
     path = tmp_path / "s"
     root = zarr.open_group(str(path), mode="w", zarr_format=3)
-    root.create_array("text", shape=(3,), dtype=str)
+    root.create_array("text", shape=(3,), dtype="<i4")
+    doc = json.loads((path / "text" / "zarr.json").read_text())
+    (path / "text" / "zarr.json").write_text(json.dumps({**doc, "data_type": "no_such_type"}))
     root.create_array("bad", shape=(3,), dtype="<i4")
     (path / "bad" / "zarr.json").write_text("{not json")
     root.create_array("codec", shape=(3,), dtype="<i4")
@@ -306,3 +308,42 @@ def test_v3_root_group_with_required_unknown_field_refuses_the_mount(tmp_path, e
     assert not _zarr_opens_group(path)
     with pytest.raises(UserError, match=r"zarr.json: unknown field 'ext' that must be understood"):
         open_node(str(path), "")
+
+
+def _write_vlen(path, fmt):
+    """zarr-python 3 string and bytes arrays with missing chunks and elements of several lengths."""
+    from zarr.core.dtype import VariableLengthBytes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = zarr.create_array(str(path), name="s", shape=(5, 7), chunks=(2, 3), dtype=str, zarr_format=fmt)
+        s[:2, :4] = np.array([["a", "bé", "日本語", ""], ["xyzwv", "", "ü", "q"]], dtype=object)
+        b = zarr.create_array(str(path), name="b", shape=(5,), chunks=(2,), dtype=VariableLengthBytes(),
+                              zarr_format=fmt)
+        b[:3] = np.array([b"a", b"bb\x00c", b""], dtype=object)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_vlen_arrays_read_as_fixed_width(tmp_path, fmt):
+    """Variable-length strings as `<U{longest}`, bytes as `|S{longest}`, missing chunks the fill."""
+    path = tmp_path / "s"
+    _write_vlen(path, fmt)
+    for name, kind in (("s", "U"), ("b", "S")):
+        z = np.asarray(zarr.open_array(str(path / name), mode="r")[...], dtype=object)
+        width = max(len(v) for v in z.reshape(-1))
+        want = np.asarray(z, dtype=f"{kind}{width}")
+        got = np.load(__import__("io").BytesIO(read_npy(str(path), name)))
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
+        _, _, meta = open_node(str(path), name)
+        assert meta.read_only and "cannot be written" in meta.read_only
+
+
+def test_vlen_width_scan_is_bounded(tmp_path, monkeypatch):
+    from zarrfs import vlen
+
+    path = tmp_path / "s"
+    _write_vlen(path, 3)
+    monkeypatch.setattr(vlen, "VLEN_SCAN_MAX_STORED_BYTES", 10)
+    _, _, node = open_node(str(path), "s")
+    assert isinstance(node, BrokenNode) and isinstance(node.error, Unsupported)
+    assert node.key == "s/zarr.json" and "at most" in str(node.error)

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..codecs import v3_chain
+from .. import dtypes, vlen
+from ..codecs import BytesLayout, v3_chain
 from ..errors import MetadataError, Unsupported, UserError
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
@@ -112,7 +112,8 @@ class V3Hierarchy(NodeDocsHierarchy):
             check_fields(doc, GROUP_FIELDS, key)
             return GroupMeta(path, attrs, self.name, key)
         if kind == "array":
-            return parse_array(path, doc, attrs)
+            meta = parse_array(path, doc, attrs)
+            return vlen.resolve_sync(self.store, meta, self.chunk_sizes_sync) if vlen.is_vlen(meta) else meta
         raise MetadataError(f"{key}: unknown node_type {kind!r}")
 
 
@@ -172,11 +173,13 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
         raise Unsupported(f"{key}: storage transformers {doc['storage_transformers']!r} not supported")
     try:
         shape = ints(doc["shape"], "shape", key)
-        dtype = dtypes.v3_dtype(doc["data_type"])
         grid = doc["chunk_grid"]
         if not isinstance(grid, dict) or grid.get("name") != "regular":
             raise Unsupported(f"{key}: chunk grid {grid!r} is not `regular`")
         chunks = ints((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape", key)
+        if isinstance(doc["data_type"], str) and doc["data_type"] in VLEN_DATA_TYPES:
+            return _vlen_array(path, doc, attrs, shape, chunks, key)
+        dtype = dtypes.v3_dtype(doc["data_type"])
         codec = v3_chain(doc["codecs"], len(shape), key)
         fill = dtypes.fill_value(doc["fill_value"], dtype)
     except KeyError as e:
@@ -187,3 +190,25 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
         keys=chunk_keys(path, doc.get("chunk_key_encoding"), key), attributes=attrs, format="v3",
         metadata_key=key, dimension_names=tuple(names) if isinstance(names, list) else None,
     ).with_inner_reads()
+
+
+# zarr-python 3's variable-length types and the array->bytes codec each must have.
+VLEN_DATA_TYPES = {"string": "vlen-utf8", "variable_length_bytes": "vlen-bytes", "bytes": "vlen-bytes"}
+
+
+def _vlen_array(path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tuple[int, ...],
+                chunks: tuple[int, ...], key: str) -> ArrayMeta:
+    """A `string` / `bytes` array: codecs vlen-utf8 or vlen-bytes, then bytes->bytes codecs."""
+    codecs = doc["codecs"]
+    first = codecs[0].get("name") if isinstance(codecs, list) and codecs and isinstance(codecs[0], dict) else None
+    if first != VLEN_DATA_TYPES[doc["data_type"]]:
+        raise Unsupported(f"{key}: data type {doc['data_type']!r} with codecs {codecs!r}: only "
+                          f"{VLEN_DATA_TYPES[doc['data_type']]} first is readable")
+    rest = v3_chain([{"name": "bytes"}, *codecs[1:]], len(shape), key)
+    if rest.array_array or not isinstance(rest.array_bytes, BytesLayout):
+        raise Unsupported(f"{key}: codecs after {first} must be bytes->bytes codecs")
+    names = doc.get("dimension_names")
+    return vlen.placeholder(path, shape, chunks, vlen.vlen_step(first, "C", key), rest.bytes_bytes,
+                            doc["fill_value"], keys=chunk_keys(path, doc.get("chunk_key_encoding"), key),
+                            attributes=attrs, format="v3", metadata_key=key,
+                            dimension_names=tuple(names) if isinstance(names, list) else None)
