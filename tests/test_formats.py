@@ -347,3 +347,35 @@ def test_vlen_width_scan_is_bounded(tmp_path, monkeypatch):
     _, _, node = open_node(str(path), "s")
     assert isinstance(node, BrokenNode) and isinstance(node.error, Unsupported)
     assert node.key == "s/zarr.json" and "at most" in str(node.error)
+
+
+def test_vlen_arrays_of_zarr_2_18(tmp_path):
+    """zarr 2.18 writes `fill_value: 0` for object arrays (and F-ordered objects with order F):
+    strings read as zarr-python 3 reads them (missing chunks "0"); bytes as zarr 2.18 reads
+    the stored chunks, missing chunks empty (zarr-python 3 refuses that fill value)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    z218 = Path(os.environ.get("ZARR218_PYTHON", Path(__file__).parent.parent / ".venv-zarr218/bin/python"))
+    script = f"""
+import numcodecs, numpy as np, zarr
+s = zarr.open_array({str(tmp_path / 's')!r}, mode='w', shape=(5,), chunks=(2,), dtype=object,
+                    object_codec=numcodecs.VLenUTF8())
+s[:3] = np.array(['a', 'ßé', ''], dtype=object)
+b = zarr.open_array({str(tmp_path / 'b')!r}, mode='w', shape=(2, 3), chunks=(2, 2), dtype=object,
+                    object_codec=numcodecs.VLenBytes(), order='F')
+b[:, :2] = np.array([[b'a', b'xyz'], [b'', b'q']], dtype=object)
+print(repr(b[:, :2].tolist()))
+"""
+    r = subprocess.run([str(z218), "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "s" / ".zarray").read_text())["fill_value"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want_s = np.asarray(zarr.open_array(str(tmp_path / "s"), mode="r")[...], dtype=object)
+    got_s = np.load(__import__("io").BytesIO(read_npy(str(tmp_path / "s"), "")))
+    assert got_s.dtype == np.dtype("<U2") and got_s.tolist() == want_s.tolist()
+    got_b = np.load(__import__("io").BytesIO(read_npy(str(tmp_path / "b"), "")))
+    assert got_b.dtype == np.dtype("|S3") and got_b[:, :2].tolist() == __import__("ast").literal_eval(r.stdout)
+    assert got_b[:, 2].tolist() == [b"", b""]

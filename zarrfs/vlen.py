@@ -19,6 +19,7 @@ import numpy as np
 
 from . import grid
 from .codecs import CodecChain
+from .dtypes import _bytes_value
 from .errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
 from .model import ArrayMeta
 
@@ -100,13 +101,17 @@ def placeholder(path: str, shape: tuple[int, ...], chunks: tuple[int, ...], step
 
 
 def _fill(fill: Any, kind: str) -> np.ndarray:
-    """A vlen fill value (null means empty) as a 0-d U or S array of its own width."""
-    if fill is None:
-        fill = ""
-    if kind == "S" and isinstance(fill, str):
-        from .dtypes import _bytes_value  # v2/v3 writers store bytes fill values as base64 ("" too)
+    """A vlen fill value (null means empty) as a 0-d U or S array of its own width.
 
-        fill = _bytes_value(fill) if fill else b""
+    zarr 2 writes `fill_value: 0` for object arrays: zarr-python 3 reads it as the string
+    "0" for vlen-utf8 (so does zarrfs); for vlen-bytes it refuses it, zarrfs reads empty bytes.
+    """
+    if fill is None or (kind == "S" and fill == 0 and not isinstance(fill, bool)):
+        fill = ""
+    if kind == "U" and isinstance(fill, int) and not isinstance(fill, bool):
+        fill = str(fill)
+    if kind == "S" and isinstance(fill, str):
+        fill = _bytes_value(fill) if fill else b""  # v2/v3 writers store bytes fill values as base64
     if not isinstance(fill, str if kind == "U" else bytes):
         raise MetadataError(f"bad fill value {fill!r} for variable-length {'strings' if kind == 'U' else 'bytes'}")
     return np.array(fill, dtype=f"{kind}{max(1, len(fill))}")
