@@ -67,6 +67,32 @@ def test_bad_fill_values(value, dtype):
         dtypes.fill_value(value, np.dtype(dtype))
 
 
+@pytest.mark.parametrize("value,dtype,why", [
+    ("false", "|b1", "expected true or false"),  # used to read as True (a non-empty string)
+    ("true", "|b1", "expected true or false"), (2, "|b1", "expected true or false"),
+    (0.5, "|b1", "expected true or false"),
+    (1.5, "<i4", "not an integer"),  # used to become 1
+    (-0.25, "|u1", "not an integer"), (True, "<i8", "a boolean"), ("1.5", "<i2", "not an integer"),
+    (300, "|i1", "out of the range"), (-1, "<u8", "out of the range"), (2**64, "<u8", "out of the range"),
+    (1.5, "<M8[ns]", "not an integer"), (True, "<c8", "bad complex"),
+])
+def test_fill_values_a_type_cannot_hold(value, dtype, why):
+    """A fill value the spec does not allow for the type is refused, never coerced."""
+    with pytest.raises(MetadataError, match=why):
+        dtypes.fill_value(value, np.dtype(dtype))
+
+
+@pytest.mark.parametrize("value,dtype,want", [
+    (False, "|b1", False), (0, "|b1", False), (1, "|b1", True), (3.0, "<i4", 3), ("0x10", "<i2", 16),
+    (2**64 - 1, "<u8", 2**64 - 1), (-128, "|i1", -128), ("NaT", "<M8[s]", np.datetime64("NaT")),
+    (86400, ">M8[s]", np.datetime64("1970-01-02")),
+])
+def test_fill_values_real_writers_use(value, dtype, want):
+    got = dtypes.fill_value(value, np.dtype(dtype))
+    assert got.dtype == np.dtype(dtype)
+    assert (np.isnat(got[()]) and np.isnat(want)) if dtype.endswith("[s]") and value == "NaT" else got[()] == want
+
+
 @pytest.mark.parametrize("dtype", ["|b1", "<i2", ">u4", "<f8", ">f4", "<c8", "|S4", "<U2", "<M8[ns]", "<m8[10s]",
                                    "|V3", [("a", "<i2"), ("b", "|S2")]], ids=str)
 @pytest.mark.parametrize("fmt", ["v2", "v3"])

@@ -221,7 +221,9 @@ def test_consolidated_used_without_listing(tmp_path):
 def test_unsupported_and_broken_nodes(tmp_path):
     path = tmp_path / "s"
     root = zarr.open_group(str(path), mode="w", zarr_format=3)
-    root.create_array("text", shape=(3,), dtype=str)
+    root.create_array("text", shape=(3,), dtype="<i4")
+    doc = json.loads((path / "text" / "zarr.json").read_text())
+    (path / "text" / "zarr.json").write_text(json.dumps({**doc, "data_type": "no_such_type"}))
     root.create_array("bad", shape=(3,), dtype="<i4")
     (path / "bad" / "zarr.json").write_text("{not json")
     root.create_array("codec", shape=(3,), dtype="<i4")
@@ -268,3 +270,117 @@ def test_random_shapes_and_ranges(tmp_path_factory, case, data):
               for _ in range(5)]
     got = read_npy(path, "a", ranges=ranges)
     assert got == [expected[o:o + n] for o, n in ranges]
+
+
+def _v3_group_doc(**extra):
+    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}, **extra})
+
+
+def _zarr_opens_group(path) -> bool:
+    try:
+        zarr.open_group(str(path), mode="r")
+        return True
+    except Exception:
+        return False
+
+
+def test_v3_group_with_required_unknown_field_fails_alone(tmp_path):
+    """v3: a node with an unknown field that does not say `must_understand: false` must not be
+    opened (zarr-python 3 refuses it too); its siblings and parent stay readable."""
+    path = tmp_path / "s"
+    root = zarr.open_group(str(path), mode="w", zarr_format=3)
+    root.create_group("strict")
+    root.create_group("lenient")
+    root.create_array("a", shape=(2,), dtype="<i4")
+    (path / "strict" / "zarr.json").write_text(_v3_group_doc(ext={"must_understand": True}))
+    (path / "lenient" / "zarr.json").write_text(_v3_group_doc(ext={"must_understand": False, "x": 1}))
+    assert not _zarr_opens_group(path / "strict")
+    _, h, node = open_node(str(path), "")
+    assert isinstance(node, GroupMeta)
+    nodes = {n.path: n for n in h.children_sync("")}
+    assert isinstance(nodes["strict"], BrokenNode) and nodes["strict"].key == "strict/zarr.json"
+    assert "'ext' that must be understood" in str(nodes["strict"].error)
+    assert isinstance(nodes["lenient"], GroupMeta) and isinstance(nodes["a"], ArrayMeta)
+
+
+@pytest.mark.parametrize("extra", [{"ext": {"must_understand": True}}, {"ext": 1}])
+def test_v3_root_group_with_required_unknown_field_refuses_the_mount(tmp_path, extra):
+    from zarrfs.errors import UserError
+
+    path = tmp_path / "s"
+    zarr.open_group(str(path), mode="w", zarr_format=3).create_array("a", shape=(2,), dtype="<i4")
+    (path / "zarr.json").write_text(_v3_group_doc(**extra))
+    assert not _zarr_opens_group(path)
+    with pytest.raises(UserError, match=r"zarr.json: unknown field 'ext' that must be understood"):
+        open_node(str(path), "")
+
+
+def _write_vlen(path, fmt):
+    """zarr-python 3 string and bytes arrays with missing chunks and elements of several lengths."""
+    from zarr.core.dtype import VariableLengthBytes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = zarr.create_array(str(path), name="s", shape=(5, 7), chunks=(2, 3), dtype=str, zarr_format=fmt)
+        s[:2, :4] = np.array([["a", "bé", "日本語", ""], ["xyzwv", "", "ü", "q"]], dtype=object)
+        b = zarr.create_array(str(path), name="b", shape=(5,), chunks=(2,), dtype=VariableLengthBytes(),
+                              zarr_format=fmt)
+        b[:3] = np.array([b"a", b"bb\x00c", b""], dtype=object)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_vlen_arrays_read_as_fixed_width(tmp_path, fmt):
+    """Variable-length strings as `<U{longest}`, bytes as `|S{longest}`, missing chunks the fill."""
+    path = tmp_path / "s"
+    _write_vlen(path, fmt)
+    for name, kind in (("s", "U"), ("b", "S")):
+        z = np.asarray(zarr.open_array(str(path / name), mode="r")[...], dtype=object)
+        width = max(len(v) for v in z.reshape(-1))
+        want = np.asarray(z, dtype=f"{kind}{width}")
+        got = np.load(__import__("io").BytesIO(read_npy(str(path), name)))
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
+        _, _, meta = open_node(str(path), name)
+        assert meta.read_only and "cannot be written" in meta.read_only
+
+
+def test_vlen_width_scan_is_bounded(tmp_path, monkeypatch):
+    from zarrfs import vlen
+
+    path = tmp_path / "s"
+    _write_vlen(path, 3)
+    monkeypatch.setattr(vlen, "VLEN_SCAN_MAX_STORED_BYTES", 10)
+    _, _, node = open_node(str(path), "s")
+    assert isinstance(node, BrokenNode) and isinstance(node.error, Unsupported)
+    assert node.key == "s/zarr.json" and "at most" in str(node.error)
+
+
+def test_vlen_arrays_of_zarr_2_18(tmp_path):
+    """zarr 2.18 writes `fill_value: 0` for object arrays (and F-ordered objects with order F):
+    strings read as zarr-python 3 reads them (missing chunks "0"); bytes as zarr 2.18 reads
+    the stored chunks, missing chunks empty (zarr-python 3 refuses that fill value)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    z218 = Path(os.environ.get("ZARR218_PYTHON", Path(__file__).parent.parent / ".venv-zarr218/bin/python"))
+    script = f"""
+import numcodecs, numpy as np, zarr
+s = zarr.open_array({str(tmp_path / 's')!r}, mode='w', shape=(5,), chunks=(2,), dtype=object,
+                    object_codec=numcodecs.VLenUTF8())
+s[:3] = np.array(['a', 'ßé', ''], dtype=object)
+b = zarr.open_array({str(tmp_path / 'b')!r}, mode='w', shape=(2, 3), chunks=(2, 2), dtype=object,
+                    object_codec=numcodecs.VLenBytes(), order='F')
+b[:, :2] = np.array([[b'a', b'xyz'], [b'', b'q']], dtype=object)
+print(repr(b[:, :2].tolist()))
+"""
+    r = subprocess.run([str(z218), "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "s" / ".zarray").read_text())["fill_value"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want_s = np.asarray(zarr.open_array(str(tmp_path / "s"), mode="r")[...], dtype=object)
+    got_s = np.load(__import__("io").BytesIO(read_npy(str(tmp_path / "s"), "")))
+    assert got_s.dtype == np.dtype("<U2") and got_s.tolist() == want_s.tolist()
+    got_b = np.load(__import__("io").BytesIO(read_npy(str(tmp_path / "b"), "")))
+    assert got_b.dtype == np.dtype("|S3") and got_b[:, :2].tolist() == __import__("ast").literal_eval(r.stdout)
+    assert got_b[:, 2].tolist() == [b"", b""]

@@ -91,3 +91,42 @@ def test_metadata_quirks():
     assert s_meta.fill_value[()] == want_fill.encode()  # plain text, not base64
     zerod = read("zerod_i4")
     assert zerod.shape == () and zerod == expected("zerod_i4")[0]
+
+
+def _zerod_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    root = tmp_path / "zerod_i4"
+    shutil.copytree(FIXTURES / "zerod_i4", root)
+    return root
+
+
+def test_zero_d_chunk_is_read_from_key_0(tmp_path):
+    """zarr 1.1.0 derives the key '' (the store's root) for a 0-d array's chunk and cannot store
+    it; zarrfs keeps it at `0`, as zarr 2 does with the same key rule. The chunk is made here
+    from the v1 spec: the element's bytes, compressed with the `meta` compressor (zlib)."""
+    import zlib
+
+    root = _zerod_copy(tmp_path)
+    assert json.loads((root / "meta").read_text())["compression"] == "zlib"
+    (root / "0").write_bytes(zlib.compress(np.array(-7, "<i4").tobytes(), 1))
+    got = _read_root(root)
+    assert got.shape == () and got.dtype == np.dtype("<i4") and got[()] == -7
+
+
+def _read_root(root: Path) -> np.ndarray:
+    store = Store(str(root))
+    meta = open_hierarchy_sync(store).node_sync("")
+    assert meta.chunk_key(()) == "0"
+    stream = ArrayStream(meta)
+    return np.load(io.BytesIO(trio.run(Engine(store, ChunkCache(1 << 20)).read, stream, 0, stream.size)))
+
+
+def test_malformed_meta_is_named(tmp_path):
+    from zarrfs.errors import UserError
+
+    (tmp_path / "meta").write_text('{"zarr_format": 1, "shape": [3]')
+    (tmp_path / "attrs").write_text("{}")
+    for fmt in ("auto", "v1"):
+        with pytest.raises(UserError, match=r"meta: malformed JSON: "):
+            open_hierarchy_sync(Store(str(tmp_path)), fmt)

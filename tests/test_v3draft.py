@@ -401,3 +401,24 @@ def test_unknown_codec_reads_fail_with_eio():
 
     _, _, node = open_node(str(SPEC / "refused-arrays"), "unknown_codec")
     assert isinstance(node.error, UnknownCodec) and node.error.errno == errno.EIO
+
+
+def test_core_draft_refuses_null_fill_for_core_types():
+    """May 2022 "fill_value": "The literal null is not permitted"; the protocol draft (and zarr
+    2.18) allow it, and an extension data type interprets its own fill value."""
+    with pytest.raises(MetadataError, match="fill_value null is not permitted"):
+        parse_array("a", doc_2022(fill_value=None), "meta/a.array.json", CORE)
+    protocol = parse_array("a", {**doc_2022(fill_value=None), "chunk_grid": {
+        "type": "regular", "chunk_shape": [3, 2], "separator": "/"}}, "meta/root/a.array.json", PROTOCOL)
+    assert protocol.fill_value[()] == 0
+    ext = {"extension": "https://purl.org/zarr/spec/extensions/data-types/datetime/1.0",
+           "type": "<M8[ns]", "fallback": "<i8"}
+    assert parse_array("a", doc_2022(fill_value=None, data_type=ext), "k", CORE).fill_value[()] == 0
+
+
+@pytest.mark.parametrize("value", ["false", 1.5, 40000])
+def test_core_draft_fill_values_the_type_cannot_hold(value):
+    """int16 and bool: "false" is not a boolean, 1.5 has a fraction, 40000 is out of range."""
+    dtype = "bool" if value == "false" else "int16"
+    with pytest.raises(MetadataError, match="meta/a.array.json"):
+        parse_array("a", doc_2022(fill_value=value, data_type=dtype), "meta/a.array.json", CORE)

@@ -125,10 +125,50 @@ def _bytes_value(value: Any) -> bytes:
     raise MetadataError(f"bad fill value {value!r} for a bytes type")
 
 
+def _bool_value(value: Any) -> bool:
+    """A boolean fill value: JSON `true`/`false` (what v1, v2 and v3 writers store), or 0/1."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise MetadataError(f"bad fill value {value!r} for bool: expected true or false")
+
+
+def _integer_value(value: Any, dtype: np.dtype) -> int:
+    """An integer fill value: a JSON number with no fraction (or a `0x`/`0b` string) within range."""
+    if isinstance(value, bool):
+        raise MetadataError(f"bad fill value {value!r} for {dtype}: a boolean, not an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise MetadataError(f"bad fill value {value!r} for {dtype}: not an integer")
+        value = int(value)
+    elif isinstance(value, str):
+        try:
+            value = int(value, 0)
+        except ValueError:
+            raise MetadataError(f"bad fill value {value!r} for {dtype}: not an integer") from None
+    if not isinstance(value, int):
+        raise MetadataError(f"bad fill value {value!r} for {dtype}: not an integer")
+    info = np.iinfo(dtype)
+    if not info.min <= value <= info.max:
+        raise MetadataError(f"fill value {value} is out of the range of {dtype} ({info.min}..{info.max})")
+    return value
+
+
+def _time_value(value: Any, dtype: np.dtype) -> np.ndarray:
+    """A datetime64/timedelta64 fill value: the int64 count of units, or "NaT"."""
+    if isinstance(value, str) and value == "NaT":
+        return np.array("NaT", dtype=dtype)
+    count = _integer_value(value, np.dtype("<i8"))
+    return np.array(count, dtype="<i8").view(dtype.newbyteorder("<")).astype(dtype)
+
+
 def fill_value(value: Any, dtype: np.dtype, bytes_as_text: bool = False) -> np.ndarray:
     """The fill value from JSON as a 0-d array of `dtype`; null means zeros.
 
     Fixed-size bytes (`S`) are base64 in v2 and v3; v1 writers stored them as plain text.
+    What a type cannot hold is a MetadataError: a string or a number other than 0/1 for a
+    bool, a fraction or an out-of-range number for an integer type.
     """
     out = np.zeros((), dtype=dtype)
     if value is None:
@@ -145,28 +185,26 @@ def fill_value(value: Any, dtype: np.dtype, bytes_as_text: bool = False) -> np.n
         elif kind == "U":
             out[()] = str(value)
         elif kind == "b":
-            out[()] = bool(value)
+            out[()] = _bool_value(value)
         elif kind in "iu":
-            out[()] = int(value, 0) if isinstance(value, str) else int(value)
+            out[()] = _integer_value(value, dtype)
         elif kind == "f":
             out[()] = _float_token(value, dtype)
         elif kind == "c":
             if isinstance(value, (list, tuple)) and len(value) == 2:
                 part = np.dtype(f"{dtype.byteorder if dtype.byteorder in '<>' else '<'}f{dtype.itemsize // 2}")
                 out[()] = complex(_float_token(value[0], part), _float_token(value[1], part))
-            elif isinstance(value, (int, float)):
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[()] = value
             else:
                 raise MetadataError(f"bad complex fill value {value!r}")
         elif kind in "mM":
-            out[()] = np.array(int(value), dtype="<i8").view(dtype.newbyteorder("<"))[()] if not (
-                isinstance(value, str) and value == "NaT") else np.array("NaT", dtype=dtype)
+            out[()] = _time_value(value, dtype)
         else:
             raise Unsupported(f"fill value for data type {dtype}")
     except (TypeError, ValueError, OverflowError) as e:
         raise MetadataError(f"bad fill value {value!r} for {dtype}: {e}") from None
     return out
-
 
 
 # --- the other way: numpy to each format's JSON (for arrays created through the mount) ---

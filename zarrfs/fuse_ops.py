@@ -13,7 +13,7 @@ from typing import Any
 import pyfuse3
 
 from .engine import Engine
-from .errors import InvalidArgument, ReadOnly, ZarrfsError
+from .errors import InvalidArgument, NotPermitted, ReadOnly, ZarrfsError
 from .model import BrokenNode
 from .options import Options
 from .tree import Entry, Namespace, fs_name
@@ -155,6 +155,10 @@ class ZarrOperations(pyfuse3.Operations):
             if flags & os.O_TRUNC:
                 self.ns.truncate(entry)
                 return self._open_handle(entry, None)
+            reason = getattr(entry.node, "read_only", None)
+            if reason:  # shown in a form that cannot be written back (variable-length strings)
+                log.warning("%s: %s", entry.node.metadata_key, reason)
+                raise NotPermitted(f"{entry.node.path or '/'}: {reason}")
         if entry.error is not None and entry.pending is None:
             node = entry.node
             log.warning("%s: %s", node.key if isinstance(node, BrokenNode) else node.path, entry.error)

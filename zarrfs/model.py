@@ -158,6 +158,9 @@ class ArrayMeta:
     #: for v3 shards whose only codec is `sharding_indexed`: the same array over the inner
     #: chunk grid (source ShardedInner), so that a read fetches only the inner chunks it needs
     inner: ArrayMeta | None = None
+    #: why writes into this array are refused (a representation that cannot be written
+    #: back, such as variable-length strings shown as fixed width); None: writable
+    read_only: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.shape) != len(self.chunk_shape):

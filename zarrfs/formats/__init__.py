@@ -26,7 +26,7 @@ def open_hierarchy_sync(store: Store, fmt: str = "auto", options: Options | None
         cls = FORMATS[fmt]
         hierarchy = cls.open_sync(store, options)
         if not cls.detect_sync(store) and not hierarchy.children_sync(""):
-            raise UserError(f"{store.source}: not a {fmt} hierarchy")
+            raise UserError(f"{store.source}: {V1Hierarchy.malformed_sync(store) or f'not a {fmt} hierarchy'}")
         return hierarchy
     for cls in FORMATS.values():
         if cls.detect_sync(store):
@@ -36,4 +36,7 @@ def open_hierarchy_sync(store: Store, fmt: str = "auto", options: Options | None
         hierarchy = cls.open_sync(store, options)
         if hierarchy.node_sync("") is not None and hierarchy.children_sync(""):
             return hierarchy
+    problem = V1Hierarchy.malformed_sync(store)
+    if problem:
+        raise UserError(f"{store.source}: {problem}")
     raise UserError(f"{store.source}: not a Zarr hierarchy (no .zarray, .zgroup, .zmetadata, zarr.json or meta)")

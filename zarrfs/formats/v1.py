@@ -20,6 +20,11 @@ from .base import Hierarchy, broken, compressor_config, guess_chunks, json_objec
 log = logging.getLogger(__name__)
 
 META_KEY, ATTRS_KEY = "meta", "attrs"
+# The chunk key of a 0-d array. The v1 rule (indices joined with `.`) gives '' for the empty
+# index, which is the store's root: zarr 1.1.0 derived '' and could not store it in a
+# directory (IsADirectoryError; tests/fixtures/v1/README.md). zarr 2, whose key rule is the
+# same, names the one chunk of a 0-d array `0`; zarrfs reads and writes it there.
+ZERO_D_KEY = "0"
 
 
 class V1Hierarchy(Hierarchy):
@@ -39,6 +44,18 @@ class V1Hierarchy(Hierarchy):
         except MetadataError:
             return False
         return isinstance(doc, dict) and doc.get("zarr_format") == 1
+
+    @classmethod
+    def malformed_sync(cls, store: Store) -> str | None:
+        """Why the store's `meta` key cannot be read as JSON (`meta: malformed JSON: ...`), if it cannot.
+
+        Detection skips such a store; this names the cause instead of "not a Zarr hierarchy".
+        """
+        try:
+            json_object(META_KEY, store.get_sync(META_KEY))
+        except MetadataError as e:
+            return str(e)
+        return None
 
     @classmethod
     def open_sync(cls, store: Store, options: Options | None = None) -> "V1Hierarchy":
@@ -142,5 +159,5 @@ def parse_array(doc: dict[str, Any], attrs: dict[str, Any], v1_order: str) -> Ar
     return ArrayMeta(
         path="", shape=shape, dtype=dtype, chunk_shape=chunks,
         fill_value=dtypes.fill_value(doc.get("fill_value"), dtype, bytes_as_text=True), codec=codec,
-        keys=ChunkKeys("", ".", "", ""), attributes=attrs, format="v1", metadata_key=META_KEY,
+        keys=ChunkKeys("", ".", "", ZERO_D_KEY), attributes=attrs, format="v1", metadata_key=META_KEY,
         erase_fill_chunks=doc.get("fill_value") is not None)

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
+from .. import dtypes, vlen
 from ..codecs import UnusableChain, v2_chain, v2_description
-from ..errors import MetadataError, UnknownCodec
+from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
@@ -96,7 +96,8 @@ class V2Hierarchy(NodeDocsHierarchy):
         if not isinstance(attrs, dict):
             raise MetadataError(f"{join(path, '.zattrs')}: attributes must be a JSON object")
         if docs.get(".zarray") is not None:
-            return parse_array(path, docs[".zarray"], attrs)
+            meta = parse_array(path, docs[".zarray"], attrs)
+            return vlen.resolve_sync(self.store, meta, self.chunk_sizes_sync) if vlen.is_vlen(meta) else meta
         if docs.get(".zgroup") is not None:
             return GroupMeta(path, attrs, self.name, join(path, ".zgroup"))
         return None
@@ -110,13 +111,13 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
     try:
         shape = ints(doc["shape"], "shape", key)
         chunks = ints(doc["chunks"], "chunks", key)
+        if doc["dtype"] == "|O":
+            return _vlen_array(path, doc, attrs, shape, chunks, key)
         dtype = dtypes.v2_dtype(doc["dtype"])
     except KeyError as e:
         raise MetadataError(f"{key}: missing field {e}") from None
     order = doc.get("order", "C")
-    sep = doc.get("dimension_separator") or "."
-    if sep not in (".", "/"):
-        raise MetadataError(f"{key}: bad dimension_separator {sep!r}")
+    sep = _separator(doc, key)
     try:
         codec = v2_chain(doc.get("compressor"), doc.get("filters"), order, key)
     except UnknownCodec as e:  # listed with its metadata; reads fail with this error
@@ -127,4 +128,26 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
         fill_value=dtypes.fill_value(doc.get("fill_value"), dtype), codec=codec,
         keys=ChunkKeys(path, sep, "", "0"), attributes=attrs, format="v2", metadata_key=key,
         erase_fill_chunks=doc.get("fill_value") is not None)
+
+
+def _separator(doc: dict[str, Any], key: str) -> str:
+    sep = doc.get("dimension_separator") or "."
+    if sep not in (".", "/"):
+        raise MetadataError(f"{key}: bad dimension_separator {sep!r}")
+    return sep
+
+
+def _vlen_array(path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tuple[int, ...],
+                chunks: tuple[int, ...], key: str) -> ArrayMeta:
+    """An object array whose first filter is vlen-utf8 or vlen-bytes (its width still to be found)."""
+    filters = doc.get("filters") or []
+    first = filters[0].get("id") if filters and isinstance(filters[0], dict) else None
+    if first not in vlen.VLEN_KINDS:
+        raise Unsupported(f"{key}: data type '|O' with filters {filters!r}: only vlen-utf8 and vlen-bytes "
+                          f"object arrays are readable")
+    order = doc.get("order", "C")
+    rest = v2_chain(doc.get("compressor"), filters[1:], order, key)
+    return vlen.placeholder(path, shape, chunks, vlen.vlen_step(first, order, key), rest.bytes_bytes,
+                            doc.get("fill_value"), keys=ChunkKeys(path, _separator(doc, key), "", "0"),
+                            attributes=attrs, format="v2", metadata_key=key)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..codecs import UnusableChain, v3_chain
-from ..errors import MetadataError, UnknownCodec, Unsupported
+from .. import dtypes, vlen
+from ..codecs import BytesLayout, UnusableChain, v3_chain
+from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 ARRAY_FIELDS = {"zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding",
                 "fill_value", "codecs", "attributes", "dimension_names", "storage_transformers"}
+GROUP_FIELDS = {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
 
 
 class V3Hierarchy(NodeDocsHierarchy):
@@ -36,6 +37,12 @@ class V3Hierarchy(NodeDocsHierarchy):
     @classmethod
     def open_sync(cls, store: Store, options: Options | None = None) -> "V3Hierarchy":
         root = json_object("zarr.json", store.get_sync("zarr.json")) or {}
+        if root.get("node_type") == "group":
+            # The root group is the mount: one it must not read refuses the mount (README).
+            try:
+                check_fields(root, GROUP_FIELDS, "zarr.json")
+            except Unsupported as e:
+                raise UserError(f"{store.source}: {e}") from None
         cm = root.get("consolidated_metadata")
         consolidated = None
         if isinstance(cm, dict) and cm.get("kind", "inline") == "inline" and isinstance(cm.get("metadata"), dict):
@@ -106,9 +113,11 @@ class V3Hierarchy(NodeDocsHierarchy):
             raise MetadataError(f"{key}: attributes must be a JSON object")
         kind = doc.get("node_type")
         if kind == "group":
+            check_fields(doc, GROUP_FIELDS, key)
             return GroupMeta(path, attrs, self.name, key)
         if kind == "array":
-            return parse_array(path, doc, attrs)
+            meta = parse_array(path, doc, attrs)
+            return vlen.resolve_sync(self.store, meta, self.chunk_sizes_sync) if vlen.is_vlen(meta) else meta
         raise MetadataError(f"{key}: unknown node_type {kind!r}")
 
 
@@ -128,6 +137,17 @@ def v3_codec_json(config: dict[str, Any], itemsize: int) -> dict[str, Any]:
 def _extension_ok(name: str, value: Any) -> bool:
     """Unknown fields may be ignored only when they say `must_understand: false`."""
     return isinstance(value, dict) and value.get("must_understand") is False
+
+
+def check_fields(doc: dict[str, Any], known: set[str], key: str) -> None:
+    """Refuse a node document with an unknown field that does not say `must_understand: false`.
+
+    The v3 spec: implementations must fail to open a node with such a field (zarr-python 3
+    refuses every unknown field of a group, even one that may be ignored).
+    """
+    for field in doc:
+        if field not in known and not _extension_ok(field, doc[field]):
+            raise Unsupported(f"{key}: unknown field {field!r} that must be understood")
 
 
 def chunk_keys(path: str, encoding: Any, key: str) -> ChunkKeys:
@@ -152,18 +172,18 @@ def chunk_keys(path: str, encoding: Any, key: str) -> ChunkKeys:
 def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayMeta:
     """An ArrayMeta from a final-v3 array `zarr.json`."""
     key = join(path, "zarr.json")
-    for field in doc:
-        if field not in ARRAY_FIELDS and not _extension_ok(field, doc[field]):
-            raise Unsupported(f"{key}: unknown field {field!r} that must be understood")
+    check_fields(doc, ARRAY_FIELDS, key)
     if doc.get("storage_transformers"):
         raise Unsupported(f"{key}: storage transformers {doc['storage_transformers']!r} not supported")
     try:
         shape = ints(doc["shape"], "shape", key)
-        dtype = dtypes.v3_dtype(doc["data_type"])
         grid = doc["chunk_grid"]
         if not isinstance(grid, dict) or grid.get("name") != "regular":
             raise Unsupported(f"{key}: chunk grid {grid!r} is not `regular`")
         chunks = ints((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape", key)
+        if isinstance(doc["data_type"], str) and doc["data_type"] in VLEN_DATA_TYPES:
+            return _vlen_array(path, doc, attrs, shape, chunks, key)
+        dtype = dtypes.v3_dtype(doc["data_type"])
         try:
             codec = v3_chain(doc["codecs"], len(shape), key)
         except UnknownCodec as e:  # listed with its metadata; reads fail with this error
@@ -177,3 +197,25 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
         keys=chunk_keys(path, doc.get("chunk_key_encoding"), key), attributes=attrs, format="v3",
         metadata_key=key, dimension_names=tuple(names) if isinstance(names, list) else None,
     ).with_inner_reads()
+
+
+# zarr-python 3's variable-length types and the array->bytes codec each must have.
+VLEN_DATA_TYPES = {"string": "vlen-utf8", "variable_length_bytes": "vlen-bytes", "bytes": "vlen-bytes"}
+
+
+def _vlen_array(path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tuple[int, ...],
+                chunks: tuple[int, ...], key: str) -> ArrayMeta:
+    """A `string` / `bytes` array: codecs vlen-utf8 or vlen-bytes, then bytes->bytes codecs."""
+    codecs = doc["codecs"]
+    first = codecs[0].get("name") if isinstance(codecs, list) and codecs and isinstance(codecs[0], dict) else None
+    if first != VLEN_DATA_TYPES[doc["data_type"]]:
+        raise Unsupported(f"{key}: data type {doc['data_type']!r} with codecs {codecs!r}: only "
+                          f"{VLEN_DATA_TYPES[doc['data_type']]} first is readable")
+    rest = v3_chain([{"name": "bytes"}, *codecs[1:]], len(shape), key)
+    if rest.array_array or not isinstance(rest.array_bytes, BytesLayout):
+        raise Unsupported(f"{key}: codecs after {first} must be bytes->bytes codecs")
+    names = doc.get("dimension_names")
+    return vlen.placeholder(path, shape, chunks, vlen.vlen_step(first, "C", key), rest.bytes_bytes,
+                            doc["fill_value"], keys=chunk_keys(path, doc.get("chunk_key_encoding"), key),
+                            attributes=attrs, format="v3", metadata_key=key,
+                            dimension_names=tuple(names) if isinstance(names, list) else None)

@@ -696,6 +696,11 @@ def parse_array(path: str, doc: dict[str, Any], key: str, layout: Layout,
         dtype = draft_dtype(doc["data_type"], key, warn)
         grid = doc["chunk_grid"]
         fill = draft_fill_value(doc["fill_value"], dtype, key)
+        if doc["fill_value"] is None and layout.family == "core" and not isinstance(doc["data_type"], dict):
+            # "For any data type, the fill_value is required. The literal null is not
+            # permitted" (May 2022); an extension data type interprets its own fill value.
+            raise MetadataError(f"{key}: fill_value null is not permitted for a core data type "
+                                f"(core draft of May 2022)")
     except KeyError as e:
         raise MetadataError(f"{key}: missing field {e}") from None
     if not isinstance(grid, dict):
