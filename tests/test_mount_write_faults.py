@@ -136,16 +136,17 @@ def test_failed_metadata_write_leaves_no_array(mount, tmp_path, fmt):
     mnt, proc, log = mount_failing(mount, root, {"FAILFILE_MATCH": f"g/new/{doc}", "FAILFILE_FAIL_AT": "1"})
     x = np.arange(30.0).reshape(5, 6)
     np.save(tmp_path / "x.npy", x)
-    # one write of the whole file (shutil.copyfile would quietly retry a failed first sendfile)
+    # one write of the whole file (shutil.copyfile would quietly retry a failed first sendfile);
+    # the metadata document is written when the close completes the array: that close fails
     fd = os.open(mnt / "g/new.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with pytest.raises(OSError) as exc:
-            os.write(fd, mounted.npy_bytes(x))
-        assert exc.value.errno == errno.EIO
-    finally:
+    os.write(fd, mounted.npy_bytes(x))
+    with pytest.raises(OSError) as exc:
         os.close(fd)
+    assert exc.value.errno == errno.EIO
     assert "new.npy" not in os.listdir(mnt / "g")
     assert mounted.store_keys(root, "g/new") == []
+    assert not [k for k in mounted.store_keys(root) if ".zarrfs" in k], "the staged chunks were left behind"
+    assert [ln for ln in mounted.log_lines_naming(log.read_text(), "g/new.npy") if "nothing was created" in ln]
     assert proc.poll() is None
     shutil.copyfile(tmp_path / "x.npy", mnt / "g/new.npy")  # the second try is not made to fail
     assert_same_array(mounted.zarr_value(root, "g/new"), x, "zarr after the retried copy")

@@ -240,7 +240,7 @@ class NamespaceWrites:
                 entry.children = None
 
     async def children(self: "Namespace", inode: int) -> dict[str, int]:
-        names = await Namespace._listing(self, inode)
+        names = dict(await Namespace._listing(self, inode))  # the cached listing stays as the store has it
         for (parent, name), child in self._pending_names.items():
             if parent == inode:
                 names.setdefault(name, child)
@@ -348,7 +348,7 @@ class NamespaceWrites:
             raise entry.rejected
         buf = entry.pending
         if offset > npy.MAX_HEADER_BYTES:
-            raise self._reject(entry, InvalidArgument(f"{entry.key}: the NPY header must be written first"))
+            raise self._reject(entry, InvalidArgument(f"{self._name_of(entry)}: the NPY header must be written first"))
         if offset > len(buf):
             buf.extend(bytes(offset - len(buf)))
         buf[offset:offset + len(data)] = data
@@ -357,7 +357,7 @@ class NamespaceWrites:
             if parsed is not None:
                 check_fixed_size(parsed[2])
         except (npy.NotNpy, Unsupported) as e:
-            raise self._reject(entry, InvalidArgument(f"{entry.key}: {e}")) from None
+            raise self._reject(entry, InvalidArgument(f"{self._name_of(entry)}: {e}")) from None
         if parsed is None:
             return len(data)
         shape, fortran, dtype, hlen = parsed
@@ -365,7 +365,7 @@ class NamespaceWrites:
         try:  # every check of the format (data type, codec, chunks) before the store changes
             staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype))
         except ZarrfsError as e:
-            raise self._reject(entry, type(e)(f"{path}: {e}")) from None
+            raise self._reject(entry, type(e)(f"{self._name_of(entry)}: {e}")) from None
         entry.staged = staged
         entry.ingest = ArrayStream(staged.meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
         entry.received = Coverage()
@@ -392,7 +392,7 @@ class NamespaceWrites:
         except ZarrfsError as e:
             what = "the old array is kept" if old is not None else "nothing was created"
             log.warning("%s: storing the new array failed (%s); %s", self._name_of(entry), e, what)
-            await self._drop_staged(entry)
+            await self._abandon(entry)
             raise
         self.engine.discard(staged.meta.path)
         if old is not None:
