@@ -355,3 +355,40 @@ def test_a_staging_area_left_by_a_killed_daemon_is_never_a_node(mount, tmp_path,
     mnt = mount(root, "writable")
     assert sorted(os.listdir(mnt / "g")) == ["a.npy"]
     expect_oserror(errno.ENOENT, os.stat, mnt / "g" / ".zarrfs-new-0123456789abcdef")
+
+
+# --------------------------------------------------------------------------- each commit path
+
+
+def test_a_draft_replace_swaps_the_chunks_and_rewrites_the_document(mount, tmp_path):
+    from test_v3draft_write import core_read
+
+    root = tmp_path / "core"
+    shutil.copytree(DRAFT / "core", root)
+    mnt = mount(root, "writable")
+    x = mounted.sample_data(np.dtype("<f8"), (9, 13), np.random.default_rng(13))
+    np.save(tmp_path / "x.npy", x)
+    shutil.copyfile(tmp_path / "x.npy", mnt / "grp" / "sub" / "blosc_i4.npy")
+    mounted.unmount_and_wait(mount, mnt)
+    doc = json.loads((root / "meta" / "grp" / "sub" / "blosc_i4.array.json").read_text())
+    assert doc["shape"] == [9, 13] and doc["data_type"] == "float64"
+    assert_same_array(core_read(os.fspath(root), "grp/sub/blosc_i4", np.dtype("<f8")), x, "the spec decoder")
+    assert not [k for k in mounted.store_keys(root) if ".zarrfs" in k]
+
+
+@FORMATS
+def test_a_replace_on_a_store_that_is_not_local_moves_keys(mount, tmp_path, fmt):
+    from test_mount_write_faults import mount_failing
+
+    root, _ = store_with_old(tmp_path, fmt)
+    mnt, proc, log = mount_failing(mount, root, {"FAILFILE_FAIL_AT": ""})
+    x = mounted.sample_data(np.dtype("<u1"), (5, 40), np.random.default_rng(14))
+    np.save(tmp_path / "x.npy", x)
+    shutil.copyfile(tmp_path / "x.npy", mnt / "g" / "a.npy")
+    assert_same_array(mounted.zarr_value(root, "g/a"), x, "zarr-python after the key moves")
+    chunks = mounted.zarr_chunk_shape(root, "g/a")
+    grid = [range(-(-s // c)) for s, c in zip(x.shape, chunks)]
+    valid = {mounted.zarr_chunk_key(root, "g/a", (i, j)) for i in grid[0] for j in grid[1]}
+    assert set(mounted.chunk_keys(root, "g/a")) <= valid, "chunks of the old array left"
+    assert not [k for k in mounted.store_keys(root) if ".zarrfs" in k]
+    assert (mnt / "g" / "a.npy").read_bytes() == mounted.npy_bytes(x)

@@ -301,9 +301,17 @@ class NamespaceWrites:
         """A held file takes any size; a .npy file only 0: its next NPY header defines the
         array that replaces it (the old one stays until the new one is complete)."""
         if entry.kind == "held":
+            def resize() -> int:
+                entry.spool.seek(0, os.SEEK_END)
+                end = entry.spool.tell()
+                if size < end:
+                    entry.spool.truncate(size)
+                elif size > end:  # in memory, truncate does not extend: write the zeros
+                    entry.spool.write(bytes(size - end))
+                return size
+
             async with entry.lock:
-                await trio.to_thread.run_sync(entry.spool.truncate, size)
-            entry.size = size
+                entry.size = await trio.to_thread.run_sync(resize)
             return
         if entry.kind != "array" or entry.view != "":
             raise InvalidArgument("only .npy files of the main tree can be truncated (to replace the array)")
