@@ -9,7 +9,6 @@ fsspec file system (``failfile://``) whose ``pipe_file`` fails on the Nth write.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import shutil
 import signal

@@ -12,7 +12,6 @@ to say. zarrfs is reached only through its command line and the file system.
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import shutil
