@@ -1,6 +1,6 @@
 """Mounted writes when things go wrong: a store write that fails (EIO at fsync/close, the old
 chunk kept, the key in the log, the daemon alive) and a daemon killed in the middle of a
-large copy (the store still opens and every stored chunk decodes).
+large copy (the store still opens, without the half-written array).
 
 Failures are injected by tests/failing_store.py: zarrfs's own command line over an
 fsspec file system (``failfile://``) whose ``pipe_file`` fails on the Nth write.
@@ -9,7 +9,6 @@ fsspec file system (``failfile://``) whose ``pipe_file`` fails on the Nth write.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import shutil
 import signal
@@ -136,16 +135,17 @@ def test_failed_metadata_write_leaves_no_array(mount, tmp_path, fmt):
     mnt, proc, log = mount_failing(mount, root, {"FAILFILE_MATCH": f"g/new/{doc}", "FAILFILE_FAIL_AT": "1"})
     x = np.arange(30.0).reshape(5, 6)
     np.save(tmp_path / "x.npy", x)
-    # one write of the whole file (shutil.copyfile would quietly retry a failed first sendfile)
+    # one write of the whole file (shutil.copyfile would quietly retry a failed first sendfile);
+    # the metadata document is written when the close completes the array: that close fails
     fd = os.open(mnt / "g/new.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with pytest.raises(OSError) as exc:
-            os.write(fd, mounted.npy_bytes(x))
-        assert exc.value.errno == errno.EIO
-    finally:
+    os.write(fd, mounted.npy_bytes(x))
+    with pytest.raises(OSError) as exc:
         os.close(fd)
+    assert exc.value.errno == errno.EIO
     assert "new.npy" not in os.listdir(mnt / "g")
     assert mounted.store_keys(root, "g/new") == []
+    assert not [k for k in mounted.store_keys(root) if ".zarrfs" in k], "the staged chunks were left behind"
+    assert [ln for ln in mounted.log_lines_naming(log.read_text(), "g/new.npy") if "nothing was created" in ln]
     assert proc.poll() is None
     shutil.copyfile(tmp_path / "x.npy", mnt / "g/new.npy")  # the second try is not made to fail
     assert_same_array(mounted.zarr_value(root, "g/new"), x, "zarr after the retried copy")
@@ -172,7 +172,7 @@ def _big_npy(p: Path) -> None:
 
 
 @FORMATS
-def test_sigkill_in_the_middle_of_a_large_copy_leaves_a_store_that_opens(mount, tmp_path, fmt):
+def test_sigkill_in_the_middle_of_a_large_copy_leaves_the_store_without_it(mount, tmp_path, fmt):
     import zarr
 
     root = tmp_path / "kill.zarr"
@@ -216,26 +216,18 @@ def test_sigkill_in_the_middle_of_a_large_copy_leaves_a_store_that_opens(mount, 
     assert mounted.wait_until(lambda: not mounted.is_mounted(mnt), 5)
     killed_at = written
 
-    # the store opens; every stored chunk decodes to the source's values (or the fill value
-    # where a chunk was stored before the copy reached its other rows)
+    # the store opens and holds no array `big`: a new array becomes a node only once it is
+    # complete. Its chunks stored so far lie in a staging area that no reader lists.
+    group = zarr.open_group(os.fspath(root), mode="r")
+    assert [name for name, _ in group.members()] == [], f"killed after {killed_at} of {size} bytes"
+    leftovers = [k for k in mounted.store_keys(root) if k.startswith(".zarrfs-new-")]
+    assert leftovers, f"no chunk stored after {killed_at} of {size} bytes with fsync every {FSYNC_EVERY}"
+    again = mount(root, "writable")
+    assert os.listdir(again) == []
+    # the same copy made again, whole, over the leftover staging area
+    shutil.copyfile(src, again / "big.npy")
     arr = mounted.open_zarr_array(root, "big")
     assert arr.shape == BIG_SHAPE and arr.dtype == np.dtype("<f4")
-    chunks = mounted.zarr_chunk_shape(root, "big")
-    stored = mounted.chunk_keys(root, "big")
-    assert stored, f"no chunk stored after {killed_at} of {size} bytes with fsync every {FSYNC_EVERY}"
     source = np.load(src, mmap_mode="r")
-    grid = [-(-s // c) for s, c in zip(BIG_SHAPE, chunks)]
-    seen = 0
-    for idx in itertools.product(*(range(n) for n in grid)):
-        key = mounted.zarr_chunk_key(root, "big", idx)
-        if key not in stored:
-            continue
-        region = mounted.chunk_slices(idx, chunks, BIG_SHAPE)
-        got = arr[region]  # raises if the chunk does not decode
-        want = source[region]
-        ok = (got == want) | (got == 0)
-        assert ok.all(), f"chunk {key}: {int((~ok).sum())} elements are neither the source's nor the fill value"
-        seen += 1
-    assert seen == len([k for k in stored if not k.rsplit("/", 1)[-1].startswith(".")]), \
-        f"stored keys outside the grid: {sorted(stored)[:10]}"
-    del source
+    assert_same_array(arr[:100], np.asarray(source[:100]), "zarr-python reads the second copy")
+    assert_same_array(arr[-100:], np.asarray(source[-100:]), "zarr-python reads the second copy")

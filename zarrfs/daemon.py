@@ -174,6 +174,7 @@ async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
         nursery.start_soon(on_signals)
         nursery.start_soon(trio.to_thread.run_sync, _tune_read_ahead_sync, mountpoint)
         await pyfuse3.main()
+        await ops.ns.shutdown()  # arrays still being written: stored if complete, else dropped
         try:
             await ops.engine.flush()  # anything still dirty reaches the store before we exit
         except ZarrfsError as e:

@@ -75,6 +75,12 @@ class Exists(ZarrfsError):
     errno = errno.EEXIST
 
 
+class NameTooLong(ZarrfsError):
+    """A node name whose stored key component would exceed what file systems hold (255 bytes)."""
+
+    errno = errno.ENAMETOOLONG
+
+
 class NotEmpty(ZarrfsError):
     errno = errno.ENOTEMPTY
 
@@ -91,3 +97,9 @@ class TooBig(ZarrfsError):
     """A write past the end of an array's file (arrays do not grow)."""
 
     errno = errno.EFBIG
+
+
+class Incomplete(ZarrfsError):
+    """A new array's file closed before all the data its NPY header declares arrived (nothing stored)."""
+
+    errno = errno.EIO

@@ -93,8 +93,8 @@ class ZarrOperations(pyfuse3.Operations):
             # asks again each time (reads past the size it knows refresh it too).
             attr.entry_timeout = WRITABLE_ATTR_TIMEOUT_S
             attr.attr_timeout = 0.0
-            if entry.kind == "array" and entry.node is None:
-                attr.entry_timeout = attr.attr_timeout = 0.0  # may vanish if no NPY header comes
+            if entry.kind == "held" or (entry.kind == "array" and (entry.node is None or entry.staged is not None)):
+                attr.entry_timeout = attr.attr_timeout = 0.0  # may vanish, or become an array
         attr.st_size = max(entry.size, 0)
         stored = entry.stored_bytes if entry.stored_bytes is not None else entry.size
         attr.st_blocks = -(-max(stored, 0) // BLOCK_SIZE)
@@ -150,16 +150,16 @@ class ZarrOperations(pyfuse3.Operations):
                 raise ReadOnly("read-only mount")
             if not entry.writable:
                 raise pyfuse3.FUSEError(errno.EACCES)
-            if flags & os.O_APPEND:
+            if flags & os.O_APPEND and entry.kind != "held":
                 raise InvalidArgument("arrays do not grow: O_APPEND is refused")
             if flags & os.O_TRUNC:
-                self.ns.truncate(entry)
+                await self.ns.truncate(entry)
                 return self._open_handle(entry, None)
             reason = getattr(entry.node, "read_only", None)
             if reason:  # shown in a form that cannot be written back (variable-length strings)
                 log.warning("%s: %s", entry.node.metadata_key, reason)
                 raise NotPermitted(f"{entry.node.path or '/'}: {reason}")
-        if entry.error is not None and entry.pending is None:
+        if entry.error is not None and entry.pending is None and entry.kind != "held":
             node = entry.node
             log.warning("%s: %s", node.key if isinstance(node, BrokenNode) else node.path, entry.error)
             raise entry.error
@@ -188,6 +188,8 @@ class ZarrOperations(pyfuse3.Operations):
             return snapshot[off:off + size]
         if entry.kind == "storekey":
             return await self.engine.read_key(entry.key, off, size, entry.size)
+        if entry.kind == "held":
+            return await self.ns.held_read(entry, off, size)
         if entry.ingest is not None:  # a file being written: the writer's own layout
             return await self.engine.read(entry.ingest, off, size)
         if entry.pending is not None:  # no NPY header yet: only what was written so far
@@ -204,21 +206,23 @@ class ZarrOperations(pyfuse3.Operations):
             self._open_count[entry.inode] = count
         else:
             self._open_count.pop(entry.inode, None)
-        if self.options.writable:
-            await self.ns.close(entry, last=count == 0)
+        if self.options.writable and count == 0:
+            await self.ns.release(entry)
 
     @boundary
     async def flush(self, fh: int) -> None:
-        """close(): the written chunks are in the store when it returns (or it fails with EIO)."""
+        """close(): the written chunks are in the store when it returns (or it fails with EIO);
+        a new array completed by this close is committed, one left incomplete at its last
+        close fails (EINVAL: no whole NPY header; EIO: data missing) and is dropped."""
         if self.options.writable:
             entry, _ = self._handles[fh]
-            await self.ns.close(entry, last=False)
+            await self.ns.close(entry, last_handle=self._open_count.get(entry.inode, 1) <= 1)
 
     @boundary
     async def fsync(self, fh: int, datasync: bool) -> None:
         if self.options.writable:
             entry, _ = self._handles[fh]
-            await self.ns.close(entry, last=False)
+            await self.ns.sync(entry)
 
     # --- writes (with -o writable) --------------------------------------------------
 
@@ -244,8 +248,8 @@ class ZarrOperations(pyfuse3.Operations):
         entry = self.ns.get(inode)
         if fields.update_size:
             self._check_writable()
-            if attr.st_size == 0:
-                self.ns.truncate(entry)
+            if attr.st_size == 0 or entry.kind == "held":
+                await self.ns.truncate(entry, attr.st_size)
             elif attr.st_size != entry.size:
                 raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
         elif fields.update_mode or fields.update_uid or fields.update_gid:

@@ -37,6 +37,13 @@ def header(dtype: np.dtype, shape: tuple[int, ...], fortran_order: bool = False)
     raise ValueError("NPY header too large")
 
 
+# The largest NPY header accepted: numpy's own reader stops at 10,000 bytes, but `header`
+# writes whatever a dtype needs (a 3,000-field record takes 57 KB) and the mount serves
+# it, so it must take it back. 1 MiB holds tens of thousands of fields and still bounds
+# what a writer can make us buffer and parse before its data.
+MAX_HEADER_BYTES = 1 << 20
+
+
 class NotNpy(ValueError):
     """Bytes that do not start with a valid NPY header."""
 
@@ -44,7 +51,8 @@ class NotNpy(ValueError):
 def parse_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
     """(shape, fortran_order, dtype, header length) of the NPY header at the start of `data`.
 
-    None while `data` is too short to hold the whole header; NotNpy when it is no NPY file.
+    None while `data` is too short to hold the whole header; NotNpy when it is no NPY file
+    or its header length field claims more than MAX_HEADER_BYTES.
     """
     if len(data) < len(MAGIC):
         if not MAGIC.startswith(bytes(data)):
@@ -62,15 +70,28 @@ def parse_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | N
     if len(data) < start:
         return None
     hlen = int.from_bytes(data[len(MAGIC) + 2:start], "little")
+    if start + hlen > MAX_HEADER_BYTES:
+        raise NotNpy(f"header length field claims {hlen} bytes, more than the {MAX_HEADER_BYTES} accepted")
     if len(data) < start + hlen:
         return None
     buf = io.BytesIO(bytes(data[: start + hlen]))
     try:
         version = np.lib.format.read_magic(buf)
         if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf, max_header_size=MAX_HEADER_BYTES)
         else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(buf)
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(buf, max_header_size=MAX_HEADER_BYTES)
     except (ValueError, SyntaxError, TypeError) as e:
         raise NotNpy(f"bad NPY header: {e}") from None
     return tuple(int(n) for n in shape), bool(fortran), dtype, start + hlen
+
+
+def incomplete_reason(data: bytes) -> str:
+    """Why bytes that stop short of a whole NPY header are not one (for the log and the caller)."""
+    if len(data) >= len(MAGIC) + 4:
+        len_size = 2 if data[len(MAGIC)] == 1 else 4
+        start = len(MAGIC) + 2 + len_size
+        if len(data) >= start:
+            hlen = int.from_bytes(data[len(MAGIC) + 2:start], "little")
+            return f"NPY header incomplete after {len(data)} bytes (its length field claims {hlen} bytes)"
+    return f"NPY header incomplete after {len(data)} bytes"

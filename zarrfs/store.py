@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import logging
 import os
+import shutil
 import urllib.parse
 from typing import Any
 
@@ -23,6 +26,24 @@ log = logging.getLogger(__name__)
 
 # Resolved directories of a local store kept for the symlink check (a few MiB at most).
 REAL_DIRS_REMEMBERED = 10_000
+# renameat2(2): swap two paths atomically (Linux 3.15+, glibc 2.28+); AT_FDCWD per <fcntl.h>.
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def _renameat2_exchange(a: str, b: str) -> bool:
+    """Swap two directories in one step; False when the kernel or file system cannot."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except AttributeError:
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), a)
 
 
 class Store:
@@ -252,6 +273,62 @@ class Store:
         except Exception as e:
             raise StoreError(f"erasing {key!r} failed: {type(e).__name__}: {e}") from None
         self._prune_empty_dirs(key)
+
+    def erase_below_sync(self, prefix: str) -> None:
+        """Remove every key below a prefix (a staging area being dropped)."""
+        if self.is_local:
+            try:
+                shutil.rmtree(self.path(prefix))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise StoreError(f"removing {prefix!r} failed: {e}") from None
+            self._prune_empty_dirs(prefix)
+            return
+        for rel in self.sizes_below_sync(prefix):
+            self.erase_sync(join(prefix, rel))
+
+    def move_sync(self, src: str, dst: str) -> None:
+        """Give key `src`'s value to `dst` and remove `src` (local: one rename; else copy, then erase)."""
+        try:
+            if self.is_local:
+                target = self.path(dst)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(self.path(src), target)
+                self._prune_empty_dirs(src)
+                return
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"moving {src!r} to {dst!r} failed: {type(e).__name__}: {e}") from None
+        value = self.get_sync(src)
+        if value is None:
+            raise StoreError(f"moving {src!r} to {dst!r}: {src!r} vanished")
+        self.set_sync(dst, value)
+        self.erase_sync(src)
+
+    def is_dir_sync(self, prefix: str) -> bool:
+        """Local stores: whether a prefix is a directory on disk."""
+        return self.is_local and os.path.isdir(self.path(prefix))
+
+    def swap_dirs_sync(self, staging: str, final: str) -> None:
+        """Local stores: put directory `staging` at `final` in one step; the old `final` (if any)
+        ends up at `staging`. Without renameat2's exchange, two renames (a moment with no `final`)."""
+        a, b = self.path(staging), self.path(final)
+        try:
+            os.makedirs(a, exist_ok=True)
+            if not os.path.isdir(b):
+                os.makedirs(os.path.dirname(b), exist_ok=True)
+                os.rename(a, b)
+                return
+            if _renameat2_exchange(a, b):
+                return
+            trash = a + ".old"
+            os.rename(b, trash)
+            os.rename(a, b)
+            os.rename(trash, a)
+        except OSError as e:
+            raise StoreError(f"swapping {staging!r} into {final!r} failed: {e}") from None
 
     def _prune_empty_dirs(self, key: str) -> None:
         """Local stores: remove directories a removal left empty, up to the root."""

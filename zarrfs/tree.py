@@ -8,11 +8,13 @@ while mounted, so names stay stable across lookups and directory pages.
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import logging
 import math
 import os
 import re
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -22,9 +24,9 @@ from . import grid
 from .engine import Engine
 from . import npy
 from .dtypes import check_fixed_size
-from .errors import (Exists, InvalidArgument, IsADir, NotADir, NotEmpty, NotFound, NotPermitted, TooBig,
-                     Unsupported, ZarrfsError)
-from .formats.base import Hierarchy
+from .errors import (Exists, Incomplete, InvalidArgument, IsADir, NotADir, NotEmpty, NotFound, NotPermitted,
+                     TooBig, Unsupported, ZarrfsError)
+from .formats.base import RESERVED_PREFIX, Hierarchy
 from .model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, join
 from .views import ArrayStream
 
@@ -40,19 +42,26 @@ ARRAY_VIEWS = {"": (".npy", "C", True), "npy-f": (".npy", "F", True),
 VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info")
 # Linux's NAME_MAX: the kernel refuses a whole readdir reply that holds a longer name.
 NAME_MAX_BYTES = 255
+# A held-aside file (a temporary name) stays in memory up to this size, then spills to a
+# file in tempfile.gettempdir() (TMPDIR, else /tmp): editors' and rsync's temporary files
+# of small arrays never touch the disk, a large one costs no memory.
+HELD_MEMORY_BYTES = 8 << 20
+# A held file renamed to NAME.npy is streamed into the array in blocks of this size.
+ADOPT_BLOCK_BYTES = 1 << 20
 
 
 class Entry:
     """One file or directory of the mount."""
 
-    __slots__ = ("inode", "kind", "view", "node", "stream", "error", "key", "stored_bytes",
-                 "children", "content", "_lock", "_size", "pending", "replacing", "ingest", "parent")
+    __slots__ = ("inode", "kind", "view", "node", "stream", "error", "key", "stored_bytes", "children", "content",
+                 "_lock", "_size", "pending", "replacing", "ingest", "parent", "staged", "received", "rejected",
+                 "spool")
 
     def __init__(self, inode: int, kind: str, view: str = "", node: Node | None = None,
                  stream: ArrayStream | None = None, error: ZarrfsError | None = None,
                  key: str | None = None, size: int = 0) -> None:
         self.inode = inode
-        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats
+        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held
         self.kind = kind
         self.view = view
         self.node = node
@@ -65,11 +74,18 @@ class Entry:
         self.content: bytes | None = None
         self._lock: trio.Lock | None = None
         # Writes: an NPY file being created or replaced buffers its bytes until the header
-        # is complete (`pending`); `replacing` is the array it replaces; `ingest` is the
-        # stream the writer's own header describes (its order and header length).
+        # is complete (`pending`); `replacing` is the array it replaces; then its chunks go
+        # to a staged array (`staged`, committed at the close that completes it); `ingest`
+        # is the stream the writer's own header describes (its order and header length);
+        # `received` the data bytes that arrived; `rejected` why it will not be an array.
         self.pending: bytearray | None = None
         self.replacing: Node | None = None
         self.ingest: ArrayStream | None = None
+        self.staged: Any = None
+        self.received: Any = None
+        self.rejected: ZarrfsError | None = None
+        # A file held aside (kind "held"): its bytes, in memory or spilled to TMPDIR.
+        self.spool: Any = None
         self.parent = 0
 
     @property
@@ -78,8 +94,8 @@ class Entry:
 
     @property
     def writable(self) -> bool:
-        """Data files that writes go to (the .npy tree, npy-f, raw, raw-f and chunk files)."""
-        return self.kind in ("array", "chunk")
+        """Data files that writes go to (the .npy tree, npy-f, raw, raw-f, chunk files, held files)."""
+        return self.kind in ("array", "chunk", "held")
 
     @property
     def size(self) -> int:
@@ -128,6 +144,11 @@ def _node_key(node: Node) -> str:
     return key or node.path or "/"
 
 
+def _stems(names: dict[str, int]) -> list[str]:
+    """Node names of a group's listing: NAME.npy is node NAME, a directory its own name."""
+    return [n[: -len(NPY_SUFFIX)] if n.endswith(NPY_SUFFIX) else n for n in names]
+
+
 def _jsonable(value: Any) -> Any:
     """A fill value or attribute as JSON: NaN/Infinity as strings, bytes as base64."""
     if isinstance(value, np.ndarray):
@@ -147,14 +168,42 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+class Coverage:
+    """Which bytes of a range arrived: sorted, disjoint, merged [start, end) spans."""
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[int, int]] = []
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        i = bisect.bisect_left(self._spans, (start, start))
+        if i and self._spans[i - 1][1] >= start:
+            i -= 1
+        j = i
+        while j < len(self._spans) and self._spans[j][0] <= end:
+            start, end = min(start, self._spans[j][0]), max(end, self._spans[j][1])
+            j += 1
+        self._spans[i:j] = [(start, end)]
+
+    @property
+    def covered(self) -> int:
+        return sum(end - start for start, end in self._spans)
+
+
+def is_held_name(name: str) -> bool:
+    """Names of files held aside (never stored): anything but NAME.npy, and hidden names
+    (`.x.npy.AbC123` of rsync, `.x.swp` of editors)."""
+    return name.startswith(".") or not name.endswith(NPY_SUFFIX) or name == NPY_SUFFIX
+
+
 class NamespaceWrites:
     """The changes a writable mount makes: create, replace, write, mkdir, rmdir, unlink, rename, attributes.
 
     Mixed into Namespace; every store change runs in a worker thread through the engine.
+    A new or replacing array is staged (Hierarchy.stage_array) and committed at the close
+    that completes it; files under other names are held aside in the daemon.
     """
-
-    # An NPY header larger than this is refused: numpy writes at most a few KiB.
-    MAX_HEADER_BYTES = 1 << 20
 
     def _group_dir(self: "Namespace", inode: int) -> Entry:
         entry = self.get(inode)
@@ -214,42 +263,94 @@ class NamespaceWrites:
                 entry.children = None
 
     async def children(self: "Namespace", inode: int) -> dict[str, int]:
-        names = await Namespace._listing(self, inode)
+        names = dict(await Namespace._listing(self, inode))  # the cached listing stays as the store has it
         for (parent, name), child in self._pending_names.items():
             if parent == inode:
                 names.setdefault(name, child)
         return names
 
-    async def create(self: "Namespace", parent_inode: int, name: str) -> Entry:
-        parent = self._group_dir(parent_inode)
-        if not name.endswith(NPY_SUFFIX) or len(name) == len(NPY_SUFFIX) or name.startswith("."):
-            raise NotPermitted(f"{name}: only NAME.npy files can be created (arrays)")
-        names = await self.children(parent_inode)
-        if name in names or name[: -len(NPY_SUFFIX)] in names:  # an array and a group cannot share a path
-            raise Exists(name)
-        path = join(parent.node.path if parent.node else "", name[: -len(NPY_SUFFIX)])
-        entry = self._new("array", "", None, key=path)
-        entry.pending = bytearray()
+    def _register(self: "Namespace", parent_inode: int, name: str, entry: Entry) -> None:
+        """A file that is not (yet) a node: listed under `name` until it is one or is dropped."""
         entry.parent = parent_inode
         self._pending_names[(parent_inode, name)] = entry.inode
         self._by_name[(parent_inode, name)] = entry.inode
+
+    def _unregister(self: "Namespace", entry: Entry, keep_name: bool = False, forget: bool = True) -> None:
+        """No longer a file apart: it became a node (`keep_name`: same inode, same name) or is
+        gone (`forget`: the kernel drops the name; not while it renames it itself)."""
+        for key, inode in list(self._pending_names.items()):
+            if inode == entry.inode:
+                del self._pending_names[key]
+                if keep_name or self._by_name.get(key) != inode:
+                    continue
+                del self._by_name[key]
+                if forget:
+                    self.forget_name(*key)
+
+    def _name_of(self: "Namespace", entry: Entry) -> str:
+        """The file's path in the mount, for log lines."""
+        for (parent, name), inode in list(self._pending_names.items()) + list(self._by_name.items()):
+            if inode == entry.inode:
+                base = self.get(parent).node
+                return join(base.path if base is not None else "", name)
+        return entry.key or (entry.node.path + NPY_SUFFIX if entry.node is not None else f"inode {entry.inode}")
+
+    async def _new_array_path(self: "Namespace", parent_inode: int, name: str, names: dict[str, int]) -> str:
+        """The hierarchy path of a new array NAME.npy in a group, its name checked against the format."""
+        parent = self._group_dir(parent_inode)
+        stem = name[: -len(NPY_SUFFIX)]
+        if stem in names:  # an array and a group cannot share a path
+            raise Exists(name)
+        self.hierarchy.check_name(stem, _stems(names))
+        return join(parent.node.path if parent.node else "", stem)
+
+    async def create(self: "Namespace", parent_inode: int, name: str) -> Entry:
+        self._group_dir(parent_inode)
+        names = await self.children(parent_inode)
+        if name in names:
+            raise Exists(name)
+        if is_held_name(name):
+            entry = self._new("held", "", None, key=name)
+            entry.spool = tempfile.SpooledTemporaryFile(max_size=HELD_MEMORY_BYTES, prefix="zarrfs-held-")
+            self._register(parent_inode, name, entry)
+            return entry
+        path = await self._new_array_path(parent_inode, name, names)
+        entry = self._new("array", "", None, key=path)
+        entry.pending = bytearray()
+        self._register(parent_inode, name, entry)
         return entry
 
-    def truncate(self: "Namespace", entry: Entry) -> None:
-        """Size 0: the next NPY header written defines the array that replaces this one."""
+    async def truncate(self: "Namespace", entry: Entry, size: int = 0) -> None:
+        """A held file takes any size; a .npy file only 0: its next NPY header defines the
+        array that replaces it (the old one stays until the new one is complete)."""
+        if entry.kind == "held":
+            def resize() -> int:
+                entry.spool.seek(0, os.SEEK_END)
+                end = entry.spool.tell()
+                if size < end:
+                    entry.spool.truncate(size)
+                elif size > end:  # in memory, truncate does not extend: write the zeros
+                    entry.spool.write(bytes(size - end))
+                return size
+
+            async with entry.lock:
+                entry.size = await trio.to_thread.run_sync(resize)
+            return
         if entry.kind != "array" or entry.view != "":
             raise InvalidArgument("only .npy files of the main tree can be truncated (to replace the array)")
-        if entry.pending is None:
-            if entry.node is None:  # a created file whose header never came: created again
-                self._pending_names[(entry.parent, entry.key.rsplit("/", 1)[-1] + NPY_SUFFIX)] = entry.inode
-            else:
-                entry.replacing = entry.node
-                entry.key = entry.node.path
+        if size != 0:
+            raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
+        if entry.staged is not None:
+            await self._drop_staged(entry)
+        if entry.pending is None and entry.node is not None:
+            entry.replacing = entry.node
         entry.pending = bytearray()
-        entry.ingest = None
+        entry.ingest = entry.received = entry.rejected = None
 
     async def write(self: "Namespace", entry: Entry, offset: int, data: bytes) -> int:
-        if entry.pending is not None and entry.ingest is None:
+        if entry.kind == "held":
+            return await self._held_write(entry, offset, data)
+        if entry.pending is not None:
             return await self._ingest(entry, offset, data)
         if entry.error is not None:
             raise entry.error
@@ -261,14 +362,24 @@ class NamespaceWrites:
         if offset < hlen and data[: hlen - offset] != stream.header[offset:offset + len(data)]:
             raise InvalidArgument("a write to the NPY header may not change shape or dtype; truncate first")
         await self.engine.write(stream, offset, data)
+        if entry.received is not None:
+            entry.received.add(max(offset, hlen), offset + len(data))
         self._sizes.pop(stream.meta.path, None)
         entry.stored_bytes = None
         return len(data)
 
+    def _reject(self: "Namespace", entry: Entry, error: ZarrfsError) -> ZarrfsError:
+        """A file that will not become an array: later writes fail too, the last close drops it."""
+        entry.pending = bytearray()
+        entry.rejected = error
+        return error
+
     async def _ingest(self: "Namespace", entry: Entry, offset: int, data: bytes) -> int:
+        if entry.rejected is not None:
+            raise entry.rejected
         buf = entry.pending
-        if offset > self.MAX_HEADER_BYTES:
-            raise InvalidArgument("the NPY header must be written first")
+        if offset > npy.MAX_HEADER_BYTES:
+            raise self._reject(entry, InvalidArgument(f"{self._name_of(entry)}: the NPY header must be written first"))
         if offset > len(buf):
             buf.extend(bytes(offset - len(buf)))
         buf[offset:offset + len(data)] = data
@@ -277,65 +388,235 @@ class NamespaceWrites:
             if parsed is not None:
                 check_fixed_size(parsed[2])
         except (npy.NotNpy, Unsupported) as e:
-            buf.clear()
-            raise InvalidArgument(f"{entry.key}: {e}") from None
+            raise self._reject(entry, InvalidArgument(f"{self._name_of(entry)}: {e}")) from None
         if parsed is None:
-            if len(buf) > self.MAX_HEADER_BYTES:
-                raise InvalidArgument(f"{entry.key}: NPY header larger than {self.MAX_HEADER_BYTES} bytes")
             return len(data)
         shape, fortran, dtype, hlen = parsed
+        path = entry.replacing.path if entry.replacing is not None else entry.key
+        try:  # every check of the format (data type, codec, chunks) before the store changes
+            staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype))
+        except ZarrfsError as e:
+            raise self._reject(entry, type(e)(f"{self._name_of(entry)}: {e}")) from None
+        entry.staged = staged
+        entry.ingest = ArrayStream(staged.meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
+        entry.received = Coverage()
+        entry.pending = None
+        rest = bytes(buf[hlen:])
+        if rest:
+            if len(buf) > entry.ingest.size:
+                raise TooBig(f"{path}: {len(buf)} bytes written, more than the {entry.ingest.size} "
+                             f"its NPY header declares")
+            await self.engine.write(entry.ingest, hlen, rest)
+            entry.received.add(hlen, len(buf))
+        return len(data)
+
+    def _new_array(self: "Namespace", shape: tuple[int, ...], dtype: np.dtype) -> NewArray:
         chunks = self.create_chunks if self.create_chunks and len(self.create_chunks) == len(shape) else None
-        new = NewArray(shape, dtype, chunks, self.create_codec)
-        old = entry.replacing
-        meta = await self.engine.run_io(self._replace_sync, old, entry.key, new)
+        return NewArray(shape, dtype, chunks, self.create_codec)
+
+    async def _commit(self: "Namespace", entry: Entry) -> None:
+        """A staged array that is complete becomes the node at its path (all-or-nothing)."""
+        staged, old = entry.staged, entry.replacing
+        try:
+            await self.engine.flush(staged.meta.path)
+            await self.engine.run_io(self.hierarchy.commit_array_sync, staged, old)
+        except ZarrfsError as e:
+            what = "the old array is kept" if old is not None else "nothing was created"
+            log.warning("%s: storing the new array failed (%s); %s", self._name_of(entry), e, what)
+            await self._abandon(entry)
+            raise
+        self.engine.discard(staged.meta.path)
         if old is not None:
             self.engine.discard(old.path)
-        entry.node, entry.replacing, entry.error = meta, None, None
+        meta = staged.final
+        ingest = entry.ingest
+        entry.node, entry.replacing, entry.staged, entry.received, entry.error = meta, None, None, None, None
+        entry.stream = ArrayStream(meta, "C")
+        entry.ingest = ArrayStream(meta, ingest.order, header=ingest.header, dtype=ingest.dtype)
         if not meta.path:
             self.root_node = meta
-        entry.stream = ArrayStream(meta, "C")
-        entry.ingest = ArrayStream(meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
+        self._unregister(entry, keep_name=True)
         self._sizes.pop(meta.path, None)
         # Views of an array replaced here, or removed and now created again, are names the
         # kernel may still hold: they show the new array.
         await self._repoint(meta.path, meta.path, skip=entry.inode)
         self._invalidate()
-        rest = bytes(buf[hlen:])
-        if rest:
-            await self.engine.write(entry.ingest, hlen, rest)
+
+    async def _drop_staged(self: "Namespace", entry: Entry) -> None:
+        """Forget a staged array's chunks (held and stored): the old array, if any, stays."""
+        staged = entry.staged
+        entry.staged, entry.ingest, entry.received = None, None, None
+        self.engine.discard(staged.meta.path)
+        await self.engine.run_io(self.hierarchy.discard_staging_sync, staged)
+
+    async def _abandon(self: "Namespace", entry: Entry) -> None:
+        """A file that did not become an array: its staged chunks go; a replaced array stays
+        as it was; a created one disappears."""
+        if entry.staged is not None:
+            await self._drop_staged(entry)
+        entry.pending = entry.ingest = entry.received = entry.rejected = None
+        if entry.replacing is not None:
+            entry.replacing = None
+        else:
+            self._unregister(entry)
+            entry.error = NotFound(f"{entry.key} was never stored")
+
+    def _header_problem(self: "Namespace", entry: Entry) -> InvalidArgument | None:
+        """Why a file given some bytes but no whole NPY header cannot be an array (None: it is fine)."""
+        if entry.pending is None or entry.rejected is not None or not entry.pending:
+            return None
+        return InvalidArgument(f"{self._name_of(entry)}: {npy.incomplete_reason(entry.pending)}")
+
+    async def sync(self: "Namespace", entry: Entry) -> None:
+        """fsync: what was written is in the store (a staged array's chunks, in its staging area)."""
+        problem = self._header_problem(entry)
+        if problem is not None:
+            raise problem
+        await self._flush_entry(entry)
+
+    async def _flush_entry(self: "Namespace", entry: Entry) -> None:
+        stream = entry.ingest if entry.staged is not None else entry.stream
+        if stream is not None and entry.kind in ("array", "chunk"):
+            await self.engine.flush(stream.meta.path)
+            self._sizes.pop(stream.meta.path, None)
+            entry.stored_bytes = None
+
+    async def close(self: "Namespace", entry: Entry, last_handle: bool) -> None:
+        """close(2): store what was written; a new array complete now is committed; one whose
+        header or data stopped short fails here (EINVAL, EIO) and, at its last close, is dropped."""
+        problem = self._header_problem(entry)
+        if problem is not None:
+            if last_handle:
+                await self._abandon(entry)
+                problem = InvalidArgument(f"{problem}; {'the old array is kept' if entry.node else 'not stored'}")
+            raise problem
+        if entry.staged is None:
+            await self._flush_entry(entry)
+            return
+        want = entry.ingest.size - len(entry.ingest.header)
+        got = entry.received.covered
+        if got == want:
+            await self._commit(entry)
+        elif last_handle:
+            what = "the old array is kept" if entry.replacing is not None else "not stored"
+            name = self._name_of(entry)
+            await self._abandon(entry)
+            raise Incomplete(f"{name}: received {got} of {want} data bytes its NPY header declares; {what}")
+        else:
+            await self._flush_entry(entry)
+
+    async def release(self: "Namespace", entry: Entry) -> None:
+        """The last handle is gone: a file that never became an array is dropped (an empty
+        NAME.npy stays, held aside); a committed writer's own layout is forgotten."""
+        if entry.kind != "array":
+            return
+        if entry.staged is not None or entry.rejected is not None:
+            log.warning("%s: closed before it was a complete array; dropped", self._name_of(entry))
+            await self._abandon(entry)
+        elif entry.pending is not None and entry.replacing is not None and not entry.pending:
+            entry.pending, entry.replacing = None, None  # truncated, never rewritten: the old array stays
+        elif entry.pending is None:
+            entry.ingest = None
+
+    async def shutdown(self: "Namespace") -> None:
+        """Unmount: complete staged arrays are committed, the rest dropped, each with a log line."""
+        for entry in list(self._entries.values()):
+            name = None
+            try:
+                if entry.kind == "held" and entry.error is None:
+                    name = self._name_of(entry)
+                    log.warning("%s: held-aside file (%d bytes) never renamed to NAME.npy; dropped at unmount",
+                                name, entry.size)
+                    entry.spool.close()
+                elif entry.staged is not None:
+                    name = self._name_of(entry)
+                    await self.close(entry, last_handle=True)
+                    log.info("%s: complete at unmount; stored", name)
+                elif entry.pending is not None and entry.node is None:
+                    log.info("%s: empty file, never an array; dropped at unmount", self._name_of(entry))
+            except ZarrfsError as e:
+                log.warning("unmount: %s", e)
+
+    # --- files held aside (temporary names) --------------------------------------------------
+
+    async def _held_write(self: "Namespace", entry: Entry, offset: int, data: bytes) -> int:
+        def put() -> int:
+            entry.spool.seek(offset)
+            entry.spool.write(data)
+            entry.spool.seek(0, os.SEEK_END)
+            return entry.spool.tell()
+
+        async with entry.lock:
+            entry.size = await trio.to_thread.run_sync(put)
         return len(data)
 
-    def _replace_sync(self: "Namespace", old: Node | None, path: str, new: NewArray) -> ArrayMeta:
-        if old is not None:
-            self.hierarchy.erase_node_sync(old)
-        return self.hierarchy.create_array_sync(path, new)
+    async def held_read(self: "Namespace", entry: Entry, offset: int, size: int) -> bytes:
+        def get() -> bytes:
+            entry.spool.seek(offset)
+            return entry.spool.read(size)
 
-    async def close(self: "Namespace", entry: Entry, last: bool) -> None:
-        """Store what was written (fsync, close); a new file whose header never came vanishes."""
-        if entry.stream is not None and entry.kind in ("array", "chunk"):
-            await self.engine.flush(entry.stream.meta.path)
-            self._sizes.pop(entry.stream.meta.path, None)
-            entry.stored_bytes = None
-        if last and entry.pending is not None:
-            if entry.ingest is not None:
-                entry.pending = entry.ingest = None
-            elif entry.node is None or entry.replacing is not None:
-                if entry.replacing is None:  # created, never given a header: nothing was made
-                    for key, inode in list(self._pending_names.items()):
-                        if inode == entry.inode:
-                            del self._pending_names[key]
-                            self._by_name.pop(key, None)
-                            self.forget_name(*key)
-                entry.pending, entry.replacing = None, None
-        for key, inode in list(self._pending_names.items()):
-            if inode == entry.inode and entry.node is not None:
-                del self._pending_names[key]
+        async with entry.lock:
+            return await trio.to_thread.run_sync(get)
+
+    async def _adopt(self: "Namespace", entry: Entry, parent_inode: int, name: str) -> None:
+        """A held file renamed to NAME.npy becomes array NAME (staged, streamed in, committed).
+        On any error the held file stays as it was and the rename fails."""
+        names = await self.children(parent_inode)
+        other = self.get(names[name]) if name in names else None
+        if other is not None and (other.kind != "array" or other.node is None or other.staged is not None
+                                  or other.pending is not None):
+            raise Exists(f"{name} is being written or is not an array")
+        path = await self._new_array_path(parent_inode, name, {n: i for n, i in names.items() if n != name})
+        old = other.node if other is not None else None
+        head = await self.held_read(entry, 0, npy.MAX_HEADER_BYTES)
+        label = self._name_of(entry)
+        try:
+            parsed = npy.parse_header(head)
+            if parsed is None:
+                raise InvalidArgument(f"{label}: {npy.incomplete_reason(head)}")
+            check_fixed_size(parsed[2])
+        except (npy.NotNpy, Unsupported) as e:
+            raise InvalidArgument(f"{label}: cannot become {path}: {e}") from None
+        shape, fortran, dtype, hlen = parsed
+        staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype))
+        ingest = ArrayStream(staged.meta, "F" if fortran else "C", header=bytes(head[:hlen]), dtype=dtype)
+        if entry.size != ingest.size:
+            kind = Incomplete if entry.size < ingest.size else InvalidArgument
+            raise kind(f"{label}: holds {entry.size - hlen} data bytes, its NPY header declares "
+                       f"{ingest.size - hlen}; not renamed to {name}")
+        try:
+            for offset in range(hlen, ingest.size, ADOPT_BLOCK_BYTES):
+                block = await self.held_read(entry, offset, ADOPT_BLOCK_BYTES)
+                await self.engine.write(ingest, offset, block)
+            await self.engine.flush(staged.meta.path)
+            await self.engine.run_io(self.hierarchy.commit_array_sync, staged, old)
+        except BaseException:
+            self.engine.discard(staged.meta.path)
+            with trio.CancelScope(shield=True):
+                await self.engine.run_io(self.hierarchy.discard_staging_sync, staged)
+            raise
+        self.engine.discard(staged.meta.path)
+        if old is not None:
+            self.engine.discard(old.path)
+        self._unregister(entry, forget=False)
+        entry.spool.close()
+        entry.spool, entry.kind, entry.key = None, "array", path
+        entry.node, entry.stream, entry.error = staged.final, ArrayStream(staged.final, "C"), None
+        if not path:
+            self.root_node = staged.final
+        self._by_name[(parent_inode, name)] = entry.inode
+        self._sizes.pop(path, None)
+        await self._repoint(path, path, skip=entry.inode)
+        self._invalidate()
+
+    # --- groups and names ------------------------------------------------------------------
 
     async def mkdir(self: "Namespace", parent_inode: int, name: str) -> Entry:
         parent = self._group_dir(parent_inode)
         names = await self.children(parent_inode)
         if name in names or name + NPY_SUFFIX in names:  # an array and a group cannot share a path
             raise Exists(name)
+        self.hierarchy.check_name(name, _stems(names))
         path = join(parent.node.path if parent.node else "", name)
         await self.engine.run_io(self.hierarchy.create_group_sync, path)
         self._invalidate()
@@ -356,9 +637,16 @@ class NamespaceWrites:
     async def unlink(self: "Namespace", parent_inode: int, name: str) -> None:
         self._group_dir(parent_inode)
         entry = await self.lookup(parent_inode, name)
+        if entry.kind == "held":
+            self._unregister(entry)
+            entry.spool.close()
+            entry.error = NotFound(f"{name} was removed")
+            return
         if entry.kind != "array":
             raise IsADir(name)
-        node = entry.node or entry.replacing
+        if entry.staged is not None or entry.pending is not None:
+            await self._abandon(entry)
+        node = entry.node
         if node is not None:
             await self.engine.run_io(self.hierarchy.erase_node_sync, node)
             self.engine.discard(node.path)
@@ -371,8 +659,12 @@ class NamespaceWrites:
         self._group_dir(old_parent)
         target_dir = self._group_dir(new_parent)
         entry = await self.lookup(old_parent, old_name)
+        if entry.kind == "held":
+            await self._rename_held(entry, new_parent, new_name)
+            return
         node = entry.node
-        if node is None or entry.kind not in ("group", "array") or entry.pending is not None:
+        if node is None or entry.kind not in ("group", "array") or entry.pending is not None \
+                or entry.staged is not None:
             raise NotPermitted(f"{old_name} cannot be moved now")
         if (entry.kind == "array") != new_name.endswith(NPY_SUFFIX) or new_name == NPY_SUFFIX:
             raise NotPermitted(f"{new_name}: arrays are NAME.npy files, groups are directories")
@@ -380,7 +672,10 @@ class NamespaceWrites:
         new_path = join(target_dir.node.path if target_dir.node else "", stem)
         if new_path == node.path or (node.path and new_path.startswith(node.path + "/")):
             raise InvalidArgument(f"cannot move {node.path} into itself")
-        existing = (await self.children(new_parent)).get(new_name)
+        siblings = await self.children(new_parent)
+        self.hierarchy.check_name(stem, _stems({n: i for n, i in siblings.items() if n != old_name
+                                                or new_parent != old_parent}))
+        existing = siblings.get(new_name)
         if existing is not None:
             other = self.get(existing)
             if other.kind != "array" or entry.kind != "array":
@@ -395,6 +690,23 @@ class NamespaceWrites:
         self._by_name.pop((old_parent, old_name), None)
         self._by_name[(new_parent, new_name)] = entry.inode
         self._invalidate()
+
+    async def _rename_held(self: "Namespace", entry: Entry, new_parent: int, new_name: str) -> None:
+        """A held file renamed: to NAME.npy it becomes that array; to another held name it moves."""
+        if not is_held_name(new_name):
+            await self._adopt(entry, new_parent, new_name)
+            return
+        names = await self.children(new_parent)
+        other = self.get(names[new_name]) if new_name in names else None
+        if other is not None and other.inode != entry.inode:
+            if other.kind != "held":
+                raise Exists(new_name)
+            self._unregister(other, forget=False)
+            other.spool.close()
+            other.error = NotFound(f"{new_name} was replaced")
+        self._unregister(entry, forget=False)
+        entry.key = new_name
+        self._register(new_parent, new_name, entry)
 
     async def set_attributes(self: "Namespace", entry: Entry, value: bytes) -> None:
         try:
@@ -537,6 +849,8 @@ class Namespace(NamespaceWrites):
         if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
             names[".json"] = self._child(inode, ".json", lambda: self._new("info", "info", entry.node))
         for node in nodes:
+            if node.path.rsplit("/", 1)[-1].startswith(RESERVED_PREFIX):
+                continue  # a staging area of an array being written (or left by a killed daemon)
             for name, make in self._node_entry(entry.view, node):
                 if name not in names and self._listable(name, _node_key(node)):
                     names[name] = self._child(inode, name, make)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 import logging
 import math
-from typing import Any, ClassVar
+import secrets
+from typing import Any, ClassVar, Iterable
 
-from ..errors import MetadataError, NotFound, Unsupported, UserError, ZarrfsError
+from ..errors import InvalidArgument, MetadataError, NameTooLong, NotFound, Unsupported, UserError, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, check_key, join
 from ..store import Store
 
@@ -25,6 +27,31 @@ IMPLICIT_SEARCH_MAX_LISTINGS = 256
 CHUNK_BASE_BYTES = 256 << 10
 CHUNK_MIN_BYTES = 128 << 10
 CHUNK_MAX_BYTES = 64 << 20
+# Names starting with this are the mount's own (staging areas of arrays being written):
+# never a node, never accepted from users, hidden from listings.
+RESERVED_PREFIX = ".zarrfs"
+# Where the chunks of an array being created or replaced go until it is complete: a sibling
+# prefix with no metadata document, which no reader takes for a node.
+STAGING_PREFIX = RESERVED_PREFIX + "-new-"
+# A key component longer than this cannot be a file name on common file systems (NAME_MAX).
+NAME_MAX_BYTES = 255
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StagedArray:
+    """An array being created or replaced: its chunks go under `staging` until `commit`.
+
+    `final` is what readers see once committed; `meta` is the same array with its chunk
+    keys (and its engine path) under the staging prefix; `docs` are its metadata
+    documents (store key -> bytes), written only by the commit.
+    """
+
+    final: ArrayMeta
+    meta: ArrayMeta
+    staging: str
+    docs: dict[str, bytes]
+
+
 # Default compression levels when `codec=NAME` gives none.
 DEFAULT_LEVELS = {"blosc": 5, "zstd": 0, "gzip": 5, "zlib": 5, "bz2": 5, "lzma": 6, "lz4": 1}
 
@@ -112,6 +139,11 @@ def root_zarr_json_sync(store: Store) -> dict | None:
         return None
 
 
+def is_staging_key(key: str) -> bool:
+    """Whether a key lies in a staging area (of this daemon or of one that was killed)."""
+    return any(part.startswith(STAGING_PREFIX) for part in key.split("/"))
+
+
 class Hierarchy(abc.ABC):
     """A Zarr hierarchy in one format. Methods are synchronous: they do store I/O."""
 
@@ -149,8 +181,109 @@ class Hierarchy(abc.ABC):
     def create_group_sync(self, path: str) -> GroupMeta:
         raise Unsupported(f"{self.name} hierarchies have no groups to create")
 
-    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+    def array_docs(self, path: str, new: NewArray) -> tuple[dict[str, bytes], ArrayMeta]:
+        """The metadata documents (key -> bytes) of a new array and what readers will see.
+
+        Pure: raises (Unsupported, InvalidArgument, UserError) for a data type, codec or
+        path the format cannot hold, before anything in the store changes.
+        """
         raise Unsupported(f"creating arrays in {self.name} hierarchies is not supported")
+
+    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+        """Write a new array's documents at once (no staging)."""
+        docs, meta = self.array_docs(path, new)
+        self.write_array_docs_sync(path, docs)
+        return meta
+
+    def write_array_docs_sync(self, path: str, docs: dict[str, bytes]) -> None:
+        for key, value in docs.items():
+            self.store.set_sync(key, value)
+        self.after_change_sync()
+
+    # --- names ----------------------------------------------------------------------------
+
+    #: sibling names must differ under case-insensitive comparison (the protocol draft)
+    case_insensitive: ClassVar[bool] = False
+
+    def name_problem(self, name: str) -> str | None:
+        """Why a node may not be called `name` in this format (None: it may)."""
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            return "not a node name"
+        if name.startswith(RESERVED_PREFIX):
+            return f"names starting with {RESERVED_PREFIX!r} are reserved by zarrfs"
+        if name in self.doc_names:
+            return "the name of a metadata document"
+        return None
+
+    def stored_components(self, name: str) -> list[str]:
+        """The key components a node called `name` is stored under (its directory, its documents)."""
+        return [name]
+
+    def check_name(self, name: str, siblings: Iterable[str] = ()) -> None:
+        """Refuse a new node name before anything is written: InvalidArgument, NameTooLong."""
+        problem = self.name_problem(name)
+        if problem is not None:
+            raise InvalidArgument(f"{name!r}: {problem} ({self.name})")
+        longest = max(len(c.encode("utf-8", "surrogateescape")) for c in self.stored_components(name))
+        if longest > NAME_MAX_BYTES:
+            raise NameTooLong(f"{name!r}: its store key component would be {longest} bytes "
+                              f"(at most {NAME_MAX_BYTES})")
+        if self.case_insensitive:
+            folded = name.casefold()
+            clash = next((s for s in siblings if s != name and s.casefold() == folded), None)
+            if clash is not None:
+                raise InvalidArgument(f"{name!r}: sibling {clash!r} differs only in case; {self.name} "
+                                      f"requires case-insensitively unique sibling names")
+
+    # --- staged arrays: all-or-nothing create and replace ----------------------------------
+
+    def staging_prefix(self, path: str, token: str) -> str:
+        """Where chunks of the array being written at `path` go until it is committed."""
+        parent = path.rpartition("/")[0]
+        return join(parent, STAGING_PREFIX + token)
+
+    def stage_array(self, path: str, new: NewArray) -> StagedArray:
+        """Plan a new array at `path` (pure: every check before the store changes)."""
+        docs, final = self.array_docs(path, new)
+        staging = self.staging_prefix(path, secrets.token_hex(8))
+        keys = dataclasses.replace(final.keys, prefix=staging)
+        meta = dataclasses.replace(final, path=staging, keys=keys, inner=None, source=None)
+        return StagedArray(final, meta, staging, docs)
+
+    def commit_array_sync(self, staged: StagedArray, old: Node | None) -> None:
+        """Make a staged array the node at its path, replacing `old`.
+
+        This generic commit moves keys: the chunks first, then the old array's other keys
+        are removed, then the documents are written, the metadata document last; readers
+        see the old array until the chunks start to move. Formats with directories per
+        node override it on local stores with one directory swap.
+        """
+        final = staged.final
+        moved: list[str] = []
+        try:
+            for rel in self.store.sizes_below_sync(staged.staging):
+                dst = join(final.keys.prefix, rel)
+                self.store.move_sync(join(staged.staging, rel), dst)
+                moved.append(dst)
+            keep = set(moved) | set(staged.docs)
+            if old is not None:
+                for key in self.node_keys_sync(old):
+                    if key not in keep and not is_staging_key(key):
+                        self.store.erase_sync(key)
+            for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
+                self.store.set_sync(key, staged.docs[key])
+        except ZarrfsError:
+            if old is None:  # nothing was there: take the partial copy away again
+                for key in moved:
+                    self.store.erase_sync(key)
+            raise
+        finally:
+            self.store.erase_below_sync(staged.staging)
+        self.after_change_sync()
+
+    def discard_staging_sync(self, staged: StagedArray) -> None:
+        """Drop what a staged array wrote (a copy that failed or stopped short)."""
+        self.store.erase_below_sync(staged.staging)
 
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         raise Unsupported(f"writing attributes of {self.name} nodes is not supported")
@@ -200,7 +333,7 @@ class Hierarchy(abc.ABC):
         prefix = meta.keys.prefix
         out = {}
         for rel, size in self.store.sizes_below_sync(prefix).items():
-            if rel.rsplit("/", 1)[-1] not in self.doc_names:
+            if rel.rsplit("/", 1)[-1] not in self.doc_names and not is_staging_key(rel):
                 out[join(prefix, rel)] = size
         return out
 
@@ -306,6 +439,31 @@ class NodeDocsHierarchy(Hierarchy):
 
     def relocate_key(self, key: str, old_path: str, new_path: str) -> str:
         return new_path + key[len(old_path):] if old_path else join(new_path, key)
+
+    def write_array_docs_sync(self, path: str, docs: dict[str, bytes]) -> None:
+        self.write_docs_sync(path, {key[len(path):].lstrip("/"): json.loads(value) for key, value in docs.items()})
+
+    def dump_docs(self, path: str, docs: dict[str, Any]) -> dict[str, bytes]:
+        """A node's documents as the store will hold them (store key -> bytes)."""
+        return {join(path, name): (json.dumps(doc, indent=2) + "\n").encode() for name, doc in docs.items()}
+
+    def commit_array_sync(self, staged: StagedArray, old: Node | None) -> None:
+        """On a local store, one directory swap: the documents are written into the staging
+        directory, which then trades places with the array's directory (renameat2), so
+        readers see the old array whole until that instant, then the new one whole."""
+        path = staged.final.path
+        if not self.store.is_local or not path or (old is None and self.store.is_dir_sync(path)):
+            super().commit_array_sync(staged, old)  # remote, root, or stray files at the path
+            return
+        for key, value in staged.docs.items():
+            self.store.set_sync(join(staged.staging, key[len(path) + 1:]), value)
+        self.store.swap_dirs_sync(staged.staging, path)
+        self.store.erase_below_sync(staged.staging)  # the old array, now under the staging name
+        if self.consolidated is not None:
+            entry = {n: None for n in self.doc_names}
+            entry.update({key[len(path) + 1:]: json.loads(value) for key, value in staged.docs.items()})
+            self.consolidated[path] = entry
+            self.write_consolidated_sync()
 
     def write_docs_sync(self, path: str, docs: dict[str, Any]) -> None:
         """Write a node's documents (None erases one) and keep consolidated metadata current."""

@@ -86,7 +86,7 @@ class V1Hierarchy(Hierarchy):
         self.store.set_sync(ATTRS_KEY, json.dumps(attributes, indent=4, sort_keys=True).encode())
         return dataclasses.replace(node, attributes=attributes)
 
-    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+    def array_docs(self, path: str, new: NewArray) -> tuple[dict[str, bytes], ArrayMeta]:
         if path:
             raise Unsupported("a v1 store holds one array: only the root array can be replaced")
         config = compressor_config(new.codec, "blosc", new.dtype.itemsize)
@@ -98,9 +98,7 @@ class V1Hierarchy(Hierarchy):
                "compression_opts": opts, "fill_value": dtypes.fill_to_json(fill, new.dtype, bytes_as_text=True),
                "order": "C"}
         meta = parse_array(doc, {}, self.v1_order)
-        self.store.set_sync(META_KEY, json.dumps(doc, indent=4, sort_keys=True).encode())
-        self.store.set_sync(ATTRS_KEY, b"{}")
-        return meta
+        return {ATTRS_KEY: b"{}", META_KEY: json.dumps(doc, indent=4, sort_keys=True).encode()}, meta
 
 
 def _v1_compression(config: dict[str, Any]) -> tuple[str, Any]:

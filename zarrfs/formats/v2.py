@@ -64,7 +64,14 @@ class V2Hierarchy(NodeDocsHierarchy):
         self.write_docs_sync(path, {".zgroup": {"zarr_format": 2}})
         return GroupMeta(path, {}, self.name, join(path, ".zgroup"))
 
-    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+    def name_problem(self, name: str) -> str | None:
+        """zarr-python 2's normalize_storage_path reads `\\` as `/` and refuses `.` and `..`
+        segments (all refused here); names of its documents would be read as documents."""
+        if name == ".zmetadata":
+            return "the name of the consolidated metadata document"
+        return super().name_problem(name)
+
+    def array_docs(self, path: str, new: NewArray) -> tuple[dict[str, bytes], ArrayMeta]:
         fill = new.fill_value if new.fill_value is not None else np.zeros((), new.dtype)
         doc = {
             "zarr_format": 2, "shape": list(new.shape),
@@ -75,8 +82,7 @@ class V2Hierarchy(NodeDocsHierarchy):
             "dimension_separator": ".",
         }
         meta = parse_array(path, doc, {})
-        self.write_docs_sync(path, {".zarray": doc})
-        return meta
+        return self.dump_docs(path, {".zarray": doc}), meta
 
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         self.write_docs_sync(node.path, {".zattrs": attributes})

@@ -67,7 +67,16 @@ class V3Hierarchy(NodeDocsHierarchy):
         self.write_docs_sync(path, {"zarr.json": {"zarr_format": 3, "node_type": "group", "attributes": {}}})
         return GroupMeta(path, {}, self.name, join(path, "zarr.json"))
 
-    def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
+    def name_problem(self, name: str) -> str | None:
+        """Zarr v3 core spec, "Node names": not empty, no `/`, not only periods, and
+        "must not start with the reserved prefix `__`"."""
+        if name.startswith("__"):
+            return "names starting with '__' are reserved by the v3 spec"
+        if name and set(name) == {"."}:
+            return "a name of periods only"
+        return super().name_problem(name)
+
+    def array_docs(self, path: str, new: NewArray) -> tuple[dict[str, bytes], ArrayMeta]:
         data_type, endian = dtypes.v3_dtype_json(new.dtype)
         fill = new.fill_value if new.fill_value is not None else np.zeros((), new.dtype)
         codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": endian}}]
@@ -82,8 +91,7 @@ class V3Hierarchy(NodeDocsHierarchy):
             "fill_value": dtypes.fill_to_json(fill, new.dtype), "codecs": codecs, "attributes": {},
         }
         meta = parse_array(path, doc, {})
-        self.write_docs_sync(path, {"zarr.json": doc})
-        return meta
+        return self.dump_docs(path, {"zarr.json": doc}), meta
 
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         key = join(node.path, "zarr.json")

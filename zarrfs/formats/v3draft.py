@@ -50,7 +50,8 @@ from ..errors import (CorruptChunk, Exists, InvalidArgument, MetadataError, NotF
 from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
 from ..options import Options
 from ..store import Store
-from .base import Hierarchy, broken, compressor_config, guess_chunks, json_object, root_zarr_json_sync
+from .base import (STAGING_PREFIX, Hierarchy, StagedArray, broken, compressor_config, guess_chunks, json_object,
+                   root_zarr_json_sync)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ ARRAY_FIELDS = {"shape", "data_type", "chunk_grid", "chunk_memory_layout", "fill
 # `chunk_grid.separator` and ignores this copy); only the `meta/root` layout takes it.
 PROTOCOL_ARRAY_FIELDS = ARRAY_FIELDS | {"dimension_separator"}
 GROUP_FIELDS = {"attributes", "zarr_format", "extensions"}
+# "Node names" of both drafts: characters in the sets a-z, A-Z, 0-9, -_.
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 # Codec names whose numcodecs configuration differs from the draft's.
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
@@ -391,14 +394,58 @@ class V3DraftHierarchy(Hierarchy):
 
     def create_array_sync(self, path: str, new: NewArray) -> ArrayMeta:
         """An array document in the family's own format (zarr 2.18's, or the May 2022 draft's)."""
-        layout = self._writable_layout()
         if path and self._is_group_sync(path):
             raise Exists(f"{path}: a group has this path")
+        return super().create_array_sync(path, new)
+
+    def array_docs(self, path: str, new: NewArray) -> tuple[dict[str, bytes], ArrayMeta]:
+        layout = self._writable_layout()
         doc = protocol_array_doc(new) if layout.family == "protocol" else core_array_doc(new)
         key = layout.meta_key(path, "array")
         meta = parse_array(path, doc, key, layout, self.warn_once)  # what readers will see, checked first
-        self._put_doc(key, doc)
-        return meta
+        return {key: dump_doc(doc)}, meta
+
+    # --- names and staging ------------------------------------------------------------------
+
+    @property
+    def case_insensitive(self) -> bool:  # type: ignore[override]
+        """The protocol draft ("Node names"): siblings unique under case-insensitive comparison."""
+        return self.layout is not None and self.layout.family == "protocol"
+
+    def name_problem(self, name: str) -> str | None:
+        """Both drafts' "Node names": only `a-z A-Z 0-9 - _ .`, not periods only (the protocol
+        draft also caps names at 255 characters, which the key length check covers)."""
+        if not _NODE_NAME_RE.fullmatch(name):
+            return "the v3 drafts allow only the characters a-z A-Z 0-9 - _ . in node names"
+        if set(name) == {"."}:
+            return "a name of periods only"
+        return super().name_problem(name)
+
+    def stored_components(self, name: str) -> list[str]:
+        suffix = self.layout.suffix if self.layout is not None else ".json"
+        return [name, f"{name}.array{suffix}", f"{name}.group{suffix}"]
+
+    def staging_prefix(self, path: str, token: str) -> str:
+        """Beside the array's chunks under `data/`: the drafts list nodes under `meta/` only."""
+        layout = self._writable_layout()
+        return join(layout.data, path.rpartition("/")[0], STAGING_PREFIX + token)
+
+    def commit_array_sync(self, staged: StagedArray, old: Node | None) -> None:
+        """On a local store: swap the chunk directories, then write the array document (the
+        moment between the two is the commit window); elsewhere the generic key moves."""
+        final = staged.final
+        data = final.keys.prefix
+        if not self.store.is_local or not final.path or (old is None and self.store.is_dir_sync(data)):
+            super().commit_array_sync(staged, old)
+            return
+        self.store.swap_dirs_sync(staged.staging, data)
+        try:
+            for key, value in staged.docs.items():
+                self.store.set_sync(key, value)
+        except ZarrfsError:
+            self.store.swap_dirs_sync(staged.staging, data)  # the old chunks back under the old document
+            raise
+        self.store.erase_below_sync(staged.staging)  # the old chunks, now under the staging name
 
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         """Replace a node's `attributes`; the rest of its document stays as it is.
