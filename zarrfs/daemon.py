@@ -59,12 +59,15 @@ def default_log_file() -> str:
 
 
 def check_mountpoint(mountpoint: str) -> None:
+    dead = UserError(f"mountpoint {mountpoint} is a dead FUSE mount (its daemon is gone): "
+                     f"run fusermount3 -uz {mountpoint} and mount again")
     try:
         os.stat(mountpoint)
+        if os.path.ismount(mountpoint):
+            os.statvfs(mountpoint)  # the kernel answers stat from its cache; statfs reaches the daemon
     except OSError as e:
-        if e.errno == errno.ENOTCONN:  # a FUSE mount whose daemon died (kill -9, crash)
-            raise UserError(f"mountpoint {mountpoint} is a dead FUSE mount (its daemon is gone): "
-                            f"run fusermount3 -uz {mountpoint} and mount again") from None
+        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # a FUSE mount whose daemon died (kill -9, crash)
+            raise dead from None
         if e.errno != errno.ENOENT:
             raise UserError(f"mountpoint {mountpoint}: {e.strerror}") from None
     if not os.path.exists(mountpoint):
