@@ -108,3 +108,25 @@ def test_syslog_records_are_one_encodable_line(tmp_path, restore_root_logger, mo
         assert len(text.splitlines()) == 1, text
         assert text.endswith(f"WARNING zarrfs.test: {want}/.zarray: malformed JSON"), text
         assert f"zarrfs[{os.getpid()}]: " in text, text
+
+
+def test_secrets_are_redacted_at_every_level(tmp_path, restore_root_logger):
+    """Whatever logs a registered secret (a message, an argument, a traceback) writes *** instead."""
+    log_file = tmp_path / "zarrfs.log"
+    daemon.setup_logging(build_options([f"log_file={log_file}", "log_level=debug"]), daemon=False)
+    daemon.register_secrets({"S3CRET-VALUE-42"})
+    logger = logging.getLogger("zarrfs.test")
+    logger.debug("options %s", {"secret": "S3CRET-VALUE-42"})
+    try:
+        raise RuntimeError("auth with S3CRET-VALUE-42 failed")
+    except RuntimeError:
+        logger.exception("failed")
+    logging.getLogger().handlers[0].flush()
+    text = log_file.read_text()
+    assert "S3CRET-VALUE-42" not in text and text.count("***") >= 2, text
+
+
+def test_sigusr1_toggle(restore_root_logger, tmp_path):
+    daemon.setup_logging(build_options([f"log_file={tmp_path / 'x.log'}", "log_level=error"]), daemon=False)
+    assert daemon.toggle_debug("error") == "DEBUG" and logging.getLogger().level == logging.DEBUG
+    assert daemon.toggle_debug("error") == "ERROR" and logging.getLogger().level == logging.ERROR

@@ -50,3 +50,86 @@ def test_bad_options(bad):
 def test_chunks_in_a_comma_list():
     o = build_options(split_o("writable,chunks=8,5,codec=zstd:3"))
     assert o.chunks == (8, 5) and o.codec == "zstd:3" and o.writable
+
+
+# --------------------------------------------------------------------------- the one option table
+
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from zarrfs.options import (OPTION_TABLE, options_markdown, read_storage_options_file, redact_url,  # noqa: E402
+                            secrets_in)
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_options": "{}", "chunks": "4,4",
+            "codec": "zstd:3", "log_level": "info", "log_file": "/tmp/x.log", "storage_options_file": "/x.json",
+            "fsname": "data", "uid": "1", "gid": "2", "umask": "022", "subtype": "zarr"}
+
+
+def test_readme_option_table_is_generated():
+    text = README.read_text()
+    m = re.search(r"<!-- options:begin -->\n(.*?)<!-- options:end -->", text, re.S)
+    assert m, "README has no <!-- options:begin --> ... <!-- options:end --> block"
+    assert m.group(1) == options_markdown(), "README option table differs from OPTION_TABLE: paste options_markdown()"
+
+
+def test_every_table_option_is_accepted():
+    for o in OPTION_TABLE:
+        item = o.name if "=" not in o.spelling else f"{o.name}={EXAMPLES[o.name]}"
+        build_options([item])
+
+
+def test_help_lists_every_option_with_its_default():
+    r = subprocess.run([sys.executable, "-m", "zarrfs", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for o in OPTION_TABLE:
+        assert f"\n  {o.spelling}\n" in r.stdout, o.spelling
+    assert len(re.findall(r"\(default:\s", r.stdout)) == len(OPTION_TABLE)
+    for name in ("v1_order", "auto_unmount", "fsname", "storage_options_file"):
+        assert name in r.stdout
+
+
+def test_man_page_lists_every_option():
+    r = subprocess.run([sys.executable, "-m", "zarrfs", "--man"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith(".TH ZARRFS 1")
+    text = subprocess.run(["groff", "-man", "-Tutf8", "-P-cbou"], input=r.stdout, capture_output=True,
+                          text=True, timeout=60).stdout
+    for o in OPTION_TABLE:
+        assert o.spelling in text, o.spelling
+
+
+def test_fstab_only_options_are_ignored():
+    o = build_options(split_o("x-systemd.automount,x-systemd.idle-timeout=60,comment=x,_netdev,nofail,allow_other"))
+    assert o.fuse_options == ("allow_other",)
+
+
+def test_redact_url():
+    assert redact_url("https://user:pw@host:8080/a.zarr?token=abc&x=1") == "https://host:8080/a.zarr?token=***&x=1"
+    assert redact_url("simplecache::s3://AKIA:sec@bucket/run.zarr") == "simplecache::s3://bucket/run.zarr"
+    assert redact_url("/data/run.zarr") == "/data/run.zarr"
+
+
+def test_secrets_in():
+    found = secrets_in({"key": "AKIA1234", "secret": "s3cr3t!", "client_kwargs": {"endpoint_url": "http://x"},
+                        "headers": {"Authorization": "Bearer tok-123"}}, "https://u:pass@h/")
+    assert {"AKIA1234", "s3cr3t!", "Bearer tok-123", "tok-123", "pass"} <= found
+    assert "http://x" not in found and "Bearer" not in found
+
+
+def test_storage_options_file(tmp_path):
+    p = tmp_path / "so.json"
+    p.write_text('{"anon": true}')
+    p.chmod(0o600)
+    assert read_storage_options_file(str(p)) == {"anon": True}
+    for mode in (0o640, 0o604, 0o620):
+        p.chmod(mode)
+        with pytest.raises(UserError, match="chmod 600"):
+            read_storage_options_file(str(p))
+    p.chmod(0o600)
+    p.write_text("[1]")
+    with pytest.raises(UserError, match="JSON object"):
+        read_storage_options_file(str(p))
+    with pytest.raises(UserError, match="No such file"):
+        read_storage_options_file(str(tmp_path / "none.json"))

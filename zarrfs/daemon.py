@@ -8,24 +8,27 @@ starts threads keeps fsspec's event-loop thread and pyfuse3's state in one proce
 
 from __future__ import annotations
 
+import errno
 import logging
 import logging.handlers
 import os
 import re
 import signal
+import socket
 import sys
+import threading
 
 import pyfuse3
 import trio
 
-from . import formats
+from . import __version__, formats
 from .cache import ChunkCache
 from .engine import Engine
 from .errors import UserError, ZarrfsError
 from .formats.base import compressor_config
 from .fuse_ops import ZarrOperations
 from .model import BrokenNode
-from .options import Options
+from .options import Options, read_storage_options_file, redact_url, secrets_in
 from .store import Store
 from .tree import Namespace
 
@@ -36,15 +39,45 @@ SYSLOG_FORMAT = "zarrfs[%(process)d]: %(levelname)s %(name)s: %(message)s"
 # Read-ahead the kernel uses on our mount: FACTS.md measured 1 MiB requests as the point
 # where a Python server stops being bound by request count (default is 128 KiB).
 READ_AHEAD_KB = 1024
+# Longest wait for the store to answer at start-up (connection, credentials, the root's listing):
+# long enough for a slow remote store, short enough that a boot with the network down does not
+# hang a mount(8) for minutes.
+START_TIMEOUT_S = float(os.environ.get("ZARRFS_START_TIMEOUT_S", "30"))
+# Where a daemon logs without log_file when there is no syslog socket (README "Logging").
+DEFAULT_LOG_FILE_ROOT = "/var/log/zarrfs.log"
+# Records of this logger (mount and unmount) are written whatever log_level says.
+lifecycle = logging.getLogger("zarrfs.lifecycle")
+# systemd's credential for storage options (LoadCredential=storage_options.json:PATH).
+CREDENTIAL_NAME = "storage_options.json"
+
+
+def default_log_file() -> str:
+    """Where a daemon logs when given no log_file and there is no /dev/log."""
+    if os.geteuid() == 0:
+        return DEFAULT_LOG_FILE_ROOT
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "zarrfs", "zarrfs.log")
 
 
 def check_mountpoint(mountpoint: str) -> None:
+    dead = UserError(f"mountpoint {mountpoint} is a dead FUSE mount (its daemon is gone): "
+                     f"run fusermount3 -uz {mountpoint} and mount again")
+    try:
+        os.stat(mountpoint)
+        if os.path.ismount(mountpoint):
+            os.statvfs(mountpoint)  # the kernel answers stat from its cache; statfs reaches the daemon
+    except OSError as e:
+        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):  # a FUSE mount whose daemon died (kill -9, crash)
+            raise dead from None
+        if e.errno != errno.ENOENT:
+            raise UserError(f"mountpoint {mountpoint}: {e.strerror}") from None
     if not os.path.exists(mountpoint):
         raise UserError(f"mountpoint {mountpoint} does not exist")
     if not os.path.isdir(mountpoint):
         raise UserError(f"mountpoint {mountpoint} is not a directory")
     if os.path.ismount(mountpoint):
-        raise UserError(f"mountpoint {mountpoint} is already a mount point")
+        raise UserError(f"mountpoint {mountpoint} is already a mount point "
+                        f"(unmount it first: fusermount3 -u {mountpoint})")
     if os.listdir(mountpoint):
         raise UserError(f"mountpoint {mountpoint} is not empty")
     if not os.path.exists("/dev/fuse"):
@@ -77,75 +110,198 @@ def escape_log_text(text: str) -> str:
     return _UNSAFE.sub(_escape_char, text)
 
 
+# Secret strings of this mount (credentials from storage options, URL passwords): every
+# handler's formatter writes them as *** whatever the level and wherever they appear.
+_secrets: set[str] = set()
+
+
+def register_secrets(found: set[str]) -> None:
+    _secrets.update(found)
+
+
+def redact(text: str) -> str:
+    for secret in sorted(_secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
 class OneLineFormatter(logging.Formatter):
     """A record is one line, whatever names its message holds; an attached traceback keeps
-    its own lines, with undecodable bytes escaped so that it can be written too."""
+    its own lines, with undecodable bytes escaped so that it can be written too. Secrets of
+    the mount never reach the output."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return escape_log_text(super().formatMessage(record))
+        return escape_log_text(redact(super().formatMessage(record)))
 
     def formatException(self, ei) -> str:
-        return _UNSAFE_IN_TRACEBACK.sub(_escape_char, super().formatException(ei))
+        return _UNSAFE_IN_TRACEBACK.sub(_escape_char, redact(super().formatException(ei)))
 
     def formatStack(self, stack_info: str) -> str:
-        return _UNSAFE_IN_TRACEBACK.sub(_escape_char, super().formatStack(stack_info))
+        return _UNSAFE_IN_TRACEBACK.sub(_escape_char, redact(super().formatStack(stack_info)))
 
 
-def setup_logging(options: Options, daemon: bool) -> None:
+def _open_log_file(path: str) -> logging.Handler:
+    try:
+        return logging.FileHandler(path, encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"log_file={path}: {e.strerror}") from None
+
+
+def log_destination(options: Options, daemon: bool) -> str:
+    """Where setup_logging sends the log: a file path, `syslog` or `stderr`."""
+    if options.log_file:
+        return options.log_file
+    if not daemon:
+        return "stderr"
+    if os.path.exists("/dev/log"):
+        return "syslog"
+    return default_log_file()
+
+
+def check_log_destination(options: Options, daemon: bool) -> str:
+    """Open (and create) the log file now, so that a bad path is a one-line error before anything starts."""
+    dest = log_destination(options, daemon)
+    if dest not in ("stderr", "syslog"):
+        if not options.log_file:
+            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        _open_log_file(dest).close()
+    return dest
+
+
+def setup_logging(options: Options, daemon: bool) -> str:
+    """Send the log where log_destination says; returns that destination."""
+    dest = log_destination(options, daemon)
+    if dest == "syslog":
+        handler: logging.Handler = logging.handlers.SysLogHandler(address="/dev/log")
+        handler.setFormatter(OneLineFormatter(SYSLOG_FORMAT))
+    elif dest == "stderr":
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        if not options.log_file:
+            os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        handler = _open_log_file(dest)
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
-    if options.log_file:
-        handler: logging.Handler = logging.FileHandler(options.log_file, encoding="utf-8")
-    elif daemon and os.path.exists("/dev/log"):
-        handler = logging.handlers.SysLogHandler(address="/dev/log")
-        handler.setFormatter(OneLineFormatter(SYSLOG_FORMAT))
-    elif daemon:
-        handler = logging.NullHandler()
-    else:
-        handler = logging.StreamHandler(sys.stderr)
     if handler.formatter is None:
         handler.setFormatter(OneLineFormatter(LOG_FORMAT))
     root.addHandler(handler)
-    root.setLevel(options.log_level.upper())
+    set_log_level(options.log_level.upper())
+    lifecycle.setLevel(logging.INFO)
+    return dest
+
+
+def set_log_level(level: str | int) -> None:
+    root = logging.getLogger()
+    root.setLevel(level)
     # fsspec and pyfuse3 are chatty at debug level; keep them at our level or above info.
-    for noisy in ("fsspec", "pyfuse3", "asyncio", "aiohttp"):
+    for noisy in ("fsspec", "pyfuse3", "asyncio", "aiohttp", "botocore", "s3fs", "urllib3", "gcsfs"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, root.level))
+
+
+def toggle_debug(configured: str) -> str:
+    """SIGUSR1: debug logging on, or back to the configured level; returns the new level name."""
+    root = logging.getLogger()
+    level = configured.upper() if root.level == logging.DEBUG else "DEBUG"
+    set_log_level(level)
+    lifecycle.info("SIGUSR1: log level now %s", level.lower())
+    return level
+
+
+def notify_systemd(message: str) -> bool:
+    """Send MESSAGE (READY=1, STOPPING=1) to $NOTIFY_SOCKET, systemd's readiness protocol; False when not asked."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]  # an abstract socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+        return True
+    except OSError as e:
+        log.warning("cannot notify systemd (%s): %s", message.split("\n")[0], e)
+        return False
+
+
+def storage_options_of(options: Options) -> dict:
+    """storage_options_file (or systemd's credential) merged under storage_options."""
+    path = options.storage_options_file
+    credentials_dir = os.environ.get("CREDENTIALS_DIRECTORY")
+    if path is None and credentials_dir and os.path.exists(os.path.join(credentials_dir, CREDENTIAL_NAME)):
+        path = os.path.join(credentials_dir, CREDENTIAL_NAME)
+    merged = read_storage_options_file(path) if path else {}
+    merged.update(options.storage_options)
+    return merged
 
 
 def build(source: str, options: Options) -> ZarrOperations:
     """Open the store and its hierarchy; everything that can be a user error happens here."""
-    store = Store(source, options.storage_options)
-    if not store.exists_sync():
-        raise UserError(f"{source}: no such file, directory or store")
+    storage_options = storage_options_of(options)
+    register_secrets(secrets_in(storage_options, source))
+    shown = redact_url(source)
+    store = Store(source, storage_options)
+    check_store(store, shown)
     if options.writable and store.read_only:
-        raise UserError(f"{source}: this store cannot be written ({store.fs.protocol}); mount it without writable")
+        scheme = source.split("://", 1)[0] if "://" in source else "this protocol"
+        raise UserError(f"{shown}: {scheme} stores cannot be written; mount it without writable")
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
     hierarchy = formats.open_hierarchy_sync(store, options.format, options)
     root = hierarchy.node_sync("")
     if root is None:
-        raise UserError(f"{source}: not a Zarr hierarchy")
+        raise UserError(f"{shown}: not a Zarr hierarchy")
     if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
-        raise UserError(f"{source}: {root.error}")
+        raise UserError(f"{shown}: {root.error}")
     engine = Engine(store, ChunkCache(options.cache_size_bytes))
     namespace = Namespace(hierarchy, root, source, engine, options.show_views)
-    log.info("opened %s as %s (root: %s)", source, hierarchy.name, root.kind)
+    log.info("opened %s as %s (root: %s)", shown, hierarchy.name, root.kind)
     return ZarrOperations(namespace, engine, options)
 
 
-def fuse_options(options: Options) -> set[str]:
+def check_store(store: Store, shown: str) -> None:
+    """Raise a UserError naming why the store cannot be used (bounded by START_TIMEOUT_S)."""
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            store.probe_sync(shown)
+            outcome.append(None)
+        except BaseException as e:  # handed to the waiting thread
+            outcome.append(e)
+
+    worker = threading.Thread(target=probe, name="zarrfs-probe", daemon=True)
+    worker.start()
+    worker.join(START_TIMEOUT_S)
+    if not outcome:
+        raise UserError(f"{shown}: the store did not answer within {START_TIMEOUT_S:g}s (timed out)")
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def fsname(source: str, options: Options) -> str:
+    """What mount(8) and df show as the source: fsname=, else SOURCE without credentials."""
+    name = options.fsname if options.fsname is not None else redact_url(source)
+    # libfuse splits options at commas (a backslash escapes one); other characters pass as they are.
+    return name.replace("\\", "\\\\").replace(",", "\\,")
+
+
+def fuse_options(options: Options, source: str = "zarrfs") -> set[str]:
     opts = set(pyfuse3.default_options)
-    opts.update(("fsname=zarrfs", "subtype=zarrfs"))
+    opts.update((f"fsname={fsname(source, options)}", "subtype=zarrfs"))
+    if any(o.startswith("subtype=") for o in options.fuse_options):
+        opts.discard("subtype=zarrfs")
     if not options.writable:
         opts.add("ro")
     opts.update(o for o in options.fuse_options if o.split("=")[0] not in ("uid", "gid", "umask"))
     return opts
 
 
-def mount(ops: ZarrOperations, mountpoint: str, options: Options) -> None:
+def mount(ops: ZarrOperations, mountpoint: str, options: Options, source: str) -> None:
     try:
-        pyfuse3.init(ops, mountpoint, fuse_options(options))
+        pyfuse3.init(ops, mountpoint, fuse_options(options, source))
     except RuntimeError as e:
         raise UserError(f"cannot mount on {mountpoint}: {e}") from None
 
@@ -160,20 +316,35 @@ def _tune_read_ahead_sync(mountpoint: str) -> None:
         log.info("read-ahead left at the kernel's default: %s", e)
 
 
+def _answers_sync(mountpoint: str) -> None:
+    """Return once the mount answers a request (our own main loop serves this stat)."""
+    os.stat(mountpoint)
+
+
 async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(ops.engine.run)
 
         async def on_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
                 async for signum in signals:
-                    log.info("%s: unmounting", signal.Signals(signum).name)
+                    if signum == signal.SIGUSR1:
+                        toggle_debug(ops.options.log_level)
+                        continue
+                    lifecycle.info("%s: unmounting %s", signal.Signals(signum).name, mountpoint)
+                    notify_systemd("STOPPING=1")
                     pyfuse3.terminate()
                     return
 
+        async def ready() -> None:
+            await trio.to_thread.run_sync(_answers_sync, mountpoint)
+            notify_systemd(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {mountpoint}")
+
         nursery.start_soon(on_signals)
+        nursery.start_soon(ready)
         nursery.start_soon(trio.to_thread.run_sync, _tune_read_ahead_sync, mountpoint)
         await pyfuse3.main()
+        notify_systemd("STOPPING=1")
         await ops.ns.shutdown()  # arrays still being written: stored if complete, else dropped
         try:
             await ops.engine.flush()  # anything still dirty reaches the store before we exit
@@ -188,19 +359,26 @@ def serve(ops: ZarrOperations, mountpoint: str) -> None:
         trio.run(_serve, ops, mountpoint)
     finally:
         pyfuse3.close(unmount=True)
-        log.info("unmounted %s; %s", mountpoint, ops.engine.stats())
+        lifecycle.info("unmounted %s; %s", mountpoint, ops.engine.stats())
 
 
 def run(source: str, mountpoint: str, options: Options) -> int:
     """Mount and serve; returns the exit code. Raises UserError before anything is mounted."""
     check_mountpoint(mountpoint)
+    check_log_destination(options, daemon=not options.foreground)
     if options.foreground:
-        setup_logging(options, daemon=False)
+        dest = setup_logging(options, daemon=False)
         ops = build(source, options)
-        mount(ops, mountpoint, options)
+        mount(ops, mountpoint, options, source)
+        _started(source, mountpoint, dest)
         serve(ops, mountpoint)
         return 0
     return _daemonize(source, mountpoint, options)
+
+
+def _started(source: str, mountpoint: str, dest: str) -> None:
+    lifecycle.info("zarrfs %s (pid %d) mounted %s on %s; log: %s; SIGUSR1 toggles debug logging",
+                   __version__, os.getpid(), redact_url(source), mountpoint, dest)
 
 
 def _daemonize(source: str, mountpoint: str, options: Options) -> int:
@@ -221,15 +399,17 @@ def _daemonize(source: str, mountpoint: str, options: Options) -> int:
     os.setsid()
     code = 0
     try:
-        setup_logging(options, daemon=True)
+        dest = setup_logging(options, daemon=True)
         ops = build(source, options)
-        mount(ops, mountpoint, options)
+        mount(ops, mountpoint, options, source)
+        _started(source, mountpoint, dest)
     except ZarrfsError as e:
-        os.write(write_fd, str(e).encode())
+        log.error("%s", e)
+        os.write(write_fd, redact(str(e)).encode())
         os._exit(1)
     except BaseException as e:  # an unexpected failure still reaches the user as one line
         log.exception("start-up failed")
-        os.write(write_fd, f"start-up failed: {type(e).__name__}: {e}".encode())
+        os.write(write_fd, redact(f"start-up failed: {type(e).__name__}: {e}").encode())
         os._exit(1)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):

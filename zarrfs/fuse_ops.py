@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pyfuse3
+import trio
 
 from .engine import Engine
 from .errors import InvalidArgument, NotPermitted, ReadOnly, ZarrfsError
@@ -26,6 +27,8 @@ ATTR_TIMEOUT_S = 60.0
 # With writes, names and sizes change under the kernel's caches: keep them short.
 WRITABLE_ATTR_TIMEOUT_S = 1.0
 BLOCK_SIZE = 512  # st_blocks unit, fixed by POSIX
+# df asks often; summing a local store's file sizes walks it, so a total is reused this long.
+STATFS_TTL_S = 30.0
 IO_BLOCK_SIZE = 1 << 20  # st_blksize: tools like cp read in units of this size
 
 
@@ -67,6 +70,9 @@ class ZarrOperations(pyfuse3.Operations):
         self.gid = int(_opt(options, "gid", os.getgid()))
         self.umask = int(_opt(options, "umask", "0"), 8)
         self.mount_time_ns = time.time_ns()
+        # Modification times by metadata key (the store's own, so stable across remounts).
+        self._mtimes: dict[str, int] = {}
+        self._statfs: tuple[float, int | None, int | None] | None = None  # (when, stored, free)
         # Open files: fh -> (entry, bytes fixed at open for generated files such as stats.json)
         self._handles: dict[int, tuple[Entry, bytes | None]] = {}
         self._next_fh = 1
@@ -103,14 +109,57 @@ class ZarrOperations(pyfuse3.Operations):
         attr.st_blksize = IO_BLOCK_SIZE
         attr.st_uid = self.uid
         attr.st_gid = self.gid
-        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = self.mount_time_ns
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = self._mtime_ns(entry)
         return attr
+
+    # --- times: a node's is its metadata document's modification time in the store -------
+
+    @staticmethod
+    def _time_key(entry: Entry) -> str | None:
+        """The store key whose modification time an entry shows (None: the mount time)."""
+        if entry.kind == "storekey":
+            return entry.key
+        node = entry.node
+        if node is None:
+            return None
+        return getattr(node, "metadata_key", None) or getattr(node, "key", None)
+
+    def _mtime_ns(self, entry: Entry) -> int:
+        key = self._time_key(entry)
+        if key is None:
+            return self.mount_time_ns
+        known = self._mtimes.get(key)
+        if known is None and self.engine.store.is_local:  # one stat, no network: asked here
+            known = self._mtimes[key] = self.engine.store.mtime_ns_sync(key) or self.mount_time_ns
+        return known if known is not None else self.mount_time_ns
+
+    async def _resolve_mtimes(self, entries: list[Entry]) -> None:
+        """Remote stores: fetch the times not known yet (once per key and mount), concurrently."""
+        if self.engine.store.is_local:
+            return
+        keys = {k for k in map(self._time_key, entries) if k is not None and k not in self._mtimes}
+        if not keys:
+            return
+
+        async def one(key: str) -> None:
+            self._mtimes[key] = await self.engine.run_io(self.engine.store.mtime_ns_sync, key) or self.mount_time_ns
+
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(one, key)
+
+    def _touched(self, entry: Entry) -> None:
+        """A write through the mount: the entry's time is now."""
+        key = self._time_key(entry)
+        if key is not None:
+            self._mtimes[key] = time.time_ns()
 
     # --- reading the tree ---------------------------------------------------------
 
     @boundary
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
         entry = await self.ns.lookup(parent_inode, fs_name(name))
+        await self._resolve_mtimes([entry])
         return self.attributes(entry)
 
     @boundary
@@ -119,6 +168,7 @@ class ZarrOperations(pyfuse3.Operations):
         if entry.kind == "stats":
             entry.stored_bytes = None
         await self.ns.settle(entry)
+        await self._resolve_mtimes([entry])
         return self.attributes(entry)
 
     @boundary
@@ -131,6 +181,9 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        if not self.engine.store.is_local:
+            n = await self.ns.dir_len(fh)
+            await self._resolve_mtimes([(await self.ns.dir_item(fh, i))[1] for i in range(start_id, n)])
         for i in range(start_id, await self.ns.dir_len(fh)):
             name, entry = await self.ns.dir_item(fh, i)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(entry), i + 1):
@@ -234,6 +287,7 @@ class ZarrOperations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         self._check_writable()
         entry, _ = self._handles[fh]
+        self._touched(entry)
         return await self.ns.write(entry, off, buf)
 
     @boundary
@@ -321,7 +375,19 @@ class ZarrOperations(pyfuse3.Operations):
         st = pyfuse3.StatvfsData()
         st.f_bsize = IO_BLOCK_SIZE
         st.f_frsize = BLOCK_SIZE
-        st.f_blocks = st.f_bfree = st.f_bavail = 0
+        now = time.monotonic()
+        if self._statfs is None or now - self._statfs[0] > STATFS_TTL_S:
+            store = self.engine.store
+            stored = await self.engine.run_io(store.stored_bytes_sync)
+            free = await self.engine.run_io(store.free_bytes_sync) if self.options.writable else None
+            self._statfs = (now, stored, free)
+        _, stored, free = self._statfs
+        # Used space is what the hierarchy stores (0 where the store cannot tell cheaply: remote);
+        # free space is the local store's file system's when writable, else none.
+        used_blocks = -(-(stored or 0) // BLOCK_SIZE)
+        free_blocks = (free or 0) // BLOCK_SIZE
+        st.f_blocks = used_blocks + free_blocks
+        st.f_bfree = st.f_bavail = free_blocks
         st.f_files = st.f_ffree = st.f_favail = 0
         st.f_namemax = 255
         return st

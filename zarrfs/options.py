@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import stat
+import urllib.parse
 from typing import Any
 
 from .errors import UserError
@@ -14,11 +17,201 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 # Standard FUSE / mount(8) options that we pass through to libfuse (with a value) or accept
 # and ignore because mount.fuse3 and /etc/fstab lines carry them.
-FUSE_PASSTHROUGH_VALUE = ("uid", "gid", "umask", "fsname", "subtype")
+FUSE_PASSTHROUGH_VALUE = ("uid", "gid", "umask", "subtype")
 FUSE_PASSTHROUGH_FLAG = ("allow_other", "allow_root", "default_permissions", "auto_unmount")
 MOUNT_IGNORED = ("rw", "ro", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "noauto",
                  "user", "nouser", "users", "_netdev", "nofail", "atime", "noatime", "relatime",
                  "async", "sync", "defaults")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionDoc:
+    """One row of the option table that `--help`, the README and zarrfs.1 are generated from."""
+
+    spelling: str  # as a user writes it: `cache_size=SIZE`
+    meaning: str
+    default: str
+
+    @property
+    def name(self) -> str:
+        return self.spelling.split("=", 1)[0]
+
+
+# The one table of options: `zarrfs --help`, the README's option table (tests/test_options.py
+# checks it is the generated text) and `zarrfs --man` are all made from it, and build_options
+# refuses a name that is not in it, so an option cannot exist undocumented.
+OPTION_TABLE: tuple[OptionDoc, ...] = (
+    OptionDoc("writable", "allow writes (see Writes); refused for read-only stores such as HTTP", "off"),
+    OptionDoc("cache_size=SIZE", "budget of the decoded-chunk cache (`512M`, `2G`); a chunk larger than the "
+              "budget is decoded for each read and not kept", "`512M`"),
+    OptionDoc("format=auto|v1|v2|v3|v3-draft", "skip detection", "`auto`"),
+    OptionDoc("v1_order=spec|writer", "how v1 `order: F` chunks are laid out: `spec` as the v1 specification "
+              "says (F order); `writer` as zarr 1.1.0, the one real v1 writer, stored them (F order only with "
+              "blosc, C order with every other compressor). Use `writer` for stores that writer made", "`spec`"),
+    OptionDoc("storage_options=JSON", "keyword arguments for the fsspec file system (`endpoint_url`, `anon`, "
+              "credentials). Visible to every user in `ps` and `/proc/PID/cmdline`, and in fstab: give "
+              "credentials with `storage_options_file` or the backend's environment instead", "none"),
+    OptionDoc("storage_options_file=PATH", "the same as a JSON file; refused when group or others may read it "
+              "(`chmod 600`). Under systemd a credential named `storage_options.json` (`LoadCredential=`) is "
+              "used when this is not given. Merged under `storage_options`", "none"),
+    OptionDoc("show_views", "list `.zarrfs` in the root directory (it is always reachable by path, like ZFS's "
+              "`.zfs`, so `cp -r MOUNT` copies only the `.npy` tree)", "off"),
+    OptionDoc("chunks=N[,N...]", "chunk shape of arrays created through the mount (with writes)",
+              "format's usual"),
+    OptionDoc("codec=NAME[:LEVEL]", "compressor of arrays created through the mount (with writes)",
+              "format's usual"),
+    OptionDoc("log_level=LEVEL", "`debug`, `info`, `warning`, `error`, `critical`; `kill -USR1 PID` switches "
+              "debug on and off while mounted", "`warning`"),
+    OptionDoc("log_file=PATH", "where the log goes (a file that cannot be opened is an error at start)",
+              "stderr with `-f` or under systemd; syslog when daemonized and `/dev/log` exists; else "
+              "`/var/log/zarrfs.log` (root) or `~/.local/state/zarrfs/zarrfs.log`"),
+    OptionDoc("fsname=NAME", "the source `mount`, `df` and `/proc/mounts` show", "SOURCE without credentials"),
+    OptionDoc("allow_other", "let other users than the mounting one use the mount (FUSE; non-root users need "
+              "`user_allow_other` in `/etc/fuse.conf`)", "off"),
+    OptionDoc("allow_root", "let root use the mount too (FUSE)", "off"),
+    OptionDoc("default_permissions", "the kernel checks modes against `uid`/`gid`/`umask` (FUSE)", "on"),
+    OptionDoc("auto_unmount", "unmount when the daemon dies, even by `kill -9` (FUSE, through a `fusermount3` "
+              "helper process that must be left running)", "off"),
+    OptionDoc("uid=N", "owner the files show", "the mounting user"),
+    OptionDoc("gid=N", "group the files show", "the mounting user's group"),
+    OptionDoc("umask=OCTAL", "mode bits taken away from the files' modes (`0444`/`0555`, `0644`/`0755` when "
+              "writable)", "`0`"),
+    OptionDoc("subtype=NAME", "the type `mount` shows after `fuse.`", "`zarrfs`"),
+)
+OPTION_NAMES = frozenset(o.name for o in OPTION_TABLE) | {"foreground", "f"}
+
+
+def options_markdown() -> str:
+    """The README's option table."""
+    rows = ["| option | meaning | default |", "|---|---|---|"]
+    for o in OPTION_TABLE:
+        rows.append(f"| `{o.spelling.replace('|', chr(92) + '|')}` | {o.meaning} | {o.default} |")
+    return "\n".join(rows) + "\n"
+
+
+def _plain(text: str) -> str:
+    return text.replace("`", "")
+
+
+def options_help() -> str:
+    """The option list of `zarrfs --help`."""
+    import textwrap
+
+    out = []
+    for o in OPTION_TABLE:
+        out.append(f"  {o.spelling}")
+        body = f"{_plain(o.meaning)} (default: {_plain(o.default)})"
+        out.extend(textwrap.wrap(body, 90, initial_indent=" " * 6, subsequent_indent=" " * 6))
+    return "\n".join(out)
+
+
+def _roff(text: str) -> str:
+    text = text.replace("\\", "\\e").replace("-", "\\-")
+    text = re.sub(r"`([^`]*)`", r"\\fB\1\\fR", text)
+    return "\n".join(("\\&" + ln) if ln.startswith((".", "'")) else ln for ln in text.splitlines())
+
+
+def options_man(version: str) -> str:
+    """The zarrfs(1) manual page, in roff."""
+    lines = [f'.TH ZARRFS 1 "" "zarrfs {version}" "User Commands"', ".SH NAME",
+             "zarrfs \\- mount a Zarr hierarchy as a file system of .npy files", ".SH SYNOPSIS",
+             ".B zarrfs", "SOURCE MOUNTPOINT [\\-f] [\\-o OPTION[,OPTION...]] [\\-\\-OPTION[=VALUE] ...]",
+             ".br", ".B mount \\-t fuse.zarrfs", "SOURCE MOUNTPOINT \\-o OPTIONS", ".SH DESCRIPTION",
+             _roff("Groups of the Zarr hierarchy at SOURCE (a local directory or an fsspec URL) become "
+                   "directories; arrays become `.npy` files. Without `-f` the command returns once the mount "
+                   "is live. Unmount with `fusermount3 -u MOUNTPOINT` or `umount`."),
+             ".SH OPTIONS", "Every option is given as \\fB\\-o name[=value]\\fR or \\fB\\-\\-name[=value]\\fR.",
+             ".TP", ".B \\-f", "stay in the foreground (under systemd: Type=notify readiness)"]
+    for o in OPTION_TABLE:
+        lines += [".TP", f".B {_roff(o.spelling)}", _roff(f"{o.meaning} (default: {o.default})")]
+    lines += [".SH SIGNALS", _roff("SIGINT, SIGTERM: store pending writes and unmount. "
+                                   "SIGUSR1: switch debug logging on or off."),
+              ".SH SEE ALSO", "fusermount3(1), mount.fuse3(8), fstab(5), systemd.mount(5)"]
+    return "\n".join(lines) + "\n"
+
+
+def redact_url(source: str) -> str:
+    """SOURCE with any user name, password or token in URLs (chained with ::) removed."""
+    parts = []
+    for part in source.split("::"):
+        try:
+            u = urllib.parse.urlsplit(part)
+        except ValueError:
+            parts.append(part)
+            continue
+        if u.scheme and "@" in u.netloc:
+            part = urllib.parse.urlunsplit(u._replace(netloc=u.netloc.rsplit("@", 1)[1]))
+            u = urllib.parse.urlsplit(part)
+        if u.scheme and u.query:
+            query = [(k, "***" if _SECRET_KEY.search(k) else v)
+                     for k, v in urllib.parse.parse_qsl(u.query, keep_blank_values=True)]
+            part = urllib.parse.urlunsplit(u._replace(query=urllib.parse.urlencode(query, safe="*")))
+        parts.append(part)
+    return "::".join(parts)
+
+
+# Keys of storage options (and URL query parameters) whose values are secrets: never logged.
+_SECRET_KEY = re.compile(r"secret|password|passwd|token|key|credential|authorization|auth|sig|signature|session",
+                         re.IGNORECASE)
+_NOT_SECRET_KEYS = {"endpoint_url", "key_prefix", "signature_version"}
+_AUTH_SCHEMES = {"bearer", "basic", "token", "digest", "negotiate"}
+
+
+def secrets_in(storage_options: Any, source: str = "") -> set[str]:
+    """The secret strings of a mount: values under secret-looking keys, header values, URL passwords."""
+    found: set[str] = set()
+
+    def walk(value: Any, secret: bool) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, secret or (str(k) not in _NOT_SECRET_KEYS and bool(_SECRET_KEY.search(str(k))))
+                     or str(k).lower() == "headers")
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v, secret)
+        elif secret and isinstance(value, str) and len(value) >= 4:
+            found.add(value)
+            if " " in value:  # "Bearer TOKEN": the token alone too
+                found.update(p for p in value.split() if len(p) >= 4 and p.lower() not in _AUTH_SCHEMES)
+
+    walk(storage_options, False)
+    for part in source.split("::"):
+        try:
+            u = urllib.parse.urlsplit(part)
+            if u.password and len(u.password) >= 2:
+                found.add(u.password)
+                found.add(urllib.parse.quote(u.password, safe=""))
+            for k, v in urllib.parse.parse_qsl(u.query):
+                if _SECRET_KEY.search(k) and len(v) >= 4:
+                    found.add(v)
+        except ValueError:
+            pass
+    return found
+
+
+def read_storage_options_file(path: str) -> dict[str, Any]:
+    """A storage options JSON file; refused when others may read it (it holds credentials)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise UserError(f"storage_options_file={path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"storage_options_file={path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise UserError(f"storage_options_file={path}: readable or writable by others "
+                            f"(mode {stat.S_IMODE(st.st_mode):04o}); it holds credentials: chmod 600 {path}")
+        raw = f.read()
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"storage_options_file={path} is not valid JSON: {getattr(e, 'msg', e)}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"storage_options_file={path} must hold a JSON object")
+    return value
+
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -45,6 +238,8 @@ class Options:
     v1_order: str = "spec"
     log_level: str = "warning"
     log_file: str | None = None
+    storage_options_file: str | None = None
+    fsname: str | None = None
     foreground: bool = False
     # Options handed to libfuse as they are (allow_other, uid=..., ...).
     fuse_options: tuple[str, ...] = ()
@@ -100,6 +295,10 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
         name, sep, raw = item.partition("=")
         value = raw if sep else None
         name = name.strip().replace("-", "_") if name not in FUSE_PASSTHROUGH_FLAG else name
+        if name.startswith("x_") or name == "comment":
+            continue  # fstab's x-systemd.automount, x-mount.mkdir, comment=...: for mount and systemd
+        if name not in OPTION_NAMES and name not in MOUNT_IGNORED:
+            raise UserError(f"unknown option: {name} (zarrfs --help lists them)")
         if name == "writable":
             kw["writable"] = _flag(name, value)
         elif name == "cache_size":
@@ -144,6 +343,10 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             kw["log_level"] = level
         elif name == "log_file":
             kw["log_file"] = _need(name, value)
+        elif name == "storage_options_file":
+            kw["storage_options_file"] = _need(name, value)
+        elif name == "fsname":
+            kw["fsname"] = _need(name, value)
         elif name in ("foreground", "f"):
             kw["foreground"] = _flag(name, value)
         elif name in FUSE_PASSTHROUGH_FLAG:

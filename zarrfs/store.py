@@ -348,3 +348,155 @@ class Store:
             return bool(self.fs.exists(self.root)) or bool(self.list_dir_sync("")[0])
         except Exception:
             return False
+
+    # --- operations: start-up checks, times, space (the daemon and fuse_ops use these) ----
+
+    def probe_sync(self, shown: str) -> None:
+        """Return when the store's root can be read; else raise a UserError naming the cause
+        (connection refused, name not resolved, timeout, bucket or path missing, access
+        denied, credentials missing). SHOWN is the source as messages may show it."""
+        try:
+            self.fs.info(self.root)
+            return
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise UserError(f"{shown}: {describe_failure(e)}") from None
+        try:
+            files, dirs = self.list_dir_sync("")
+        except StoreError as e:
+            raise UserError(f"{shown}: {describe_failure(e.__cause__ or e)}") from None
+        if files or dirs:
+            return
+        bucket = self.root.split("/", 1)[0]
+        if not self.is_local and not self._quoted_names and bucket and bucket != self.root:
+            try:
+                self.fs.info(bucket)
+            except FileNotFoundError:
+                raise UserError(f"{shown}: bucket {bucket!r} does not exist") from None
+            except Exception as e:
+                raise UserError(f"{shown}: {describe_failure(e)}") from None
+        elif not self.is_local and not self._quoted_names and bucket == self.root:
+            raise UserError(f"{shown}: bucket {bucket!r} does not exist or is empty")
+        raise UserError(f"{shown}: no such file, directory or store")
+
+    def mtime_ns_sync(self, key: str) -> int | None:
+        """Modification time of a key as the store reports it (ns since the epoch), or None."""
+        if self.is_local:
+            try:
+                return os.stat(self.path(key)).st_mtime_ns
+            except (OSError, ZarrfsError):
+                return None
+        try:
+            info = self.fs.info(self.path(key))
+        except Exception:
+            return None
+        return mtime_ns_of(info)
+
+    def stored_bytes_sync(self) -> int | None:
+        """Bytes of every key below the root, for statfs; None where that is not cheap (remote stores)."""
+        if not self.is_local:
+            return None
+        total = 0
+        stack = [self.root]
+        while stack:
+            try:
+                with os.scandir(stack.pop()) as it:
+                    for entry in it:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+        return total
+
+    def free_bytes_sync(self) -> int | None:
+        """Space left where a local store lives (statfs of its file system), else None."""
+        if not self.is_local:
+            return None
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+
+def mtime_ns_of(info: dict[str, Any]) -> int | None:
+    """The modification time in an fsspec info() dict: `mtime` (local, sftp), `LastModified` (s3),
+    `updated` (gcs), `last_modified` (azure), `created` as a last resort; None if absent."""
+    import datetime
+
+    for field in ("mtime", "LastModified", "last_modified", "updated", "modified"):
+        value = info.get(field)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return int(value * 1e9)
+        if isinstance(value, datetime.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=datetime.timezone.utc)
+            return int(value.timestamp() * 1e9)
+        if isinstance(value, str):
+            try:
+                parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                try:
+                    import email.utils
+
+                    parsed = email.utils.parsedate_to_datetime(value)
+                except (TypeError, ValueError):
+                    continue
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+            return int(parsed.timestamp() * 1e9)
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One phrase naming why a store could not be reached or read, from any backend's exception."""
+    import socket
+
+    chain = _chain(exc)
+    text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
+    low = text.lower()
+    names = {type(e).__name__ for e in chain}
+    if any(isinstance(e, socket.gaierror) for e in chain) or any(s in low for s in (
+            "name or service not known", "temporary failure in name resolution", "nodename nor servname",
+            "no address associated", "name resolution", "could not resolve", "getaddrinfo")):
+        return f"host name not resolved ({_short(exc)})"
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "connection refused" in low \
+            or "connect call failed" in low:
+        return f"connection refused ({_short(exc)})"
+    if "EndpointConnectionError" in names or "ClientConnectorError" in names or "could not connect" in low:
+        return f"cannot connect ({_short(exc)})"
+    if any(isinstance(e, TimeoutError) for e in chain) or "timeout" in low or "timed out" in low:
+        return f"timed out ({_short(exc)})"
+    if "NoCredentialsError" in names or "DefaultCredentialsError" in names or "unable to locate credentials" in low \
+            or "partialcredentials" in low:
+        return ("no credentials found (give them by the backend's environment variables or profile, or "
+                "storage_options_file)")
+    if any(s in low for s in ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken", "invalidtoken")):
+        return f"credentials refused ({_short(exc)})"
+    if any(isinstance(e, PermissionError) for e in chain) or any(s in low for s in (
+            "accessdenied", "access denied", "forbidden", " 403", "401", "unauthorized")):
+        return f"access denied ({_short(exc)})"
+    if "nosuchbucket" in low:
+        return "bucket does not exist"
+    return _short(exc)
+
+
+def _short(exc: BaseException) -> str:
+    message = " ".join(str(exc).split())
+    if len(message) > 200:
+        message = message[:200] + "..."
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
