@@ -306,7 +306,8 @@ class Engine:
                 self._oversize_told.add(meta.path)
                 log.warning("%s: chunk %s decodes to %d bytes, more than cache_size (%d): such chunks are "
                             "kept beside the cache, the %d most recently read, and decoded one at a time. "
-                            "Give a cache_size of at least %d bytes, or rechunk the array in smaller chunks",
+                            "Give a cache_size of at least %d bytes (four chunks: read-ahead, a quarter of the "
+                            "cache, then spans one), or rechunk the array in smaller chunks",
                             meta.path or "/", meta.chunk_key(idx), meta.chunk_nbytes, self.cache.max_bytes,
                             self.cache.oversize_slots, meta.chunk_nbytes * PREFETCH_CACHE_SHARE)
             self.cache.make_room_oversize()

@@ -202,12 +202,15 @@ class NodeDocsHierarchy(Hierarchy):
         """The node described by its documents (parsed JSON or None each), None if no node."""
 
     def _docs_sync(self, path: str) -> dict[str, Any] | BrokenNode:
-        raw = self.store.get_many_sync([join(path, n) for n in self.doc_names])
+        try:
+            raw = self.store.get_many_sync([join(path, n) for n in self.doc_names])
+        except ZarrfsError:  # one unreadable document (a FIFO...): read one by one to name it
+            raw = None
         docs: dict[str, Any] = {}
         for name in self.doc_names:
             key = join(path, name)
             try:
-                docs[name] = json_object(key, raw[key])
+                docs[name] = json_object(key, raw[key] if raw is not None else self.store.get_sync(key))
             except ZarrfsError as e:
                 return BrokenNode(path, self.kind_of_doc(name), key, e)
         return docs
