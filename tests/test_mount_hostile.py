@@ -38,10 +38,13 @@ CACHE = "cache_size=8M"
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     """CMD in a child process, failing the test when it does not finish."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        return subprocess.run(cmd, capture_output=True, timeout=READ_TIMEOUT_S)
+        out, err = proc.communicate(timeout=READ_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        proc.kill()  # not waited for: a reader in uninterruptible sleep would hold us too
         pytest.fail(f"{' '.join(cmd)} blocked for {READ_TIMEOUT_S} s")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _cat(path: Path) -> subprocess.CompletedProcess:
