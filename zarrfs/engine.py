@@ -23,7 +23,7 @@ from .codecs import is_fill
 from .errors import CorruptChunk, StoreError, ZarrfsError
 from .model import ArrayMeta, ShardedInner
 from .store import Store
-from .views import ArrayStream
+from .layouts import ArrayStream
 
 log = logging.getLogger(__name__)
 

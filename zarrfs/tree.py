@@ -28,7 +28,7 @@ from .errors import (Exists, Incomplete, InvalidArgument, IsADir, NotADir, NotEm
                      TooBig, Unsupported, ZarrfsError)
 from .formats.base import RESERVED_PREFIX, Hierarchy
 from .model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, join
-from .views import ArrayStream
+from .layouts import ArrayStream
 
 log = logging.getLogger(__name__)
 

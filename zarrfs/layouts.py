@@ -1,4 +1,4 @@
-"""Byte-stream views of an array: an NPY file or raw bytes, in C or F order.
+"""Byte layouts of an array (NPY C/F, raw C/F, one chunk): file offset <-> element regions.
 
 A read of bytes [offset, offset+size) becomes a plan (header bytes, element range, the
 chunks it touches) and, once those chunks are decoded, an assembly of the bytes.
