@@ -212,8 +212,9 @@ class Namespace(NamespaceWrites):
         the store does not (entries made for a reply that was never sent, or forgotten)."""
         for entry in entries:
             if (entry.lookups or entry.opens or entry.inode == ROOT_INODE or entry.writing is not None
-                    or entry.held is not None or self._entries.get(entry.inode) is not entry):
-                continue
+                    or entry.held is not None or self._entries.get(entry.inode) is not entry
+                    or any(parent == entry.inode for parent, _ in self._pending_names)):
+                continue  # a directory holding files apart keeps its inode: their names hang on it
             del self._entries[entry.inode]
             if entry.name_key is not None and self._by_name.get(entry.name_key) == entry.inode:
                 del self._by_name[entry.name_key]
