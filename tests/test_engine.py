@@ -32,13 +32,13 @@ class CountingStore(Store):
         self.slow, self.fail = set(slow), set(fail)
         self.release = threading.Event()
 
-    def get_sync(self, key):
+    def get_sync(self, key, *bound):
         self.gets.append(key)
         if key in self.slow:
             self.release.wait(10)
         if key in self.fail:
             raise StoreError(f"reading {key!r} failed: injected")
-        return super().get_sync(key)
+        return super().get_sync(key, *bound)
 
 
 @pytest.fixture

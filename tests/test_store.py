@@ -64,3 +64,72 @@ def test_symlinked_directory_out_of_store_refused(tmp_path):
     (store / "real").mkdir()
     (store / "real" / "k").write_bytes(b"ok")
     assert s.get_sync("inside/k") == b"ok"
+
+
+# How long a refused read may take at most before we call it blocked (it takes microseconds;
+# a FIFO opened for reading without O_NONBLOCK waits forever for a writer).
+BLOCKED_AFTER_S = 10
+
+
+def _without_blocking(fn, *args):
+    """fn(*args) in a daemon thread: its result or exception, or a failure when it blocks."""
+    import threading
+
+    out: list = []
+
+    def run():
+        try:
+            out.append(("ok", fn(*args)))
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out.append(("error", e))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(BLOCKED_AFTER_S)
+    if t.is_alive():
+        pytest.fail(f"{fn.__name__}{args} blocked")
+    return out[0]
+
+
+@pytest.mark.parametrize("read", ["get", "many", "range", "prefix", "suffix"])
+@pytest.mark.parametrize("kind", ["fifo", "chardev"])
+def test_only_regular_files_are_values(tmp_path, read, kind):
+    """A FIFO or a device node inside the store is refused by every read, without blocking."""
+    import stat
+
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "k")
+        name = "FIFO"
+    else:  # the same device as /dev/zero: read without limit it never ends
+        os.mknod(tmp_path / "k", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+        name = "character device"
+    s = Store(str(tmp_path))
+    fn, args = {"get": (s.get_sync, ("k",)), "many": (s.get_many_sync, (["k", "x"],)),
+                "range": (s.get_range_sync, ("k", 0, 100)), "prefix": (s.get_prefix_sync, ("k", 100)),
+                "suffix": (s.get_suffix_sync, ("k", 100))}[read]
+    status, value = _without_blocking(fn, *args)
+    assert status == "error" and isinstance(value, StoreError), value
+    assert f"'k' is not a regular file: {name}" in str(value)
+
+
+def test_symlink_to_dev_zero_refused(tmp_path):
+    os.symlink("/dev/zero", tmp_path / "k")
+    status, value = _without_blocking(Store(str(tmp_path)).get_sync, "k", None)
+    assert status == "error" and isinstance(value, StoreError) and "outside" in str(value)
+
+
+def test_values_larger_than_their_bound_are_refused(tmp_path):
+    (tmp_path / "k").write_bytes(b"x" * 100)
+    s = Store(str(tmp_path))
+    assert s.get_sync("k", 100) == b"x" * 100
+    with pytest.raises(StoreError, match="'k' holds 100 bytes, more than the 99"):
+        s.get_sync("k", 99)
+    assert s.get_range_sync("k", 90, 200) == b"x" * 10 and s.get_suffix_sync("k", 5) == b"x" * 5
+    assert s.get_prefix_sync("k", 3) == b"xxx" and s.get_range_sync("k", 200, 300) == b""
+    with pytest.raises(StoreError):
+        s.get_range_sync("absent", 0, 10)
+    m = Store("memory://bounded-test")
+    m.set_sync("k", b"y" * 10)
+    assert m.get_sync("k", 10) == b"y" * 10
+    with pytest.raises(StoreError, match="more than the 9"):
+        m.get_sync("k", 9)

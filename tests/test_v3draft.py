@@ -285,7 +285,7 @@ class RecordingStore:
         self.values = values
         self.calls: list[tuple] = []
 
-    def get_sync(self, key):
+    def get_sync(self, key, max_nbytes=None):
         self.calls.append(("get", key))
         return self.values.get(key)
 

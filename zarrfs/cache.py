@@ -1,4 +1,4 @@
-"""A byte-bounded LRU of decoded chunks, with hit/miss/eviction counters. Used from one thread."""
+"""A byte-bounded LRU of decoded chunks (and a slot for chunks larger than it), with counters. Used from one thread."""
 
 from __future__ import annotations
 
@@ -7,21 +7,46 @@ from collections.abc import Hashable
 
 import numpy as np
 
+# Chunks larger than the whole budget are kept apart, at most this many (the most recently
+# used): one for a sequential reader and one for the chunk its read-ahead decodes next, or
+# two readers of two such chunks at once. Without it every read of such a chunk decodes it
+# again; with more, a mount could hold several chunks of any size.
+OVERSIZE_SLOTS = 2
+
 
 class ChunkCache:
-    """Least-recently-used decoded chunks, at most `max_bytes` of them (by their own size).
+    """Least-recently-used decoded chunks, at most `max_bytes` of them (by their own size),
+    and at most `oversize_slots` chunks larger than `max_bytes` beside them.
 
     Chunks are stored read-only so a cached array is never changed by a reader.
     Arrays that own no memory (a fill value broadcast to a chunk) cost nothing.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, oversize_slots: int = OVERSIZE_SLOTS) -> None:
         self.max_bytes = max_bytes
         self.used_bytes = 0
         self.hits = 0
         self.misses = 0
         self.evictions = 0
         self._items: OrderedDict[Hashable, tuple[np.ndarray, int]] = OrderedDict()
+        self.oversize_slots = oversize_slots
+        self.oversize_evictions = 0
+        self._oversize: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+
+    @property
+    def oversize_bytes(self) -> int:
+        """Bytes held by chunks larger than the budget."""
+        return sum(arr.nbytes for arr in self._oversize.values())
+
+    @property
+    def oversize_held(self) -> int:
+        return len(self._oversize)
+
+    def make_room_oversize(self) -> None:
+        """Drop the least recently used oversize chunks until one more fits (before decoding one)."""
+        while self._oversize and len(self._oversize) >= self.oversize_slots:
+            self._oversize.popitem(last=False)
+            self.oversize_evictions += 1
 
     def __len__(self) -> int:
         return len(self._items)
@@ -33,27 +58,40 @@ class ChunkCache:
 
     def contains(self, key: Hashable) -> bool:
         """Whether `key` is cached (no counters, no recency change)."""
-        return key in self._items
+        return key in self._items or key in self._oversize
 
     def get(self, key: Hashable, count: bool = True) -> np.ndarray | None:
         """A cached array (now the most recently used), or None; `count` moves the hit and
         miss counters (lookups that are not reads, such as a shard's index, do not)."""
         item = self._items.get(key)
         if item is None:
-            self.misses += count
-            return None
+            big = self._oversize.get(key)
+            if big is None:
+                self.misses += count
+                return None
+            self._oversize.move_to_end(key)
+            self.hits += count
+            return big
         self._items.move_to_end(key)
         self.hits += count
         return item[0]
 
     def put(self, key: Hashable, arr: np.ndarray) -> None:
-        """Keep `arr` (made read-only); evict the least recently used until within budget."""
+        """Keep `arr` (made read-only); evict the least recently used until within budget.
+
+        An array larger than the budget goes to the oversize slots instead.
+        """
         cost = self.cost(arr)
-        if cost > self.max_bytes:
-            return
         if arr.flags.writeable and arr.base is None:
             arr.flags.writeable = False
         self.discard(key)
+        if cost > self.max_bytes:
+            if self.oversize_slots > 0:
+                self._oversize[key] = arr
+                while len(self._oversize) > self.oversize_slots:
+                    self._oversize.popitem(last=False)
+                    self.oversize_evictions += 1
+            return
         self._items[key] = (arr, cost)
         self.used_bytes += cost
         while self.used_bytes > self.max_bytes:
@@ -63,10 +101,12 @@ class ChunkCache:
 
     def discard_prefix(self, path: str) -> None:
         """Drop every chunk of an array, or of every array below a group (keys are (path, index))."""
-        for key in [k for k in self._items if k[0] == path or k[0].startswith(path + "/") or not path]:
+        for key in [k for k in (*self._items, *self._oversize)
+                    if k[0] == path or k[0].startswith(path + "/") or not path]:
             self.discard(key)
 
     def discard(self, key: Hashable) -> None:
+        self._oversize.pop(key, None)
         item = self._items.pop(key, None)
         if item is not None:
             self.used_bytes -= item[1]

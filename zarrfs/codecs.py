@@ -9,8 +9,12 @@ stored inner chunk encodes to b"", the sign to erase it.
 
 from __future__ import annotations
 
+import bz2
 import dataclasses
+import lzma
 import math
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numcodecs
@@ -24,6 +28,114 @@ from .errors import CorruptChunk, MetadataError, UnknownCodec, Unsupported
 ARRAY_ARRAY_IDS = {"delta", "bitround", "fixedscaleoffset", "quantize", "packbits", "astype"}
 ARRAY_BYTES_IDS = {"pcodec", "zfpy"}
 ABSENT = 2**64 - 1  # sharding index entry of a chunk that is not stored
+
+# Bounds on what a chunk's bytes may legitimately take, so that a hostile chunk cannot make
+# us read or allocate without limit. No compressor grows incompressible data by more than
+# a header and a small fraction (blosc 16 bytes + a little per block, zstd a few bytes per
+# 128 KiB block, bz2 about 1 %): twice the input plus 64 KiB leaves a wide margin. The engine
+# bounds shard index entries by the same rule.
+GROWTH_FACTOR = 2
+GROWTH_SLACK_BYTES = 64 << 10
+# Codecs that append a 4-byte checksum, and filters that keep the byte count
+# (filters that change the dtype are sized by their dtype and astype attributes).
+CHECKSUM_IDS = {"crc32", "crc32c", "adler32", "fletcher32", "jenkins_lookup3"}
+SAME_SIZE_IDS = {"shuffle", "bitround"}
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's wbits for a gzip member
+
+
+def grown_bound(n_bytes: int) -> int:
+    """The most bytes any compressor may turn `n_bytes` of input into."""
+    return GROWTH_FACTOR * n_bytes + GROWTH_SLACK_BYTES
+
+
+def _too_large(name: str, n_bytes: int | str, limit: int) -> CorruptChunk:
+    return CorruptChunk(f"{name} decodes to {n_bytes} bytes, more than the {limit} expected")
+
+
+def zstd_content_size(data: Any) -> int | None:
+    """The decompressed size a zstd frame header declares, or None when it declares none."""
+    head = bytes(_u1(data)[:18])
+    if len(head) < 6 or head[:4] != ZSTD_MAGIC:
+        return None  # not a frame numcodecs can decode either: it reports the error
+    fhd = head[4]
+    fcs_flag, single_segment, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    fcs_nbytes = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    if fcs_nbytes == 0:
+        return None
+    at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+    if len(head) < at + fcs_nbytes:
+        return None
+    size = int.from_bytes(head[at:at + fcs_nbytes], "little")
+    return size + 256 if fcs_nbytes == 2 else size  # the 2-byte field is offset by 256
+
+
+def _inflate(new: Callable[[], Any], data: Any, limit: int, name: str, members: bool) -> bytes:
+    """Streaming decompression (zlib, gzip, bz2, lzma objects) that stops past `limit` bytes.
+
+    With `members`, concatenated streams are decoded one after another as the standard
+    library's one-shot functions do; data after the last stream that is not one is ignored.
+    """
+    parts: list[bytes] = []
+    total = 0
+    first = True
+    while True:
+        d = new()
+        try:
+            part = d.decompress(data, limit - total + 1)  # never 0: that means "no limit" to zlib
+        except Exception:
+            if first:
+                raise
+            break  # trailing bytes that are not another stream
+        total += len(part)
+        if total > limit:
+            raise _too_large(name, f"more than {limit}", limit)
+        parts.append(part)
+        if not d.eof:
+            raise CorruptChunk(f"{name}: compressed stream ends early")
+        data, first = d.unused_data, False
+        if not members or not data.strip(b"\0"):  # gzip allows zero padding after a member
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def decode_bounded(codec: Any, data: Any, limit: int, name: str) -> Any:
+    """`codec.decode(data)`, refused (CorruptChunk) before allocating when the output would
+    exceed `limit` bytes, for every compressor whose format says or lets us find the size."""
+    cid = codec.codec_id
+    if cid == "zstd":
+        declared = zstd_content_size(data)
+        if declared is not None and declared > limit:
+            raise _too_large(name, declared, limit)
+        if declared is None and bytes(_u1(data)[:4]) == ZSTD_MAGIC:
+            # No size in the header: decode into a buffer of the limit first, which fails
+            # when the frame holds more; then again for the exact length (rare frames).
+            try:
+                codec.decode(data, out=np.empty(limit, np.uint8))
+            except Exception as e:
+                raise _too_large(name, f"more than {limit} ({e})", limit) from None
+    elif cid == "blosc":  # blosc's 16-byte header: version, versionlz, flags, typesize, nbytes (u32 LE)...
+        head = bytes(_u1(data)[:8])
+        if len(head) == 8 and int.from_bytes(head[4:8], "little") > limit:
+            raise _too_large(name, int.from_bytes(head[4:8], "little"), limit)
+    elif cid == "lz4":  # numcodecs prefixes the decoded size, 4 bytes little-endian
+        head = bytes(_u1(data)[:4])
+        if len(head) == 4 and int.from_bytes(head, "little") > limit:
+            raise _too_large(name, int.from_bytes(head, "little"), limit)
+    elif cid == "zlib":
+        return _inflate(zlib.decompressobj, _u1(data), limit, name, members=False)
+    elif cid == "gzip":
+        return _inflate(lambda: zlib.decompressobj(GZIP_WBITS), _u1(data), limit, name, members=True)
+    elif cid == "bz2":
+        return _inflate(bz2.BZ2Decompressor, memoryview(_u1(data)), limit, name, members=True)
+    elif cid == "lzma":
+        return _inflate(lambda: lzma.LZMADecompressor(format=codec.format, filters=codec.filters),
+                        memoryview(_u1(data)), limit, name, members=codec.format != lzma.FORMAT_RAW)
+    out = codec.decode(data)
+    n = _u1(out).size
+    if n > limit:  # a codec that does not tell its size first: at least stop here
+        raise _too_large(name, n, limit)
+    return out
 
 
 def _u1(buf: Any) -> np.ndarray:
@@ -62,11 +174,30 @@ class BytesBytes:
     codec: Any
     name: str
 
-    def decode(self, data: Any) -> Any:
-        return self.codec.decode(data)
+    def decode(self, data: Any, limit: int | None = None) -> Any:
+        """Decoded bytes; with `limit`, at most that many (CorruptChunk beyond, before allocating)."""
+        if limit is None:
+            return self.codec.decode(data)
+        return decode_bounded(self.codec, data, limit, self.name)
 
     def encode(self, data: Any) -> Any:
         return self.codec.encode(data)
+
+    def encoded_bound(self, n: int) -> int:
+        """The most bytes this codec encodes `n` bytes into (exact for filters and checksums)."""
+        codec = self.codec
+        if codec.codec_id in CHECKSUM_IDS:
+            return n + 4
+        decoded = getattr(codec, "decode_dtype", None) or getattr(codec, "dtype", None)
+        encoded = getattr(codec, "encode_dtype", None) or getattr(codec, "astype", None)
+        if decoded is not None and encoded is not None:  # delta, fixedscaleoffset, astype, quantize...
+            try:
+                return -(-n // np.dtype(decoded).itemsize) * np.dtype(encoded).itemsize
+            except TypeError:
+                pass
+        if codec.codec_id in SAME_SIZE_IDS:
+            return n
+        return grown_bound(n)
 
     def encoded_size(self, n: int) -> int:
         if self.codec.codec_id in ("crc32c", "crc32", "adler32"):
@@ -150,6 +281,9 @@ class BytesLayout:
         arr = raw.view(stored).reshape(shape, order=self.order)
         return arr if stored == dtype else arr.astype(dtype)
 
+    def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        return math.prod(shape) * dtype.itemsize
+
     def encode(self, arr: np.ndarray, fill: np.ndarray) -> np.ndarray:
         """The elements in `order` and stored byte order: a flat array, so that codecs
         downstream see the element size (blosc's shuffle, v2 filters) as zarr gives it them."""
@@ -177,6 +311,9 @@ class NumcodecsArrayBytes:
     def encode(self, arr: np.ndarray, fill: np.ndarray) -> Any:
         return self.codec.encode(np.ascontiguousarray(arr))
 
+    def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        return grown_bound(math.prod(shape) * dtype.itemsize)
+
     def describe(self) -> dict:
         return {"name": self.name, "configuration": self.codec.get_config()}
 
@@ -190,16 +327,43 @@ class CodecChain:
     bytes_bytes: tuple = ()
 
     def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
-        """Decode stored bytes into an array of exactly `shape` and `dtype` (may be F-ordered)."""
+        """Decode stored bytes into an array of exactly `shape` and `dtype` (may be F-ordered).
+
+        Each bytes->bytes step may produce at most what its encoding was given: the last
+        compressor at most the chunk's own byte count. More is a CorruptChunk, found before
+        the output is allocated wherever the codec's format tells its size.
+        """
         shapes = [(shape, dtype)]
         for aa in self.array_array:
             shapes.append(aa.encoded_shape(*shapes[-1]))
-        for bb in reversed(self.bytes_bytes):
-            data = bb.decode(data)
+        limits = self._step_limits(*shapes[-1])
+        for bb, limit in zip(reversed(self.bytes_bytes), reversed(limits)):
+            data = bb.decode(data, limit)
         arr = self.array_bytes.decode(data, *shapes[-1], fill)
         for aa, (s, d) in zip(reversed(self.array_array), reversed(shapes[:-1])):
             arr = aa.decode(arr, s, d)
         return arr
+
+    def _step_limits(self, shape: tuple[int, ...], dtype: np.dtype) -> list[int]:
+        """For each bytes->bytes step (encode order), the most bytes it is given when encoding."""
+        n = self.array_bytes.max_encoded_nbytes(shape, dtype)
+        limits = []
+        for bb in self.bytes_bytes:
+            limits.append(n)
+            n = bb.encoded_bound(n)
+        return limits
+
+    def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        """The most bytes a chunk of `shape` and `dtype` can legitimately take in the store."""
+        n = self.array_bytes.max_encoded_nbytes(*self._encoded_shape(shape, dtype))
+        for bb in self.bytes_bytes:
+            n = bb.encoded_bound(n)
+        return n
+
+    def _encoded_shape(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[tuple[int, ...], np.dtype]:
+        for aa in self.array_array:
+            shape, dtype = aa.encoded_shape(shape, dtype)
+        return shape, dtype
 
     def encode(self, arr: np.ndarray, fill: np.ndarray) -> bytes:
         """The bytes to store for `arr`, a chunk of exactly the chunk shape and the array's dtype.
@@ -260,6 +424,9 @@ class UnusableChain(CodecChain):
     def encoded_size(self, n_bytes: int) -> int:
         raise self._fail()
 
+    def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        raise self._fail()  # nothing is worth reading: no chunk can be decoded
+
     @property
     def order(self) -> str:
         return self.layout_order
@@ -293,6 +460,12 @@ class ShardingIndexed:
     def index_nbytes(self, per_shard: tuple[int, ...]) -> int:
         """Stored size of a shard's index (at its end or its start)."""
         return self.index.encoded_size(16 * math.prod(per_shard))
+
+    def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        """Every inner chunk at its largest, and the index."""
+        per_shard = self.per_shard(shape)
+        return (math.prod(per_shard) * self.inner.max_encoded_nbytes(self.inner_chunks, dtype)
+                + self.index_nbytes(per_shard))
 
     def decode_index(self, raw: Any, per_shard: tuple[int, ...]) -> np.ndarray:
         """The (offset, nbytes) pairs of a shard's index, shape per_shard + (2,)."""

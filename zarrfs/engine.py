@@ -8,11 +8,13 @@ atomic and the tables (cache, in-flight loads, counters) need no locks. Worker t
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import math
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,7 @@ IO_THREADS_REMOTE = 16
 IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
-            "bytes_written", "chunks_stored", "chunks_erased")
+            "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads")
 # Read-ahead of chunks for sequential readers: the window doubles on each sequential read
 # and resets on a seek (as mountpoint-s3 and ratarmount do), bounded in bytes and by a
 # share of the cache so that prefetched chunks are not evicted before they are read.
@@ -150,6 +152,10 @@ class Engine:
         self._versions: dict[tuple[str, Index], int] = {}
         # A failed background flush is reported at the array's next fsync/close.
         self._write_errors: dict[str, ZarrfsError] = {}
+        # Chunks larger than the cache are loaded one at a time (each costs its encoded
+        # bytes and its decoded array while it loads), and said once per array.
+        self._oversize_lock = trio.Lock()
+        self._oversize_told: set[str] = set()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Host background work (prefetch) until cancelled; without it there is no prefetch."""
@@ -298,11 +304,12 @@ class Engine:
         values: dict[Index, np.ndarray] = {}
         error: BaseException | None = None
         try:
-            if isinstance(meta.source, ShardedInner):
-                values, error = await self._load_inner_consistent(meta, batch)
-                version = self._versions.get(unit, 0)
-            else:
-                values = {batch[0]: await self._load(meta, batch[0])}
+            async with self._oversize_turn(meta, batch[0]):
+                if isinstance(meta.source, ShardedInner):
+                    values, error = await self._load_inner_consistent(meta, batch)
+                    version = self._versions.get(unit, 0)
+                else:
+                    values = {batch[0]: await self._load(meta, batch[0])}
         except ZarrfsError as e:
             error = e
         except Exception as e:  # a bug fails this load (EIO), never the daemon
@@ -326,6 +333,27 @@ class Engine:
                     load.error = error
                 del self._inflight[key]
                 load.done.set()
+
+    @contextlib.asynccontextmanager
+    async def _oversize_turn(self, meta: ArrayMeta, idx: Index) -> AsyncIterator[None]:
+        """For a chunk larger than the whole cache: wait for the one such load at a time, make
+        room in the cache's oversize slots first (so that at most that many such chunks
+        exist at once), and say once per array what this costs. Other chunks pass."""
+        if meta.chunk_nbytes <= self.cache.max_bytes:
+            yield
+            return
+        async with self._oversize_lock:
+            if meta.path not in self._oversize_told:
+                self._oversize_told.add(meta.path)
+                log.warning("%s: chunk %s decodes to %d bytes, more than cache_size (%d): such chunks are "
+                            "kept beside the cache, the %d most recently read, and decoded one at a time. "
+                            "Give a cache_size of at least %d bytes (four chunks: read-ahead, a quarter of the "
+                            "cache, then spans one), or rechunk the array in smaller chunks",
+                            meta.path or "/", meta.chunk_key(idx), meta.chunk_nbytes, self.cache.max_bytes,
+                            self.cache.oversize_slots, meta.chunk_nbytes * PREFETCH_CACHE_SHARE)
+            self.cache.make_room_oversize()
+            self.counters["oversize_loads"] += 1
+            yield
 
     async def _load_inner_consistent(self, meta: ArrayMeta, batch: list[Index]
                                      ) -> tuple[dict[Index, np.ndarray], ZarrfsError | None]:
@@ -684,7 +712,7 @@ class Engine:
                 old = None
                 if (changed is not None and self.store.is_local
                         and len(changed) < math.prod(meta.inner.source.per_shard) // 2):
-                    old = await self.run_io(self.store.get_sync, store_key)
+                    old = await self.run_io(self.store.get_sync, store_key, meta.max_stored_nbytes)
                 data = await trio.to_thread.run_sync(encode_chunk_sync, meta, store_key, arr, old, changed,
                                                      limiter=self.cpu_limiter)
                 await self.run_io(meta.write_chunk_sync, self.store, key[1], data)
@@ -761,6 +789,8 @@ class Engine:
             "cache_hits": self.cache.hits, "cache_misses": self.cache.misses,
             "cache_evictions": self.cache.evictions, "cache_bytes": self.cache.used_bytes,
             "cache_max_bytes": self.cache.max_bytes,
+            "oversize_chunks": self.cache.oversize_held, "oversize_bytes": self.cache.oversize_bytes,
+            "oversize_slots": self.cache.oversize_slots, "oversize_evictions": self.cache.oversize_evictions,
             "decode_seconds": round(self.decode_seconds, 6),
             "errors": dict(self.errors),
         }

@@ -61,9 +61,9 @@ class KeyedChunks:
     def key(self, idx: tuple[int, ...]) -> str:
         return self.keys.key(idx)
 
-    def read_sync(self, store: Any, idx: tuple[int, ...]) -> bytes | None:
-        """The encoded chunk at grid position `idx`, or None when it is not stored."""
-        return store.get_sync(self.keys.key(idx))
+    def read_sync(self, store: Any, idx: tuple[int, ...], max_nbytes: int | None = None) -> bytes | None:
+        """The encoded chunk at grid position `idx` (refused past `max_nbytes`), or None when it is not stored."""
+        return store.get_sync(self.keys.key(idx), max_nbytes)
 
     def write_sync(self, store: Any, idx: tuple[int, ...], data: bytes | None) -> None:
         """Store an encoded chunk, or erase it (None: the chunk is all fill value)."""
@@ -198,8 +198,21 @@ class ArrayMeta:
         """The store key holding chunk `idx` (for sharding transformers: its shard)."""
         return (self.source or KeyedChunks(self.keys)).key(idx)
 
+    @property
+    def max_stored_nbytes(self) -> int:
+        """The most bytes one grid chunk can legitimately take in the store (larger is hostile)."""
+        return self.codec.max_encoded_nbytes(self.chunk_shape, self.dtype)
+
+    @property
+    def chunk_nbytes(self) -> int:
+        """Bytes of one decoded grid chunk."""
+        return math.prod(self.chunk_shape) * self.dtype.itemsize
+
     def read_chunk_sync(self, store: Any, idx: tuple[int, ...]) -> bytes | None:
-        return (self.source or KeyedChunks(self.keys)).read_sync(store, idx)
+        """A grid chunk's stored bytes, or None; a key larger than any encoding of it is refused."""
+        if self.source is None:
+            return KeyedChunks(self.keys).read_sync(store, idx, self.max_stored_nbytes)
+        return self.source.read_sync(store, idx)
 
     def write_chunk_sync(self, store: Any, idx: tuple[int, ...], data: bytes | None) -> None:
         (self.source or KeyedChunks(self.keys)).write_sync(store, idx, data)

@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import urllib.parse
 from typing import Any
 
@@ -44,6 +45,18 @@ def _renameat2_exchange(a: str, b: str) -> bool:
     if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), a)
+
+
+# Metadata documents (and any key read without a bound of its own) larger than this are
+# refused: the largest consolidated documents seen in practice are tens of MiB (about 1 KiB
+# of JSON per array, hierarchies of tens of thousands of arrays); parsing costs several
+# times a document's size, so this keeps a hostile one to about a GiB of memory.
+METADATA_MAX_BYTES = 256 << 20
+# A local key is opened without blocking (a FIFO would hold a worker thread forever) and
+# read only when it is a regular file. These are what the others are called in errors.
+FILE_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+              (stat.S_ISSOCK, "socket"))
+LOCAL_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Store:
@@ -102,21 +115,67 @@ class Store:
         if real != self._real_root and not real.startswith(self._real_root + os.sep):
             raise StoreError(f"key {key!r} resolves outside the store ({real})")
 
-    def get_sync(self, key: str) -> bytes | None:
-        """The value of a key, or None when the key is absent."""
+    def _read_local(self, key: str, start: int, end: int | None, max_nbytes: int | None = None) -> bytes | None:
+        """Bytes [start, end) of a local key (start < 0: the last -start bytes; end None: to
+        its end), or None when it is absent or a directory.
+
+        Only regular files are values: the key is opened without blocking and checked before
+        a byte is read. `max_nbytes` refuses a read that would return more.
+        """
+        path = self.path(key)
         try:
-            return self.fs.cat_file(self.path(key))
+            fd = os.open(path, LOCAL_OPEN_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                return None
+            if not stat.S_ISREG(st.st_mode):
+                kind = next((name for test, name in FILE_KINDS if test(st.st_mode)), "special file")
+                raise StoreError(f"{key!r} is not a regular file: {kind}")
+            size = st.st_size
+            lo = max(0, size + start) if start < 0 else min(start, size)
+            hi = size if end is None else max(lo, min(end, size))
+            if max_nbytes is not None and hi - lo > max_nbytes:
+                raise StoreError(f"{key!r} holds {hi - lo} bytes, more than the {max_nbytes} it can "
+                                 f"legitimately take")
+            data = os.pread(fd, hi - lo, lo)  # one call unless past 2 GiB
+            while len(data) < hi - lo and (more := os.pread(fd, hi - lo - len(data), lo + len(data))):
+                data += more
+            return data
+        finally:
+            os.close(fd)
+
+    def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES) -> bytes | None:
+        """The value of a key, or None when the key is absent.
+
+        A value larger than `max_nbytes` is refused (StoreError): by default the bound of
+        metadata documents; chunk reads pass what their codecs can produce, None means any
+        size. Local stores check the size before reading; other backends, after.
+        """
+        try:
+            if self.is_local:
+                return self._read_local(key, 0, None, max_nbytes)
+            data = self.fs.cat_file(self.path(key))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         except ZarrfsError:
             raise
         except Exception as e:  # any failure of any backend is a store error of this key
             raise StoreError(f"reading {key!r} failed: {type(e).__name__}: {e}") from None
+        return self._bounded(key, data, max_nbytes)
 
-    def get_many_sync(self, keys: list[str]) -> dict[str, bytes | None]:
-        """Several keys at once (concurrently on asynchronous file systems)."""
+    @staticmethod
+    def _bounded(key: str, data: bytes, max_nbytes: int | None) -> bytes:
+        if max_nbytes is not None and len(data) > max_nbytes:
+            raise StoreError(f"{key!r} holds {len(data)} bytes, more than the {max_nbytes} it can legitimately take")
+        return data
+
+    def get_many_sync(self, keys: list[str], max_nbytes: int | None = METADATA_MAX_BYTES) -> dict[str, bytes | None]:
+        """Several keys at once (concurrently on asynchronous file systems), each bounded as in `get_sync`."""
         if not isinstance(self.fs, AsyncFileSystem) or len(keys) < 2:
-            return {k: self.get_sync(k) for k in keys}
+            return {k: self.get_sync(k, max_nbytes) for k in keys}
         paths = [self.path(k) for k in keys]
 
         async def gather() -> list[Any]:
@@ -129,7 +188,7 @@ class Store:
             elif isinstance(res, BaseException):
                 raise StoreError(f"reading {key!r} failed: {type(res).__name__}: {res}")
             else:
-                out[key] = res
+                out[key] = self._bounded(key, res, max_nbytes)
         return out
 
     def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:
@@ -189,7 +248,12 @@ class Store:
     def get_range_sync(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a key (b"" past its end)."""
         try:
-            data = self.fs.cat_file(self.path(key), start=start, end=end)
+            if self.is_local:
+                data = self._read_local(key, start, end)
+                if data is None:
+                    raise FileNotFoundError(key)
+            else:
+                data = self.fs.cat_file(self.path(key), start=start, end=end)
         except ZarrfsError:
             raise
         except Exception as e:
@@ -209,6 +273,8 @@ class Store:
     def get_prefix_sync(self, key: str, nbytes: int) -> bytes | None:
         """The first `nbytes` bytes of a key (all of it when shorter), or None when the key is absent."""
         try:
+            if self.is_local:
+                return self._read_local(key, 0, nbytes)
             data = self.fs.cat_file(self.path(key), start=0, end=nbytes)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
@@ -224,6 +290,8 @@ class Store:
         One request where the backend supports suffix ranges (local, memory, HTTP `bytes=-N`).
         """
         try:
+            if self.is_local:
+                return self._read_local(key, -nbytes, None)
             data = self.fs.cat_file(self.path(key), start=-nbytes)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None

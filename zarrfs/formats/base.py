@@ -317,7 +317,7 @@ class Hierarchy(abc.ABC):
         # Metadata documents last, so that the new node appears only once its data is there.
         order = sorted(keys, key=lambda k: k.rsplit("/", 1)[-1] in self.doc_names)
         for key in order:
-            value = self.store.get_sync(key)
+            value = self.store.get_sync(key, None)  # chunks too: any size
             if value is None:
                 raise NotFound(f"{key} vanished while moving {node.path}")
             self.store.set_sync(moved[key], value)

@@ -235,7 +235,7 @@ class ShardedChunks:
         n_inner = math.prod(self.chunks_per_shard)
         index_nbytes = 16 * n_inner
         with _shard_lock(store, key).writing():
-            shard = store.get_sync(key)
+            shard = store.get_sync(key, None)  # a whole shard: any size
             inner: list[bytes | None] = [None] * n_inner
             if shard is not None:
                 shard = bytes(shard)

@@ -1,0 +1,103 @@
+"""Bounded decoding: a chunk that inflates past what its array declares is refused before
+the inflated bytes are allocated; legitimate chunks (filters that change the dtype, data
+that does not compress) still decode."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numcodecs
+import numpy as np
+import pytest
+
+import bombs
+from zarrfs.codecs import v2_chain, v3_chain
+from zarrfs.errors import CorruptChunk
+
+SHAPE = (32, 32)  # float64: 8 KiB decoded
+DTYPE = np.dtype("<f8")
+FILL = np.zeros((), DTYPE)
+# What a refused decode may allocate at its peak: far below the bomb's BOMB_BYTES (the
+# bounded decoders hold at most the chunk's bound; the rest is the bomb's own bytes).
+PEAK_MAX_BYTES = 8 << 20
+
+
+def _decode_peak(chain, data):
+    """The decode's outcome and the peak of memory traced (Python and numpy allocations) meanwhile."""
+    tracemalloc.start()
+    try:
+        try:
+            out = chain.decode(data, SHAPE, DTYPE, FILL)
+        except CorruptChunk as e:
+            out = e
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("codec_id", bombs.COMPRESSORS)
+def test_bomb_refused_before_inflating(codec_id):
+    chain = v2_chain({"id": codec_id}, None, "C", "test")
+    out, peak = _decode_peak(chain, bombs.bomb(codec_id))
+    assert isinstance(out, CorruptChunk), f"{codec_id}: decoded to {getattr(out, 'shape', out)}"
+    assert "more than the 8192 expected" in str(out), str(out)
+    assert peak < PEAK_MAX_BYTES, f"{codec_id}: {peak} bytes allocated to refuse the bomb"
+
+
+def test_zstd_frame_without_declared_size_is_bounded():
+    chain = v2_chain({"id": "zstd"}, None, "C", "test")
+    out, peak = _decode_peak(chain, bombs.zstd_without_size(bombs.bomb("zstd")))
+    assert isinstance(out, CorruptChunk) and "more than" in str(out), str(out)
+    assert peak < PEAK_MAX_BYTES
+    # A legitimate frame without a size still decodes, to exactly its bytes.
+    value = np.random.default_rng(1).random(SHAPE)
+    frame = bytes(numcodecs.Zstd(level=1).encode(np.zeros(4 << 20, np.uint8)))  # large: 4-byte size field
+    small = bombs.zstd_without_size(frame)
+    big_chain = v2_chain({"id": "zstd"}, None, "C", "test")
+    got = big_chain.decode(small, (4 << 20,), np.dtype("u1"), np.zeros((), "u1"))
+    assert got.shape == (4 << 20,) and not got.any()
+    assert np.array_equal(chain.decode(numcodecs.Zstd().encode(value), SHAPE, DTYPE, FILL), value)
+
+
+def test_v3_chain_bounds_each_step():
+    """zstd then crc32c (v3): the checksum step passes, the compressor is bounded by the chunk."""
+    chain = v3_chain([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"},
+                      {"name": "crc32c"}], 2, "test")
+    data = numcodecs.get_codec({"id": "crc32c"}).encode(np.frombuffer(bombs.bomb("zstd"), np.uint8))
+    out, peak = _decode_peak(chain, bytes(data))
+    assert isinstance(out, CorruptChunk) and "8192" in str(out), str(out)
+    assert peak < PEAK_MAX_BYTES
+
+
+@pytest.mark.parametrize("codec_id", bombs.COMPRESSORS)
+def test_incompressible_chunks_decode_within_the_bounds(codec_id):
+    value = np.random.default_rng(2).random(SHAPE)
+    chain = v2_chain({"id": codec_id}, None, "C", "test")
+    encoded = chain.encode(value, FILL)
+    assert len(encoded) <= chain.max_encoded_nbytes(SHAPE, DTYPE)
+    assert np.array_equal(chain.decode(encoded, SHAPE, DTYPE, FILL), value)
+
+
+def test_filters_that_change_sizes_keep_their_bounds():
+    """A filter that widens the dtype (float32 stored as float64) before zlib: its chunks are
+    legitimately twice the decoded size, and a gzip member appended twice still decodes."""
+    value = np.random.default_rng(3).random(SHAPE).astype("<f4")
+    filters = [{"id": "astype", "encode_dtype": "<f8", "decode_dtype": "<f4"},
+               {"id": "delta", "dtype": "<f8"}]
+    chain = v2_chain({"id": "zlib", "level": 1}, filters, "C", "test")
+    encoded = chain.encode(value, np.zeros((), "<f4"))
+    assert chain.max_encoded_nbytes(SHAPE, np.dtype("<f4")) >= len(encoded) > value.nbytes
+    assert np.array_equal(chain.decode(encoded, SHAPE, np.dtype("<f4"), np.zeros((), "<f4")), value)
+    gz = v2_chain({"id": "gzip"}, None, "C", "test")
+    half = numcodecs.GZip().encode(np.ascontiguousarray(value[:16]))
+    two_members = bytes(half) + bytes(numcodecs.GZip().encode(np.ascontiguousarray(value[16:])))
+    assert np.array_equal(gz.decode(two_members, SHAPE, np.dtype("<f4"), np.zeros((), "<f4")), value)
+
+
+def test_truncated_streams_are_corrupt():
+    value = np.random.default_rng(4).random(SHAPE)
+    for codec_id in ("zlib", "gzip", "bz2", "lzma"):
+        chain = v2_chain({"id": codec_id}, None, "C", "test")
+        encoded = chain.encode(value, FILL)
+        with pytest.raises(Exception):
+            chain.decode(encoded[: len(encoded) // 2], SHAPE, DTYPE, FILL)
