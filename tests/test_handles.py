@@ -18,7 +18,10 @@ from zarrfs.errors import ZarrfsError
 from zarrfs.handles import ArrayHandle, HeldFileHandle, SnapshotHandle, StoreKeyHandle
 from zarrfs.namespace import ROOT_INODE
 
-from test_namespace import lookup_path, make_ns, store_dir  # noqa: F401  (fixture)
+import test_namespace
+from test_namespace import lookup_path, make_ns
+
+store_dir = test_namespace.store_dir  # the same store fixture
 
 
 def npy_bytes(value: np.ndarray) -> bytes:
