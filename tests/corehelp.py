@@ -11,7 +11,7 @@ from zarrfs.cache import ChunkCache
 from zarrfs.engine import Engine
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.store import Store
-from zarrfs.views import ArrayStream
+from zarrfs.layouts import ArrayStream
 
 
 def open_node(source: str, path: str, fmt: str = "auto"):

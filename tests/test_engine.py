@@ -12,11 +12,11 @@ import trio
 import zarr
 
 from zarrfs.cache import ChunkCache
-from zarrfs.engine import Engine
+from zarrfs.engine import Engine, ReadAhead
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.store import Store
-from zarrfs.views import ArrayStream
+from zarrfs.layouts import ArrayStream
 
 from corehelp import np_save_bytes
 
@@ -148,15 +148,16 @@ async def test_sequential_reads_prefetch_and_seeks_reset(two_arrays):
     store, engine, streams = setup(two_arrays)
     s = streams["a"]
     row = 40 * 8
+    reader = ReadAhead()  # one open file's read-ahead state
     async with trio.open_nursery() as n:
         await n.start(engine.run)
         for i in range(5):  # sequential: the window doubles until it reaches chunk row 1
-            await engine.read(s, len(s.header) + i * row, row)
+            await engine.read(s, len(s.header) + i * row, row, readahead=reader)
         await trio.sleep(0.2)
         assert engine.counters["prefetched"] > 0
         assert "a/1.0" in store.gets  # chunk row 1 was loaded before anyone read it
         before = engine.counters["prefetched"]
-        await engine.read(s, len(s.header) + 30 * row, 8)  # a seek: no read-ahead
+        await engine.read(s, len(s.header) + 30 * row, 8, readahead=reader)  # a seek: no read-ahead
         await trio.sleep(0.1)
         assert engine.counters["prefetched"] == before
         n.cancel_scope.cancel()

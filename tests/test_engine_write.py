@@ -16,7 +16,7 @@ from zarrfs.errors import StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.model import NewArray
 from zarrfs.store import Store
-from zarrfs.views import ArrayStream
+from zarrfs.layouts import ArrayStream
 
 warnings.filterwarnings("ignore", module="zarr")
 

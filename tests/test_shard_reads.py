@@ -22,7 +22,7 @@ from zarrfs.engine import Engine
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.store import Store
-from zarrfs.views import ArrayStream
+from zarrfs.layouts import ArrayStream
 
 from corehelp import np_save_bytes
 

@@ -18,7 +18,7 @@ from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v1 import V1Hierarchy
 from zarrfs.options import Options
 from zarrfs.store import Store
-from zarrfs.views import ArrayStream
+from zarrfs.layouts import ArrayStream
 
 FIXTURES = Path(__file__).parent / "fixtures" / "v1"
 NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/meta"))

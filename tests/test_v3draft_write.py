@@ -37,7 +37,7 @@ from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v3draft import ShardedChunks, V3DraftHierarchy
 from zarrfs.model import ArrayMeta, GroupMeta, NewArray
 from zarrfs.store import Store
-from zarrfs.views import ArrayStream
+from zarrfs.layouts import ArrayStream
 
 from corehelp import read_npy
 

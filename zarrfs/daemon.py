@@ -26,11 +26,11 @@ from .cache import ChunkCache
 from .engine import Engine
 from .errors import UserError, ZarrfsError
 from .formats.base import compressor_config
-from .fuse_ops import ZarrOperations
+from .fuse_ops import ZarrOperations, invalidate_name
+from .namespace import Namespace
 from .model import BrokenNode
 from .options import Options, read_storage_options_file, redact_url, secrets_in
 from .store import Store
-from .tree import Namespace
 
 log = logging.getLogger("zarrfs")
 
@@ -256,7 +256,8 @@ def build(source: str, options: Options) -> ZarrOperations:
     if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
         raise UserError(f"{shown}: {root.error}")
     engine = Engine(store, ChunkCache(options.cache_size_bytes))
-    namespace = Namespace(hierarchy, root, source, engine, options.show_views)
+    namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
+                          create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name)
     log.info("opened %s as %s (root: %s)", shown, hierarchy.name, root.kind)
     return ZarrOperations(namespace, engine, options)
 

@@ -25,7 +25,7 @@ from .codecs import is_fill
 from .errors import CorruptChunk, StoreError, ZarrfsError
 from .model import ArrayMeta, ShardedInner
 from .store import Store
-from .views import ArrayStream
+from .layouts import ArrayStream
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,6 @@ COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded"
 # share of the cache so that prefetched chunks are not evicted before they are read.
 PREFETCH_MAX_BYTES = 256 << 20
 PREFETCH_CACHE_SHARE = 4
-PREFETCH_STREAMS = 256  # sequential-read state kept for this many streams
 # Dirty (written, not yet stored) chunks are flushed oldest first beyond this budget, so a
 # streaming copy of any size holds at most this much: a few chunk rows of a large array.
 # Past a quarter of it the oldest are stored in the background while the writer goes on.
@@ -111,6 +110,16 @@ class _Load:
         self.error: BaseException | None = None
 
 
+class ReadAhead:
+    """The read-ahead state of one reader (an open file): where its next sequential read
+    starts, its window in bytes, and the offset up to which read-ahead was already started."""
+
+    __slots__ = ("next_offset", "window", "planned")
+
+    def __init__(self) -> None:
+        self.next_offset, self.window, self.planned = -1, 0, 0
+
+
 class Engine:
     """Turns reads of array streams into cached, deduplicated chunk loads."""
 
@@ -125,9 +134,7 @@ class Engine:
         self.decode_seconds = 0.0
         self.started = time.time()
         self._nursery: trio.Nursery | None = None
-        # stream id -> (offset the next sequential read starts at, read-ahead window in bytes,
-        # offset up to which read-ahead was already started)
-        self._sequential: collections.OrderedDict[int, tuple[int, int, int]] = collections.OrderedDict()
+        self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
         self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
@@ -160,6 +167,40 @@ class Engine:
     async def run_io(self, fn: Any, *args: Any) -> Any:
         """Run a blocking store call in a worker thread under the I/O limiter."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
+
+    async def run_io_shielded(self, fn: Any, *args: Any) -> Any:
+        """run_io that finishes even when the caller is cancelled (clean-up after a failure)."""
+        with trio.CancelScope(shield=True):
+            return await self.run_io(fn, *args)
+
+    @staticmethod
+    def new_lock() -> Any:
+        """A lock for the core's own objects (held files): taken with `async with`."""
+        return trio.Lock()
+
+    async def once(self, key: Any, fn: Any) -> Any:
+        """`await fn()`, shared: a call with the same key while one is in flight waits for it
+        and gets its result or error (a directory listing is loaded once for every reader)."""
+        while True:
+            flight = self._flights.get(key)
+            if flight is None:
+                break
+            await flight.done.wait()
+            if isinstance(flight.error, Exception):
+                raise flight.error
+            if flight.error is None:
+                return flight.value
+            # the first caller was cancelled: try again
+        flight = self._flights[key] = _Load()
+        try:
+            flight.value = await fn()
+            return flight.value
+        except BaseException as e:
+            flight.error = e
+            raise
+        finally:
+            del self._flights[key]
+            flight.done.set()
 
     @staticmethod
     def _key(meta: ArrayMeta, idx: Index) -> tuple:
@@ -459,8 +500,10 @@ class Engine:
         text = str(error)
         log.warning("%s", text if key in text else f"{key}: {text}")
 
-    async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes | memoryview:
-        """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently.
+    async def read(self, stream: ArrayStream, offset: int, size: int,
+                   readahead: ReadAhead | None = None) -> bytes | memoryview:
+        """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently;
+        with `readahead` (the reader's own state), a sequential reader's next window is loaded.
 
         Arrays of shards that can be read in part are planned over their inner chunks,
         unless every shard the read needs is already decoded whole (then over the shards:
@@ -475,10 +518,11 @@ class Engine:
             reader = stream
         chunks = await self.chunks(reader.meta, plan.chunks)
         self.counters["reads"] += 1
-        self._read_ahead(stream, offset, size)
+        if readahead is not None:
+            self._read_ahead(stream, offset, size, readahead)
         return reader.assemble(plan, chunks)
 
-    def _read_ahead(self, stream: ArrayStream, offset: int, size: int) -> None:
+    def _read_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> None:
         """After a sequential read, start loading the chunks of the next window.
 
         Shards that fit in the window are loaded whole; in a smaller window, only the
@@ -486,9 +530,8 @@ class Engine:
         """
         if self._nursery is None or self.prefetch_max_bytes <= 0:
             return
-        key = id(stream)
-        next_offset, window, planned = self._sequential.pop(key, (-1, 0, 0))
-        if offset == next_offset:
+        window, planned = state.window, state.planned
+        if offset == state.next_offset:
             window = min(max(window * 2, size), self.prefetch_max_bytes)
         else:
             window, planned = 0, 0
@@ -496,9 +539,7 @@ class Engine:
         # Only the part of the window not planned by an earlier read is planned now.
         start = max(end, planned)
         stop = min(end + window, stream.size)
-        self._sequential[key] = (end, window, max(planned, stop))
-        if len(self._sequential) > PREFETCH_STREAMS:
-            self._sequential.popitem(last=False)
+        state.next_offset, state.window, state.planned = end, window, max(planned, stop)
         if start >= stop:
             return
         meta = stream.meta

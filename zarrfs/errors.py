@@ -103,3 +103,9 @@ class Incomplete(ZarrfsError):
     """A new array's file closed before all the data its NPY header declares arrived (nothing stored)."""
 
     errno = errno.EIO
+
+
+class AccessDenied(ZarrfsError):
+    """A write to a file that is never written (a generated file, a store key, a directory)."""
+
+    errno = errno.EACCES

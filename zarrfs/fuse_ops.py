@@ -14,10 +14,10 @@ import pyfuse3
 import trio
 
 from .engine import Engine
-from .errors import InvalidArgument, NotPermitted, ReadOnly, ZarrfsError
-from .model import BrokenNode
+from .errors import InvalidArgument, NotADir, ReadOnly, ZarrfsError
+from .handles import Handle
+from .namespace import Entry, Namespace, fs_name
 from .options import Options
-from .tree import Entry, Namespace, fs_name
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,14 @@ BLOCK_SIZE = 512  # st_blocks unit, fixed by POSIX
 # df asks often; summing a local store's file sizes walks it, so a total is reused this long.
 STATFS_TTL_S = 30.0
 IO_BLOCK_SIZE = 1 << 20  # st_blksize: tools like cp read in units of this size
+# Directory entries made per step of a readdir: a readdirplus reply of one page holds about
+# 25 (each carries its attributes), so few entries are made for nothing when it fills up.
+READDIR_BATCH = 32
+
+
+def invalidate_name(parent_inode: int, name: str) -> None:
+    """Tell the kernel to drop a name it may cache (a removed or replaced node)."""
+    pyfuse3.invalidate_entry_async(parent_inode, os.fsencode(name), ignore_enoent=True)
 
 
 def boundary(fn: Any) -> Any:
@@ -73,13 +81,8 @@ class ZarrOperations(pyfuse3.Operations):
         # Modification times by metadata key (the store's own, so stable across remounts).
         self._mtimes: dict[str, int] = {}
         self._statfs: tuple[float, int | None, int | None] | None = None  # (when, stored, free)
-        # Open files: fh -> (entry, bytes fixed at open for generated files such as stats.json)
-        self._handles: dict[int, tuple[Entry, bytes | None]] = {}
+        self._handles: dict[int, Handle] = {}  # open files by fh
         self._next_fh = 1
-        self._open_count: dict[int, int] = {}
-        namespace.create_chunks, namespace.create_codec = options.chunks, options.codec
-        namespace.forget_name = lambda parent, name: pyfuse3.invalidate_entry_async(
-            parent, os.fsencode(name), ignore_enoent=True)
 
     def attributes(self, entry: Entry) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
@@ -99,7 +102,8 @@ class ZarrOperations(pyfuse3.Operations):
             # asks again each time (reads past the size it knows refresh it too).
             attr.entry_timeout = WRITABLE_ATTR_TIMEOUT_S
             attr.attr_timeout = 0.0
-            if entry.kind == "held" or (entry.kind == "array" and (entry.node is None or entry.staged is not None)):
+            staged = entry.writing is not None and entry.writing.staged is not None
+            if entry.kind == "held" or (entry.kind == "array" and (entry.node is None or staged)):
                 attr.entry_timeout = attr.attr_timeout = 0.0  # may vanish, or become an array
         attr.st_size = max(entry.size, 0)
         stored = entry.stored_bytes if entry.stored_bytes is not None else entry.size
@@ -156,11 +160,28 @@ class ZarrOperations(pyfuse3.Operations):
 
     # --- reading the tree ---------------------------------------------------------
 
+    async def _reply(self, entry: Entry) -> pyfuse3.EntryAttributes:
+        """Attributes of an entry the reply hands to the kernel, which then holds a reference."""
+        try:
+            await self._resolve_mtimes([entry])
+            attr = self.attributes(entry)
+        except BaseException:
+            self.ns.drop_unused([entry])
+            raise
+        self.ns.remember(entry)
+        return attr
+
     @boundary
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        entry = await self.ns.lookup(parent_inode, fs_name(name))
-        await self._resolve_mtimes([entry])
-        return self.attributes(entry)
+        return await self._reply(await self.ns.lookup(parent_inode, fs_name(name)))
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        """The kernel dropped references: entries nothing refers to are freed (must not raise)."""
+        for inode, nlookup in inode_list:
+            try:
+                self.ns.forget(inode, nlookup)
+            except Exception:
+                log.exception("forget of inode %d", inode)
 
     @boundary
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -173,109 +194,55 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def opendir(self, inode: int, ctx: Any) -> int:
-        entry = self.ns.get(inode)
-        if not entry.is_dir:
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        if not self.ns.get(inode).is_dir:
+            raise NotADir("not a directory")
         await self.ns.dir_len(inode)
         return inode
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        if not self.engine.store.is_local:
-            n = await self.ns.dir_len(fh)
-            await self._resolve_mtimes([(await self.ns.dir_item(fh, i))[1] for i in range(start_id, n)])
-        for i in range(start_id, await self.ns.dir_len(fh)):
-            name, entry = await self.ns.dir_item(fh, i)
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(entry), i + 1):
-                break
+        while batch := await self.ns.dir_items(fh, start_id, READDIR_BATCH):
+            await self._resolve_mtimes([entry for _, entry in batch])
+            for i, (name, entry) in enumerate(batch):
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(entry), start_id + i + 1):
+                    self.ns.drop_unused([e for _, e in batch[i:]])  # not sent: no reference taken
+                    return
+                self.ns.remember(entry)
+            start_id += len(batch)
 
     async def releasedir(self, fh: int) -> None:
         pass
 
-    @boundary
-    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        entry = self.ns.get(inode)
-        if entry.is_dir:
-            raise pyfuse3.FUSEError(errno.EISDIR)
-        wants_write = flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND)
-        if wants_write:
-            if not self.options.writable:
-                raise ReadOnly("read-only mount")
-            if not entry.writable:
-                raise pyfuse3.FUSEError(errno.EACCES)
-            if flags & os.O_APPEND and entry.kind != "held":
-                raise InvalidArgument("arrays do not grow: O_APPEND is refused")
-            if flags & os.O_TRUNC:
-                await self.ns.truncate(entry)
-                return self._open_handle(entry, None)
-            reason = getattr(entry.node, "read_only", None)
-            if reason:  # shown in a form that cannot be written back (variable-length strings)
-                log.warning("%s: %s", entry.node.metadata_key, reason)
-                raise NotPermitted(f"{entry.node.path or '/'}: {reason}")
-        if entry.error is not None and entry.pending is None and entry.kind != "held":
-            node = entry.node
-            log.warning("%s: %s", node.key if isinstance(node, BrokenNode) else node.path, entry.error)
-            raise entry.error
-        await self.ns.settle(entry)
-        snapshot = entry.content
-        if entry.kind == "stats":
-            snapshot = self.ns.stats_bytes()  # fresh at every open
-        return self._open_handle(entry, snapshot)
-
-    def _open_handle(self, entry: Entry, snapshot: bytes | None) -> pyfuse3.FileInfo:
+    def _file_info(self, handle: Handle) -> pyfuse3.FileInfo:
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = (entry, snapshot)
-        self._open_count[entry.inode] = self._open_count.get(entry.inode, 0) + 1
+        self._handles[fh] = handle
         # Read-only: pages the kernel cached stay valid. Writable: another view or writer may
         # have changed the data, so each open starts without cached pages. Generated files
         # bypass the page cache so each open sees its own snapshot.
-        generated = entry.kind == "stats"
-        return pyfuse3.FileInfo(fh=fh, keep_cache=not generated and not self.options.writable,
-                                direct_io=generated)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not handle.direct_io and not self.options.writable,
+                                direct_io=handle.direct_io)
+
+    @boundary
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        return self._file_info(await self.ns.open(inode, flags))
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        entry, snapshot = self._handles[fh]
-        if snapshot is not None:
-            return snapshot[off:off + size]
-        if entry.kind == "storekey":
-            return await self.engine.read_key(entry.key, off, size, entry.size)
-        if entry.kind == "held":
-            return await self.ns.held_read(entry, off, size)
-        if entry.ingest is not None:  # a file being written: the writer's own layout
-            return await self.engine.read(entry.ingest, off, size)
-        if entry.pending is not None:  # no NPY header yet: only what was written so far
-            return bytes(entry.pending[off:off + size])
-        if entry.error is not None:
-            raise entry.error
-        return await self.engine.read(entry.stream, off, size)
+        return await self._handles[fh].read(off, size)
 
     @boundary
     async def release(self, fh: int) -> None:
-        entry, _ = self._handles.pop(fh)
-        count = self._open_count.get(entry.inode, 1) - 1
-        if count:
-            self._open_count[entry.inode] = count
-        else:
-            self._open_count.pop(entry.inode, None)
-        if self.options.writable and count == 0:
-            await self.ns.release(entry)
+        await self._handles.pop(fh).release()
 
     @boundary
     async def flush(self, fh: int) -> None:
-        """close(): the written chunks are in the store when it returns (or it fails with EIO);
-        a new array completed by this close is committed, one left incomplete at its last
-        close fails (EINVAL: no whole NPY header; EIO: data missing) and is dropped."""
-        if self.options.writable:
-            entry, _ = self._handles[fh]
-            await self.ns.close(entry, last_handle=self._open_count.get(entry.inode, 1) <= 1)
+        """close(): see ArrayHandle.flush."""
+        await self._handles[fh].flush()
 
     @boundary
     async def fsync(self, fh: int, datasync: bool) -> None:
-        if self.options.writable:
-            entry, _ = self._handles[fh]
-            await self.ns.sync(entry)
+        await self._handles[fh].fsync()
 
     # --- writes (with -o writable) --------------------------------------------------
 
@@ -286,16 +253,16 @@ class ZarrOperations(pyfuse3.Operations):
     @boundary
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         self._check_writable()
-        entry, _ = self._handles[fh]
-        self._touched(entry)
-        return await self.ns.write(entry, off, buf)
+        handle = self._handles[fh]
+        self._touched(handle.entry)
+        return await handle.write(off, buf)
 
     @boundary
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._check_writable()
-        entry = await self.ns.create(parent_inode, fs_name(name))
-        return self._open_handle(entry, None), self.attributes(entry)
+        entry, handle = await self.ns.create_file(parent_inode, fs_name(name))
+        return self._file_info(handle), await self._reply(entry)
 
     @boundary
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -314,7 +281,7 @@ class ZarrOperations(pyfuse3.Operations):
     @boundary
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
         self._check_writable()
-        return self.attributes(await self.ns.mkdir(parent_inode, fs_name(name)))
+        return await self._reply(await self.ns.mkdir(parent_inode, fs_name(name)))
 
     @boundary
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:

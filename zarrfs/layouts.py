@@ -1,4 +1,4 @@
-"""Byte-stream views of an array: an NPY file or raw bytes, in C or F order.
+"""Byte layouts of an array (NPY C/F, raw C/F, one chunk): file offset <-> element regions.
 
 A read of bytes [offset, offset+size) becomes a plan (header bytes, element range, the
 chunks it touches) and, once those chunks are decoded, an assembly of the bytes.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -17,6 +18,18 @@ from . import grid, npy
 from .model import ArrayMeta
 
 Index = tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=1024)
+def npy_header(dtype: np.dtype, shape: Index, fortran: bool) -> bytes:
+    """The NPY header of a file (few distinct ones per array: its own and its edge chunks')."""
+    return npy.header(dtype, shape, fortran)
+
+
+def chunk_file_size(meta: ArrayMeta, idx: Index) -> int:
+    """The size of a chunk's NPY file, without building its stream (a listing of a million)."""
+    shape = grid.data_shape(idx, meta.shape, meta.chunk_shape)
+    return len(npy_header(meta.dtype, shape, False)) + math.prod(shape) * meta.dtype.itemsize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +61,7 @@ class ArrayStream:
             shape, self.origin = grid.data_shape(chunk, meta.shape, meta.chunk_shape), chunk
         self.shape = shape
         if header is None:
-            header = npy.header(self.dtype, shape, order == "F") if with_header else b""
+            header = npy_header(self.dtype, tuple(shape), order == "F") if with_header else b""
         self.header = header  # a writer's own NPY header may differ from ours in length
         self.size = len(self.header) + math.prod(shape) * self.dtype.itemsize
         # F order is C order of the transposed array: work in reversed dimensions.

@@ -11,7 +11,7 @@ from zarrfs.errors import InvalidArgument, NameTooLong
 from zarrfs.formats.v2 import V2Hierarchy
 from zarrfs.formats.v3 import V3Hierarchy
 from zarrfs.store import Store
-from zarrfs.tree import Coverage, is_held_name
+from zarrfs.incoming import Coverage, is_held_name
 
 
 def test_coverage_counts_each_byte_once_whatever_the_order():

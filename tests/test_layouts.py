@@ -1,4 +1,4 @@
-"""Byte-stream views against numpy's own bytes (np.save, tobytes), chunk by chunk."""
+"""Byte layouts (zarrfs.layouts) against numpy's own bytes (np.save, tobytes), chunk by chunk."""
 
 import io
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from zarrfs import grid
 from zarrfs.codecs import CodecChain
 from zarrfs.model import ArrayMeta, ChunkKeys
-from zarrfs.views import ArrayStream
+from zarrfs.layouts import ArrayStream
 
 DTYPES = ["|u1", "<i2", ">f4", "<c16", "|S3", [("a", "<i2"), ("b", "|u1")]]
 

@@ -1,0 +1,117 @@
+"""Open-file objects without FUSE: what open refuses, each kind's reads and writes, per-open read-ahead.
+
+Expected values come from zarr-python reading the same store and from np.save.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+
+import numpy as np
+import pytest
+import trio
+import zarr
+
+from zarrfs.errors import ZarrfsError
+from zarrfs.handles import ArrayHandle, HeldFileHandle, SnapshotHandle, StoreKeyHandle
+from zarrfs.namespace import ROOT_INODE
+
+import test_namespace
+from test_namespace import lookup_path, make_ns
+
+store_dir = test_namespace.store_dir  # the same store fixture
+
+
+def npy_bytes(value: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, value)
+    return buf.getvalue()
+
+
+async def open_path(ns, flags, *names):
+    entry = await lookup_path(ns, *names)
+    return await ns.open(entry.inode, flags)
+
+
+async def refused(coro) -> int:
+    with pytest.raises(ZarrfsError) as e:
+        await coro
+    return e.value.errno
+
+
+async def test_each_kind_of_file_gets_its_handle(store_dir):
+    ns = make_ns(store_dir)
+    assert isinstance(await open_path(ns, os.O_RDONLY, "a.npy"), ArrayHandle)
+    assert isinstance(await open_path(ns, os.O_RDONLY, ".zarrfs", "chunks", "a", "0.0.npy"), ArrayHandle)
+    stats = await open_path(ns, os.O_RDONLY, ".zarrfs", "stats.json")
+    assert isinstance(stats, SnapshotHandle) and stats.direct_io
+    key = await open_path(ns, os.O_RDONLY, ".zarrfs", "store", "a", "zarr.json")
+    assert isinstance(key, StoreKeyHandle)
+    assert await key.read(0, 1 << 20) == (store_dir / "a" / "zarr.json").read_bytes()
+    info = await open_path(ns, os.O_RDONLY, ".zarrfs", "info", "a.json")
+    assert isinstance(info, SnapshotHandle) and not info.direct_io
+
+
+async def test_open_refuses_what_it_must(store_dir):
+    ro = make_ns(store_dir)
+    assert await refused(open_path(ro, os.O_WRONLY, "a.npy")) == errno.EROFS
+    assert await refused(open_path(ro, os.O_RDONLY, "sub")) == errno.EISDIR
+    rw = make_ns(store_dir, writable=True)
+    assert await refused(open_path(rw, os.O_WRONLY | os.O_APPEND, "a.npy")) == errno.EINVAL
+    assert await refused(open_path(rw, os.O_WRONLY, ".zarrfs", "stats.json")) == errno.EACCES
+    assert await refused(open_path(rw, os.O_WRONLY, ".zarrfs", "store", "a", "zarr.json")) == errno.EACCES
+
+
+async def test_a_snapshot_keeps_the_bytes_of_its_open(store_dir):
+    ns = make_ns(store_dir)
+    first = await open_path(ns, os.O_RDONLY, ".zarrfs", "stats.json")
+    before = await first.read(0, 1 << 20)
+    await (await open_path(ns, os.O_RDONLY, "a.npy")).read(0, 1 << 20)
+    assert await first.read(0, 1 << 20) == before
+    assert await (await open_path(ns, os.O_RDONLY, ".zarrfs", "stats.json")).read(0, 1 << 20) != before
+
+
+async def test_two_opens_of_one_file_keep_their_own_read_ahead(tmp_path):
+    root = tmp_path / "r.zarr"
+    a = zarr.create_array(str(root), shape=(64, 40), chunks=(8, 40), dtype="<f8", zarr_format=3)
+    a[...] = np.arange(64 * 40, dtype="<f8").reshape(64, 40)
+    ns = make_ns(root)
+    name = "r.npy"
+    one, two = await open_path(ns, os.O_RDONLY, name), await open_path(ns, os.O_RDONLY, name)
+    hlen = len(npy_bytes(np.zeros((64, 40), "<f8"))) - 64 * 40 * 8
+    row = 40 * 8
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ns.engine.run)
+        for i in range(6):  # interleaved sequential readers far apart: each is sequential on its own
+            await one.read(hlen + i * row, row)
+            await two.read(hlen + (32 + i) * row, row)
+        await trio.sleep(0.2)
+        assert ns.engine.counters["prefetched"] > 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_new_file_is_read_as_written_and_committed_at_close(store_dir):
+    ns = make_ns(store_dir, writable=True)
+    value = np.arange(12, dtype=">i2").reshape(3, 4)
+    data = npy_bytes(value)
+    entry, handle = await ns.create_file(ROOT_INODE, "c.npy")
+    await handle.write(0, data[:30])
+    assert await handle.read(0, 100) == data[:30]  # no whole header yet: what was written
+    await handle.write(30, data[30:])
+    assert await handle.read(0, len(data)) == data  # the writer's own layout
+    await handle.flush()
+    await handle.release()
+    np.testing.assert_array_equal(zarr.open_array(str(store_dir / "c"))[...], value)
+
+
+async def test_held_files_read_write_truncate_and_vanish(store_dir):
+    ns = make_ns(store_dir, writable=True)
+    entry, handle = await ns.create_file(ROOT_INODE, "notes.txt")
+    assert isinstance(handle, HeldFileHandle)
+    await handle.write(0, b"hello world")
+    await ns.truncate(entry, 5)
+    assert await handle.read(0, 100) == b"hello"
+    await ns.unlink(ROOT_INODE, "notes.txt")
+    assert await refused(handle.read(0, 10)) == errno.ENOENT

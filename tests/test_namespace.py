@@ -1,0 +1,179 @@
+"""The namespace without FUSE: names, listings, lookup counts and forgetting, on a tmp_path store.
+
+Expected values come from zarr-python reading the same store and from np.save.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+import trio
+import zarr
+
+from zarrfs.cache import ChunkCache
+from zarrfs.engine import Engine
+from zarrfs.errors import NotFound
+from zarrfs.formats import open_hierarchy_sync
+from zarrfs.namespace import ROOT_INODE, Namespace
+from zarrfs.store import Store
+
+
+def npy_bytes(value: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, value)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    root = tmp_path / "s.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=3)
+    a = g.create_array("a", shape=(6, 4), chunks=(2, 2), dtype="<i4")
+    a[...] = np.arange(24, dtype="<i4").reshape(6, 4)
+    g.create_group("sub").create_array("b", shape=(3,), chunks=(2,), dtype="<f8")
+    return root
+
+
+def make_ns(root, writable: bool = False) -> Namespace:
+    store = Store(str(root))
+    hierarchy = open_hierarchy_sync(store, "auto")
+    engine = Engine(store, ChunkCache(16 << 20))
+    return Namespace(hierarchy, hierarchy.node_sync(""), str(root), engine, writable=writable)
+
+
+async def lookup_path(ns: Namespace, *names: str):
+    inode = ROOT_INODE
+    for name in names:
+        entry = await ns.lookup(inode, name)
+        ns.remember(entry)
+        inode = entry.inode
+    return entry
+
+
+async def read_all(ns: Namespace, inode: int) -> bytes:
+    handle = await ns.open(inode, os.O_RDONLY)
+    try:
+        return bytes(await handle.read(0, 1 << 20))
+    finally:
+        await handle.release()
+
+
+async def test_a_forgotten_entry_is_dropped_and_comes_back_with_a_new_inode(store_dir):
+    ns = make_ns(store_dir)
+    start = ns.entry_count
+    entry = await lookup_path(ns, "a.npy")
+    assert ns.entry_count == start + 1
+    ns.forget(entry.inode, 1)
+    assert ns.entry_count == start
+    with pytest.raises(NotFound):
+        ns.get(entry.inode)
+    again = await lookup_path(ns, "a.npy")
+    assert again.inode != entry.inode
+    want = np.asarray(zarr.open_array(str(store_dir / "a"))[...])
+    assert await read_all(ns, again.inode) == npy_bytes(want)
+
+
+async def test_an_entry_lives_while_the_kernel_or_an_open_file_holds_it(store_dir):
+    ns = make_ns(store_dir)
+    entry = await lookup_path(ns, ".zarrfs", "chunks", "a", "2.1.npy")
+    ns.remember(entry)  # looked up twice: two references
+    ns.forget(entry.inode, 1)
+    assert ns.get(entry.inode) is entry
+    handle = await ns.open(entry.inode, os.O_RDONLY)
+    ns.forget(entry.inode, 1)
+    assert ns.get(entry.inode) is entry  # open: kept
+    want = np.asarray(zarr.open_array(str(store_dir / "a"))[4:6, 2:4])
+    assert bytes(await handle.read(0, 1 << 20)) == npy_bytes(want)
+    await handle.release()
+    with pytest.raises(NotFound):
+        ns.get(entry.inode)
+
+
+async def test_listing_a_chunk_directory_does_not_pin_its_entries(store_dir):
+    ns = make_ns(store_dir)
+    chunks = await lookup_path(ns, ".zarrfs", "chunks", "a")
+    start = ns.entry_count
+    assert await ns.dir_len(chunks.inode) == 6
+    items = await ns.dir_items(chunks.inode, 0, 100)
+    assert [n for n, _ in items] == ["0.0.npy", "0.1.npy", "1.0.npy", "1.1.npy", "2.0.npy", "2.1.npy"]
+    for _, entry in items[:4]:
+        ns.remember(entry)  # as readdirplus does for the entries the reply held
+    ns.drop_unused([e for _, e in items[4:]])  # the reply was full: these were never sent
+    assert ns.entry_count == start + 4
+    for _, entry in items[:4]:
+        ns.forget(entry.inode, 1)
+    assert ns.entry_count == start
+
+
+async def test_group_listings_do_not_pin_their_children(store_dir):
+    ns = make_ns(store_dir)
+    start = ns.entry_count
+    items = await ns.dir_items(ROOT_INODE, 0, 100)
+    assert sorted(n for n, _ in items) == ["a.npy", "sub"]
+    for _, entry in items:
+        ns.remember(entry)
+        ns.forget(entry.inode, 1)
+    assert ns.entry_count == start
+    assert sorted(n for n, _ in await ns.dir_items(ROOT_INODE, 0, 100)) == ["a.npy", "sub"]  # listed again
+
+
+async def test_files_being_written_survive_forget(store_dir):
+    ns = make_ns(store_dir, writable=True)
+    entry, handle = await ns.create_file(ROOT_INODE, "new.npy")
+    ns.remember(entry)
+    value = np.arange(10, dtype="<u2")
+    data = npy_bytes(value)
+    await handle.write(0, data[:20])
+    ns.forget(entry.inode, 1)
+    assert ns.get(entry.inode) is entry  # holds bytes the store does not have
+    await handle.write(20, data[20:])
+    await handle.flush()
+    await handle.release()
+    np.testing.assert_array_equal(zarr.open_array(str(store_dir / "new"))[...], value)
+    held, held_handle = await ns.create_file(ROOT_INODE, ".tmp.swp")
+    await held_handle.release()
+    ns.forget(held.inode, 1)
+    assert ns.get(held.inode) is held  # a held file's bytes exist only here
+
+
+async def test_stats_report_entries_and_open_files(store_dir):
+    import json
+
+    ns = make_ns(store_dir)
+    stats = await lookup_path(ns, ".zarrfs", "stats.json")
+    handle = await ns.open(stats.inode, os.O_RDONLY)
+    doc = json.loads(bytes(await handle.read(0, 1 << 20)))
+    assert doc["entries"] == ns.entry_count and doc["open_files"] == 1
+    await handle.release()
+
+
+async def test_concurrent_listings_load_once(store_dir, monkeypatch):
+    ns = make_ns(store_dir)
+    calls = []
+    real = ns.hierarchy.children_sync
+
+    def counting(path):
+        calls.append(path)
+        return real(path)
+
+    monkeypatch.setattr(ns.hierarchy, "children_sync", counting)
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(ns.dir_len, ROOT_INODE)
+    assert calls == [""]
+
+
+async def test_a_directory_holding_a_file_apart_keeps_its_inode(store_dir):
+    ns = make_ns(store_dir, writable=True)
+    sub = await lookup_path(ns, "sub")
+    held, handle = await ns.create_file(sub.inode, ".x.npy.AbC123")
+    ns.remember(held)
+    await handle.release()
+    ns.forget(held.inode, 1)
+    ns.forget(sub.inode, 1)  # the kernel forgot both; the held file's name hangs on sub's inode
+    again = await lookup_path(ns, "sub")
+    assert again is sub
+    assert await ns.lookup(sub.inode, ".x.npy.AbC123") is held

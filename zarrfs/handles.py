@@ -1,0 +1,176 @@
+"""Open files: one object per open(2), of a class per kind of file, each with read/write/flush/fsync/release.
+
+A handle holds what its open needs: the bytes of a generated file fixed at open, its own
+read-ahead state, the entry it reads. The state shared by every open of one file (an
+array being written, a held file's bytes) stays with the entry. `open_file` checks the
+flags and picks the class; the FUSE layer only maps file handles to these objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from .engine import ReadAhead
+from .errors import AccessDenied, InvalidArgument, IsADir, NotFound, NotPermitted, ReadOnly
+from .model import BrokenNode
+
+if TYPE_CHECKING:
+    from .namespace import Entry, Namespace
+
+log = logging.getLogger(__name__)
+
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
+
+
+class Handle:
+    """An open file. Reads and writes of a kind that has none fail (EACCES for writes)."""
+
+    # Bypass the kernel's page cache (files whose every open sees different bytes).
+    direct_io = False
+
+    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+        self.ns = ns
+        self.entry = entry
+
+    async def read(self, offset: int, size: int) -> bytes:
+        raise AccessDenied("not a file")
+
+    async def write(self, offset: int, data: bytes) -> int:
+        raise AccessDenied(f"{self.entry.kind} files cannot be written")
+
+    async def flush(self) -> None:
+        """close(2) of one descriptor."""
+
+    async def fsync(self) -> None:
+        """fsync(2)."""
+
+    async def release(self) -> None:
+        """The last descriptor of this open is closed."""
+        self.entry.opens -= 1
+        self.ns.open_files -= 1
+        if self.entry.opens == 0 and self.ns.writes_allowed:
+            await self.ns.release(self.entry)
+        self.ns.drop_unused([self.entry])
+
+
+class SnapshotHandle(Handle):
+    """A generated file (stats.json, info/*.json): its bytes as they were at open."""
+
+    def __init__(self, ns: "Namespace", entry: "Entry", content: bytes, direct_io: bool = False) -> None:
+        super().__init__(ns, entry)
+        self.content = content
+        self.direct_io = direct_io
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return self.content[offset:offset + size]
+
+
+class StoreKeyHandle(Handle):
+    """A store key under `.zarrfs/store/`, byte for byte."""
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return await self.ns.engine.read_key(self.entry.key, offset, size, self.entry.size)
+
+
+class ArrayHandle(Handle):
+    """An array's file in one layout (the main tree's .npy, npy-f, raw, raw-f, a chunk file),
+    or a new NPY file being written; read-ahead follows this open's sequential reads only."""
+
+    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+        super().__init__(ns, entry)
+        self.readahead = ReadAhead()
+
+    async def read(self, offset: int, size: int) -> bytes:
+        entry, w = self.entry, self.entry.writing
+        if w is not None and w.stream is not None:  # a file being written: the writer's own layout
+            return await self.ns.engine.read(w.stream, offset, size, readahead=self.readahead)
+        if w is not None and w.pending is not None:  # no NPY header yet: only what was written so far
+            return bytes(w.pending[offset:offset + size])
+        if entry.error is not None:
+            raise entry.error
+        return await self.ns.engine.read(entry.stream, offset, size, readahead=self.readahead)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        return await self.ns.write(self.entry, offset, data)
+
+    async def flush(self) -> None:
+        """The written chunks are in the store when it returns (or it fails with EIO); a new
+        array completed by this close is committed, one left incomplete at its last close
+        fails (EINVAL: no whole NPY header; EIO: data missing) and is dropped."""
+        if self.ns.writes_allowed:
+            await self.ns.close(self.entry, last_handle=self.entry.opens <= 1)
+
+    async def fsync(self) -> None:
+        if self.ns.writes_allowed:
+            await self.ns.sync(self.entry)
+
+
+class HeldFileHandle(Handle):
+    """A file held aside under a temporary name: its bytes in the daemon."""
+
+    def _held(self):  # type: ignore[no-untyped-def]
+        if self.entry.held is None:
+            raise self.entry.error or NotFound("removed")
+        return self.entry.held
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return await self._held().read(offset, size)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        return await self._held().write(offset, data)
+
+
+def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
+    if entry.kind == "stats":
+        return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
+    if entry.kind == "info":
+        return SnapshotHandle(ns, entry, entry.content or b"")
+    if entry.kind == "storekey":
+        return StoreKeyHandle(ns, entry)
+    if entry.kind == "held":
+        return HeldFileHandle(ns, entry)
+    if entry.kind in ("array", "chunk"):
+        return ArrayHandle(ns, entry)
+    return Handle(ns, entry)
+
+
+def opened(ns: "Namespace", entry: "Entry") -> Handle:
+    """A handle on `entry`, counted as open (a created file, or one `open_file` checked)."""
+    entry.opens += 1
+    ns.open_files += 1
+    return _handle_for(ns, entry)
+
+
+async def _check_write_open(ns: "Namespace", entry: "Entry", flags: int) -> None:
+    if not ns.writes_allowed:
+        raise ReadOnly("read-only mount")
+    if not entry.writable:
+        raise AccessDenied(f"{entry.kind} files cannot be written")
+    if flags & os.O_APPEND and entry.kind != "held":
+        raise InvalidArgument("arrays do not grow: O_APPEND is refused")
+    reason = getattr(entry.node, "read_only", None)
+    if reason and not flags & os.O_TRUNC:  # shown in a form that cannot be written back (vlen strings)
+        log.warning("%s: %s", entry.node.metadata_key, reason)
+        raise NotPermitted(f"{entry.node.path or '/'}: {reason}")
+
+
+async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
+    """open(2) of an existing file: EISDIR, EROFS, EACCES, EINVAL (O_APPEND on an array),
+    EPERM (a read-only representation), or the entry's own error; O_TRUNC starts a replacement."""
+    if entry.is_dir:
+        raise IsADir("a directory")
+    if flags & WRITE_FLAGS:
+        await _check_write_open(ns, entry, flags)
+        if flags & os.O_TRUNC:
+            await ns.truncate(entry)
+            return opened(ns, entry)
+    w = entry.writing
+    if entry.error is not None and (w is None or w.pending is None) and entry.kind != "held":
+        node = entry.node
+        what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key
+        log.warning("%s: %s", what, entry.error)
+        raise entry.error
+    await ns.settle(entry)
+    return opened(ns, entry)

@@ -1,0 +1,414 @@
+"""Files being written: an NPY file arriving under NAME.npy, and files held aside under other names.
+
+An arriving file buffers its bytes until its NPY header is whole, then streams them into a
+staged array (Hierarchy.stage_array) that the close completing it commits, all or nothing.
+A file under any other name is held aside (memory, then TMPDIR) until renamed to NAME.npy.
+The IncomingWrites mixin gives the Namespace these steps; no trio here (the engine runs
+threads and makes locks).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import npy
+from .dtypes import check_fixed_size
+from .errors import Exists, Incomplete, InvalidArgument, NotFound, TooBig, Unsupported, ZarrfsError
+from .layouts import ArrayStream
+from .model import NewArray, Node
+
+if TYPE_CHECKING:
+    from .namespace import Entry, Namespace
+
+log = logging.getLogger(__name__)
+
+NPY_SUFFIX = ".npy"
+# A held-aside file (a temporary name) stays in memory up to this size, then spills to a
+# file in tempfile.gettempdir() (TMPDIR, else /tmp): editors' and rsync's temporary files
+# of small arrays never touch the disk, a large one costs no memory.
+HELD_MEMORY_BYTES = 8 << 20
+# A held file renamed to NAME.npy is streamed into the array in blocks of this size.
+ADOPT_BLOCK_BYTES = 1 << 20
+
+
+def is_held_name(name: str) -> bool:
+    """Names of files held aside (never stored): anything but NAME.npy, and hidden names
+    (`.x.npy.AbC123` of rsync, `.x.swp` of editors)."""
+    return name.startswith(".") or not name.endswith(NPY_SUFFIX) or name == NPY_SUFFIX
+
+
+class Coverage:
+    """Which bytes of a range arrived: sorted, disjoint, merged [start, end) spans."""
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[int, int]] = []
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        i = bisect.bisect_left(self._spans, (start, start))
+        if i and self._spans[i - 1][1] >= start:
+            i -= 1
+        j = i
+        while j < len(self._spans) and self._spans[j][0] <= end:
+            start, end = min(start, self._spans[j][0]), max(end, self._spans[j][1])
+            j += 1
+        self._spans[i:j] = [(start, end)]
+
+    @property
+    def covered(self) -> int:
+        return sum(end - start for start, end in self._spans)
+
+
+class HeldFile:
+    """The bytes of a file held aside: in memory up to HELD_MEMORY_BYTES, then in TMPDIR."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._spool = tempfile.SpooledTemporaryFile(max_size=HELD_MEMORY_BYTES, prefix="zarrfs-held-")
+        self._lock = engine.new_lock()  # one seek-and-transfer at a time
+        self.size = 0
+
+    async def read(self, offset: int, size: int) -> bytes:
+        def get() -> bytes:
+            self._spool.seek(offset)
+            return self._spool.read(size)
+
+        async with self._lock:
+            return await self._engine.run_io(get)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        def put() -> int:
+            self._spool.seek(offset)
+            self._spool.write(data)
+            self._spool.seek(0, os.SEEK_END)
+            return self._spool.tell()
+
+        async with self._lock:
+            self.size = await self._engine.run_io(put)
+        return len(data)
+
+    async def resize(self, size: int) -> None:
+        def resize() -> int:
+            self._spool.seek(0, os.SEEK_END)
+            end = self._spool.tell()
+            if size < end:
+                self._spool.truncate(size)
+            elif size > end:  # in memory, truncate does not extend: write the zeros
+                self._spool.write(bytes(size - end))
+            return size
+
+        async with self._lock:
+            self.size = await self._engine.run_io(resize)
+
+    def close(self) -> None:
+        self._spool.close()
+
+
+class Incoming:
+    """An NPY file being written into an array: its bytes until the header is whole (`pending`),
+    then the staged array it fills (`staged`), the writer's own layout (`stream`: its order and
+    header), the data bytes that arrived (`received`), or why it will not be an array (`rejected`).
+    After the commit only `stream` is left, for the writer's own reads until its last close."""
+
+    def __init__(self, replacing: Node | None) -> None:
+        self.pending: bytearray | None = bytearray()
+        self.replacing = replacing  # the array it replaces
+        self.staged: Any = None
+        self.stream: ArrayStream | None = None
+        self.received: Coverage | None = None
+        self.rejected: ZarrfsError | None = None
+
+    @property
+    def size(self) -> int | None:
+        if self.stream is not None:
+            return self.stream.size
+        return len(self.pending) if self.pending is not None else None
+
+    def reject(self, error: ZarrfsError) -> ZarrfsError:
+        """It will not become an array: later writes fail too, the last close drops it."""
+        self.pending = bytearray()
+        self.rejected = error
+        return error
+
+    def header_problem(self, name: str) -> InvalidArgument | None:
+        """Why a file given some bytes but no whole NPY header cannot be an array (None: it is fine)."""
+        if self.pending is None or self.rejected is not None or not self.pending:
+            return None
+        return InvalidArgument(f"{name}: {npy.incomplete_reason(self.pending)}")
+
+    def missing(self) -> tuple[int, int]:
+        """(data bytes received, data bytes its header declares) of a staged file."""
+        return self.received.covered, self.stream.size - len(self.stream.header)
+
+
+def parse_npy_header(head: bytes, label: str) -> tuple[Any, ...] | None:
+    """(shape, fortran, dtype, header length) of a whole NPY header, None when incomplete;
+    InvalidArgument when it is no NPY header or holds a data type without a fixed size."""
+    try:
+        parsed = npy.parse_header(head)
+        if parsed is not None:
+            check_fixed_size(parsed[2])
+    except (npy.NotNpy, Unsupported) as e:
+        raise InvalidArgument(f"{label}: {e}") from None
+    return parsed
+
+
+class IncomingWrites:
+    """Namespace steps of files being written: truncate, write, fsync, close, last close, unmount,
+    and a held file becoming an array."""
+
+    async def truncate(self: "Namespace", entry: "Entry", size: int = 0) -> None:
+        """A held file takes any size; a .npy file only 0: its next NPY header defines the
+        array that replaces it (the old one stays until the new one is complete)."""
+        if entry.kind == "held":
+            if entry.held is None:
+                raise entry.error or NotFound("removed")
+            await entry.held.resize(size)
+            return
+        if entry.kind != "array" or entry.view != "":
+            raise InvalidArgument("only .npy files of the main tree can be truncated (to replace the array)")
+        if size != 0:
+            raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
+        if entry.writing is not None and entry.writing.staged is not None:
+            await self._drop_staged(entry)
+        entry.writing = Incoming(replacing=entry.node)
+
+    async def write(self: "Namespace", entry: "Entry", offset: int, data: bytes) -> int:
+        """Bytes into an array's file: a file being created or replaced, or the data of an array."""
+        w = entry.writing
+        if w is not None and w.pending is not None:
+            return await self._ingest(entry, offset, data)
+        if entry.error is not None:
+            raise entry.error
+        stream = w.stream if w is not None and w.stream is not None else entry.stream
+        if offset + len(data) > stream.size:
+            raise TooBig(f"{entry.key or stream.meta.path}: an array's file cannot grow "
+                         f"(write ends at {offset + len(data)}, size {stream.size}); truncate to replace it")
+        hlen = len(stream.header)
+        if offset < hlen and data[: hlen - offset] != stream.header[offset:offset + len(data)]:
+            raise InvalidArgument("a write to the NPY header may not change shape or dtype; truncate first")
+        await self.engine.write(stream, offset, data)
+        if w is not None and w.received is not None:
+            w.received.add(max(offset, hlen), offset + len(data))
+        self._sizes.pop(stream.meta.path, None)
+        entry.stored_bytes = None
+        return len(data)
+
+    async def _ingest(self: "Namespace", entry: "Entry", offset: int, data: bytes) -> int:
+        w = entry.writing
+        if w.rejected is not None:
+            raise w.rejected
+        buf = w.pending
+        if offset > npy.MAX_HEADER_BYTES:
+            raise w.reject(InvalidArgument(f"{self._name_of(entry)}: the NPY header must be written first"))
+        if offset > len(buf):
+            buf.extend(bytes(offset - len(buf)))
+        buf[offset:offset + len(data)] = data
+        try:
+            parsed = parse_npy_header(buf, self._name_of(entry))
+        except InvalidArgument as e:
+            raise w.reject(e) from None
+        if parsed is None:
+            return len(data)
+        shape, fortran, dtype, hlen = parsed
+        path = w.replacing.path if w.replacing is not None else entry.key
+        try:  # every check of the format (data type, codec, chunks) before the store changes
+            w.staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype))
+        except ZarrfsError as e:
+            raise w.reject(type(e)(f"{self._name_of(entry)}: {e}")) from None
+        w.stream = ArrayStream(w.staged.meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
+        w.received = Coverage()
+        w.pending = None
+        rest = bytes(buf[hlen:])
+        if rest:
+            if len(buf) > w.stream.size:
+                raise TooBig(f"{path}: {len(buf)} bytes written, more than the {w.stream.size} "
+                             f"its NPY header declares")
+            await self.engine.write(w.stream, hlen, rest)
+            w.received.add(hlen, len(buf))
+        return len(data)
+
+    def _new_array(self: "Namespace", shape: tuple[int, ...], dtype: np.dtype) -> NewArray:
+        chunks = self.create_chunks if self.create_chunks and len(self.create_chunks) == len(shape) else None
+        return NewArray(shape, dtype, chunks, self.create_codec)
+
+    async def _commit(self: "Namespace", entry: "Entry") -> None:
+        """A staged array that is complete becomes the node at its path (all-or-nothing)."""
+        w = entry.writing
+        staged, old = w.staged, w.replacing
+        try:
+            await self.engine.flush(staged.meta.path)
+            await self.engine.run_io(self.hierarchy.commit_array_sync, staged, old)
+        except ZarrfsError as e:
+            what = "the old array is kept" if old is not None else "nothing was created"
+            log.warning("%s: storing the new array failed (%s); %s", self._name_of(entry), e, what)
+            await self._abandon(entry)
+            raise
+        self.engine.discard(staged.meta.path)
+        if old is not None:
+            self.engine.discard(old.path)
+        meta = staged.final
+        entry.show(meta)
+        w.replacing, w.staged, w.received = None, None, None
+        w.stream = ArrayStream(meta, w.stream.order, header=w.stream.header, dtype=w.stream.dtype)
+        if not meta.path:
+            self.root_node = meta
+        self._unregister(entry, keep_name=True)
+        self._sizes.pop(meta.path, None)
+        # Views of an array replaced here, or removed and now created again, are names the
+        # kernel may still hold: they show the new array.
+        await self._repoint(meta.path, meta.path, skip=entry.inode)
+        self._invalidate()
+
+    async def _drop_staged(self: "Namespace", entry: "Entry") -> None:
+        """Forget a staged array's chunks (held and stored): the old array, if any, stays."""
+        w = entry.writing
+        staged = w.staged
+        w.staged, w.stream, w.received = None, None, None
+        self.engine.discard(staged.meta.path)
+        await self.engine.run_io(self.hierarchy.discard_staging_sync, staged)
+
+    async def _abandon(self: "Namespace", entry: "Entry") -> None:
+        """A file that did not become an array: its staged chunks go; a replaced array stays
+        as it was; a created one disappears."""
+        w = entry.writing
+        if w is None:
+            return
+        if w.staged is not None:
+            await self._drop_staged(entry)
+        entry.writing = None
+        if w.replacing is None:
+            self._unregister(entry)
+            entry.error = NotFound(f"{entry.key} was never stored")
+
+    async def sync(self: "Namespace", entry: "Entry") -> None:
+        """fsync: what was written is in the store (a staged array's chunks, in its staging area)."""
+        problem = entry.writing.header_problem(self._name_of(entry)) if entry.writing is not None else None
+        if problem is not None:
+            raise problem
+        await self._flush_entry(entry)
+
+    async def _flush_entry(self: "Namespace", entry: "Entry") -> None:
+        w = entry.writing
+        stream = w.stream if w is not None and w.staged is not None else entry.stream
+        if stream is not None and entry.kind in ("array", "chunk"):
+            await self.engine.flush(stream.meta.path)
+            self._sizes.pop(stream.meta.path, None)
+            entry.stored_bytes = None
+
+    async def close(self: "Namespace", entry: "Entry", last_handle: bool) -> None:
+        """close(2): store what was written; a new array complete now is committed; one whose
+        header or data stopped short fails here (EINVAL, EIO) and, at its last close, is dropped."""
+        w = entry.writing
+        problem = w.header_problem(self._name_of(entry)) if w is not None else None
+        if problem is not None:
+            if last_handle:
+                await self._abandon(entry)
+                problem = InvalidArgument(f"{problem}; {'the old array is kept' if entry.node else 'not stored'}")
+            raise problem
+        if w is None or w.staged is None:
+            await self._flush_entry(entry)
+            return
+        got, want = w.missing()
+        if got == want:
+            await self._commit(entry)
+        elif last_handle:
+            what = "the old array is kept" if w.replacing is not None else "not stored"
+            name = self._name_of(entry)
+            await self._abandon(entry)
+            raise Incomplete(f"{name}: received {got} of {want} data bytes its NPY header declares; {what}")
+        else:
+            await self._flush_entry(entry)
+
+    async def release(self: "Namespace", entry: "Entry") -> None:
+        """The last handle is gone: a file that never became an array is dropped (an empty
+        NAME.npy stays, held aside); a committed writer's own layout is forgotten."""
+        w = entry.writing
+        if entry.kind != "array" or w is None:
+            return
+        if w.staged is not None or w.rejected is not None:
+            log.warning("%s: closed before it was a complete array; dropped", self._name_of(entry))
+            await self._abandon(entry)
+        elif w.pending is not None and w.replacing is not None and not w.pending:
+            entry.writing = None  # truncated, never rewritten: the old array stays
+        elif w.pending is None:
+            entry.writing = None
+
+    async def shutdown(self: "Namespace") -> None:
+        """Unmount: complete staged arrays are committed, the rest dropped, each with a log line."""
+        for entry in list(self._entries.values()):
+            name = None
+            w = entry.writing
+            try:
+                if entry.held is not None:
+                    name = self._name_of(entry)
+                    log.warning("%s: held-aside file (%d bytes) never renamed to NAME.npy; dropped at unmount",
+                                name, entry.size)
+                    entry.held.close()
+                elif w is not None and w.staged is not None:
+                    name = self._name_of(entry)
+                    await self.close(entry, last_handle=True)
+                    log.info("%s: complete at unmount; stored", name)
+                elif w is not None and w.pending is not None and entry.node is None:
+                    log.info("%s: empty file, never an array; dropped at unmount", self._name_of(entry))
+            except ZarrfsError as e:
+                log.warning("unmount: %s", e)
+
+    async def _adopt(self: "Namespace", entry: "Entry", parent_inode: int, name: str) -> None:
+        """A held file renamed to NAME.npy becomes array NAME (staged, streamed in, committed).
+        On any error the held file stays as it was and the rename fails."""
+        other = await self.child(parent_inode, name)
+        busy = other is not None and other.writing is not None and (
+            other.writing.staged is not None or other.writing.pending is not None)
+        if other is not None and (other.kind != "array" or other.node is None or busy):
+            raise Exists(f"{name} is being written or is not an array")
+        names = await self.children(parent_inode)
+        path = await self._new_array_path(parent_inode, name, {n: m for n, m in names.items() if n != name})
+        old = other.node if other is not None else None
+        label = self._name_of(entry)
+        head = await entry.held.read(0, npy.MAX_HEADER_BYTES)
+        parsed = parse_npy_header(head, f"{label}: cannot become {path}")
+        if parsed is None:
+            raise InvalidArgument(f"{label}: {npy.incomplete_reason(head)}")
+        shape, fortran, dtype, hlen = parsed
+        staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype))
+        ingest = ArrayStream(staged.meta, "F" if fortran else "C", header=bytes(head[:hlen]), dtype=dtype)
+        if entry.size != ingest.size:
+            kind = Incomplete if entry.size < ingest.size else InvalidArgument
+            raise kind(f"{label}: holds {entry.size - hlen} data bytes, its NPY header declares "
+                       f"{ingest.size - hlen}; not renamed to {name}")
+        await self._store_held(entry, staged, ingest, old)
+        self._unregister(entry, forget=False)
+        entry.held.close()
+        entry.held, entry.kind, entry.key = None, "array", path
+        entry.show(staged.final)
+        if not path:
+            self.root_node = staged.final
+        self._name(parent_inode, name, entry)
+        self._sizes.pop(path, None)
+        await self._repoint(path, path, skip=entry.inode)
+        self._invalidate()
+
+    async def _store_held(self: "Namespace", entry: "Entry", staged: Any, ingest: ArrayStream,
+                          old: Node | None) -> None:
+        """Stream a held file's data into a staged array and commit it (nothing left on failure)."""
+        try:
+            for offset in range(len(ingest.header), ingest.size, ADOPT_BLOCK_BYTES):
+                block = await entry.held.read(offset, ADOPT_BLOCK_BYTES)
+                await self.engine.write(ingest, offset, block)
+            await self.engine.flush(staged.meta.path)
+            await self.engine.run_io(self.hierarchy.commit_array_sync, staged, old)
+        except BaseException:
+            self.engine.discard(staged.meta.path)
+            await self.engine.run_io_shielded(self.hierarchy.discard_staging_sync, staged)
+            raise
+        self.engine.discard(staged.meta.path)
+        if old is not None:
+            self.engine.discard(old.path)

@@ -1,0 +1,470 @@
+"""The namespace: inodes and names of groups, arrays and `.zarrfs` views; listings; lookup counts.
+
+Runs in the trio thread (its tables need no locks; code between two awaits is atomic);
+hierarchy and store I/O go through the engine's worker threads. An entry lives while the
+kernel holds a reference to it (its lookup count, kept by `remember` and `forget`), a file
+is open on it, or it holds data not in the store (a file being written, a held file).
+Then it is dropped; the next lookup of its name makes a new one with a new inode.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from . import dotzarrfs, grid, handles
+from .dotzarrfs import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
+from .engine import Engine
+from .errors import NotFound, ZarrfsError
+from .formats.base import RESERVED_PREFIX, Hierarchy
+from .layouts import ArrayStream, chunk_file_size
+from .model import ArrayMeta, BrokenNode, GroupMeta, Node
+from .writes import NamespaceWrites
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = 1
+NPY_SUFFIX = ".npy"
+# Linux's NAME_MAX: the kernel refuses a whole readdir reply that holds a longer name.
+NAME_MAX_BYTES = 255
+DIR_KINDS = ("group", "views", "chunkdir", "storedir")
+
+Maker = Callable[[], "Entry"]
+
+
+class Entry:
+    """One file or directory of the mount, as long as the kernel or an open file refers to it."""
+
+    __slots__ = ("inode", "kind", "view", "node", "error", "key", "origin", "_stream", "_size", "stored_bytes",
+                 "listing", "content", "lookups", "opens", "writing", "held", "name_key")
+
+    def __init__(self, inode: int, kind: str, view: str = "", node: Node | None = None,
+                 error: ZarrfsError | None = None, key: str | None = None, size: int = 0,
+                 origin: tuple[int, ...] | None = None) -> None:
+        self.inode = inode
+        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held
+        self.kind = kind
+        self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
+        self.node = node
+        self.error = error
+        self.key = key  # store key (store view), prefix (store dirs), path or name of a new file
+        self.origin = origin  # grid position of a chunk file
+        self._stream: ArrayStream | None = None
+        self._size = size
+        self.stored_bytes: int | None = None  # bytes the store holds for it, when known
+        self.listing: dict[str, Maker] | None = None  # a directory's names, as last loaded
+        self.content: bytes | None = None  # a generated file's bytes (info JSON)
+        self.lookups = 0  # references the kernel holds (lookup, create, mkdir, readdirplus)
+        self.opens = 0  # open files (handles)
+        self.writing: Any = None  # incoming.Incoming: an NPY file being written into an array
+        self.held: Any = None  # incoming.HeldFile: a file held aside under a temporary name
+        self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind in DIR_KINDS
+
+    @property
+    def writable(self) -> bool:
+        """Data files that writes go to (the .npy tree, npy-f, raw, raw-f, chunk files, held files)."""
+        return self.kind in ("array", "chunk", "held")
+
+    @property
+    def stream(self) -> ArrayStream | None:
+        """The byte layout of an array's file (built when first needed: a chunk directory lists
+        millions of files that are never opened)."""
+        if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ("array", "chunk"):
+            if self.kind == "chunk":
+                self._stream = ArrayStream(self.node, "C", True, chunk=self.origin)
+            else:
+                _, order, header = ARRAY_VIEWS[self.view]
+                self._stream = ArrayStream(self.node, order, header)
+        return self._stream
+
+    def show(self, node: Node | None) -> None:
+        """Show another node (a replaced or moved array); its layout is built again when needed."""
+        self.node, self._stream, self.stored_bytes, self.content, self.error = node, None, None, None, None
+
+    @property
+    def size(self) -> int:
+        if self.writing is not None and self.writing.size is not None:
+            return self.writing.size
+        if self.held is not None:
+            return self.held.size
+        if self.kind == "chunk" and self._stream is None and isinstance(self.node, ArrayMeta):
+            return chunk_file_size(self.node, self.origin)
+        stream = self.stream
+        return stream.size if stream is not None else self._size
+
+    @size.setter
+    def size(self, value: int) -> None:
+        self._size = value
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a directory entry (None when it can)."""
+    if name in ("", ".", ".."):
+        return f"{name!r} is not a file name"
+    if "/" in name or "\0" in name:
+        return "a file name cannot hold / or NUL"
+    try:
+        n = len(os.fsencode(name))
+    except UnicodeEncodeError:  # a lone surrogate from a JSON escape
+        return "a file name must be valid text"
+    if n > NAME_MAX_BYTES:
+        return f"a name of {n} bytes is longer than a file name can be ({NAME_MAX_BYTES})"
+    return None
+
+
+def root_array_stem(source: str) -> str:
+    """The name of a root array: SOURCE's last component without `.zarr`, else `array`."""
+    last = re.split(r"[/\\]|::|://", source.rstrip("/"))[-1]
+    stem = last[: -len(".zarr")] if last.endswith(".zarr") else last
+    return stem or "array"
+
+
+def _node_key(node: Node) -> str:
+    """The store key a log line names for a node: its metadata document, else its path."""
+    key = node.key if isinstance(node, BrokenNode) else node.metadata_key
+    return key or node.path or "/"
+
+
+class Namespace(NamespaceWrites):
+    """Maps inodes and names to groups, arrays and views."""
+
+    def __init__(self, hierarchy: Hierarchy, root: Node, source: str, engine: Engine, show_views: bool = False,
+                 writable: bool = False, create_chunks: tuple[int, ...] | None = None,
+                 create_codec: str | None = None, on_name_gone: Callable[[int, str], None] | None = None) -> None:
+        self.hierarchy = hierarchy
+        self.engine = engine
+        self.show_views = show_views
+        self.writes_allowed = writable
+        self.open_files = 0
+        self.root_stem = root_array_stem(source)
+        self.root_node = root
+        # Chunking and codec of arrays created through the mount (options chunks=, codec=)
+        self.create_chunks = create_chunks
+        self.create_codec = create_codec
+        # Told when a name disappears (the FUSE layer tells the kernel to drop its dentry)
+        self.on_name_gone = on_name_gone or (lambda parent, name: None)
+        self._entries: dict[int, Entry] = {}
+        self._by_name: dict[tuple[int, str], int] = {}
+        self._next_inode = ROOT_INODE
+        # Shared by every view of a group: its child nodes; and per array, its stored keys' sizes.
+        self._below: dict[str, list[Node]] = {}
+        self._sizes: dict[str, dict[str, int | None] | None] = {}
+        # Keys whose names cannot be file names (logged once, never listed)
+        self._unlistable: set[str] = set()
+        # Files created and not yet arrays: (parent inode, name) -> inode
+        self._pending_names: dict[tuple[int, str], int] = {}
+        self._new("group", "", root if isinstance(root, GroupMeta) else None)
+
+    # --- entries and lookup counts ----------------------------------------------------
+
+    def _new(self, kind: str, view: str, node: Node | None = None, **kw: Any) -> Entry:
+        entry = Entry(self._next_inode, kind, view, node, **kw)
+        self._entries[entry.inode] = entry
+        self._next_inode += 1
+        return entry
+
+    def _name(self, parent: int, name: str, entry: Entry) -> None:
+        """Give `entry` the name `name` in directory `parent`."""
+        self._by_name[(parent, name)] = entry.inode
+        entry.name_key = (parent, name)
+
+    def _child(self, parent: int, name: str, make: Maker) -> Entry:
+        """The entry of `name` in `parent`, made by `make()` unless it exists."""
+        inode = self._by_name.get((parent, name))
+        if inode is not None and inode in self._entries:
+            return self._entries[inode]
+        entry = make()
+        self._name(parent, name, entry)
+        return entry
+
+    def get(self, inode: int) -> Entry:
+        try:
+            return self._entries[inode]
+        except KeyError:
+            raise NotFound(f"no inode {inode}") from None
+
+    @property
+    def entry_count(self) -> int:
+        return len(self._entries)
+
+    def remember(self, entry: Entry) -> None:
+        """The kernel took a reference (a reply to lookup, create, mkdir, or a readdirplus entry)."""
+        entry.lookups += 1
+
+    def forget(self, inode: int, n: int) -> None:
+        """The kernel dropped `n` references; an entry nothing refers to any more is dropped."""
+        entry = self._entries.get(inode)
+        if entry is not None:
+            entry.lookups = max(entry.lookups - n, 0)
+            self.drop_unused([entry])
+
+    def drop_unused(self, entries: list[Entry]) -> None:
+        """Drop entries that neither the kernel nor an open file refers to and that hold nothing
+        the store does not (entries made for a reply that was never sent, or forgotten)."""
+        for entry in entries:
+            if (entry.lookups or entry.opens or entry.inode == ROOT_INODE or entry.writing is not None
+                    or entry.held is not None or self._entries.get(entry.inode) is not entry
+                    or any(parent == entry.inode for parent, _ in self._pending_names)):
+                continue  # a directory holding files apart keeps its inode: their names hang on it
+            del self._entries[entry.inode]
+            if entry.name_key is not None and self._by_name.get(entry.name_key) == entry.inode:
+                del self._by_name[entry.name_key]
+
+    def _node_entry(self, view: str, node: Node) -> list[tuple[str, Maker]]:
+        """(name, maker) of a node's entries in a view directory."""
+        base = node.path.rsplit("/", 1)[-1] if node.path else self.root_stem
+        error = node.error if isinstance(node, BrokenNode) else None
+        return [(name, lambda kind=kind: self._new(kind, view, node, error=error))
+                for name, kind in dotzarrfs.view_names(view, node, base)]
+
+    # --- directories --------------------------------------------------------------
+
+    async def nodes_below(self, path: str) -> list[Node]:
+        nodes = self._below.get(path)
+        if nodes is None:
+            try:
+                nodes = await self.engine.run_io(self.hierarchy.children_sync, path)
+            except ZarrfsError as e:
+                log.warning("listing %s: %s", path or "/", e)
+                raise
+            for node in nodes:
+                if isinstance(node, BrokenNode):
+                    log.warning("%s: %s", node.key, node.error)
+            self._below[path] = nodes
+        return nodes
+
+    async def _listing(self, inode: int) -> dict[str, Maker]:
+        """Name -> maker of a directory's entries (all but chunk directories, which are computed),
+        loaded once for concurrent readers."""
+        entry = self.get(inode)
+        if entry.listing is None:
+            async def load() -> dict[str, Maker]:
+                if entry.listing is None:
+                    entry.listing = await self._load_listing(entry)
+                return entry.listing
+
+            return await self.engine.once(("listing", inode), load)
+        return entry.listing
+
+    async def _load_listing(self, entry: Entry) -> dict[str, Maker]:
+        if entry.error is not None:
+            raise entry.error
+        if entry.kind == "views":
+            names: dict[str, Maker] = {}
+            for view in VIEW_DIRS:
+                if view == "store":
+                    names[view] = lambda: self._new("storedir", "store", key="")
+                else:
+                    names[view] = lambda v=view: self._new("group", v, self._root_group())
+            names[STATS_FILE] = lambda: self._new("stats", "stats")
+            return names
+        if entry.kind == "storedir":
+            return await self._store_listing(entry.key)
+        if entry.kind != "group":
+            raise NotFound("not a directory")
+        return await self._group_listing(entry)
+
+    async def _store_listing(self, prefix: str) -> dict[str, Maker]:
+        files, dirs = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix)
+        names: dict[str, Maker] = {}
+        for d in dirs:
+            key = f"{prefix}/{d}" if prefix else d
+            if self._listable(d, key):
+                names[d] = lambda key=key: self._new("storedir", "store", key=key)
+        for f, size in files.items():
+            key = f"{prefix}/{f}" if prefix else f
+            if self._listable(f, key):
+                names[f] = lambda key=key, s=size: self._new("storekey", "store", key=key,
+                                                             size=s if s is not None else -1)
+        return names
+
+    async def _group_listing(self, entry: Entry) -> dict[str, Maker]:
+        names: dict[str, Maker] = {}
+        if entry.node is None and self.root_node.kind == "array":
+            nodes: list[Node] = [self.root_node]  # a root array: the root holds just NAME.npy
+        else:
+            nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
+        if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
+            names[".json"] = lambda: self._new("info", "info", entry.node)
+        for node in nodes:
+            if node.path.rsplit("/", 1)[-1].startswith(RESERVED_PREFIX):
+                continue  # a staging area of an array being written (or left by a killed daemon)
+            for name, make in self._node_entry(entry.view, node):
+                if name not in names and self._listable(name, _node_key(node)):
+                    names[name] = make
+        return names
+
+    def _listable(self, name: str, key: str) -> bool:
+        """Whether `name` can be listed; if not, say so once (naming the key) and leave it out."""
+        problem = name_problem(name)
+        if problem is not None and key not in self._unlistable:
+            self._unlistable.add(key)
+            log.warning("%s: not listed: %s", key, problem)
+        return problem is None
+
+    def _root_group(self) -> GroupMeta | None:
+        return self.root_node if isinstance(self.root_node, GroupMeta) else None
+
+    @staticmethod
+    def _grid(entry: Entry) -> tuple[int, ...]:
+        if entry.error is not None:
+            raise entry.error
+        return grid.grid_shape(entry.node.shape, entry.node.chunk_shape)
+
+    async def dir_len(self, inode: int) -> int:
+        entry = self.get(inode)
+        if entry.kind == "chunkdir":
+            return math.prod(self._grid(entry))
+        n = len(await self.children(inode))
+        return n + (1 if inode == ROOT_INODE and self.show_views else 0)
+
+    async def dir_items(self, inode: int, start: int, count: int) -> list[tuple[str, Entry]]:
+        """Entries [start, start+count) of a directory, in a stable order (chunk directories are
+        computed, never materialized whole)."""
+        entry = self.get(inode)
+        out = []
+        if entry.kind == "chunkdir":
+            shape = self._grid(entry)
+            for i in range(start, min(start + count, math.prod(shape))):
+                idx = tuple(int(x) for x in np.unravel_index(i, shape)) if shape else ()
+                name = dotzarrfs.chunk_name(idx)
+                out.append((name, self._child(inode, name, lambda idx=idx: self._chunk_entry(entry, idx))))
+        else:
+            children = await self.children(inode)
+            names = list(children)
+            if inode == ROOT_INODE and self.show_views:
+                names.append(VIEWS_DIR)
+            for name in names[start:start + count]:
+                if name == VIEWS_DIR and inode == ROOT_INODE:
+                    out.append((name, self._child(inode, name, lambda: self._new("views", "views"))))
+                else:
+                    out.append((name, self._child(inode, name, children[name])))
+        for i, (_, child) in enumerate(out):
+            try:
+                await self.settle(child)
+            except BaseException:
+                self.drop_unused([e for _, e in out[i:]])
+                raise
+        return out
+
+    def _chunk_entry(self, parent: Entry, idx: tuple[int, ...]) -> Entry:
+        return self._new("chunk", "chunks", parent.node, origin=idx)
+
+    async def child(self, parent: int, name: str) -> Entry | None:
+        """The entry `name` in directory `parent`, None when there is none (not counted)."""
+        entry = self.get(parent)
+        if parent == ROOT_INODE and name == VIEWS_DIR:
+            return self._child(parent, name, lambda: self._new("views", "views"))
+        if entry.kind == "chunkdir":
+            idx = self._chunk_index(entry, name)
+            return None if idx is None else self._child(parent, name, lambda: self._chunk_entry(entry, idx))
+        make = (await self.children(parent)).get(name)
+        return None if make is None else self._child(parent, name, make)
+
+    async def lookup(self, parent: int, name: str) -> Entry:
+        """`name` in `parent`, its attributes ready (NotFound when there is none)."""
+        child = await self.child(parent, name)
+        if child is None:
+            raise NotFound(name)
+        try:
+            await self.settle(child)
+        except BaseException:
+            self.drop_unused([child])
+            raise
+        return child
+
+    def _chunk_index(self, entry: Entry, name: str) -> tuple[int, ...] | None:
+        shape = self._grid(entry)
+        m = re.fullmatch(r"(\d+(?:\.\d+)*)\.npy", name)
+        if not m:
+            return None
+        idx = tuple(int(x) for x in m.group(1).split("."))
+        if not entry.node.shape:
+            idx = () if idx == (0,) else (-1,)
+        if len(idx) != len(shape) or any(i >= n for i, n in zip(idx, shape)) or name != dotzarrfs.chunk_name(idx):
+            return None
+        return idx
+
+    # --- open files ------------------------------------------------------------------
+
+    async def open(self, inode: int, flags: int) -> handles.Handle:
+        """open(2): a handle of the file's kind (see handles.open_file for what it refuses)."""
+        return await handles.open_file(self, self.get(inode), flags)
+
+    async def create_file(self, parent: int, name: str) -> tuple[Entry, handles.Handle]:
+        """open(2) with O_CREAT of a new name: the new entry and its open handle."""
+        entry = await self.create(parent, name)
+        return entry, handles.opened(self, entry)
+
+    # --- sizes, stored bytes, generated files ---------------------------------------
+
+    async def stored_sizes(self, meta: ArrayMeta) -> dict[str, int | None] | None:
+        """Sizes of an array's stored chunk keys (None when the store cannot list them)."""
+        if meta.path not in self._sizes:
+            try:
+                self._sizes[meta.path] = await self.engine.run_io(self.hierarchy.chunk_sizes_sync, meta)
+            except ZarrfsError as e:
+                log.info("stored size of %s unknown: %s", meta.path or "/", e)
+                self._sizes[meta.path] = None
+        return self._sizes[meta.path]
+
+    async def settle(self, entry: Entry) -> None:
+        """Fill in what an entry's attributes need: stored bytes, sizes of generated files."""
+        if entry.stored_bytes is not None or entry.error is not None:
+            return
+        if entry.kind == "array" and entry.node is None:  # created, no header yet
+            entry.stored_bytes = 0
+        elif entry.kind == "array" or entry.kind == "chunk":
+            sizes = await self.stored_sizes(entry.node)
+            if sizes is None:
+                entry.stored_bytes = entry.size
+            elif entry.kind == "array":
+                entry.stored_bytes = sum(s or 0 for s in sizes.values())
+            else:
+                entry.stored_bytes = await self._chunk_stored_bytes(entry, sizes)
+        elif entry.kind == "info":
+            entry.content = dotzarrfs.info_json(
+                entry.node, await self.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None)
+            entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind == "storekey":
+            if entry.size < 0:
+                size = await self.engine.run_io(self.hierarchy.store.size_sync, entry.key)
+                entry.size = size or 0
+            entry.stored_bytes = entry.size
+        elif entry.kind == "stats":
+            entry.size = len(self.stats_bytes())
+            entry.stored_bytes = 0
+        else:
+            entry.stored_bytes = entry.size
+
+    async def _chunk_stored_bytes(self, entry: Entry, sizes: dict[str, int | None]) -> int:
+        stored = sizes.get(entry.node.chunk_key(entry.origin)) or 0
+        inner_size = getattr(entry.node.source, "stored_nbytes_sync", None)
+        if inner_size is not None and stored:  # an inner chunk: its part of the shard
+            try:
+                stored = await self.engine.run_io(inner_size, self.hierarchy.store, entry.origin)
+            except ZarrfsError as e:
+                log.info("stored size of chunk %s of %s unknown: %s", entry.origin, entry.node.path or "/", e)
+        return stored
+
+    def stats_bytes(self) -> bytes:
+        return dotzarrfs.stats_json(self.engine.stats(), len(self._entries), self.open_files)
+
+    def xattrs(self, entry: Entry) -> dict[str, bytes]:
+        """The read-only `user.zarr.*` attributes of groups and arrays (main tree and views)."""
+        if entry.kind not in ("group", "array", "chunkdir"):
+            return {}
+        return dotzarrfs.xattrs(entry.node)
+
+
+def fs_name(name: bytes) -> str:
+    return os.fsdecode(name)
