@@ -21,6 +21,7 @@ from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v3draft import (
     Layout, ShardedChunks, V3DraftHierarchy, draft_dtype, draft_fill_value, parse_array)
 from zarrfs.model import ArrayMeta, BrokenNode, ChunkKeys, GroupMeta
+from zarrfs.chunksource import read_chunk_sync
 from zarrfs.store import Store
 
 from corehelp import np_save_bytes, open_node, read_npy
@@ -95,9 +96,9 @@ def test_zarr218_keys_and_shards():
     assert isinstance(sharded.source, ShardedChunks) and sharded.source.chunks_per_shard == (2, 2)
     assert sharded.chunk_shape == (8, 10)  # the grid chunk stays the inner chunk
     assert sharded.chunk_key((3, 2)) == "data/root/sharded/uint16_blosc/c1/1"
-    assert sharded.read_chunk_sync(store, (0, 2)) is None  # shard c0/1 was never written
-    assert sharded.read_chunk_sync(store, (0, 1)) is None  # absent inner chunk of shard c0/0
-    assert sharded.read_chunk_sync(store, (2, 2)) is not None
+    assert read_chunk_sync(sharded, store, (0, 2)) is None  # shard c0/1 was never written
+    assert read_chunk_sync(sharded, store, (0, 1)) is None  # absent inner chunk of shard c0/0
+    assert read_chunk_sync(sharded, store, (2, 2)) is not None
 
 
 # --------------------------------------------------------------------------- spec fixtures

@@ -10,7 +10,7 @@ import math
 import secrets
 from typing import Any, ClassVar, Iterable
 
-from ..errors import InvalidArgument, MetadataError, NameTooLong, NotFound, Unsupported, UserError, ZarrfsError
+from ..errors import InvalidArgument, MetadataError, NameTooLong, NotFound, Unsupported, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, check_key, join
 from ..store import Store
 
@@ -52,10 +52,6 @@ class StagedArray:
     docs: dict[str, bytes]
 
 
-# Default compression levels when `codec=NAME` gives none.
-DEFAULT_LEVELS = {"blosc": 5, "zstd": 0, "gzip": 5, "zlib": 5, "bz2": 5, "lzma": 6, "lz4": 1}
-
-
 def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     """A chunk shape for a new array: halve dimensions in turn until the chunk is small enough."""
     if not shape:
@@ -70,26 +66,6 @@ def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
         chunks[d] = -(-chunks[d] // 2)
         i += 1
     return tuple(chunks)
-
-
-def compressor_config(codec: str | None, default: str, itemsize: int) -> dict | None:
-    """The numcodecs config of a `codec=NAME[:LEVEL]` option (or of the format's default)."""
-    name, _, level_text = (codec or default).partition(":")
-    name = name.lower()
-    if name == "none":
-        return None
-    if name not in DEFAULT_LEVELS:
-        raise UserError(f"codec={codec}: expected one of none, {', '.join(DEFAULT_LEVELS)}")
-    level = int(level_text) if level_text else DEFAULT_LEVELS[name]
-    return {
-        "blosc": {"id": "blosc", "cname": "lz4", "clevel": level, "shuffle": 1, "blocksize": 0},
-        "zstd": {"id": "zstd", "level": level},
-        "gzip": {"id": "gzip", "level": level},
-        "zlib": {"id": "zlib", "level": level},
-        "bz2": {"id": "bz2", "level": max(1, level)},
-        "lzma": {"id": "lzma", "preset": level},
-        "lz4": {"id": "lz4", "acceleration": level},
-    }[name]
 
 
 def parse_json(key: str, raw: bytes | None) -> Any:
