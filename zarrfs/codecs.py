@@ -420,6 +420,9 @@ class UnusableChain(CodecChain):
     def encoded_size(self, n_bytes: int) -> int:
         raise self._fail()
 
+    def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        raise self._fail()  # nothing is worth reading: no chunk can be decoded
+
     @property
     def order(self) -> str:
         return self.layout_order

@@ -65,6 +65,11 @@ class VLenArrayBytes:
                                f"first read (the store changed since; refresh)")
         return fixed.astype(dtype).reshape(shape, order=self.order)
 
+    def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        """numcodecs' layout: a 4-byte count, then per element a 4-byte length and at most
+        the element's width in bytes (`U` widths are 4 bytes a character, UTF-8 at most 4)."""
+        return 4 + math.prod(shape) * (4 + dtype.itemsize)
+
     def encode(self, arr: np.ndarray, fill: np.ndarray) -> Any:
         raise Unsupported(READ_ONLY_REASON.format(what="strings" if self.kind == "U" else "bytes",
                                                   kind=self.kind))
