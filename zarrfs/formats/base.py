@@ -325,7 +325,9 @@ class NodeDocsHierarchy(Hierarchy):
 
     def __init__(self, store: Store, consolidated: dict[str, dict[str, Any]] | None = None) -> None:
         super().__init__(store)
-        # path -> {doc name -> parsed JSON}; None when the store has no consolidated metadata
+        # path -> {doc name -> parsed JSON}; None when the store has no consolidated metadata.
+        # A snapshot, never changed in place: worker threads read it while another computes
+        # the next one and publishes it with one assignment (readers keep a consistent view).
         self.consolidated = consolidated
 
     @abc.abstractmethod
@@ -376,11 +378,12 @@ class NodeDocsHierarchy(Hierarchy):
             return broken(path, "group", path or "/", e)
 
     def _node_sync(self, path: str) -> Node | None:
-        if self.consolidated is not None:
-            docs = self.consolidated.get(path)
+        consolidated = self.consolidated  # one snapshot for the whole lookup
+        if consolidated is not None:
+            docs = consolidated.get(path)
             if docs is not None:
                 return self._parse(path, docs)
-            if path == "" or any(p.startswith(path + "/") for p in self.consolidated):
+            if path == "" or any(p.startswith(path + "/") for p in consolidated):
                 return GroupMeta(path, {}, self.name)
             return None
         docs = self._docs_sync(path)
@@ -392,10 +395,11 @@ class NodeDocsHierarchy(Hierarchy):
         return node
 
     def children_sync(self, path: str) -> list[Node]:
-        if self.consolidated is not None:
+        consolidated = self.consolidated  # one snapshot for the whole listing
+        if consolidated is not None:
             names = set()
             prefix = path + "/" if path else ""
-            for p in self.consolidated:
+            for p in consolidated:
                 if p and p.startswith(prefix):
                     names.add(p[len(prefix):].split("/", 1)[0])
             nodes = (self.node_sync(join(path, n)) for n in sorted(names))
@@ -438,7 +442,7 @@ class NodeDocsHierarchy(Hierarchy):
         if self.consolidated is not None:
             entry = {n: None for n in self.doc_names}
             entry.update({key[len(path) + 1:]: json.loads(value) for key, value in staged.docs.items()})
-            self.consolidated[path] = entry
+            self.consolidated = {**self.consolidated, path: entry}
             self.write_consolidated_sync()
 
     def write_docs_sync(self, path: str, docs: dict[str, Any]) -> None:
@@ -449,27 +453,28 @@ class NodeDocsHierarchy(Hierarchy):
                 self.store.erase_sync(key)
             else:
                 self.store.set_sync(key, (json.dumps(doc, indent=2) + "\n").encode())
-        if self.consolidated is not None:
-            entry = self.consolidated.setdefault(path, {n: None for n in self.doc_names})
-            entry.update(docs)
+        snapshot = self.consolidated
+        if snapshot is not None:
+            entry = {**snapshot.get(path, dict.fromkeys(self.doc_names)), **docs}
+            self.consolidated = {**snapshot, path: entry}
             self.write_consolidated_sync()
 
     def after_change_sync(self) -> None:
         if self.consolidated is None:
             return
-        # Re-read what is left: the documents of every node still in the consolidated set.
-        for path in list(self.consolidated):
+        # Re-read what is left (the documents of every node still in the consolidated set)
+        # into a new snapshot, published at once.
+        fresh: dict[str, dict[str, Any]] = {}
+        for path in self.consolidated:
             raw = self.store.get_many_sync([join(path, n) for n in self.doc_names])
             docs = {n: parse_json(join(path, n), raw[join(path, n)]) for n in self.doc_names}
-            if all(d is None for d in docs.values()) and path:
-                del self.consolidated[path]
-            else:
-                self.consolidated[path] = docs
+            if path == "" or any(d is not None for d in docs.values()):
+                fresh[path] = docs
         for key in self.store.sizes_below_sync(""):
             path, _, name = key.rpartition("/")
-            if name in self.doc_names and path not in self.consolidated:
-                self.consolidated[path] = {
-                    n: parse_json(join(path, n), self.store.get_sync(join(path, n))) for n in self.doc_names}
+            if name in self.doc_names and path not in fresh:
+                fresh[path] = {n: parse_json(join(path, n), self.store.get_sync(join(path, n))) for n in self.doc_names}
+        self.consolidated = fresh
         self.write_consolidated_sync()
 
     def write_consolidated_sync(self) -> None:
