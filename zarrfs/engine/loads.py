@@ -1,6 +1,6 @@
 """Chunk loads: cache lookups, single-flight loads, shard indexes and partial shard reads, decoding in threads.
 
-The Loads mixin of Engine (engine.py owns the tables; docs/CONCURRENCY.md says who touches
+The Loads mixin of Engine (the package's __init__ owns the tables; docs/CONCURRENCY.md says who touches
 which). A chunk source says what it can read in part (chunksource.py); nothing here tests
 its type.
 """
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import trio
 
-from . import chunksource
-from .errors import CorruptChunk, StoreError, ZarrfsError
-from .model import ArrayMeta
+from .. import chunksource
+from ..errors import CorruptChunk, StoreError, ZarrfsError
+from ..model import ArrayMeta
 from .readahead import PREFETCH_CACHE_SHARE
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
 """The engine: the tables every chunk operation shares, limiters, worker threads, counters; reads.
 
 Engine is the one place where trio meets the core. Its behaviour is split by
-responsibility into mixins: loads.py (cache lookups, single-flight loads, shard indexes,
-partial shard reads), readahead.py (prefetch for sequential readers), writeback.py (dirty
-chunks and their way to the store). The tables are created here, and the rules of who
-touches them are written down in one place: docs/CONCURRENCY.md.
+responsibility into mixins of this package: loads.py (cache lookups, single-flight loads,
+shard indexes, partial shard reads), readahead.py (prefetch for sequential readers),
+writeback.py (dirty chunks and their way to the store). The tables are created here, and
+the rules of who touches them are written down in one place: docs/CONCURRENCY.md.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import trio
 
-from .errors import ZarrfsError
+from ..errors import ZarrfsError
+from ..model import ArrayMeta
+from ..store import Store
+from ..views import ArrayStream
 from .loads import Loads, _Load
 from .loads import decode_chunk_sync, decode_chunks_sync  # noqa: F401  (the engine's worker functions)
-from .model import ArrayMeta
 from .readahead import PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, ReadAhead
-from .store import Store
-from .views import ArrayStream
 from .writeback import DIRTY_MAX_BYTES, WriteBack, encode_chunk_sync  # noqa: F401
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Write-back: written chunks held dirty, patched in place, stored oldest first within a byte budget.
 
-The WriteBack mixin of Engine (engine.py owns the tables; docs/CONCURRENCY.md says who
+The WriteBack mixin of Engine (the package's __init__ owns the tables; docs/CONCURRENCY.md says who
 touches which). Encoding runs in worker threads on immutable inputs.
 """
 
@@ -12,12 +12,12 @@ import math
 import numpy as np
 import trio
 
-from . import chunksource, grid
-from .codecs import is_fill
-from .errors import StoreError, ZarrfsError
+from .. import chunksource, grid
+from ..codecs import is_fill
+from ..errors import StoreError, ZarrfsError
+from ..model import ArrayMeta
+from ..views import ArrayStream
 from .loads import INDEX, INNER
-from .model import ArrayMeta
-from .views import ArrayStream
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Read-ahead: after sequential reads, load the chunks of a window that doubles up to a bound, reset on a seek.
 
-The ReadAhead mixin of Engine (engine.py owns the tables; docs/CONCURRENCY.md).
+The ReadAhead mixin of Engine (the package's __init__ owns the tables; docs/CONCURRENCY.md).
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import math
 
-from .errors import ZarrfsError
-from .model import ArrayMeta
-from .views import ArrayStream
+from ..errors import ZarrfsError
+from ..model import ArrayMeta
+from ..views import ArrayStream
 
 log = logging.getLogger(__name__)
 
