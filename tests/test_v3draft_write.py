@@ -21,7 +21,6 @@ import math
 import os
 import shutil
 import subprocess
-import threading
 from functools import cache
 from pathlib import Path
 

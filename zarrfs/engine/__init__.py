@@ -23,9 +23,8 @@ from ..model import ArrayMeta
 from ..store import Store
 from ..views import ArrayStream
 from .loads import Loads, _Load
-from .loads import decode_chunk_sync, decode_chunks_sync  # noqa: F401  (the engine's worker functions)
 from .readahead import PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, ReadAhead
-from .writeback import DIRTY_MAX_BYTES, WriteBack, encode_chunk_sync  # noqa: F401
+from .writeback import DIRTY_MAX_BYTES, WriteBack
 
 log = logging.getLogger(__name__)
 
