@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import bombs
-from zarrfs.codecs import v2_chain, v3_chain
+from zarrfs.formats.v2 import v2_chain
+from zarrfs.formats.v3 import v3_chain
 from zarrfs.errors import CorruptChunk
 
 SHAPE = (32, 32)  # float64: 8 KiB decoded

@@ -24,18 +24,18 @@ from numcodecs.compat import ensure_bytes
 from zarr.codecs import numcodecs as znc
 
 from zarrfs import grid
+from zarrfs.chunksource import read_chunk_sync
 from zarrfs.codecs import (
-    ABSENT,
     BytesBytes,
     BytesLayout,
     CodecChain,
     NumcodecsArray,
     NumcodecsArrayBytes,
-    ShardingIndexed,
     Transpose,
     is_fill,
     numcodecs_codec,
 )
+from zarrfs.sharding import ABSENT, ShardingIndexed
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.options import Options
 from zarrfs.store import Store
@@ -513,7 +513,7 @@ def test_fixture_chains_round_trip(fmt):
             x = ints(meta.chunk_shape, -100, 100, meta.dtype, seed=checked)  # in range of the filters' types
         assert same(meta.codec.decode(meta.codec.encode(x, fill), meta.chunk_shape, meta.dtype, fill), x), name
         for idx in grid.all_chunks(meta.shape, meta.chunk_shape):
-            stored = meta.read_chunk_sync(store, idx)
+            stored = read_chunk_sync(meta, store, idx)
             if stored is None:
                 continue
             chunk = meta.codec.decode(stored, meta.chunk_shape, meta.dtype, fill)

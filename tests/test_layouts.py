@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from zarrfs import grid
 from zarrfs.codecs import CodecChain
-from zarrfs.model import ArrayMeta, ChunkKeys
+from zarrfs.keys import ChunkKeys
+from zarrfs.model import ArrayMeta
 from zarrfs.layouts import ArrayStream
 
 DTYPES = ["|u1", "<i2", ">f4", "<c16", "|S3", [("a", "<i2"), ("b", "|u1")]]

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from zarrfs.errors import MetadataError, StoreError
-from zarrfs.model import ChunkKeys, check_key
+from zarrfs.keys import ChunkKeys, check_key
 from zarrfs.store import Store
 
 

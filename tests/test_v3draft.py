@@ -16,14 +16,17 @@ import numpy as np
 import pytest
 
 from zarrfs import grid
-from zarrfs.errors import CorruptChunk, MetadataError, UnknownCodec, Unsupported, UserError
+from zarrfs.errors import MetadataError, UnknownCodec, Unsupported, UserError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v3draft import (
-    Layout, ShardedChunks, V3DraftHierarchy, draft_dtype, draft_fill_value, parse_array)
-from zarrfs.model import ArrayMeta, BrokenNode, ChunkKeys, GroupMeta
+    Layout, V3DraftHierarchy, draft_dtype, draft_fill_value, parse_array)
+from zarrfs.keys import ChunkKeys
+from zarrfs.model import ArrayMeta, BrokenNode, GroupMeta
+from zarrfs.chunksource import ShardedChunks, read_chunk_sync
 from zarrfs.store import Store
 
 from corehelp import np_save_bytes, open_node, read_npy
+from test_chunksource import shard_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 Z218 = FIXTURES / "v3draft-zarr218"
@@ -95,9 +98,9 @@ def test_zarr218_keys_and_shards():
     assert isinstance(sharded.source, ShardedChunks) and sharded.source.chunks_per_shard == (2, 2)
     assert sharded.chunk_shape == (8, 10)  # the grid chunk stays the inner chunk
     assert sharded.chunk_key((3, 2)) == "data/root/sharded/uint16_blosc/c1/1"
-    assert sharded.read_chunk_sync(store, (0, 2)) is None  # shard c0/1 was never written
-    assert sharded.read_chunk_sync(store, (0, 1)) is None  # absent inner chunk of shard c0/0
-    assert sharded.read_chunk_sync(store, (2, 2)) is not None
+    assert read_chunk_sync(sharded, store, (0, 2)) is None  # shard c0/1 was never written
+    assert read_chunk_sync(sharded, store, (0, 1)) is None  # absent inner chunk of shard c0/0
+    assert read_chunk_sync(sharded, store, (2, 2)) is not None
 
 
 # --------------------------------------------------------------------------- spec fixtures
@@ -276,58 +279,6 @@ def test_sharding_other_type_and_stack_refused():
         parse_array("a", doc_2022(storage_transformers=[{**st, "type": "hashed"}]), "k", CORE)
     with pytest.raises(Unsupported, match="stack"):
         parse_array("a", doc_2022(storage_transformers=[{**st, "type": "indexed"}] * 2), "k", CORE)
-
-
-class RecordingStore:
-    """A store of bytes in memory that records every call (to check ranged reads)."""
-
-    def __init__(self, values: dict[str, bytes]):
-        self.values = values
-        self.calls: list[tuple] = []
-
-    def get_sync(self, key, max_nbytes=None):
-        self.calls.append(("get", key))
-        return self.values.get(key)
-
-    def get_suffix_sync(self, key, n):
-        self.calls.append(("suffix", key, n))
-        return self.values[key][-n:] if key in self.values else None
-
-    def get_range_sync(self, key, start, end):
-        self.calls.append(("range", key, start, end))
-        return self.values[key][start:end]
-
-
-def shard_bytes(chunks: dict[int, bytes], n: int) -> bytes:
-    index = np.full((n, 2), 2**64 - 1, dtype="<u8")
-    blob = b""
-    for pos, data in chunks.items():
-        index[pos] = (len(blob), len(data))
-        blob += data
-    return blob + index.tobytes()
-
-
-def test_sharded_chunks_ranged_reads():
-    src = ShardedChunks(ChunkKeys("data/a", ".", "c", "c"), (2, 2))
-    store = RecordingStore({"data/a/c1.0": shard_bytes({3: b"three", 1: b"one"}, 4)})
-    assert src.read_sync(store, (3, 1)) == b"three"  # local (1, 1) -> position 3
-    assert src.read_sync(store, (2, 1)) == b"one"
-    assert src.read_sync(store, (2, 0)) is None
-    assert src.read_sync(store, (0, 0)) is None  # shard c0.0 is absent
-    assert ("get", "data/a/c1.0") not in store.calls  # never the whole shard
-    assert store.calls[:2] == [("suffix", "data/a/c1.0", 64), ("range", "data/a/c1.0", 0, 5)]
-
-
-def test_sharded_chunks_corrupt():
-    src = ShardedChunks(ChunkKeys("d", "/", "c", "c"), (2,))
-    with pytest.raises(CorruptChunk, match="shorter than its index"):
-        src.read_sync(RecordingStore({"d/c0": b"\0" * 20}), (0,))
-    index = np.array([[0, 100], [2**64 - 1, 2**64 - 1]], dtype="<u8").tobytes()
-    with pytest.raises(CorruptChunk, match="outside the shard"):
-        src.read_sync(RecordingStore({"d/c0": b"abc" + index}), (0,))
-    index = np.array([[0, 2**64 - 1], [2**64 - 1, 2**64 - 1]], dtype="<u8").tobytes()
-    with pytest.raises(CorruptChunk, match="bad index entry"):
-        src.read_sync(RecordingStore({"d/c0": index}), (0,))
 
 
 def test_sharded_read_through_the_engine(tmp_path):

@@ -21,12 +21,12 @@ import math
 import os
 import shutil
 import subprocess
-import threading
 from functools import cache
 from pathlib import Path
 
 import numcodecs
 import numpy as np
+import trio
 import pytest
 
 from zarrfs import grid
@@ -36,6 +36,7 @@ from zarrfs.errors import CorruptChunk, Exists, InvalidArgument, Unsupported
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v3draft import ShardedChunks, V3DraftHierarchy
 from zarrfs.model import ArrayMeta, GroupMeta, NewArray
+from zarrfs.chunksource import read_chunk_sync, write_chunk_sync
 from zarrfs.store import Store
 from zarrfs.layouts import ArrayStream
 
@@ -92,10 +93,10 @@ def write_all(store: Store, meta: ArrayMeta, values: np.ndarray, erase_fill: boo
         inside = values[reg]
         if erase_fill and np.array_equal(inside, np.broadcast_to(meta.fill_value, inside.shape),
                                          equal_nan=inside.dtype.kind in "fc"):
-            meta.write_chunk_sync(store, idx, None)
+            write_chunk_sync(meta, store, idx, None)
             erased.append(idx)
         else:
-            meta.write_chunk_sync(store, idx, meta.codec.encode(chunk, meta.fill_value))
+            write_chunk_sync(meta, store, idx, meta.codec.encode(chunk, meta.fill_value))
     return erased
 
 
@@ -419,11 +420,11 @@ def apply_shard_edits(store: Store, meta: ArrayMeta, model: np.ndarray, edits) -
     for k, (idx, value) in enumerate(edits):
         reg = grid.chunk_slices(idx, meta.shape, meta.chunk_shape)
         if value is None:
-            meta.write_chunk_sync(store, idx, None)
+            write_chunk_sync(meta, store, idx, None)
             model[reg] = meta.fill_value
         else:
             chunk = (np.arange(math.prod(meta.chunk_shape)) + value).astype(meta.dtype).reshape(meta.chunk_shape)
-            meta.write_chunk_sync(store, idx, meta.codec.encode(chunk, meta.fill_value))
+            write_chunk_sync(meta, store, idx, meta.codec.encode(chunk, meta.fill_value))
             model[reg] = chunk[tuple(slice(0, r.stop - r.start) for r in reg)]
 
 
@@ -445,7 +446,7 @@ def test_zarr218_sharded_in_place(tmp_path, zarr218):
     meta = h.node_sync("sharded/uint16_blosc")
     inner = parse_shard((u16 / "c0/0").read_bytes(), 4)  # rewritten: chunks, then a fresh index
     assert inner[2] is None  # (1, 0) dropped
-    assert meta.read_chunk_sync(store, (1, 0)) is None and meta.read_chunk_sync(store, (2, 2)) is not None
+    assert read_chunk_sync(meta, store, (1, 0)) is None and read_chunk_sync(meta, store, (2, 2)) is not None
 
     for path, model in models.items():
         assert_same(load_npy(read_npy(root, path)), model, path)
@@ -456,24 +457,22 @@ def test_zarr218_sharded_in_place(tmp_path, zarr218):
 
 
 def test_shard_writers_of_one_shard_take_turns(tmp_path):
-    """Concurrent writers of different inner chunks of the same shards lose nothing."""
+    """Concurrent writers of different inner chunks of the same shards lose nothing: the
+    engine flushes them at once and makes the rewrites of one shard take turns."""
     root = copy_store(Z218 / "store", tmp_path)
     store, h = open_h(root)
     meta = h.node_sync("sharded/int32_1d_none")  # 10 grid chunks of 5, shards of 4
+    stream = ArrayStream(meta, "C", with_header=False)
     for round_ in range(3):
         values = np.arange(50, dtype="<i4") + 100 * (round_ + 1)
-        barrier = threading.Barrier(10)
 
-        def write(i: int, values=values, barrier=barrier) -> None:
-            chunk = values[i * 5:(i + 1) * 5]
-            barrier.wait()
-            meta.write_chunk_sync(store, (i,), meta.codec.encode(chunk, meta.fill_value))
+        async def write_all(values=values) -> None:
+            engine = Engine(store, ChunkCache(1 << 24))
+            for i in range(10):  # ten dirty chunks, flushed concurrently below
+                await engine.write(stream, i * 20, values[i * 5:(i + 1) * 5].tobytes())
+            await engine.flush()
 
-        threads = [threading.Thread(target=write, args=(i,)) for i in range(10)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        trio.run(write_all)
         assert_same(load_npy(read_npy(root, "sharded/int32_1d_none")), values)
 
 
@@ -501,14 +500,14 @@ def test_corrupt_shard_is_left_alone(tmp_path):
     key.write_bytes(b"short")
     chunk = meta.codec.encode(np.arange(5, dtype="<i4"), meta.fill_value)
     with pytest.raises(CorruptChunk, match="not rewriting"):
-        meta.write_chunk_sync(store, (1,), chunk)
+        write_chunk_sync(meta, store, (1,), chunk)
     assert key.read_bytes() == b"short"
     blob = (Path(root) / meta.chunk_key((4,))).read_bytes()
     bad = bytearray(blob)
     bad[-16:] = np.array([10**6, 5], "<u8").tobytes()  # the last entry points past the shard
     (Path(root) / meta.chunk_key((4,))).write_bytes(bytes(bad))
     with pytest.raises(CorruptChunk):
-        meta.write_chunk_sync(store, (4,), chunk)
+        write_chunk_sync(meta, store, (4,), chunk)
     assert (Path(root) / meta.chunk_key((4,))).read_bytes() == bytes(bad)
 
 
@@ -842,7 +841,7 @@ def test_spec_fixtures_in_place_every_codec(tmp_path, store_name, path):
     edits = list(grid.all_chunks(meta.shape, meta.chunk_shape))[::2]
     for k, idx in enumerate(edits):
         chunk = sample(meta.dtype, meta.chunk_shape, k)
-        meta.write_chunk_sync(store, idx, meta.codec.encode(chunk, meta.fill_value))
+        write_chunk_sync(meta, store, idx, meta.codec.encode(chunk, meta.fill_value))
         reg = grid.chunk_slices(idx, meta.shape, meta.chunk_shape)
         model[reg] = chunk[tuple(slice(0, r.stop - r.start) for r in reg)]
         got = (Path(root) / meta.chunk_key(idx)).read_bytes()

@@ -1,7 +1,8 @@
 """Codec chains (array->array*, array->bytes, bytes->bytes*) over numcodecs: encode and decode one chunk.
 
-Every format builds a CodecChain: v3 from its `codecs` list, v2 and v1 from `filters` and
-`compressor` (as bytes->bytes steps) followed by a plain `bytes` layout in C or F order.
+Every format builds a CodecChain from its own JSON (in its module under formats/): v3 from
+its `codecs` list, v2 and v1 from `filters` and `compressor` (as bytes->bytes steps)
+followed by a plain `bytes` layout in C or F order. The sharding codec is in sharding.py.
 Encoding and decoding are synchronous and pure; the engine runs them in worker threads.
 A chunk whose every element is the fill value is not stored (`is_fill`); a shard with no
 stored inner chunk encodes to b"", the sign to erase it.
@@ -21,13 +22,8 @@ import numcodecs
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from . import grid
-from .errors import CorruptChunk, MetadataError, UnknownCodec, Unsupported
+from .errors import CorruptChunk, MetadataError, UnknownCodec, Unsupported, UserError
 
-# numcodecs ids by the role zarr-python 3 gives them under `numcodecs.<id>` in v3 metadata.
-ARRAY_ARRAY_IDS = {"delta", "bitround", "fixedscaleoffset", "quantize", "packbits", "astype"}
-ARRAY_BYTES_IDS = {"pcodec", "zfpy"}
-ABSENT = 2**64 - 1  # sharding index entry of a chunk that is not stored
 
 # Bounds on what a chunk's bytes may legitimately take, so that a hostile chunk cannot make
 # us read or allocate without limit. No compressor grows incompressible data by more than
@@ -55,7 +51,7 @@ def _too_large(name: str, n_bytes: int | str, limit: int) -> CorruptChunk:
 
 def zstd_content_size(data: Any) -> int | None:
     """The decompressed size a zstd frame header declares, or None when it declares none."""
-    head = bytes(_u1(data)[:18])
+    head = bytes(u1(data)[:18])
     if len(head) < 6 or head[:4] != ZSTD_MAGIC:
         return None  # not a frame numcodecs can decode either: it reports the error
     fhd = head[4]
@@ -107,7 +103,7 @@ def decode_bounded(codec: Any, data: Any, limit: int, name: str) -> Any:
         declared = zstd_content_size(data)
         if declared is not None and declared > limit:
             raise _too_large(name, declared, limit)
-        if declared is None and bytes(_u1(data)[:4]) == ZSTD_MAGIC:
+        if declared is None and bytes(u1(data)[:4]) == ZSTD_MAGIC:
             # No size in the header: decode into a buffer of the limit first, which fails
             # when the frame holds more; then again for the exact length (rare frames).
             try:
@@ -115,37 +111,37 @@ def decode_bounded(codec: Any, data: Any, limit: int, name: str) -> Any:
             except Exception as e:
                 raise _too_large(name, f"more than {limit} ({e})", limit) from None
     elif cid == "blosc":  # blosc's 16-byte header: version, versionlz, flags, typesize, nbytes (u32 LE)...
-        head = bytes(_u1(data)[:8])
+        head = bytes(u1(data)[:8])
         if len(head) == 8 and int.from_bytes(head[4:8], "little") > limit:
             raise _too_large(name, int.from_bytes(head[4:8], "little"), limit)
     elif cid == "lz4":  # numcodecs prefixes the decoded size, 4 bytes little-endian
-        head = bytes(_u1(data)[:4])
+        head = bytes(u1(data)[:4])
         if len(head) == 4 and int.from_bytes(head, "little") > limit:
             raise _too_large(name, int.from_bytes(head, "little"), limit)
     elif cid == "zlib":
-        return _inflate(zlib.decompressobj, _u1(data), limit, name, members=False)
+        return _inflate(zlib.decompressobj, u1(data), limit, name, members=False)
     elif cid == "gzip":
-        return _inflate(lambda: zlib.decompressobj(GZIP_WBITS), _u1(data), limit, name, members=True)
+        return _inflate(lambda: zlib.decompressobj(GZIP_WBITS), u1(data), limit, name, members=True)
     elif cid == "bz2":
-        return _inflate(bz2.BZ2Decompressor, memoryview(_u1(data)), limit, name, members=True)
+        return _inflate(bz2.BZ2Decompressor, memoryview(u1(data)), limit, name, members=True)
     elif cid == "lzma":
         return _inflate(lambda: lzma.LZMADecompressor(format=codec.format, filters=codec.filters),
-                        memoryview(_u1(data)), limit, name, members=codec.format != lzma.FORMAT_RAW)
+                        memoryview(u1(data)), limit, name, members=codec.format != lzma.FORMAT_RAW)
     out = codec.decode(data)
-    n = _u1(out).size
+    n = u1(out).size
     if n > limit:  # a codec that does not tell its size first: at least stop here
         raise _too_large(name, n, limit)
     return out
 
 
-def _u1(buf: Any) -> np.ndarray:
+def u1(buf: Any) -> np.ndarray:
     """A flat uint8 view of any buffer a codec returned."""
     return ensure_contiguous_ndarray(buf).reshape(-1).view(np.uint8)
 
 
 def _as_bytes(buf: Any) -> bytes:
     """What a codec returned (bytes, or an array in memory order) as bytes."""
-    return buf if isinstance(buf, bytes) else _u1(buf).tobytes()
+    return buf if isinstance(buf, bytes) else u1(buf).tobytes()
 
 
 def is_fill(arr: np.ndarray, fill: np.ndarray) -> bool:
@@ -274,7 +270,7 @@ class BytesLayout:
 
     def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
         stored = self.stored_dtype(dtype)
-        raw = _u1(data)
+        raw = u1(data)
         expected = math.prod(shape) * dtype.itemsize
         if raw.size != expected:
             raise CorruptChunk(f"decoded to {raw.size} bytes, expected {expected}")
@@ -374,8 +370,8 @@ class CodecChain:
         for aa in self.array_array:
             arr = aa.encode(arr)
         data = self.array_bytes.encode(arr, fill)
-        if isinstance(self.array_bytes, ShardingIndexed) and not len(data):
-            return b""
+        if getattr(self.array_bytes, "empty_is_absent", False) and not len(data):
+            return b""  # a shard with no stored inner chunk
         for bb in self.bytes_bytes:
             data = bb.encode(data)
         return _as_bytes(data)
@@ -435,147 +431,8 @@ class UnusableChain(CodecChain):
         return list(self.description)
 
 
-def v2_description(compressor: Any, filters: Any, order: str) -> list[dict]:
-    """The codecs of v1/v2 metadata as CodecChain.describe shows them, straight from the document."""
-    steps = [*(filters if isinstance(filters, list) else []), *([compressor] if compressor is not None else [])]
-    return [{"name": "bytes", "configuration": {"order": order}},
-            *({"name": s.get("id") if isinstance(s, dict) else None, "configuration": s} for s in steps)]
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardingIndexed:
-    """v3 `sharding_indexed`: a shard holds inner chunks and an index of (offset, nbytes) u64."""
-
-    inner_chunks: tuple[int, ...]
-    inner: CodecChain
-    index: CodecChain
-    index_at_end: bool = True
-
-    def per_shard(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """Inner chunks along each dimension of a shard of `shape`."""
-        if any(s % c for s, c in zip(shape, self.inner_chunks)):
-            raise MetadataError(f"shard shape {shape} is not a multiple of inner chunks {self.inner_chunks}")
-        return tuple(s // c for s, c in zip(shape, self.inner_chunks))
-
-    def index_nbytes(self, per_shard: tuple[int, ...]) -> int:
-        """Stored size of a shard's index (at its end or its start)."""
-        return self.index.encoded_size(16 * math.prod(per_shard))
-
-    def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
-        """Every inner chunk at its largest, and the index."""
-        per_shard = self.per_shard(shape)
-        return (math.prod(per_shard) * self.inner.max_encoded_nbytes(self.inner_chunks, dtype)
-                + self.index_nbytes(per_shard))
-
-    def decode_index(self, raw: Any, per_shard: tuple[int, ...]) -> np.ndarray:
-        """The (offset, nbytes) pairs of a shard's index, shape per_shard + (2,)."""
-        return self.index.decode(raw, per_shard + (2,), np.dtype("<u8"), np.zeros((), "<u8"))
-
-    @staticmethod
-    def entry(index: np.ndarray, pos: tuple[int, ...]) -> tuple[int, int] | None:
-        """(offset, nbytes) of inner chunk `pos`, or None when it is absent."""
-        offset, nbytes = (int(x) for x in index[pos])
-        if offset == ABSENT and nbytes == ABSENT:
-            return None
-        if offset == ABSENT or nbytes == ABSENT:
-            raise CorruptChunk(f"bad index entry ({offset}, {nbytes}) of inner chunk {pos}: absent in one field only")
-        return offset, nbytes
-
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
-        per_shard = self.per_shard(shape)
-        buf = _u1(data)
-        index_nbytes = self.index_nbytes(per_shard)
-        if buf.size < index_nbytes:
-            raise CorruptChunk(f"shard of {buf.size} bytes is shorter than its index ({index_nbytes})")
-        raw_index = buf[buf.size - index_nbytes:] if self.index_at_end else buf[:index_nbytes]
-        index = self.decode_index(raw_index, per_shard)
-        out = np.empty(shape, dtype=dtype)
-        for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
-            found = self.entry(index, pos)
-            region = grid.chunk_slices(pos, shape, self.inner_chunks)
-            if found is None:
-                out[region] = fill
-                continue
-            offset, nbytes = found
-            if offset + nbytes > buf.size:
-                raise CorruptChunk(f"inner chunk {pos} at {offset}+{nbytes} lies outside the shard")
-            out[region] = self.inner.decode(buf[offset:offset + nbytes], self.inner_chunks, dtype, fill)
-        return out
-
-    def encode(self, arr: np.ndarray, fill: np.ndarray,
-               keep: dict[tuple[int, ...], bytes | None] | None = None) -> bytes:
-        """The shard: its inner chunks that are not all fill, back to back in C order over
-        the inner grid, and the index; b"" when every inner chunk is fill.
-
-        `keep` gives inner chunks already encoded (None: absent), stored as they are.
-        """
-        shape = arr.shape
-        per_shard = self.per_shard(shape)
-        index = np.full(per_shard + (2,), ABSENT, dtype="<u8")
-        index_nbytes = self.index_nbytes(per_shard)
-        offset = 0 if self.index_at_end else index_nbytes
-        parts = []
-        for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
-            if keep is not None and pos in keep:
-                data = keep[pos]
-                if data is not None:
-                    index[pos] = (offset, len(data))
-                    offset += len(data)
-                    parts.append(data)
-                continue
-            inner = arr[(*grid.chunk_slices(pos, shape, self.inner_chunks), ...)]
-            if is_fill(inner, fill):
-                continue
-            data = self.inner.encode(inner, fill)
-            if not data:  # a nested shard of fill
-                continue
-            index[pos] = (offset, len(data))
-            offset += len(data)
-            parts.append(data)
-        if not parts:
-            return b""
-        raw_index = self.index.encode(index, np.zeros((), "<u8"))
-        if len(raw_index) != index_nbytes:
-            raise Unsupported(f"shard index encoded to {len(raw_index)} bytes, expected {index_nbytes}")
-        return b"".join([*parts, raw_index] if self.index_at_end else [raw_index, *parts])
-
-    def encode_changed(self, arr: np.ndarray, fill: np.ndarray, old: Any,
-                       changed: set[tuple[int, ...]]) -> bytes:
-        """The shard, encoding only the inner chunks in `changed`: the others are copied
-        from `old`, the stored shard `arr` was read from. An `old` that cannot be parsed
-        is not trusted: then every inner chunk is encoded."""
-        per_shard = self.per_shard(arr.shape)
-        buf = _u1(old)
-        index_nbytes = self.index_nbytes(per_shard)
-        keep: dict[tuple[int, ...], bytes | None] = {}
-        try:
-            if buf.size < index_nbytes:
-                raise CorruptChunk("shorter than its index")
-            raw_index = buf[buf.size - index_nbytes:] if self.index_at_end else buf[:index_nbytes]
-            index = self.decode_index(raw_index, per_shard)
-            for pos in grid.all_chunks(per_shard, (1,) * len(per_shard)):
-                if pos in changed:
-                    continue
-                found = self.entry(index, pos)
-                if found is not None and found[0] + found[1] > buf.size:
-                    raise CorruptChunk(f"inner chunk {pos} lies outside the shard")
-                keep[pos] = None if found is None else buf[found[0]:found[0] + found[1]].tobytes()
-        except Exception:  # numcodecs raises many types for a corrupt index
-            keep = {}
-        return self.encode(arr, fill, keep)
-
-    def describe(self) -> dict:
-        return {"name": "sharding_indexed", "configuration": {
-            "chunk_shape": list(self.inner_chunks), "codecs": self.inner.describe(),
-            "index_codecs": self.index.describe(),
-            "index_location": "end" if self.index_at_end else "start"}}
-
-
 # ---------------------------------------------------------------------------------------
 # Building chains from metadata
-
-_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-
 
 def numcodecs_codec(config: dict, where: str) -> Any:
     """A numcodecs codec from its v1/v2-style config (`{"id": ..., ...}`)."""
@@ -585,96 +442,46 @@ def numcodecs_codec(config: dict, where: str) -> Any:
         raise UnknownCodec(f"unknown or invalid codec {config!r} in {where}: {e}") from None
 
 
-def _v3_numcodecs(name: str, config: dict, where: str) -> Any:
-    if name == "blosc":
-        shuffle = config.get("shuffle", "noshuffle")
-        conf = {"id": "blosc", "cname": config.get("cname", "lz4"), "clevel": config.get("clevel", 5),
-                "shuffle": _BLOSC_SHUFFLE.get(shuffle, shuffle), "blocksize": config.get("blocksize", 0),
-                "typesize": config.get("typesize")}  # the element size to shuffle by when encoding
-        return numcodecs_codec(conf, where)
-    if name == "gzip":
-        return numcodecs_codec({"id": "gzip", "level": config.get("level", 5)}, where)
-    if name == "zstd":
-        return numcodecs_codec({"id": "zstd", "level": config.get("level", 0),
-                                "checksum": config.get("checksum", False)}, where)
-    if name == "crc32c":
-        return numcodecs_codec({"id": "crc32c"}, where)
-    if name.startswith("numcodecs."):
-        return numcodecs_codec({"id": name[len("numcodecs."):], **config}, where)
-    raise UnknownCodec(f"unknown codec {name!r} in {where}")
+# blosc's `shuffle` by name (v3 and the drafts' JSON) and by numcodecs number.
+BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+BLOSC_SHUFFLE_NAMES = {n: name for name, n in BLOSC_SHUFFLE.items()}
 
 
-def v3_chain(codecs: Any, ndim: int, where: str) -> CodecChain:
-    """A chain from a final-v3 `codecs` list (names, or draft-style `codec` URIs)."""
-    if not isinstance(codecs, list) or not codecs:
-        raise MetadataError(f"`codecs` must be a non-empty list in {where}")
-    array_array: list = []
-    array_bytes = None
-    bytes_bytes: list = []
-    for item in codecs:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise MetadataError(f"bad codec entry {item!r} in {where}")
-        name, config = item["name"], item.get("configuration") or {}
-        if name == "transpose":
-            order = config.get("order")
-            if order == "C":
-                order = list(range(ndim))
-            elif order == "F":
-                order = list(range(ndim))[::-1]
-            if not isinstance(order, list) or sorted(order) != list(range(ndim)):
-                raise MetadataError(f"bad transpose order {order!r} in {where}")
-            stage = Transpose(tuple(order))
-        elif name in ("bytes", "endian"):
-            stage = BytesLayout(config.get("endian", "little"), "C")
-        elif name == "sharding_indexed":
-            try:
-                inner = tuple(int(c) for c in config["chunk_shape"])
-            except (KeyError, TypeError, ValueError):
-                raise MetadataError(f"sharding_indexed without a valid chunk_shape in {where}") from None
-            location = config.get("index_location", "end")
-            if location not in ("start", "end"):
-                raise MetadataError(f"bad index_location {location!r} in {where}")
-            index_codecs = config.get("index_codecs") or [{"name": "bytes", "configuration": {"endian": "little"}},
-                                                          {"name": "crc32c"}]
-            stage = ShardingIndexed(inner, v3_chain(config.get("codecs"), ndim, where),
-                                    v3_chain(index_codecs, ndim + 1, where), location == "end")
-        else:
-            codec = _v3_numcodecs(name, config, where)
-            short = name[len("numcodecs."):] if name.startswith("numcodecs.") else ""
-            if short in ARRAY_ARRAY_IDS:
-                stage = NumcodecsArray(codec, name)
-            elif short in ARRAY_BYTES_IDS:
-                stage = NumcodecsArrayBytes(codec, name)
-            else:
-                stage = BytesBytes(codec, name)
-        if isinstance(stage, (Transpose, NumcodecsArray)):
-            if array_bytes is not None:
-                raise MetadataError(f"array->array codec {name!r} after the array->bytes codec in {where}")
-            array_array.append(stage)
-        elif isinstance(stage, BytesBytes):
-            if array_bytes is None:
-                raise MetadataError(f"bytes->bytes codec {name!r} before the array->bytes codec in {where}")
-            bytes_bytes.append(stage)
-        else:
-            if array_bytes is not None:
-                raise MetadataError(f"two array->bytes codecs in {where}")
-            array_bytes = stage
-    if array_bytes is None:
-        raise MetadataError(f"no array->bytes codec (such as `bytes`) in {where}")
-    return CodecChain(tuple(array_array), array_bytes, tuple(bytes_bytes))
+def blosc_shuffle(value: Any) -> Any:
+    """numcodecs' shuffle number of a JSON `shuffle` (a name, or already a number)."""
+    return BLOSC_SHUFFLE.get(value, value) if isinstance(value, str) else value
 
 
-def v2_chain(compressor: Any, filters: Any, order: str, where: str) -> CodecChain:
-    """A chain for v1/v2: filters, then the compressor, over the raw element bytes in `order`."""
-    steps = []
-    for f in filters or []:
-        if not isinstance(f, dict) or "id" not in f:
-            raise MetadataError(f"bad filter {f!r} in {where}")
-        steps.append(BytesBytes(numcodecs_codec(f, where), f["id"]))
-    if compressor is not None:
-        if not isinstance(compressor, dict) or "id" not in compressor:
-            raise MetadataError(f"bad compressor {compressor!r} in {where}")
-        steps.append(BytesBytes(numcodecs_codec(compressor, where), compressor["id"]))
-    if order not in ("C", "F"):
-        raise MetadataError(f"bad order {order!r} in {where}")
-    return CodecChain((), BytesLayout(None, order), tuple(steps))
+def transpose_order(order: Any, ndim: int, where: str) -> tuple[int, ...]:
+    """A permutation of `ndim` axes from `C`, `F` or a list (v3 `transpose`, the drafts' layouts)."""
+    if order == "C":
+        return tuple(range(ndim))
+    if order == "F":
+        return tuple(range(ndim))[::-1]
+    if not isinstance(order, list) or sorted(order) != list(range(ndim)):
+        raise MetadataError(f"bad transpose order {order!r} in {where}")
+    return tuple(order)
+
+
+# Default compression levels when `codec=NAME` gives none.
+DEFAULT_LEVELS = {"blosc": 5, "zstd": 0, "gzip": 5, "zlib": 5, "bz2": 5, "lzma": 6, "lz4": 1}
+
+
+def compressor_config(codec: str | None, default: str, itemsize: int) -> dict | None:
+    """The numcodecs config of a `codec=NAME[:LEVEL]` option (or of the format's default)."""
+    name, _, level_text = (codec or default).partition(":")
+    name = name.lower()
+    if name == "none":
+        return None
+    if name not in DEFAULT_LEVELS:
+        raise UserError(f"codec={codec}: expected one of none, {', '.join(DEFAULT_LEVELS)}")
+    level = int(level_text) if level_text else DEFAULT_LEVELS[name]
+    return {
+        "blosc": {"id": "blosc", "cname": "lz4", "clevel": level, "shuffle": 1, "blocksize": 0},
+        "zstd": {"id": "zstd", "level": level},
+        "gzip": {"id": "gzip", "level": level},
+        "zlib": {"id": "zlib", "level": level},
+        "bz2": {"id": "bz2", "level": max(1, level)},
+        "lzma": {"id": "lzma", "preset": level},
+        "lz4": {"id": "lz4", "acceleration": level},
+    }[name]

@@ -25,7 +25,7 @@ from . import __version__, formats
 from .cache import ChunkCache
 from .engine import Engine
 from .errors import UserError, ZarrfsError
-from .formats.base import compressor_config
+from .codecs import compressor_config
 from .fuse_ops import ZarrOperations, invalidate_name
 from .namespace import Namespace
 from .model import BrokenNode

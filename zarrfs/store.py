@@ -21,7 +21,7 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from .errors import StoreError, UserError, ZarrfsError
-from .model import check_key, join
+from .keys import check_key, join
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import Exists, InvalidArgument, IsADir, NotADir, NotEmpty, NotFound, NotPermitted
 from .incoming import NPY_SUFFIX, HeldFile, Incoming, IncomingWrites, is_held_name
-from .model import ArrayMeta, BrokenNode, Node, join
+from .keys import join
+from .model import ArrayMeta, BrokenNode, Node
 from . import grid
 
 if TYPE_CHECKING:

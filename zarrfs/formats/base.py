@@ -10,8 +10,9 @@ import math
 import secrets
 from typing import Any, ClassVar, Iterable
 
-from ..errors import InvalidArgument, MetadataError, NameTooLong, NotFound, Unsupported, UserError, ZarrfsError
-from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node, check_key, join
+from ..errors import InvalidArgument, MetadataError, NameTooLong, NotFound, Unsupported, ZarrfsError
+from ..keys import check_key, join
+from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node
 from ..store import Store
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,6 @@ class StagedArray:
     docs: dict[str, bytes]
 
 
-# Default compression levels when `codec=NAME` gives none.
-DEFAULT_LEVELS = {"blosc": 5, "zstd": 0, "gzip": 5, "zlib": 5, "bz2": 5, "lzma": 6, "lz4": 1}
-
-
 def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     """A chunk shape for a new array: halve dimensions in turn until the chunk is small enough."""
     if not shape:
@@ -70,26 +67,6 @@ def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
         chunks[d] = -(-chunks[d] // 2)
         i += 1
     return tuple(chunks)
-
-
-def compressor_config(codec: str | None, default: str, itemsize: int) -> dict | None:
-    """The numcodecs config of a `codec=NAME[:LEVEL]` option (or of the format's default)."""
-    name, _, level_text = (codec or default).partition(":")
-    name = name.lower()
-    if name == "none":
-        return None
-    if name not in DEFAULT_LEVELS:
-        raise UserError(f"codec={codec}: expected one of none, {', '.join(DEFAULT_LEVELS)}")
-    level = int(level_text) if level_text else DEFAULT_LEVELS[name]
-    return {
-        "blosc": {"id": "blosc", "cname": "lz4", "clevel": level, "shuffle": 1, "blocksize": 0},
-        "zstd": {"id": "zstd", "level": level},
-        "gzip": {"id": "gzip", "level": level},
-        "zlib": {"id": "zlib", "level": level},
-        "bz2": {"id": "bz2", "level": max(1, level)},
-        "lzma": {"id": "lzma", "preset": level},
-        "lz4": {"id": "lz4", "acceleration": level},
-    }[name]
 
 
 def parse_json(key: str, raw: bytes | None) -> Any:
@@ -349,7 +326,9 @@ class NodeDocsHierarchy(Hierarchy):
 
     def __init__(self, store: Store, consolidated: dict[str, dict[str, Any]] | None = None) -> None:
         super().__init__(store)
-        # path -> {doc name -> parsed JSON}; None when the store has no consolidated metadata
+        # path -> {doc name -> parsed JSON}; None when the store has no consolidated metadata.
+        # A snapshot, never changed in place: worker threads read it while another computes
+        # the next one and publishes it with one assignment (readers keep a consistent view).
         self.consolidated = consolidated
 
     @abc.abstractmethod
@@ -400,11 +379,12 @@ class NodeDocsHierarchy(Hierarchy):
             return broken(path, "group", path or "/", e)
 
     def _node_sync(self, path: str) -> Node | None:
-        if self.consolidated is not None:
-            docs = self.consolidated.get(path)
+        consolidated = self.consolidated  # one snapshot for the whole lookup
+        if consolidated is not None:
+            docs = consolidated.get(path)
             if docs is not None:
                 return self._parse(path, docs)
-            if path == "" or any(p.startswith(path + "/") for p in self.consolidated):
+            if path == "" or any(p.startswith(path + "/") for p in consolidated):
                 return GroupMeta(path, {}, self.name)
             return None
         docs = self._docs_sync(path)
@@ -416,10 +396,11 @@ class NodeDocsHierarchy(Hierarchy):
         return node
 
     def children_sync(self, path: str) -> list[Node]:
-        if self.consolidated is not None:
+        consolidated = self.consolidated  # one snapshot for the whole listing
+        if consolidated is not None:
             names = set()
             prefix = path + "/" if path else ""
-            for p in self.consolidated:
+            for p in consolidated:
                 if p and p.startswith(prefix):
                     names.add(p[len(prefix):].split("/", 1)[0])
             nodes = (self.node_sync(join(path, n)) for n in sorted(names))
@@ -462,7 +443,7 @@ class NodeDocsHierarchy(Hierarchy):
         if self.consolidated is not None:
             entry = {n: None for n in self.doc_names}
             entry.update({key[len(path) + 1:]: json.loads(value) for key, value in staged.docs.items()})
-            self.consolidated[path] = entry
+            self.consolidated = {**self.consolidated, path: entry}
             self.write_consolidated_sync()
 
     def write_docs_sync(self, path: str, docs: dict[str, Any]) -> None:
@@ -473,27 +454,28 @@ class NodeDocsHierarchy(Hierarchy):
                 self.store.erase_sync(key)
             else:
                 self.store.set_sync(key, (json.dumps(doc, indent=2) + "\n").encode())
-        if self.consolidated is not None:
-            entry = self.consolidated.setdefault(path, {n: None for n in self.doc_names})
-            entry.update(docs)
+        snapshot = self.consolidated
+        if snapshot is not None:
+            entry = {**snapshot.get(path, dict.fromkeys(self.doc_names)), **docs}
+            self.consolidated = {**snapshot, path: entry}
             self.write_consolidated_sync()
 
     def after_change_sync(self) -> None:
         if self.consolidated is None:
             return
-        # Re-read what is left: the documents of every node still in the consolidated set.
-        for path in list(self.consolidated):
+        # Re-read what is left (the documents of every node still in the consolidated set)
+        # into a new snapshot, published at once.
+        fresh: dict[str, dict[str, Any]] = {}
+        for path in self.consolidated:
             raw = self.store.get_many_sync([join(path, n) for n in self.doc_names])
             docs = {n: parse_json(join(path, n), raw[join(path, n)]) for n in self.doc_names}
-            if all(d is None for d in docs.values()) and path:
-                del self.consolidated[path]
-            else:
-                self.consolidated[path] = docs
+            if path == "" or any(d is not None for d in docs.values()):
+                fresh[path] = docs
         for key in self.store.sizes_below_sync(""):
             path, _, name = key.rpartition("/")
-            if name in self.doc_names and path not in self.consolidated:
-                self.consolidated[path] = {
-                    n: parse_json(join(path, n), self.store.get_sync(join(path, n))) for n in self.doc_names}
+            if name in self.doc_names and path not in fresh:
+                fresh[path] = {n: parse_json(join(path, n), self.store.get_sync(join(path, n))) for n in self.doc_names}
+        self.consolidated = fresh
         self.write_consolidated_sync()
 
     def write_consolidated_sync(self) -> None:

@@ -7,15 +7,16 @@ import json
 import logging
 from typing import Any
 
-import numpy as np
 
 from .. import dtypes
-from ..codecs import UnusableChain, v2_chain
+from ..codecs import UnusableChain, compressor_config
 from ..errors import MetadataError, UnknownCodec, Unsupported
-from ..model import ArrayMeta, ChunkKeys, NewArray, Node, ints
+from ..keys import ChunkKeys
+from ..model import ArrayMeta, NewArray, Node, ints
 from ..options import Options
 from ..store import Store
-from .base import Hierarchy, broken, compressor_config, guess_chunks, json_object
+from .base import Hierarchy, broken, guess_chunks, json_object
+from .v2 import v2_chain
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +92,10 @@ class V1Hierarchy(Hierarchy):
             raise Unsupported("a v1 store holds one array: only the root array can be replaced")
         config = compressor_config(new.codec, "blosc", new.dtype.itemsize)
         compression, opts = ("none", None) if config is None else _v1_compression(config)
-        fill = new.fill_value if new.fill_value is not None else np.zeros((), new.dtype)
         doc = {"zarr_format": 1, "shape": list(new.shape),
                "chunks": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize)),
                "dtype": dtypes.v2_dtype_json(new.dtype), "compression": compression,
-               "compression_opts": opts, "fill_value": dtypes.fill_to_json(fill, new.dtype, bytes_as_text=True),
+               "compression_opts": opts, "fill_value": dtypes.fill_to_json(new.fill, new.dtype, bytes_as_text=True),
                "order": "C"}
         meta = parse_array(doc, {}, self.v1_order)
         return {ATTRS_KEY: b"{}", META_KEY: json.dumps(doc, indent=4, sort_keys=True).encode()}, meta

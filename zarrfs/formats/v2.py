@@ -7,15 +7,15 @@ import json
 import logging
 from typing import Any
 
-import numpy as np
 
 from .. import dtypes, vlen
-from ..codecs import UnusableChain, v2_chain, v2_description
+from ..codecs import BytesBytes, BytesLayout, CodecChain, UnusableChain, compressor_config, numcodecs_codec
 from ..errors import MetadataError, UnknownCodec, Unsupported
-from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
+from ..keys import ChunkKeys, join
+from ..model import ArrayMeta, GroupMeta, NewArray, Node, ints
 from ..options import Options
 from ..store import Store
-from .base import NodeDocsHierarchy, compressor_config, consolidated_path, guess_chunks, json_object
+from .base import NodeDocsHierarchy, consolidated_path, guess_chunks, json_object
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,12 @@ class V2Hierarchy(NodeDocsHierarchy):
         return super().name_problem(name)
 
     def array_docs(self, path: str, new: NewArray) -> tuple[dict[str, bytes], ArrayMeta]:
-        fill = new.fill_value if new.fill_value is not None else np.zeros((), new.dtype)
         doc = {
             "zarr_format": 2, "shape": list(new.shape),
             "chunks": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize)),
             "dtype": dtypes.v2_dtype_json(new.dtype),
             "compressor": compressor_config(new.codec, "blosc", new.dtype.itemsize),
-            "fill_value": dtypes.fill_to_json(fill, new.dtype), "order": "C", "filters": None,
+            "fill_value": dtypes.fill_to_json(new.fill, new.dtype), "order": "C", "filters": None,
             "dimension_separator": ".",
         }
         meta = parse_array(path, doc, {})
@@ -157,3 +156,25 @@ def _vlen_array(path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tu
                             doc.get("fill_value"), keys=ChunkKeys(path, _separator(doc, key), "", "0"),
                             attributes=attrs, format="v2", metadata_key=key)
 
+
+def v2_description(compressor: Any, filters: Any, order: str) -> list[dict]:
+    """The codecs of v1/v2 metadata as CodecChain.describe shows them, straight from the document."""
+    steps = [*(filters if isinstance(filters, list) else []), *([compressor] if compressor is not None else [])]
+    return [{"name": "bytes", "configuration": {"order": order}},
+            *({"name": s.get("id") if isinstance(s, dict) else None, "configuration": s} for s in steps)]
+
+
+def v2_chain(compressor: Any, filters: Any, order: str, where: str) -> CodecChain:
+    """A chain for v1/v2: filters, then the compressor, over the raw element bytes in `order`."""
+    steps = []
+    for f in filters or []:
+        if not isinstance(f, dict) or "id" not in f:
+            raise MetadataError(f"bad filter {f!r} in {where}")
+        steps.append(BytesBytes(numcodecs_codec(f, where), f["id"]))
+    if compressor is not None:
+        if not isinstance(compressor, dict) or "id" not in compressor:
+            raise MetadataError(f"bad compressor {compressor!r} in {where}")
+        steps.append(BytesBytes(numcodecs_codec(compressor, where), compressor["id"]))
+    if order not in ("C", "F"):
+        raise MetadataError(f"bad order {order!r} in {where}")
+    return CodecChain((), BytesLayout(None, order), tuple(steps))

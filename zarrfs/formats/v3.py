@@ -7,16 +7,17 @@ import json
 import logging
 from typing import Any
 
-import numpy as np
 
 from .. import dtypes, vlen
-from ..codecs import BytesLayout, UnusableChain, v3_chain
+from ..codecs import (BLOSC_SHUFFLE_NAMES, BytesBytes, BytesLayout, CodecChain, NumcodecsArray, NumcodecsArrayBytes,
+                      Transpose, UnusableChain, blosc_shuffle, compressor_config, numcodecs_codec, transpose_order)
+from ..sharding import ShardingIndexed
 from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
-from ..model import ArrayMeta, ChunkKeys, GroupMeta, NewArray, Node, ints, join
+from ..keys import ChunkKeys, join
+from ..model import ArrayMeta, GroupMeta, NewArray, Node, ints
 from ..options import Options
 from ..store import Store
-from .base import (NodeDocsHierarchy, compressor_config, consolidated_path, guess_chunks, json_object,
-                   root_zarr_json_sync)
+from .base import NodeDocsHierarchy, consolidated_path, guess_chunks, json_object, root_zarr_json_sync
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,6 @@ class V3Hierarchy(NodeDocsHierarchy):
 
     def array_docs(self, path: str, new: NewArray) -> tuple[dict[str, bytes], ArrayMeta]:
         data_type, endian = dtypes.v3_dtype_json(new.dtype)
-        fill = new.fill_value if new.fill_value is not None else np.zeros((), new.dtype)
         codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": endian}}]
         compressor = compressor_config(new.codec, "zstd", new.dtype.itemsize)
         if compressor is not None:
@@ -88,7 +88,7 @@ class V3Hierarchy(NodeDocsHierarchy):
             "chunk_grid": {"name": "regular", "configuration": {
                 "chunk_shape": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize))}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": dtypes.fill_to_json(fill, new.dtype), "codecs": codecs, "attributes": {},
+            "fill_value": dtypes.fill_to_json(new.fill, new.dtype), "codecs": codecs, "attributes": {},
         }
         meta = parse_array(path, doc, {})
         return self.dump_docs(path, {"zarr.json": doc}), meta
@@ -133,7 +133,7 @@ def v3_codec_json(config: dict[str, Any], itemsize: int) -> dict[str, Any]:
     """The v3 `codecs` entry of a numcodecs compressor config."""
     conf = {k: v for k, v in config.items() if k != "id"}
     if config["id"] == "blosc":
-        shuffle = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}[conf.get("shuffle", 1)]
+        shuffle = BLOSC_SHUFFLE_NAMES[conf.get("shuffle", 1)]
         return {"name": "blosc", "configuration": {**conf, "shuffle": shuffle, "typesize": itemsize}}
     if config["id"] == "zstd":
         return {"name": "zstd", "configuration": {"level": conf.get("level", 0), "checksum": False}}
@@ -227,3 +227,92 @@ def _vlen_array(path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tu
                             doc["fill_value"], keys=chunk_keys(path, doc.get("chunk_key_encoding"), key),
                             attributes=attrs, format="v3", metadata_key=key,
                             dimension_names=tuple(names) if isinstance(names, list) else None)
+
+
+# ---------------------------------------------------------------------------------------
+# Codecs: the `codecs` list of an array document
+
+# numcodecs ids by the role zarr-python 3 gives them under `numcodecs.<id>` in v3 metadata.
+ARRAY_ARRAY_IDS = {"delta", "bitround", "fixedscaleoffset", "quantize", "packbits", "astype"}
+ARRAY_BYTES_IDS = {"pcodec", "zfpy"}
+# The index codecs of `sharding_indexed` when the document names none.
+DEFAULT_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+
+
+def _numcodecs(name: str, config: dict, where: str) -> Any:
+    """The numcodecs codec of a v3 codec entry that is not one of the core array codecs."""
+    if name == "blosc":
+        conf = {"id": "blosc", "cname": config.get("cname", "lz4"), "clevel": config.get("clevel", 5),
+                "shuffle": blosc_shuffle(config.get("shuffle", "noshuffle")),
+                "blocksize": config.get("blocksize", 0),
+                "typesize": config.get("typesize")}  # the element size to shuffle by when encoding
+        return numcodecs_codec(conf, where)
+    if name == "gzip":
+        return numcodecs_codec({"id": "gzip", "level": config.get("level", 5)}, where)
+    if name == "zstd":
+        return numcodecs_codec({"id": "zstd", "level": config.get("level", 0),
+                                "checksum": config.get("checksum", False)}, where)
+    if name == "crc32c":
+        return numcodecs_codec({"id": "crc32c"}, where)
+    if name.startswith("numcodecs."):
+        return numcodecs_codec({"id": name[len("numcodecs."):], **config}, where)
+    raise UnknownCodec(f"unknown codec {name!r} in {where}")
+
+
+def _sharding(config: dict, ndim: int, where: str) -> ShardingIndexed:
+    try:
+        inner = tuple(int(c) for c in config["chunk_shape"])
+    except (KeyError, TypeError, ValueError):
+        raise MetadataError(f"sharding_indexed without a valid chunk_shape in {where}") from None
+    location = config.get("index_location", "end")
+    if location not in ("start", "end"):
+        raise MetadataError(f"bad index_location {location!r} in {where}")
+    index_codecs = config.get("index_codecs") or DEFAULT_INDEX_CODECS
+    return ShardingIndexed(inner, v3_chain(config.get("codecs"), ndim, where),
+                           v3_chain(index_codecs, ndim + 1, where), location == "end")
+
+
+def _stage(name: str, config: dict, ndim: int, where: str) -> Any:
+    """One codec of the chain, in its role."""
+    if name == "transpose":
+        return Transpose(transpose_order(config.get("order"), ndim, where))
+    if name in ("bytes", "endian"):
+        return BytesLayout(config.get("endian", "little"), "C")
+    if name == "sharding_indexed":
+        return _sharding(config, ndim, where)
+    codec = _numcodecs(name, config, where)
+    short = name[len("numcodecs."):] if name.startswith("numcodecs.") else ""
+    if short in ARRAY_ARRAY_IDS:
+        return NumcodecsArray(codec, name)
+    if short in ARRAY_BYTES_IDS:
+        return NumcodecsArrayBytes(codec, name)
+    return BytesBytes(codec, name)
+
+
+def v3_chain(codecs: Any, ndim: int, where: str) -> CodecChain:
+    """A chain from a final-v3 `codecs` list, each codec checked to stand in its role's place."""
+    if not isinstance(codecs, list) or not codecs:
+        raise MetadataError(f"`codecs` must be a non-empty list in {where}")
+    array_array: list = []
+    array_bytes = None
+    bytes_bytes: list = []
+    for item in codecs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise MetadataError(f"bad codec entry {item!r} in {where}")
+        name = item["name"]
+        stage = _stage(name, item.get("configuration") or {}, ndim, where)
+        if isinstance(stage, (Transpose, NumcodecsArray)):
+            if array_bytes is not None:
+                raise MetadataError(f"array->array codec {name!r} after the array->bytes codec in {where}")
+            array_array.append(stage)
+        elif isinstance(stage, BytesBytes):
+            if array_bytes is None:
+                raise MetadataError(f"bytes->bytes codec {name!r} before the array->bytes codec in {where}")
+            bytes_bytes.append(stage)
+        else:
+            if array_bytes is not None:
+                raise MetadataError(f"two array->bytes codecs in {where}")
+            array_bytes = stage
+    if array_bytes is None:
+        raise MetadataError(f"no array->bytes codec (such as `bytes`) in {where}")
+    return CodecChain(tuple(array_array), array_bytes, tuple(bytes_bytes))

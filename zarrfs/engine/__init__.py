@@ -1,0 +1,182 @@
+"""The engine: the tables every chunk operation shares, limiters, worker threads, counters; reads.
+
+Engine is the one place where trio meets the core. Its behaviour is split by
+responsibility into mixins of this package: loads.py (cache lookups, single-flight loads,
+shard indexes, partial shard reads), readahead.py (prefetch for sequential readers),
+writeback.py (dirty chunks and their way to the store). The tables are created here, and
+the rules of who touches them are written down in one place: docs/CONCURRENCY.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+import trio
+
+from ..errors import ZarrfsError
+from ..model import ArrayMeta
+from ..store import Store
+from ..layouts import ArrayStream
+from .loads import Loads, _Load
+from .readahead import PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
+from .writeback import DIRTY_MAX_BYTES, WriteBack
+
+log = logging.getLogger(__name__)
+
+Index = tuple[int, ...]
+
+# Concurrent store reads: enough to hide the latency of a remote store; local reads
+# gain nothing past a handful. Decoding is CPU-bound: one thread per core.
+IO_THREADS_REMOTE = 16
+IO_THREADS_LOCAL = 4
+DECODE_THREADS = max(1, os.cpu_count() or 1)
+COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
+            "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads")
+
+__all__ = ["Engine", "ReadAhead"]
+
+
+class Engine(Loads, Prefetch, WriteBack):
+    """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
+
+    def __init__(self, store: Store, cache: Any) -> None:
+        self.store = store
+        self.cache = cache
+        self.io_limiter = trio.CapacityLimiter(IO_THREADS_LOCAL if store.is_local else IO_THREADS_REMOTE)
+        self.cpu_limiter = trio.CapacityLimiter(DECODE_THREADS)
+        self._inflight: dict[tuple[str, Index], _Load] = {}
+        self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.decode_seconds = 0.0
+        self.started = time.time()
+        self._nursery: trio.Nursery | None = None
+        self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
+        self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
+        # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
+        self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
+            collections.OrderedDict())
+        self.dirty_bytes = 0
+        self.dirty_max_bytes = DIRTY_MAX_BYTES
+        self.storing_bytes = 0  # chunks taken from the dirty set and being encoded or stored
+        self._flushing = False  # a background flush is running
+        # Flushes of one chunk (of one shard, where writing a chunk rewrites its shard) take turns.
+        self._chunk_locks: dict[tuple, trio.Lock] = {}
+        self._storing: dict[tuple[str, Index], np.ndarray] = {}
+        # Dirty shards patched from what the store holds: the inner chunks written since
+        # (None: every inner chunk is encoded again at flush).
+        self._changed: dict[tuple[str, Index], set[Index] | None] = {}
+        # Changes of each written chunk, so a writer notices one made while it waited, and
+        # of each shard rewritten chunk by chunk, so a reader notices a rewrite it overlapped.
+        self._versions: dict[tuple, int] = {}
+        # A failed background flush is reported at the array's next fsync/close.
+        self._write_errors: dict[str, ZarrfsError] = {}
+        # Chunks larger than the cache are loaded one at a time (each costs its encoded
+        # bytes and its decoded array while it loads), and said once per array.
+        self._oversize_lock = trio.Lock()
+        self._oversize_told: set[str] = set()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Host background work (prefetch) until cancelled; without it there is no prefetch."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def run_io(self, fn: Any, *args: Any) -> Any:
+        """Run a blocking store call in a worker thread under the I/O limiter."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
+
+    async def run_io_shielded(self, fn: Any, *args: Any) -> Any:
+        """run_io that finishes even when the caller is cancelled (clean-up after a failure)."""
+        with trio.CancelScope(shield=True):
+            return await self.run_io(fn, *args)
+
+    @staticmethod
+    def new_lock() -> Any:
+        """A lock for the core's own objects (held files): taken with `async with`."""
+        return trio.Lock()
+
+    async def once(self, key: Any, fn: Any) -> Any:
+        """`await fn()`, shared: a call with the same key while one is in flight waits for it
+        and gets its result or error (a directory listing is loaded once for every reader)."""
+        while True:
+            flight = self._flights.get(key)
+            if flight is None:
+                break
+            await flight.done.wait()
+            if isinstance(flight.error, Exception):
+                raise flight.error
+            if flight.error is None:
+                return flight.value
+            # the first caller was cancelled: try again
+        flight = self._flights[key] = _Load()
+        try:
+            flight.value = await fn()
+            return flight.value
+        except BaseException as e:
+            flight.error = e
+            raise
+        finally:
+            del self._flights[key]
+            flight.done.set()
+
+    def _count_error(self, error: ZarrfsError, key: str) -> None:
+        self.errors[type(error).__name__] += 1
+        text = str(error)
+        log.warning("%s", text if key in text else f"{key}: {text}")
+
+    async def read(self, stream: ArrayStream, offset: int, size: int,
+                   readahead: ReadAhead | None = None) -> bytes | memoryview:
+        """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently;
+        with `readahead` (the reader's own state), a sequential reader's next window is loaded.
+
+        Arrays of shards that can be read in part are planned over their inner chunks,
+        unless every shard the read needs is already decoded whole (then over the shards:
+        fewer, larger copies).
+        """
+        plan = stream.plan(offset, size)
+        fine = stream.for_reads()
+        if (fine is not stream and not self.store.ranges_ignored
+                and not all(self._known(stream.meta, idx) for idx in plan.chunks)):
+            plan, reader = fine.plan(offset, size), fine
+        else:
+            reader = stream
+        chunks = await self.chunks(reader.meta, plan.chunks)
+        self.counters["reads"] += 1
+        if readahead is not None:
+            self._read_ahead(stream, offset, size, readahead)
+        return reader.assemble(plan, chunks)
+
+    async def read_key(self, key: str, offset: int, size: int, key_size: int) -> bytes:
+        """Bytes of a store key as it is stored (the `store/` view)."""
+        end = min(offset + size, key_size)
+        if offset >= end:
+            return b""
+        try:
+            data = await self.run_io(self.store.get_range_sync, key, offset, end)
+        except ZarrfsError as e:
+            self._count_error(e, key)
+            raise
+        self.counters["store_gets"] += 1
+        self.counters["store_bytes"] += len(data)
+        return data
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since mount (for stats.json and the log)."""
+        return {
+            "uptime_s": round(time.time() - self.started, 3),
+            **dict(self.counters),
+            "cache_hits": self.cache.hits, "cache_misses": self.cache.misses,
+            "cache_evictions": self.cache.evictions, "cache_bytes": self.cache.used_bytes,
+            "cache_max_bytes": self.cache.max_bytes,
+            "oversize_chunks": self.cache.oversize_held, "oversize_bytes": self.cache.oversize_bytes,
+            "oversize_slots": self.cache.oversize_slots, "oversize_evictions": self.cache.oversize_evictions,
+            "decode_seconds": round(self.decode_seconds, 6),
+            "errors": dict(self.errors),
+        }
+

@@ -1,0 +1,407 @@
+"""Chunk loads: cache lookups, single-flight loads, shard indexes and partial shard reads, decoding in threads.
+
+The Loads mixin of Engine (the package's __init__ owns the tables; docs/CONCURRENCY.md says who touches
+which). A chunk source says what it can read in part (chunksource.py); nothing here tests
+its type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import trio
+
+from .. import chunksource
+from ..errors import CorruptChunk, StoreError, ZarrfsError
+from ..model import ArrayMeta
+from .readahead import PREFETCH_CACHE_SHARE
+
+log = logging.getLogger(__name__)
+
+Index = tuple[int, ...]
+
+# Inner chunks of one shard that a read needs are fetched as ranges of the shard, merged
+# when the bytes between them cost less than another request would.
+RANGE_GAP_LOCAL = 64 << 10
+RANGE_GAP_REMOTE = 1 << 20
+SHARD_RETRIES = 3  # reads of a shard again after a write overtook them, at most
+BATCH_BYTES = 4 << 20  # decoded bytes of inner chunks loaded together, at most (or one chunk)
+# Cache keys of inner chunks and of shard indexes, and version keys of shards rewritten
+# chunk by chunk, carry a tag after (path, index).
+INNER = "inner"
+INDEX = "index"
+SHARD = "shard"
+NO_SHARD = np.zeros(0, dtype="<u8")  # cached index of a shard that is not stored
+
+def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
+    """Decode one stored chunk; any failure becomes a CorruptChunk naming the key."""
+    try:
+        arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, meta.fill_value)
+    except ZarrfsError as e:
+        raise type(e)(f"chunk {key}: {e}") from None
+    except Exception as e:  # numcodecs raises many types for corrupt input
+        raise CorruptChunk(f"chunk {key}: cannot decode: {type(e).__name__}: {e}") from None
+    if arr.shape != meta.chunk_shape or arr.dtype != meta.dtype:
+        raise CorruptChunk(f"chunk {key}: decoded to {arr.shape} {arr.dtype}, "
+                           f"expected {meta.chunk_shape} {meta.dtype}")
+    return arr
+
+
+def decode_chunks_sync(meta: ArrayMeta, pieces: list[tuple[str, Any]]) -> list[np.ndarray]:
+    """Decode several stored chunks of one array, each labelled by its key for errors."""
+    return [decode_chunk_sync(meta, key, raw) for key, raw in pieces]
+
+
+def _partial(meta: ArrayMeta) -> bool:
+    """Whether the array's chunks are read through their shard's index, in part."""
+    return meta.source is not None and meta.source.partial_reads
+
+
+def _in_shard_chunks(meta: ArrayMeta) -> bool:
+    """Whether the array's chunks are inner chunks of shards that are themselves chunks (v3)."""
+    return meta.source is not None and meta.source.shard_is_chunk
+
+
+def merge_ranges(stored: list[tuple[int, int, Index]], gap: int) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) covering (offset, nbytes, _) pieces in offset order, merged
+    where fewer than `gap` bytes lie between them."""
+    ranges: list[list[int]] = []
+    for offset, nbytes, _ in stored:
+        if ranges and offset - ranges[-1][1] <= gap:
+            ranges[-1][1] = max(ranges[-1][1], offset + nbytes)
+        else:
+            ranges.append([offset, offset + nbytes])
+    return [(a, b) for a, b in ranges]
+
+
+class _Load:
+    """One chunk load in flight, shared by every reader that wants that chunk."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: np.ndarray | None = None
+        self.error: BaseException | None = None
+
+
+class Loads:
+    """Loading chunks into the cache, each once however many readers want it (mixed into Engine)."""
+
+    @staticmethod
+    def _key(meta: ArrayMeta, idx: Index) -> tuple:
+        """Cache key of a decoded chunk; inner chunks of a grid of shards have their own."""
+        return (meta.path, idx, INNER) if _in_shard_chunks(meta) else (meta.path, idx)
+
+    @staticmethod
+    def _write_unit(meta: ArrayMeta, idx: Index) -> tuple[str, Index]:
+        """The written chunk a chunk belongs to: itself, or for an inner chunk of a grid of shards its shard."""
+        return (meta.path, meta.source.shard_of(idx)) if _in_shard_chunks(meta) else (meta.path, idx)
+
+    @staticmethod
+    def _shard_unit(meta: ArrayMeta, shard: Index) -> tuple:
+        """Version (and rewrite lock) key of a shard's stored bytes: the written chunk itself
+        where shards are the grid's chunks, a key of its own where chunks rewrite their shard."""
+        return (meta.path, shard) if meta.source.shard_is_chunk else (meta.path, shard, SHARD)
+
+    def _lookup(self, meta: ArrayMeta, idx: Index, count: bool = True) -> np.ndarray | None:
+        """A chunk without loading it: held by a writer, or cached (for an inner chunk, its shard too)."""
+        unit = self._write_unit(meta, idx)
+        whole = self._held(unit)
+        src = meta.source
+        if _in_shard_chunks(meta):
+            if whole is None and self.cache.contains(unit):
+                whole = self.cache.get(unit, count)
+            if whole is not None:  # the inner chunk's region of its decoded shard
+                return whole[tuple(slice(p * c, (p + 1) * c) for p, c in zip(src.position(idx), meta.chunk_shape))]
+            return self.cache.get(self._key(meta, idx), count)
+        return whole if whole is not None else self.cache.get(unit, count)
+
+    def _held(self, key: tuple[str, Index]) -> np.ndarray | None:
+        """A written chunk the store may not have yet: dirty, or being stored right now."""
+        dirty = self._dirty.get(key)
+        return dirty[1] if dirty is not None else self._storing.get(key)
+
+    async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
+        """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
+        return (await self.chunks(meta, (idx,)))[idx]
+
+    async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index]) -> dict[Index, np.ndarray]:
+        """Several chunks: those held or cached at once; the others loaded concurrently, each
+        once however many readers want it (inner chunks of one shard in one batch)."""
+        out: dict[Index, np.ndarray] = {}
+        waiting: list[tuple[Index, _Load]] = []
+        new: dict[Index, _Load] = {}
+        shards: list[Index] = []
+        for idx in wanted:
+            arr = self._lookup(meta, idx)
+            if arr is not None:
+                out[idx] = arr
+                continue
+            key = self._key(meta, idx)
+            load = self._inflight.get(key)
+            if load is None and key[-1] == INNER and self._write_unit(meta, idx) in self._inflight:
+                shards.append(idx)  # its shard is being loaded whole: take it from there
+                continue
+            if load is None:
+                load = new[idx] = self._inflight[key] = _Load()
+            waiting.append((idx, load))
+        if new:
+            batches = self._batches(meta, list(new))
+            if len(batches) == 1:
+                await self._load_batch(meta, batches[0], new)
+            else:
+                async with trio.open_nursery() as nursery:
+                    for batch in batches:
+                        nursery.start_soon(self._load_batch, meta, batch, new)
+        for idx, load in waiting:
+            await load.done.wait()
+            if load.error is not None:
+                raise load.error
+            out[idx] = load.value
+        for idx in shards:
+            load = self._inflight.get(self._write_unit(meta, idx))
+            if load is not None:
+                await load.done.wait()
+            arr = self._lookup(meta, idx)
+            out[idx] = arr if arr is not None else (await self.chunks(meta, (idx,)))[idx]
+        return out
+
+    @staticmethod
+    def _batches(meta: ArrayMeta, idxs: list[Index]) -> list[list[Index]]:
+        """Loads that go together: each chunk alone; inner chunks of one shard a few at a time."""
+        src = meta.source
+        if not _partial(meta):
+            return [[idx] for idx in idxs]
+        by_shard: dict[Index, list[Index]] = {}
+        for idx in idxs:
+            by_shard.setdefault(src.shard_of(idx), []).append(idx)
+        # Bounded batches, in the shard's own order: a reader waits only for the batch
+        # holding its chunk, and several batches decode in parallel.
+        per_batch = max(1, BATCH_BYTES // (math.prod(meta.chunk_shape) * meta.dtype.itemsize or 1))
+        batches = []
+        for group in by_shard.values():
+            group.sort(key=src.position)
+            batches += [group[i:i + per_batch] for i in range(0, len(group), per_batch)]
+        return batches
+
+    async def _load_batch(self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, _Load]) -> None:
+        """Load a batch and settle its loads (values or the error); cache what is still current.
+
+        Only cancellation propagates: load errors reach every reader through its `_Load`.
+        """
+        versions = self._chunk_versions(meta, batch)
+        values: dict[Index, np.ndarray] = {}
+        error: BaseException | None = None
+        try:
+            async with self._oversize_turn(meta, batch[0]):
+                if _partial(meta):
+                    values, error, versions = await self._load_inner_consistent(meta, batch)
+                else:
+                    values = {batch[0]: await self._load(meta, batch[0])}
+        except ZarrfsError as e:
+            error = e
+        except Exception as e:  # a bug fails this load (EIO), never the daemon
+            log.exception("unexpected error loading chunk %s of %s", batch[0], meta.path or "/")
+            error = StoreError(f"chunk {batch[0]} of {meta.path or '/'}: unexpected {type(e).__name__}: {e}")
+        except BaseException:
+            error = StoreError(f"load of chunk {batch[0]} of {meta.path or '/'} was interrupted")
+            raise
+        finally:
+            # A write since the load began makes what was read stale: hand it to the
+            # readers that asked before the write, but do not cache it.
+            current = self._chunk_versions(meta, batch)
+            for idx in batch:
+                key = self._key(meta, idx)
+                load = loads[idx]
+                if error is None:
+                    load.value = values[idx]
+                    if current[idx] == versions[idx]:
+                        self.cache.put(key, load.value)
+                else:
+                    load.error = error
+                del self._inflight[key]
+                load.done.set()
+
+    @contextlib.asynccontextmanager
+    async def _oversize_turn(self, meta: ArrayMeta, idx: Index) -> AsyncIterator[None]:
+        """For a chunk larger than the whole cache: wait for the one such load at a time, make
+        room in the cache's oversize slots first (so that at most that many such chunks
+        exist at once), and say once per array what this costs. Other chunks pass."""
+        if meta.chunk_nbytes <= self.cache.max_bytes:
+            yield
+            return
+        async with self._oversize_lock:
+            if meta.path not in self._oversize_told:
+                self._oversize_told.add(meta.path)
+                log.warning("%s: chunk %s decodes to %d bytes, more than cache_size (%d): such chunks are "
+                            "kept beside the cache, the %d most recently read, and decoded one at a time. "
+                            "Give a cache_size of at least %d bytes (four chunks: read-ahead, a quarter of the "
+                            "cache, then spans one), or rechunk the array in smaller chunks",
+                            meta.path or "/", meta.chunk_key(idx), meta.chunk_nbytes, self.cache.max_bytes,
+                            self.cache.oversize_slots, meta.chunk_nbytes * PREFETCH_CACHE_SHARE)
+            self.cache.make_room_oversize()
+            self.counters["oversize_loads"] += 1
+            yield
+
+    def _chunk_versions(self, meta: ArrayMeta, batch: list[Index]) -> dict[Index, int]:
+        """The write version of each chunk's written unit (a chunk, or its shard)."""
+        return {idx: self._versions.get(self._write_unit(meta, idx), 0) for idx in batch}
+
+    async def _rewrite_done(self, meta: ArrayMeta, shard: Index) -> None:
+        """Wait while a writer rewrites the shard (chunks that rewrite their shard only)."""
+        key = self._shard_unit(meta, shard)
+        lock = self._chunk_locks.get(key)
+        if meta.source.rewrites_shard and lock is not None and lock.locked():
+            async with lock:
+                pass
+            self._drop_lock(key, lock)
+
+    async def _load_inner_consistent(self, meta: ArrayMeta, batch: list[Index]
+                                     ) -> tuple[dict[Index, np.ndarray], ZarrfsError | None, dict[Index, int]]:
+        """Inner chunks read from one version of their shard, and the chunks' write versions
+        when the read began.
+
+        The index and the chunks' bytes are separate requests: a shard stored by a writer
+        between them leaves offsets of the old shard over the bytes of the new one. When
+        the shard was written meanwhile, what was read (or failed to decode) is dropped
+        and read again, from the writer's chunk while it is held, after the rewrite.
+        """
+        shard = meta.source.shard_of(batch[0])
+        unit = self._shard_unit(meta, shard)
+        for attempt in range(SHARD_RETRIES + 1):
+            await self._rewrite_done(meta, shard)
+            version = self._versions.get(unit, 0)
+            versions = self._chunk_versions(meta, batch)
+            # Held or cached since the reader looked (a write may have come in between).
+            values = {idx: arr for idx in batch if (arr := self._lookup(meta, idx, count=False)) is not None}
+            error: ZarrfsError | None = None
+            try:
+                if len(values) < len(batch):
+                    values.update(await self._load_inner(meta, [i for i in batch if i not in values]))
+            except ZarrfsError as e:
+                error = e
+            if self._versions.get(unit, 0) == version or attempt == SHARD_RETRIES:
+                break
+            log.debug("shard of %s chunk %s was written while it was read; reading again", meta.path, batch[0])
+        if error is not None:
+            self._count_error(error, meta.chunk_key(batch[0]))
+        return values, error, versions
+
+    async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
+        key = meta.chunk_key(idx)
+        try:
+            raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx)
+        except ZarrfsError as e:
+            self._count_error(e, key)
+            raise
+        self.counters["store_gets"] += 1
+        if raw is None:
+            self.counters["fill_chunks"] += 1
+            return np.broadcast_to(meta.fill_value, meta.chunk_shape)
+        self.counters["store_bytes"] += len(raw)
+        return (await self._decode(meta, [(key, raw)]))[0]
+
+    async def _decode(self, meta: ArrayMeta, pieces: list[tuple[str, Any]],
+                      count_errors: bool = True) -> list[np.ndarray]:
+        """Decode encoded chunks (labelled for errors) in one worker thread."""
+        t0 = time.perf_counter()
+        try:
+            arrs = await trio.to_thread.run_sync(decode_chunks_sync, meta, pieces, limiter=self.cpu_limiter)
+        except ZarrfsError as e:
+            if count_errors:
+                self._count_error(e, pieces[0][0])
+            raise
+        self.decode_seconds += time.perf_counter() - t0
+        self.counters["bytes_decoded"] += sum(a.nbytes for a in arrs)
+        return arrs
+
+    async def _shard_index(self, meta: ArrayMeta, shard: Index) -> np.ndarray | None:
+        """The index of a shard (cached, loaded once), or None when the shard is not stored."""
+        src = meta.source
+        key = (meta.path, shard, INDEX)
+        index = self.cache.get(key, count=False)
+        if index is None:
+            load = self._inflight.get(key)
+            if load is not None:
+                await load.done.wait()
+                if load.error is not None:
+                    raise load.error
+                index = load.value
+            else:
+                load = self._inflight[key] = _Load()
+                version = self._versions.get(self._shard_unit(meta, shard), 0)
+                try:
+                    index = await self.run_io(src.read_index_sync, self.store, shard)
+                    self.counters["store_gets"] += 1
+                    if index is None:
+                        index = NO_SHARD
+                    else:
+                        self.counters["store_bytes"] += src.index_nbytes
+                    load.value = index
+                    if self._versions.get(self._shard_unit(meta, shard), 0) == version:
+                        self.cache.put(key, index)
+                except BaseException as e:  # counted and logged by the batch that asked
+                    load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
+                    raise
+                finally:
+                    del self._inflight[key]
+                    load.done.set()
+        return None if index.size == 0 else index
+
+    async def _load_inner(self, meta: ArrayMeta, batch: list[Index]) -> dict[Index, np.ndarray]:
+        """Inner chunks of one shard: its index, then only their bytes, in as few ranges as reason allows."""
+        src = meta.source
+        shard = src.shard_of(batch[0])
+        shard_key = src.keys.key(shard)
+        index = await self._shard_index(meta, shard)
+        out: dict[Index, np.ndarray] = {}
+        stored: list[tuple[int, int, Index]] = []
+        # A hostile index must not make us ask for terabytes: no codec of fixed-size data
+        # grows it by more than a header and a small fraction.
+        decoded = math.prod(meta.chunk_shape) * meta.dtype.itemsize
+        limit = 2 * decoded + (1 << 16)
+        for idx in batch:
+            found = src.entry(index, idx)
+            if found is None:
+                self.counters["fill_chunks"] += 1
+                out[idx] = np.broadcast_to(meta.fill_value, meta.chunk_shape)
+                continue
+            offset, nbytes = found
+            if nbytes > limit:
+                raise CorruptChunk(f"shard {shard_key}: its index gives inner chunk {src.position(idx)} "
+                                   f"{nbytes} bytes, more than any encoding of {decoded} bytes takes")
+            else:
+                stored.append((offset, nbytes, idx))
+        if not stored:
+            return out
+        stored.sort()
+        ranges = merge_ranges(stored, RANGE_GAP_LOCAL if self.store.is_local else RANGE_GAP_REMOTE)
+        datas = await self.run_io(src.read_ranges_sync, self.store, shard, ranges)
+        self.counters["store_gets"] += len(ranges)
+        self.counters["store_bytes"] += sum(len(d) for d in datas)
+        pieces = []
+        r = 0
+        for offset, nbytes, idx in stored:
+            while offset + nbytes > ranges[r][1]:  # pieces and ranges are both in offset order
+                r += 1
+            start = offset - ranges[r][0]
+            pieces.append((f"{shard_key} (inner chunk {src.position(idx)})",
+                           memoryview(datas[r])[start:start + nbytes]))
+        for (_, _, idx), arr in zip(stored, await self._decode(meta, pieces, count_errors=False)):
+            out[idx] = arr
+        return out
+
+    def _known(self, meta: ArrayMeta, idx: Index) -> bool:
+        """Whether a chunk is held or cached (an inner chunk: it, or its shard whole)."""
+        unit = self._write_unit(meta, idx)
+        if self._held(unit) is not None or self.cache.contains(unit):
+            return True
+        return _in_shard_chunks(meta) and self.cache.contains(self._key(meta, idx))
+
