@@ -30,6 +30,7 @@ from .fuse_ops import ZarrOperations, invalidate_name
 from .namespace import Namespace
 from .model import BrokenNode
 from .options import Options, read_storage_options_file, redact_url, secrets_in
+from .remote import bound_retries, bounded_storage_options, default_metadata_ttl_s
 from .store import Store
 
 log = logging.getLogger("zarrfs")
@@ -242,7 +243,8 @@ def build(source: str, options: Options) -> ZarrOperations:
     storage_options = storage_options_of(options)
     register_secrets(secrets_in(storage_options, source))
     shown = redact_url(source)
-    store = Store(source, storage_options)
+    store = Store(source, bounded_storage_options(source, storage_options, options.timeout_s))
+    bound_retries(store.fs)
     check_store(store, shown)
     if options.writable and store.read_only:
         scheme = source.split("://", 1)[0] if "://" in source else "this protocol"
@@ -255,9 +257,10 @@ def build(source: str, options: Options) -> ZarrOperations:
         raise UserError(f"{shown}: not a Zarr hierarchy")
     if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
         raise UserError(f"{shown}: {root.error}")
-    engine = Engine(store, ChunkCache(options.cache_size_bytes))
+    engine = Engine(store, ChunkCache(options.cache_size_bytes), timeout_s=options.timeout_s)
     namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
-                          create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name)
+                          create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
+                          metadata_ttl_s=default_metadata_ttl_s(source, options.metadata_ttl_s))
     log.info("opened %s as %s (root: %s)", shown, hierarchy.name, root.kind)
     return ZarrOperations(namespace, engine, options)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import logging
 import os
 import stat
@@ -88,8 +89,8 @@ class ZarrOperations(pyfuse3.Operations):
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = entry.inode
         attr.generation = 0
-        attr.entry_timeout = ATTR_TIMEOUT_S
-        attr.attr_timeout = ATTR_TIMEOUT_S
+        # The kernel keeps names and sizes no longer than zarrfs trusts them (metadata_ttl).
+        attr.entry_timeout = attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.metadata_ttl_s)
         writable = self.options.writable and (entry.writable or (entry.kind == "group" and entry.view == ""))
         if entry.is_dir:
             attr.st_mode = stat.S_IFDIR | ((0o755 if writable else 0o555) & ~self.umask)
@@ -118,14 +119,17 @@ class ZarrOperations(pyfuse3.Operations):
 
     # --- times: a node's is its metadata document's modification time in the store -------
 
-    @staticmethod
-    def _time_key(entry: Entry) -> str | None:
-        """The store key whose modification time an entry shows (None: the mount time)."""
+    def _time_key(self, entry: Entry) -> str | None:
+        """The store key whose modification time an entry shows (None: the mount time). Remote
+        stores with consolidated metadata: that document's, for every node (one request, not one per node)."""
         if entry.kind == "storekey":
             return entry.key
         node = entry.node
         if node is None:
             return None
+        hierarchy = self.ns.hierarchy
+        if not self.engine.store.is_local and getattr(hierarchy, "consolidated", None) is not None:
+            return getattr(hierarchy, "consolidated_key", None)
         return getattr(node, "metadata_key", None) or getattr(node, "key", None)
 
     def _mtime_ns(self, entry: Entry) -> int:
@@ -146,7 +150,10 @@ class ZarrOperations(pyfuse3.Operations):
             return
 
         async def one(key: str) -> None:
-            self._mtimes[key] = await self.engine.run_io(self.engine.store.mtime_ns_sync, key) or self.mount_time_ns
+            try:
+                self._mtimes[key] = await self.engine.run_io(self.engine.store.mtime_ns_sync, key) or self.mount_time_ns
+            except ZarrfsError as e:  # a time is not worth an error: the mount time, asked again next time
+                log.info("modification time of %s unknown: %s", key, e)
 
         async with trio.open_nursery() as nursery:
             for key in keys:
@@ -220,7 +227,8 @@ class ZarrOperations(pyfuse3.Operations):
         # Read-only: pages the kernel cached stay valid. Writable: another view or writer may
         # have changed the data, so each open starts without cached pages. Generated files
         # bypass the page cache so each open sees its own snapshot.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=not handle.direct_io and not self.options.writable,
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not handle.direct_io and not self.options.writable
+                                and self.ns.metadata_ttl_s == math.inf,  # else each open reads anew
                                 direct_io=handle.direct_io)
 
     @boundary

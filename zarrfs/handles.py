@@ -123,6 +123,8 @@ class HeldFileHandle(Handle):
 
 
 def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
+    if entry.kind == "stats" and entry.view == "refresh":
+        return SnapshotHandle(ns, entry, b"", direct_io=True)
     if entry.kind == "stats":
         return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
     if entry.kind == "info":
@@ -172,5 +174,7 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
         what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key
         log.warning("%s: %s", what, entry.error)
         raise entry.error
+    if entry.kind == "stats" and entry.view == "refresh":
+        await ns.revalidate(force=True)  # opening .zarrfs/refresh (cat, touch) drops listings and metadata
     await ns.settle(entry)
     return opened(ns, entry)

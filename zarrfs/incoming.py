@@ -245,7 +245,7 @@ class IncomingWrites:
         staged, old = w.staged, w.replacing
         try:
             await self.engine.flush(staged.meta.path)
-            await self.engine.run_io(self.hierarchy.commit_array_sync, staged, old)
+            await self.engine.run_io_long(self.hierarchy.commit_array_sync, staged, old)
         except ZarrfsError as e:
             what = "the old array is kept" if old is not None else "nothing was created"
             log.warning("%s: storing the new array failed (%s); %s", self._name_of(entry), e, what)
@@ -273,7 +273,7 @@ class IncomingWrites:
         staged = w.staged
         w.staged, w.stream, w.received = None, None, None
         self.engine.discard(staged.meta.path)
-        await self.engine.run_io(self.hierarchy.discard_staging_sync, staged)
+        await self.engine.run_io_long(self.hierarchy.discard_staging_sync, staged)
 
     async def _abandon(self: "Namespace", entry: "Entry") -> None:
         """A file that did not become an array: its staged chunks go; a replaced array stays
@@ -404,7 +404,7 @@ class IncomingWrites:
                 block = await entry.held.read(offset, ADOPT_BLOCK_BYTES)
                 await self.engine.write(ingest, offset, block)
             await self.engine.flush(staged.meta.path)
-            await self.engine.run_io(self.hierarchy.commit_array_sync, staged, old)
+            await self.engine.run_io_long(self.hierarchy.commit_array_sync, staged, old)
         except BaseException:
             self.engine.discard(staged.meta.path)
             await self.engine.run_io_shielded(self.hierarchy.discard_staging_sync, staged)

@@ -24,6 +24,7 @@ from .errors import NotFound, ZarrfsError
 from .formats.base import RESERVED_PREFIX, Hierarchy
 from .layouts import ArrayStream, chunk_file_size
 from .model import ArrayMeta, BrokenNode, GroupMeta, Node
+from .freshness import REFRESH_FILE, NamespaceFreshness
 from .writes import NamespaceWrites
 
 log = logging.getLogger(__name__)
@@ -134,13 +135,18 @@ def _node_key(node: Node) -> str:
     return key or node.path or "/"
 
 
-class Namespace(NamespaceWrites):
+class Namespace(NamespaceWrites, NamespaceFreshness):
     """Maps inodes and names to groups, arrays and views."""
 
     def __init__(self, hierarchy: Hierarchy, root: Node, source: str, engine: Engine, show_views: bool = False,
                  writable: bool = False, create_chunks: tuple[int, ...] | None = None,
-                 create_codec: str | None = None, on_name_gone: Callable[[int, str], None] | None = None) -> None:
+                 create_codec: str | None = None, on_name_gone: Callable[[int, str], None] | None = None,
+                 metadata_ttl_s: float = math.inf) -> None:
         self.hierarchy = hierarchy
+        self.start_fresh(metadata_ttl_s)
+        # Remote stores: an array's stored bytes cost a listing of its chunks, so stat reports the
+        # logical size until info/ asked for them (README: Remote stores).
+        self.stored_sizes_lazy = not hierarchy.store.is_local
         self.engine = engine
         self.show_views = show_views
         self.writes_allowed = writable
@@ -229,6 +235,7 @@ class Namespace(NamespaceWrites):
     # --- directories --------------------------------------------------------------
 
     async def nodes_below(self, path: str) -> list[Node]:
+        await self.revalidate()
         nodes = self._below.get(path)
         if nodes is None:
             try:
@@ -246,6 +253,7 @@ class Namespace(NamespaceWrites):
         """Name -> maker of a directory's entries (all but chunk directories, which are computed),
         loaded once for concurrent readers."""
         entry = self.get(inode)
+        await self.revalidate()
         if entry.listing is None:
             async def load() -> dict[str, Maker]:
                 if entry.listing is None:
@@ -266,6 +274,7 @@ class Namespace(NamespaceWrites):
                 else:
                     names[view] = lambda v=view: self._new("group", v, self._root_group())
             names[STATS_FILE] = lambda: self._new("stats", "stats")
+            names[REFRESH_FILE] = lambda: self._new("stats", "refresh")
             return names
         if entry.kind == "storedir":
             return await self._store_listing(entry.key)
@@ -424,7 +433,8 @@ class Namespace(NamespaceWrites):
         if entry.kind == "array" and entry.node is None:  # created, no header yet
             entry.stored_bytes = 0
         elif entry.kind == "array" or entry.kind == "chunk":
-            sizes = await self.stored_sizes(entry.node)
+            lazy = self.stored_sizes_lazy and entry.node.path not in self._sizes
+            sizes = None if lazy else await self.stored_sizes(entry.node)
             if sizes is None:
                 entry.stored_bytes = entry.size
             elif entry.kind == "array":
@@ -441,7 +451,7 @@ class Namespace(NamespaceWrites):
                 entry.size = size or 0
             entry.stored_bytes = entry.size
         elif entry.kind == "stats":
-            entry.size = len(self.stats_bytes())
+            entry.size = 0 if entry.view == "refresh" else len(self.stats_bytes())
             entry.stored_bytes = 0
         else:
             entry.stored_bytes = entry.size

@@ -55,6 +55,13 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("storage_options_file=PATH", "the same as a JSON file; refused when group or others may read it "
               "(`chmod 600`). Under systemd a credential named `storage_options.json` (`LoadCredential=`) is "
               "used when this is not given. Merged under `storage_options`", "none"),
+    OptionDoc("timeout=SECONDS", "longest wait on the store for one operation (a chunk, a listing, a "
+              "metadata document), retries included; then the caller gets EIO and the log says why "
+              "(see Remote stores)", "`30`"),
+    OptionDoc("metadata_ttl=SECONDS", "how long listings, metadata documents and the validity of cached "
+              "chunks are trusted before they are checked against the store again; `0` checks every time, "
+              "`inf` never (`touch MOUNT/.zarrfs/refresh` drops them at once)",
+              "`10` for remote stores, `inf` for local directories"),
     OptionDoc("show_views", "list `.zarrfs` in the root directory (it is always reachable by path, like ZFS's "
               "`.zfs`, so `cp -r MOUNT` copies only the `.npy` tree)", "off"),
     OptionDoc("chunks=N[,N...]", "chunk shape of arrays created through the mount (with writes)",
@@ -236,6 +243,8 @@ class Options:
     chunks: tuple[int, ...] | None = None
     codec: str | None = None
     v1_order: str = "spec"
+    timeout_s: float = 30.0
+    metadata_ttl_s: float | None = None  # None: the store kind's default (remote.default_metadata_ttl_s)
     log_level: str = "warning"
     log_file: str | None = None
     storage_options_file: str | None = None
@@ -254,6 +263,18 @@ def _flag(name: str, value: str | None) -> bool:
     if low in ("0", "false", "no", "off"):
         return False
     raise UserError(f"option {name} takes no value or a boolean, not {value!r}")
+
+
+def _seconds(name: str, text: str, allow_zero: bool) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UserError(f"{name}={text}: expected a number of seconds") from None
+    if seconds != seconds or seconds < 0 or (seconds == 0 and not allow_zero) or (
+            seconds == float("inf") and name == "timeout"):
+        raise UserError(f"{name}={text}: expected a {'non-negative' if allow_zero else 'positive'} "
+                        f"finite number of seconds" + (" or inf" if allow_zero else ""))
+    return seconds
 
 
 def _need(name: str, value: str | None) -> str:
@@ -336,6 +357,8 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             if v1_order not in ("spec", "writer"):
                 raise UserError(f"v1_order={v1_order}: expected spec or writer")
             kw["v1_order"] = v1_order
+        elif name in ("timeout", "metadata_ttl"):
+            kw[f"{name}_s"] = _seconds(name, _need(name, value), allow_zero=name == "metadata_ttl")
         elif name == "log_level":
             level = _need(name, value).lower()
             if level not in LOG_LEVELS:

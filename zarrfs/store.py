@@ -163,7 +163,7 @@ class Store:
         except ZarrfsError:
             raise
         except Exception as e:  # any failure of any backend is a store error of this key
-            raise StoreError(f"reading {key!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"reading {key!r} failed: {describe_failure(e)}") from None
         return self._bounded(key, data, max_nbytes)
 
     @staticmethod
@@ -186,7 +186,7 @@ class Store:
             if isinstance(res, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
                 out[key] = None
             elif isinstance(res, BaseException):
-                raise StoreError(f"reading {key!r} failed: {type(res).__name__}: {res}")
+                raise StoreError(f"reading {key!r} failed: {describe_failure(res)}")
             else:
                 out[key] = self._bounded(key, res, max_nbytes)
         return out
@@ -199,7 +199,7 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             return {}, []
         except Exception as e:
-            raise StoreError(f"listing {prefix or '/'!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"listing {prefix or '/'!r} failed: {describe_failure(e)}") from None
         files: dict[str, int | None] = {}
         dirs: set[str] = set()
         for entry in entries:
@@ -225,7 +225,7 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             return {}
         except Exception as e:
-            raise StoreError(f"listing below {prefix or '/'!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"listing below {prefix or '/'!r} failed: {describe_failure(e)}") from None
         out = {}
         for name, info in found.items():
             name = name.rstrip("/")
@@ -243,7 +243,7 @@ class Store:
         except ZarrfsError:
             raise
         except Exception as e:
-            raise StoreError(f"size of {key!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"size of {key!r} failed: {describe_failure(e)}") from None
 
     def get_range_sync(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a key (b"" past its end)."""
@@ -257,7 +257,7 @@ class Store:
         except ZarrfsError:
             raise
         except Exception as e:
-            raise StoreError(f"reading {key!r} [{start}:{end}] failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"reading {key!r} [{start}:{end}] failed: {describe_failure(e)}") from None
         # A server that ignores Range (python -m http.server) sends the whole object.
         return self._asked(data, slice(start, end), end - start)
 
@@ -281,7 +281,7 @@ class Store:
         except ZarrfsError:
             raise
         except Exception as e:
-            raise StoreError(f"reading the first {nbytes} bytes of {key!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"reading the first {nbytes} bytes of {key!r} failed: {describe_failure(e)}") from None
         return self._asked(data, slice(0, nbytes), nbytes)
 
     def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
@@ -298,7 +298,7 @@ class Store:
         except ZarrfsError:
             raise
         except Exception as e:
-            raise StoreError(f"reading the last {nbytes} bytes of {key!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"reading the last {nbytes} bytes of {key!r} failed: {describe_failure(e)}") from None
         return self._asked(data, slice(len(data) - nbytes, None), nbytes)
 
     # --- writes -------------------------------------------------------------------------
@@ -328,7 +328,7 @@ class Store:
         except ZarrfsError:
             raise
         except Exception as e:
-            raise StoreError(f"writing {key!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"writing {key!r} failed: {describe_failure(e)}") from None
 
     def erase_sync(self, key: str) -> None:
         """Remove a key; removing an absent key is not an error."""
@@ -339,7 +339,7 @@ class Store:
         except ZarrfsError:
             raise
         except Exception as e:
-            raise StoreError(f"erasing {key!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"erasing {key!r} failed: {describe_failure(e)}") from None
         self._prune_empty_dirs(key)
 
     def erase_below_sync(self, prefix: str) -> None:
@@ -368,7 +368,7 @@ class Store:
         except ZarrfsError:
             raise
         except Exception as e:
-            raise StoreError(f"moving {src!r} to {dst!r} failed: {type(e).__name__}: {e}") from None
+            raise StoreError(f"moving {src!r} to {dst!r} failed: {describe_failure(e)}") from None
         value = self.get_sync(src)
         if value is None:
             raise StoreError(f"moving {src!r} to {dst!r}: {src!r} vanished")

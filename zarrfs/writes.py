@@ -162,7 +162,7 @@ class NamespaceWrites(IncomingWrites):
         self._below.pop(entry.node.path, None)
         if await self.nodes_below(entry.node.path):
             raise NotEmpty(name)
-        await self.engine.run_io(self.hierarchy.erase_node_sync, entry.node)
+        await self.engine.run_io_long(self.hierarchy.erase_node_sync, entry.node)
         self._unname(entry.node.path)
         self._invalidate()
 
@@ -182,7 +182,7 @@ class NamespaceWrites(IncomingWrites):
             await self._abandon(entry)
         node = entry.node
         if node is not None:
-            await self.engine.run_io(self.hierarchy.erase_node_sync, node)
+            await self.engine.run_io_long(self.hierarchy.erase_node_sync, node)
             self.engine.discard(node.path)
             self._unname(node.path)
         self._pending_names.pop((parent_inode, name), None)
@@ -214,7 +214,7 @@ class NamespaceWrites(IncomingWrites):
                 raise Exists(new_name)
             await self.unlink(new_parent, new_name)  # mv onto an array replaces it
         await self.engine.flush(node.path) if entry.kind == "array" else await self.engine.flush()
-        await self.engine.run_io(self.hierarchy.move_node_sync, node, new_path)
+        await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path)
         self.engine.discard(node.path)
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.

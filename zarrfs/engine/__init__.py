@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..errors import ZarrfsError
+from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..store import Store
 from ..layouts import ArrayStream
@@ -35,17 +35,25 @@ Index = tuple[int, ...]
 IO_THREADS_REMOTE = 16
 IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
+# The `timeout` option's default (options.Options.timeout_s) for engines built without it (tests).
+DEFAULT_TIMEOUT_S = 30.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
             "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads")
 
 __all__ = ["Engine", "ReadAhead"]
 
 
+def _call_name(fn: Any) -> str:
+    """What a store call was, for its timeout message (`list_dir_sync` -> `list dir`)."""
+    return getattr(fn, "__name__", "store call").removesuffix("_sync").replace("_", " ")
+
+
 class Engine(Loads, Prefetch, WriteBack):
     """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
 
-    def __init__(self, store: Store, cache: Any) -> None:
+    def __init__(self, store: Store, cache: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.store = store
+        self.timeout_s = timeout_s  # the longest wait of one store call (the `timeout` option)
         self.cache = cache
         self.io_limiter = trio.CapacityLimiter(IO_THREADS_LOCAL if store.is_local else IO_THREADS_REMOTE)
         self.cpu_limiter = trio.CapacityLimiter(DECODE_THREADS)
@@ -88,13 +96,30 @@ class Engine(Loads, Prefetch, WriteBack):
             await trio.sleep_forever()
 
     async def run_io(self, fn: Any, *args: Any) -> Any:
-        """Run a blocking store call in a worker thread under the I/O limiter."""
+        """Run a blocking store call in a worker thread under the I/O limiter, for at most
+        `timeout_s` (waiting for a thread included); then StoreError (EIO). The caller stops
+        waiting at once when cancelled or timed out: a thread stuck in the store is left behind
+        (its backend's own timeouts end it) instead of holding the reader."""
+        with trio.move_on_after(self.timeout_s) as scope:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter, abandon_on_cancel=True)
+        assert scope.cancelled_caught
+        self.errors["timeout"] += 1
+        raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)})")
+
+    async def run_io_long(self, fn: Any, *args: Any) -> Any:
+        """A store operation of many keys (commit, erase or move a node) that runs to its end:
+        bounding it would leave the node half changed while the caller believes it failed."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
 
     async def run_io_shielded(self, fn: Any, *args: Any) -> Any:
-        """run_io that finishes even when the caller is cancelled (clean-up after a failure)."""
+        """run_io_long that finishes even when the caller is cancelled (clean-up after a failure)."""
         with trio.CancelScope(shield=True):
-            return await self.run_io(fn, *args)
+            return await self.run_io_long(fn, *args)
+
+    def drop_clean_chunks(self) -> None:
+        """Forget every cached chunk and shard index (they are read from the store again when next
+        needed); written chunks not yet stored stay in the dirty set, where reads find them first."""
+        self.cache.discard_prefix("")
 
     @staticmethod
     def new_lock() -> Any:

@@ -406,11 +406,34 @@ class NodeDocsHierarchy(Hierarchy):
             nodes = (self.node_sync(join(path, n)) for n in sorted(names))
             return [n for n in nodes if n is not None]
         _, dirs = self.store.list_dir_sync(path)
+        prefetched = self._docs_of_many_sync([join(path, name) for name in dirs])
         out = []
         for name in dirs:
-            node = self.node_sync(join(path, name))
+            child = join(path, name)
+            docs = prefetched.get(child)
+            node = self._parse(child, docs) if docs is not None else None
+            if node is None:  # an implicit group, or a document that failed: the one-node path decides
+                node = self.node_sync(child)
             if node is not None:
                 out.append(node)
+        return out
+
+    def _docs_of_many_sync(self, paths: list[str]) -> dict[str, dict[str, Any]]:
+        """Parsed documents of many nodes, fetched concurrently in one batch (a remote listing
+        costs one round trip, not one per child); nodes whose documents failed are left out."""
+        keys = [join(p, n) for p in paths for n in self.doc_names]
+        if len(keys) < 2:
+            return {}
+        try:
+            raw = self.store.get_many_sync(keys)
+        except Exception:  # one key failed: each node is read on its own, which names it
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for p in paths:
+            try:
+                out[p] = {n: json_object(join(p, n), raw[join(p, n)]) for n in self.doc_names}
+            except Exception:
+                continue
         return out
 
     # --- writes shared by the per-node-documents formats ----------------------------------
@@ -477,6 +500,15 @@ class NodeDocsHierarchy(Hierarchy):
                 fresh[path] = {n: parse_json(join(path, n), self.store.get_sync(join(path, n))) for n in self.doc_names}
         self.consolidated = fresh
         self.write_consolidated_sync()
+
+    def reread_consolidated_sync(self) -> None:
+        """Read the consolidated metadata again (another client may have changed the hierarchy);
+        published as one new snapshot. A hierarchy without it has nothing to read."""
+        if self.consolidated is None:
+            return
+        fresh = type(self).open_sync(self.store).consolidated
+        if fresh is not None:
+            self.consolidated = fresh
 
     def write_consolidated_sync(self) -> None:
         """Rewrite the store's consolidated metadata from `self.consolidated`."""

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 class V2Hierarchy(NodeDocsHierarchy):
     name = "v2"
+    consolidated_key = ".zmetadata"  # where consolidated metadata lives (read at open, and after metadata_ttl)
     doc_names = (".zarray", ".zgroup", ".zattrs")
 
     @classmethod

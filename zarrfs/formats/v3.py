@@ -28,6 +28,7 @@ GROUP_FIELDS = {"zarr_format", "node_type", "attributes", "consolidated_metadata
 
 class V3Hierarchy(NodeDocsHierarchy):
     name = "v3"
+    consolidated_key = "zarr.json"  # where consolidated metadata lives (read at open, and after metadata_ttl)
     doc_names = ("zarr.json",)
 
     @classmethod

@@ -1,0 +1,129 @@
+"""A fault-injecting TCP proxy for HTTP stores: adds latency, stops answering, refuses; counts requests.
+
+Used by scripts/bench_remote.py and the mounted remote tests (imported by path; never by the
+package). Modes, switched while running:
+  pass    forward both ways, each client->server message delayed by `latency_s`
+  silent  accept and read, forward nothing either way (a store that stopped answering)
+  refuse  close the listening socket: new connections are refused; open ones are cut
+
+    python scripts/latency_proxy.py --target 127.0.0.1:5000 --latency 0.02 [--port 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import threading
+import time
+
+# The first bytes of an HTTP/1.1 request: what a request line looks like at a message's start.
+REQUEST_LINE = re.compile(rb"(GET|HEAD|PUT|POST|DELETE|PATCH|OPTIONS) (\S+) HTTP/1\.[01]\r\n")
+READ_BYTES = 1 << 16
+
+
+class Proxy:
+    """One proxy on 127.0.0.1 in its own thread and event loop; `port` is where clients connect."""
+
+    def __init__(self, target_port: int, latency_s: float = 0.0, target_host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self.target = (target_host, target_port)
+        self.latency_s = latency_s
+        self.mode = "pass"
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
+        self.port = port
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="latency-proxy", daemon=True)
+
+    def start(self) -> "Proxy":
+        self._thread.start()
+        self._call(self._listen())
+        return self
+
+    def _call(self, coro) -> object:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for w in list(self._writers):
+            w.transport.abort()
+
+    def set_mode(self, mode: str) -> None:
+        """pass, silent or refuse (see the module's docstring); back to pass listens again on the same port."""
+        assert mode in ("pass", "silent", "refuse")
+        self.mode = mode
+        if mode == "refuse":
+            self._call(self._close())
+        elif self._server is None:
+            self._call(self._listen())
+
+    def count(self, method: str | None = None) -> int:
+        return sum(1 for m, _ in self.requests if method is None or m == method)
+
+    def reset_counts(self) -> None:
+        self.requests.clear()
+
+    def stop(self) -> None:
+        self._call(self._close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            up_r, up_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            self._writers.discard(writer)
+            return
+        self._writers.add(up_w)
+        try:
+            await asyncio.gather(self._pump(reader, up_w, True), self._pump(up_r, writer, False))
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for w in (writer, up_w):
+                self._writers.discard(w)
+                w.transport.abort()
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, upstream: bool) -> None:
+        while data := await src.read(READ_BYTES):
+            while self.mode == "silent":  # hold everything: the peer waits as on a dead store
+                await asyncio.sleep(0.05)
+            if upstream:
+                for m in REQUEST_LINE.finditer(data):
+                    if m.start() == 0 or data[m.start() - 2:m.start()] == b"\r\n":
+                        self.requests.append((m.group(1).decode(), m.group(2).decode()))
+                if self.latency_s:
+                    await asyncio.sleep(self.latency_s)
+            dst.write(data)
+            await dst.drain()
+        dst.write_eof() if dst.can_write_eof() else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", required=True, help="HOST:PORT of the store")
+    parser.add_argument("--latency", type=float, default=0.02, help="seconds added to each request")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    host, port = args.target.rsplit(":", 1)
+    proxy = Proxy(int(port), args.latency, host, args.port).start()
+    print(f"listening on 127.0.0.1:{proxy.port}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        proxy.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Remote stores behind a fault-injecting proxy (scripts/latency_proxy.py) in front of moto's S3 server:
+bounded waits, recovery, request counts of consolidated listings, TTL between two mounts, refresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import mounted
+from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+from latency_proxy import Proxy  # noqa: E402
+
+# The `timeout` the bounded-wait tests mount with, and what a reader may wait past it (a
+# FUSE round trip, the daemon's scheduling on a loaded 2-core machine).
+TIMEOUT_S = 3
+MARGIN_S = 7
+
+
+@pytest.fixture
+def proxy(s3):  # noqa: F811
+    endpoint, _ = s3
+    p = Proxy(urllib.parse.urlparse(endpoint).port).start()
+    yield p
+    p.stop()
+
+
+def _options(port: int, *extra: str) -> list[str]:
+    so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
+    return ["storage_options=" + json.dumps(so), *extra]
+
+
+def _put_v3(fs, tmp_path: Path, name: str, groups: int, arrays: int, consolidated: bool) -> dict[str, np.ndarray]:
+    """A v3 hierarchy written by zarr-python into the bucket: GROUPS groups of ARRAYS small arrays."""
+    local = tmp_path / name
+    root = zarr.open_group(str(local), mode="w", zarr_format=3)
+    values = {}
+    for g in range(groups):
+        grp = root.create_group(f"g{g}")
+        for a in range(arrays):
+            x = np.arange(12, dtype="<i4").reshape(3, 4) + 100 * g + a
+            arr = grp.create_array(f"a{a}", shape=x.shape, chunks=(2, 2), dtype=x.dtype)
+            arr[:] = x
+            values[f"g{g}/a{a}"] = x
+    if consolidated:
+        zarr.consolidate_metadata(str(local))
+    fs.put(str(local), f"{BUCKET}/{name}", recursive=True)
+    return values
+
+
+def _read(path: Path, limit_s: float) -> tuple[int | None, float, str]:
+    """Read a file in a child process: (exit code, seconds, stderr); exit code None if it was still
+    waiting after `limit_s` (then it is killed)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", f"open({str(path)!r}, 'rb').read()"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None, time.monotonic() - t0, ""
+    return proc.returncode, time.monotonic() - t0, err.decode()
+
+
+def test_silent_store_gives_eio_within_timeout_then_recovers(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    values = _put_v3(fs, tmp_path, "silent.zarr", 1, 3, consolidated=True)
+    mnt = mount(f"s3://{BUCKET}/silent.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
+    mount.expect_errors()
+    assert np.array_equal(np.load(mnt / "g0" / "a0.npy"), values["g0/a0"])
+    proxy.set_mode("silent")
+    code, seconds, err = _read(mnt / "g0" / "a1.npy", TIMEOUT_S + MARGIN_S)
+    assert code is not None, f"the reader still waited after {TIMEOUT_S + MARGIN_S} s"
+    assert code != 0 and "Input/output error" in err, err
+    assert "did not answer" in mount.log_text() or "timed out" in mount.log_text()
+    proxy.set_mode("pass")
+    assert np.array_equal(np.load(mnt / "g0" / "a1.npy"), values["g0/a1"])  # no remount needed
+
+
+def test_refused_store_gives_eio_then_recovers(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    values = _put_v3(fs, tmp_path, "refused.zarr", 1, 3, consolidated=True)
+    mnt = mount(f"s3://{BUCKET}/refused.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
+    mount.expect_errors()
+    assert np.array_equal(np.load(mnt / "g0" / "a0.npy"), values["g0/a0"])
+    proxy.set_mode("refuse")
+    code, _, err = _read(mnt / "g0" / "a2.npy", TIMEOUT_S + MARGIN_S)
+    assert code is not None and code != 0 and "Input/output error" in err, (code, err)
+    assert "connection refused" in mount.log_text() or "cannot connect" in mount.log_text() \
+        or "did not answer" in mount.log_text()
+    proxy.set_mode("pass")
+    assert np.array_equal(np.load(mnt / "g0" / "a2.npy"), values["g0/a2"])
+
+
+def test_silent_store_bounds_a_first_listing(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    _put_v3(fs, tmp_path, "silentls.zarr", 3, 2, consolidated=False)
+    mnt = mount(f"s3://{BUCKET}/silentls.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
+    mount.expect_errors()
+    proxy.set_mode("silent")
+    proc = subprocess.Popen(["ls", str(mnt / "g1")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S + MARGIN_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"ls of a group not listed yet still waited after {TIMEOUT_S + MARGIN_S} s")
+    assert proc.returncode != 0 and b"Input/output error" in err, err
+    proxy.set_mode("pass")
+    assert sorted(os.listdir(mnt / "g1")) == ["a0.npy", "a1.npy"]
+
+
+@pytest.mark.parametrize("fmt_listing", ["ls -lR", "find"])
+def test_consolidated_tree_costs_few_requests(s3, proxy, tmp_path, mount, fmt_listing):  # noqa: F811
+    _, fs = s3
+    values = _put_v3(fs, tmp_path, f"cons-{fmt_listing[:2]}.zarr", 5, 12, consolidated=True)
+    mnt = mount(f"s3://{BUCKET}/cons-{fmt_listing[:2]}.zarr", *_options(proxy.port))
+    proxy.reset_counts()
+    cmd = ["ls", "-lR", str(mnt)] if fmt_listing == "ls -lR" else ["find", str(mnt), "-name", "*.npy"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    assert all(f"a{a}.npy" in out for a in range(12))
+    assert proxy.count() <= 10, proxy.requests
+    # Sizes stat reports are the NPY files' sizes (logical), whatever the listing cost.
+    for path, x in list(values.items())[:3]:
+        assert os.stat(mnt / (path + ".npy")).st_size == len(mounted.npy_bytes(x))

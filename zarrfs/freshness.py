@@ -1,0 +1,49 @@
+"""Freshness of what the namespace holds: listings, metadata and cached chunks are trusted for `metadata_ttl`, then asked again.
+
+A mixin of Namespace (runs in the trio thread, like it). zarrfs adds no coordination of
+its own between clients of one store: after the TTL (or `cat MOUNT/.zarrfs/refresh`) the
+listings, consolidated metadata and stored sizes are dropped and read again when next
+needed, and cached chunks that no write of this mount holds are dropped and read again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .namespace import Namespace
+
+log = logging.getLogger(__name__)
+
+REFRESH_FILE = "refresh"
+
+
+class NamespaceFreshness:
+    """Drops listings and metadata older than `metadata_ttl_s` (inf: never, unless refreshed)."""
+
+    metadata_ttl_s: float = math.inf
+    _fresh_since: float = 0.0
+
+    def start_fresh(self: "Namespace", metadata_ttl_s: float) -> None:
+        self.metadata_ttl_s = metadata_ttl_s
+        self._fresh_since = time.monotonic()
+
+    async def revalidate(self: "Namespace", force: bool = False) -> None:
+        """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
+        now = time.monotonic()
+        if not force and now - self._fresh_since <= self.metadata_ttl_s:
+            return
+        self._fresh_since = now
+        reread = getattr(self.hierarchy, "reread_consolidated_sync", None)
+        if reread is not None:
+            await self.engine.run_io(reread)
+        self._invalidate()
+        self._sizes.clear()
+        for entry in self._entries.values():
+            if entry.kind in ("array", "chunk") and entry.writing is None and entry.held is None:
+                entry.stored_bytes = None  # settled again from what the store holds now
+        self.engine.drop_clean_chunks()
+        log.debug("listings, metadata and cached chunks dropped (%s)", "refresh" if force else "metadata_ttl")
