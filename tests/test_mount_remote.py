@@ -134,3 +134,57 @@ def test_consolidated_tree_costs_few_requests(s3, proxy, tmp_path, mount, fmt_li
     # Sizes stat reports are the NPY files' sizes (logical), whatever the listing cost.
     for path, x in list(values.items())[:3]:
         assert os.stat(mnt / (path + ".npy")).st_size == len(mounted.npy_bytes(x))
+
+
+def _writer_adds_array(mnt_w: Path, tmp_path: Path, name: str) -> np.ndarray:
+    x = np.arange(30, dtype="<f8").reshape(5, 6) * 0.5
+    src = tmp_path / f"{name}.npy"
+    np.save(src, x)
+    (mnt_w / "g0" / f"{name}.npy").write_bytes(src.read_bytes())
+    return x
+
+
+@pytest.mark.parametrize("consolidated", [False, True])
+def test_reader_sees_writers_changes_within_ttl(s3, tmp_path, mount, consolidated):  # noqa: F811
+    endpoint, fs = s3
+    name = f"ttl{int(consolidated)}.zarr"
+    values = _put_v3(fs, tmp_path, name, 1, 2, consolidated=consolidated)
+    port = urllib.parse.urlparse(endpoint).port
+    reader = mount(f"s3://{BUCKET}/{name}", *_options(port, "metadata_ttl=1"))
+    writer = mount(f"s3://{BUCKET}/{name}", *_options(port, "writable"))
+    assert sorted(os.listdir(reader / "g0")) == ["a0.npy", "a1.npy"]
+    assert np.array_equal(np.load(reader / "g0" / "a0.npy"), values["g0/a0"])
+    x = _writer_adds_array(writer, tmp_path, "new")
+    assert mounted.wait_until(lambda: "new.npy" in os.listdir(reader / "g0"), 20), os.listdir(reader / "g0")
+    assert mounted.wait_until(lambda: (reader / "g0" / "new.npy").stat().st_size == len(mounted.npy_bytes(x)), 20)
+    assert np.array_equal(np.load(reader / "g0" / "new.npy"), x)
+    m = np.load(writer / "g0" / "a0.npy", mmap_mode="r+")
+    m[0, :] = -7
+    m.flush()
+    del m
+    want = values["g0/a0"].copy()
+    want[0, :] = -7
+    assert mounted.wait_until(lambda: np.array_equal(np.load(reader / "g0" / "a0.npy"), want), 20)
+
+
+def test_refresh_shows_changes_at_once(s3, tmp_path, mount):  # noqa: F811
+    endpoint, fs = s3
+    values = _put_v3(fs, tmp_path, "refresh.zarr", 1, 1, consolidated=False)
+    port = urllib.parse.urlparse(endpoint).port
+    reader = mount(f"s3://{BUCKET}/refresh.zarr", *_options(port, "metadata_ttl=inf"))
+    assert os.listdir(reader / "g0") == ["a0.npy"]
+    assert np.array_equal(np.load(reader / "g0" / "a0.npy"), values["g0/a0"])
+    local = tmp_path / "other.zarr"
+    z = zarr.open_group(str(local), mode="w", zarr_format=3)
+    y = np.arange(6, dtype="<u2")
+    z.create_array("b", shape=y.shape, chunks=(4,), dtype=y.dtype)[:] = y
+    fs.put(str(local / "b"), f"{BUCKET}/refresh.zarr/g0/b", recursive=True)
+    fs.pipe(f"{BUCKET}/refresh.zarr/g0/a0/c/0/0", fs.cat(f"{BUCKET}/refresh.zarr/g0/a0/c/1/1"))
+    assert os.listdir(reader / "g0") == ["a0.npy"]  # trusted until refreshed
+    (reader / ".zarrfs" / "refresh").read_bytes()
+    assert sorted(os.listdir(reader / "g0")) == ["a0.npy", "b.npy"]
+    assert np.array_equal(np.load(reader / "g0" / "b.npy"), y)
+    oracle = zarr.open_array(store=f"s3://{BUCKET}/refresh.zarr/g0/a0", mode="r",
+                             storage_options={"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS})[...]
+    assert not np.array_equal(oracle, values["g0/a0"])
+    assert np.array_equal(np.load(reader / "g0" / "a0.npy"), oracle)

@@ -65,7 +65,8 @@ from zarrfs.options import (OPTION_TABLE, options_markdown, read_storage_options
 README = Path(__file__).resolve().parent.parent / "README.md"
 EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_options": "{}", "chunks": "4,4",
             "codec": "zstd:3", "log_level": "info", "log_file": "/tmp/x.log", "storage_options_file": "/x.json",
-            "fsname": "data", "uid": "1", "gid": "2", "umask": "022", "subtype": "zarr"}
+            "fsname": "data", "uid": "1", "gid": "2", "umask": "022", "subtype": "zarr",
+            "timeout": "5", "metadata_ttl": "0"}
 
 
 def test_readme_option_table_is_generated():
@@ -133,3 +134,12 @@ def test_storage_options_file(tmp_path):
         read_storage_options_file(str(p))
     with pytest.raises(UserError, match="No such file"):
         read_storage_options_file(str(tmp_path / "none.json"))
+
+
+def test_timeout_and_metadata_ttl():
+    o = build_options(["timeout=2.5", "metadata_ttl=inf"])
+    assert o.timeout_s == 2.5 and o.metadata_ttl_s == float("inf")
+    assert build_options([]).timeout_s == 30 and build_options([]).metadata_ttl_s is None
+    for bad in ("timeout=0", "timeout=-1", "timeout=inf", "timeout=x", "metadata_ttl=-1", "metadata_ttl=nan"):
+        with pytest.raises(UserError):
+            build_options([bad])

@@ -26,7 +26,7 @@ from .cache import ChunkCache
 from .engine import Engine
 from .errors import UserError, ZarrfsError
 from .codecs import compressor_config
-from .fuse_ops import ZarrOperations, invalidate_name
+from .fuse_ops import ZarrOperations, invalidate_data_sync, invalidate_name
 from .namespace import Namespace
 from .model import BrokenNode
 from .options import Options, read_storage_options_file, redact_url, secrets_in
@@ -260,6 +260,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     engine = Engine(store, ChunkCache(options.cache_size_bytes), timeout_s=options.timeout_s)
     namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
                           create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
+                          on_data_stale_sync=invalidate_data_sync,
                           metadata_ttl_s=default_metadata_ttl_s(source, options.metadata_ttl_s))
     log.info("opened %s as %s (root: %s)", shown, hierarchy.name, root.kind)
     return ZarrOperations(namespace, engine, options)

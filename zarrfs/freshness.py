@@ -46,4 +46,8 @@ class NamespaceFreshness:
             if entry.kind in ("array", "chunk") and entry.writing is None and entry.held is None:
                 entry.stored_bytes = None  # settled again from what the store holds now
         self.engine.drop_clean_chunks()
+        if force and self.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
+            files = [e.inode for e in self._entries.values() if not e.is_dir and e.kind != "stats"]
+            if files:
+                await self.engine.run_io(self.on_data_stale_sync, files)
         log.debug("listings, metadata and cached chunks dropped (%s)", "refresh" if force else "metadata_ttl")

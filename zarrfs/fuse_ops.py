@@ -41,6 +41,16 @@ def invalidate_name(parent_inode: int, name: str) -> None:
     pyfuse3.invalidate_entry_async(parent_inode, os.fsencode(name), ignore_enoent=True)
 
 
+def invalidate_data_sync(inodes: list[int]) -> None:
+    """Tell the kernel to drop the cached pages and attributes of files whose data may have changed
+    in the store (after a refresh); runs in a worker thread (the kernel may call back into us)."""
+    for inode in inodes:
+        try:
+            pyfuse3.invalidate_inode(inode, attr_only=False)
+        except OSError:  # ENOENT: the kernel holds nothing of it
+            pass
+
+
 def boundary(fn: Any) -> Any:
     """Only FUSEError may leave a handler: map ours to their errno, log and EIO the rest."""
 

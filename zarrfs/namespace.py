@@ -141,8 +141,10 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
     def __init__(self, hierarchy: Hierarchy, root: Node, source: str, engine: Engine, show_views: bool = False,
                  writable: bool = False, create_chunks: tuple[int, ...] | None = None,
                  create_codec: str | None = None, on_name_gone: Callable[[int, str], None] | None = None,
-                 metadata_ttl_s: float = math.inf) -> None:
+                 metadata_ttl_s: float = math.inf,
+                 on_data_stale_sync: Callable[[list[int]], None] | None = None) -> None:
         self.hierarchy = hierarchy
+        self.on_data_stale_sync = on_data_stale_sync  # files whose cached pages a refresh made stale
         self.start_fresh(metadata_ttl_s)
         # Remote stores: an array's stored bytes cost a listing of its chunks, so stat reports the
         # logical size until info/ asked for them (README: Remote stores).
