@@ -161,7 +161,9 @@ class ZarrOperations(pyfuse3.Operations):
 
         async def one(key: str) -> None:
             try:
-                self._mtimes[key] = await self.engine.run_io(self.engine.store.mtime_ns_sync, key) or self.mount_time_ns
+                mtime = await self.engine.once(("mtime", key), lambda: self.engine.run_io(
+                    self.engine.store.mtime_ns_sync, key))  # one request for concurrent lookups
+                self._mtimes[key] = mtime or self.mount_time_ns
             except ZarrfsError as e:  # a time is not worth an error: the mount time, asked again next time
                 log.info("modification time of %s unknown: %s", key, e)
 

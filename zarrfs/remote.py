@@ -63,6 +63,9 @@ def bounded_storage_options(source: str, storage_options: dict[str, Any], timeou
         config.setdefault("connect_timeout", connect_s)
         config.setdefault("read_timeout", attempt_s)
         config.setdefault("retries", {"max_attempts": ATTEMPTS, "mode": "standard"})
+        # s3fs asks for an object's size (a HEAD) before each whole-object GET, to split large ones
+        # into parallel parts; zarrfs already reads many chunks at once, so one GET per object.
+        out.setdefault("max_concurrency", 1)
     elif protocol in HTTP_PROTOCOLS:
         import aiohttp
 

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""zarrfs on a remote store vs zarr-python 3 + s3fs, in one run: moto's S3 server on loopback behind
+scripts/latency_proxy.py (which adds LATENCY to each request and counts requests).
+
+Rows (each with both sides' seconds, their ratio peer/zarrfs where there is a peer, and
+the requests the proxy counted):
+  seq        sequential read of an unsharded v3 zstd array (MOUNT/seq.npy with 1 MiB reads vs arr[...])
+  seq-shard  the same for a sharded array (SHARD^2 shards of 256^2 inner chunks)
+  random     N random 4 KiB reads of seq.npy (pread) vs arr[row, c0:c1] of the same elements
+  find-cons  `find MNT -name '*.npy'` over GROUPS x ARRAYS arrays, consolidated v3 metadata,
+             vs zarr.open_consolidated + listing every array
+  lslR-cons  `ls -lR` of the same tree
+  lslR-plain `ls -lR` of the same tree without consolidated metadata
+  silent     the store stops answering in the middle of reading: seconds until the reader's EIO
+  refused    the store refuses connections: seconds until EIO
+  fresh      another client adds an array: seconds until `ls` shows it
+
+    .venv/bin/python scripts/bench_remote.py --latency 0.02
+It never imports zarrfs; it runs its command line (PYTHONPATH selects which zarrfs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (mount, unmount)
+from latency_proxy import Proxy  # noqa: E402
+
+BUCKET = "bench"
+CREDENTIALS = {"key": "testing", "secret": "testing"}
+MIB = 1 << 20
+INNER = (256, 256)
+TIMEOUT_S = 5  # the mount's timeout= for the failure rows
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto(workdir: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    log = open(workdir / "moto.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=2)
+            return proc, port
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit("moto server did not start")
+            time.sleep(0.1)
+
+
+def s3fs_for(port: int):
+    import s3fs
+
+    return s3fs.S3FileSystem(client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"}, skip_instance_cache=True,
+                             use_listings_cache=False, **CREDENTIALS)
+
+
+def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int) -> None:
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    fs.mkdir(BUCKET)
+    local = workdir / "data.zarr"
+    root = zarr.open_group(str(local), mode="w", zarr_format=3)
+    x = (np.sin(np.arange(side * side, dtype=np.float32) / 1000).reshape(side, side) * 100).round(1)
+    root.create_array("seq", shape=x.shape, chunks=(1024, 1024), dtype="float32",
+                      compressors=[ZstdCodec(level=1)])[:] = x
+    root.create_array("shard", shape=x.shape, shards=(shard, shard), chunks=INNER, dtype="float32",
+                      compressors=[ZstdCodec(level=1)])[:] = x
+    fs.put(str(local), f"{BUCKET}/data.zarr", recursive=True)
+    for name, consolidated in (("tree-cons.zarr", True), ("tree-plain.zarr", False)):
+        tree = workdir / name
+        t = zarr.open_group(str(tree), mode="w", zarr_format=3)
+        for g in range(groups):
+            grp = t.create_group(f"g{g}")
+            for a in range(arrays):
+                grp.create_array(f"a{a}", shape=(4, 4), chunks=(4, 4), dtype="i2")[:] = a
+        if consolidated:
+            zarr.consolidate_metadata(str(tree))
+        fs.put(str(tree), f"{BUCKET}/{name}", recursive=True)
+
+
+def mount(port: int, name: str, mnt: Path, *extra: str) -> None:
+    so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
+    bench.mount(f"s3://{BUCKET}/{name}", mnt, ["storage_options=" + json.dumps(so), *extra])
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def read_whole(path: Path) -> None:
+    buf = bytearray(MIB)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+def row(name: str, ours: float, ours_req: int, peer: float | None = None, peer_req: int | None = None) -> None:
+    ratio = f"{peer / ours:6.2f}x" if peer else "      "
+    peer_s = f"{peer:8.3f} s {peer_req:6d} req" if peer is not None else ""
+    print(f"{name:11s} zarrfs {ours:8.3f} s {ours_req:6d} req   {ratio}   zarr+s3fs {peer_s}", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--latency", type=float, default=0.02)
+    p.add_argument("--side", type=int, default=4096, help="side of the float32 arrays read (4096: 64 MiB)")
+    p.add_argument("--shard", type=int, default=2048)
+    p.add_argument("--groups", type=int, default=20)
+    p.add_argument("--arrays", type=int, default=100, help="arrays per group")
+    p.add_argument("--random", type=int, default=200)
+    args = p.parse_args(argv)
+    import zarr
+
+    work = Path(tempfile.mkdtemp(prefix="bench-remote-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    moto, port = start_moto(work)
+    proxy = Proxy(port, 0.0).start()
+    mnt = work / "mnt"
+    mnt.mkdir()
+    try:
+        build(s3fs_for(port), work, args.side, args.shard, args.groups, args.arrays)
+        proxy.latency_s = args.latency
+        print(f"latency {args.latency * 1000:g} ms; arrays {args.side}^2 float32; tree {args.groups}x{args.arrays}")
+        peer_fs = s3fs_for(proxy.port)
+        peer_opts = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}, **CREDENTIALS}
+
+        def peer_array(name):
+            return zarr.open_array(store=f"s3://{BUCKET}/data.zarr/{name}", mode="r", storage_options=peer_opts)
+
+        for name in ("seq", "shard"):
+            mount(proxy.port, "data.zarr", mnt)
+            proxy.reset_counts()
+            ours = timed(lambda: read_whole(mnt / f"{name}.npy"))
+            ours_req = proxy.count()
+            bench.unmount(mnt)
+            proxy.reset_counts()
+            peer = timed(lambda: peer_array(name)[...])
+            row("seq" if name == "seq" else "seq-shard", ours, ours_req, peer, proxy.count())
+
+        rng = random.Random(0)
+        header = 128
+        picks = [(rng.randrange(args.side), rng.randrange(0, args.side - 1024)) for _ in range(args.random)]
+        mount(proxy.port, "data.zarr", mnt)
+        proxy.reset_counts()
+        fd = os.open(mnt / "seq.npy", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        ours = timed(lambda: [os.pread(fd, 4096, header + (r * args.side + c) * 4) for r, c in picks])
+        os.close(fd)
+        ours_req = proxy.count()
+        bench.unmount(mnt)
+        arr = peer_array("seq")
+        proxy.reset_counts()
+        peer = timed(lambda: [arr[r, c:c + 1024] for r, c in picks])
+        row("random", ours / args.random, ours_req, peer / args.random, proxy.count())
+
+        for label, name, cmd in (("find-cons", "tree-cons.zarr", ["find", str(mnt), "-name", "*.npy"]),
+                                 ("lslR-cons", "tree-cons.zarr", ["ls", "-lR", str(mnt)]),
+                                 ("lslR-plain", "tree-plain.zarr", ["ls", "-lR", str(mnt)])):
+            mount(proxy.port, name, mnt)
+            proxy.reset_counts()
+            ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))
+            ours_req = proxy.count()
+            bench.unmount(mnt)
+            peer = peer_req = None
+            if name == "tree-cons.zarr":
+                proxy.reset_counts()
+
+                def peer_list():
+                    g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)
+                    return [a.shape for _, a in g.arrays()] + [list(sub.arrays()) for _, sub in g.groups()]
+                peer = timed(peer_list)
+                peer_req = proxy.count()
+            row(label, ours, ours_req, peer, peer_req)
+
+        for label, mode in (("silent", "silent"), ("refused", "refuse")):
+            mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
+            proxy.reset_counts()
+            with open(mnt / "seq.npy", "rb") as f:
+                f.read(MIB)
+                proxy.set_mode(mode)
+                t0 = time.perf_counter()
+                try:
+                    f.seek(args.side * args.side * 2)
+                    f.read(MIB)
+                    outcome = "read (no error)"
+                except OSError as e:
+                    outcome = e.strerror
+                waited = time.perf_counter() - t0
+            proxy.set_mode("pass")
+            print(f"{label:11s} zarrfs {waited:8.3f} s until: {outcome} (timeout={TIMEOUT_S})", flush=True)
+            bench.unmount(mnt)
+
+        mount(proxy.port, "tree-plain.zarr", mnt)
+        os.listdir(mnt / "g0")
+        t0 = time.perf_counter()
+        peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g0/new/zarr.json", json.dumps({
+            "zarr_format": 3, "node_type": "array", "shape": [2], "data_type": "int8",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+            "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+            "codecs": [{"name": "bytes"}]}).encode())
+        while "new.npy" not in os.listdir(mnt / "g0") and time.perf_counter() - t0 < 60:
+            time.sleep(0.2)
+        print(f"{'fresh':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a new array is listed "
+              f"(metadata_ttl default)", flush=True)
+        bench.unmount(mnt)
+    finally:
+        bench.unmount(mnt)
+        proxy.stop()
+        moto.terminate()
+        moto.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
