@@ -25,7 +25,7 @@ import pytest
 import mounted
 
 VIEWS_DIR = ".zarrfs"
-VIEW_NAMES = {"npy-f", "raw", "raw-f", "chunks", "store", "info", "stats.json"}
+VIEW_NAMES = {"npy-f", "raw", "raw-f", "chunks", "store", "info", "stats.json", "refresh"}
 INFO_KEYS = {"shape", "dtype", "chunk_shape", "order", "codecs", "fill_value", "attributes",
              "chunks_stored", "chunks_total", "logical_bytes", "stored_bytes"}
 STATS_KEYS = {"store_gets", "store_bytes", "cache_hits", "cache_misses", "cache_evictions",
@@ -181,7 +181,7 @@ def test_views_dir_is_hidden_but_reachable(hierarchy_mount, fmt):
     views = mnt / VIEWS_DIR
     assert stat.S_ISDIR(os.stat(views).st_mode)
     assert set(os.listdir(views)) == VIEW_NAMES
-    for name in VIEW_NAMES - {"stats.json"}:
+    for name in VIEW_NAMES - {"stats.json", "refresh"}:
         assert stat.S_ISDIR(os.stat(views / name).st_mode), name
     assert stat.S_ISREG(os.stat(views / "stats.json").st_mode)
     # The shell tools: cd, ls, stat, cat.
