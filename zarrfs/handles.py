@@ -125,13 +125,13 @@ class HeldFileHandle(Handle):
 def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
     if entry.kind == "stats":
         return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
-    if entry.kind == "info":
+    if entry.kind in ("info", "text"):
         return SnapshotHandle(ns, entry, entry.content or b"")
     if entry.kind == "storekey":
         return StoreKeyHandle(ns, entry)
     if entry.kind == "held":
         return HeldFileHandle(ns, entry)
-    if entry.kind in ("array", "chunk"):
+    if entry.kind in ("array", "chunk", "tiff"):
         return ArrayHandle(ns, entry)
     return Handle(ns, entry)
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import dotzarrfs, grid, handles
+from . import dotzarrfs, grid, handles, imageviews
 from .dotzarrfs import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
 from .engine import Engine
 from .errors import NotFound, ZarrfsError
@@ -48,6 +48,7 @@ class Entry:
                  origin: tuple[int, ...] | None = None) -> None:
         self.inode = inode
         # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held
+        #       | tiff | text (ENVI/VRT) (imageviews.py)
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
         self.node = node
@@ -78,8 +79,10 @@ class Entry:
     def stream(self) -> ArrayStream | None:
         """The byte layout of an array's file (built when first needed: a chunk directory lists
         millions of files that are never opened)."""
-        if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ("array", "chunk"):
-            if self.kind == "chunk":
+        if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ("array", "chunk", "tiff"):
+            if self.kind == "tiff":
+                self._stream = imageviews.tiff_stream(self.node)
+            elif self.kind == "chunk":
                 self._stream = ArrayStream(self.node, "C", True, chunk=self.origin)
             else:
                 _, order, header = ARRAY_VIEWS[self.view]
@@ -434,6 +437,10 @@ class Namespace(NamespaceWrites):
         elif entry.kind == "info":
             entry.content = dotzarrfs.info_json(
                 entry.node, await self.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None)
+            entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind == "text":
+            name = (entry.node.path.rsplit("/", 1)[-1] or self.root_stem) + NPY_SUFFIX
+            entry.content = imageviews.text(entry.view, entry.node, name)
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind == "storekey":
             if entry.size < 0:
