@@ -4,11 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ZARRFS_EXTRAS="test,http" source scripts/setup.sh
-# tests/test_ops.py copies a mount with rsync (file times across remounts).
-if ! command -v rsync >/dev/null; then
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get install -y -qq rsync >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq rsync >/dev/null; }
-fi
+# tests/test_ops.py copies a mount with rsync (file times across remounts); the image views'
+# tests open files with GDAL (gdalinfo) and ImageMagick (identify): 20 s each to install here.
+for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick; do
+    if ! command -v "${tool%%:*}" >/dev/null; then
+        sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        pkg="${tool#*:}"
+        $sudo apt-get install -y -qq "$pkg" >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq "$pkg" >/dev/null; }
+    fi
+done
 
 # The oracle for the v3 drafts' experimental layout: zarr-python 2.18, which needs numpy<2
 # and so lives in a venv of its own (tests find it at .venv-zarr218).
