@@ -208,3 +208,48 @@ def test_gdal_and_imagemagick_accept_the_tiffs(mnt, path):
     pages = r.stdout.strip().splitlines()
     assert len(pages) == {"img_u1": 1, "grp/stack_f4": 5, "be_i4": 3}[path]
     assert all("TIFF" in line for line in pages)
+
+
+# --------------------------------------------------------------------------- previews
+
+def test_previews_are_pngs_of_the_middle_page(mnt, store):
+    names = os.listdir(mnt / VIEWS / "preview")
+    assert {"img_u1.png", "be_i4.png", "cube_f8.png", "grp"} <= set(names)
+    want = zarr.open_array(store[0] / "grp/stack_f4")[2].astype("f8")  # middle of 5 pages
+    f = mnt / VIEWS / "preview" / "grp" / "stack_f4.png"
+    data = f.read_bytes()
+    assert os.stat(f).st_size == len(data)
+    with Image.open(io.BytesIO(data)) as im:
+        assert im.mode == "L" and im.size == (48, 64)
+        grey = np.asarray(im).astype(int)
+    lo, hi = np.percentile(want, [1, 99])
+    expect = np.clip(np.round((want - lo) / (hi - lo) * 255), 0, 255)
+    assert np.abs(grey - expect).max() <= 1
+
+
+def test_preview_nan_is_transparent(mount, tmp_path):
+    root = tmp_path / "nan.zarr"
+    value = np.random.default_rng(6).random((30, 20)).astype("f4")
+    value[5:9, 3:7] = np.nan
+    a = zarr.open_array(root, mode="w", shape=value.shape, chunks=(8, 8), dtype="f4")
+    a[...] = value
+    m = mount(root)
+    with Image.open(m / VIEWS / "preview" / "nan.png") as im:
+        assert im.mode == "LA" and im.size == (20, 30)
+        alpha = np.asarray(im)[..., 1]
+    np.testing.assert_array_equal(alpha == 0, np.isnan(value))
+
+
+def test_preview_of_a_large_array_reads_a_bounded_strided_subset(mount, tmp_path):
+    root = tmp_path / "large.zarr"
+    shape, chunks = (3, 20000, 20000), (1, 1000, 1000)  # 4.8 GB logical, 4 MB chunks
+    a = zarr.open_array(root, mode="w", shape=shape, chunks=chunks, dtype="f4", fill_value=0)
+    a[1, 9000:11000, 9000:11000] = 1.0
+    m = mount(root)
+    before = stats(m)
+    with Image.open(m / VIEWS / "preview" / "large.png") as im:
+        assert im.size == (254, 254)  # 20000 / ceil(20000 / 256): longest side at most 256
+    after = stats(m)
+    budget = 64 << 20  # zarrfs.preview.MAX_DECODED_BYTES, the bound the README states
+    assert 0 < after["preview_decoded_bytes"] - before.get("preview_decoded_bytes", 0) <= budget
+    assert after["store_gets"] - before["store_gets"] <= budget // (1000 * 1000 * 4)

@@ -125,7 +125,7 @@ class HeldFileHandle(Handle):
 def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
     if entry.kind == "stats":
         return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
-    if entry.kind in ("info", "text"):
+    if entry.kind in ("info", "text", "preview"):
         return SnapshotHandle(ns, entry, entry.content or b"")
     if entry.kind == "storekey":
         return StoreKeyHandle(ns, entry)

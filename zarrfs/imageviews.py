@@ -11,7 +11,7 @@ from xml.sax.saxutils import escape
 
 import numpy as np
 
-from . import tiff
+from . import preview, tiff
 from .layouts import ArrayStream, npy_header
 from .model import ArrayMeta, Node
 
@@ -54,6 +54,7 @@ def vrt_ok(meta: ArrayMeta) -> bool:
 IMAGE_VIEWS: dict[str, tuple[str, str, Callable[[ArrayMeta], bool]]] = {
     "tiff": (".tif", "tiff", tiff_ok),
     "gdal": (".vrt", "text", vrt_ok),
+    "preview": (".png", "preview", preview.supported),
 }
 # Files beside the arrays of an existing view directory: view -> (suffix, kind, which arrays).
 BESIDE = {"raw": (".hdr", "text", envi_ok)}

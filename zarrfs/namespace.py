@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import dotzarrfs, grid, handles, imageviews
+from .previews import Previews
 from .dotzarrfs import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
 from .engine import Engine
 from .errors import NotFound, ZarrfsError
@@ -48,7 +49,7 @@ class Entry:
                  origin: tuple[int, ...] | None = None) -> None:
         self.inode = inode
         # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held
-        #       | tiff | text (ENVI/VRT) (imageviews.py)
+        #       | tiff | text (ENVI/VRT) | preview (imageviews.py)
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
         self.node = node
@@ -163,6 +164,7 @@ class Namespace(NamespaceWrites):
         self._sizes: dict[str, dict[str, int | None] | None] = {}
         # Keys whose names cannot be file names (logged once, never listed)
         self._unlistable: set[str] = set()
+        self.previews = Previews(engine)
         # Files created and not yet arrays: (parent inode, name) -> inode
         self._pending_names: dict[tuple[int, str], int] = {}
         self._new("group", "", root if isinstance(root, GroupMeta) else None)
@@ -441,6 +443,9 @@ class Namespace(NamespaceWrites):
         elif entry.kind == "text":
             name = (entry.node.path.rsplit("/", 1)[-1] or self.root_stem) + NPY_SUFFIX
             entry.content = imageviews.text(entry.view, entry.node, name)
+            entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind == "preview":
+            entry.content = await self.previews.get(entry.node)
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind == "storekey":
             if entry.size < 0:
