@@ -22,7 +22,9 @@ STATS_FILE = "stats.json"
 # "" is the main tree's NAME.npy.
 ARRAY_VIEWS = {"": (".npy", "C", True), "npy-f": (".npy", "F", True),
                "raw": (".raw", "C", False), "raw-f": (".raw", "F", False)}
-VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info")
+VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", "slice")
+# Views whose directories list groups only: their files are looked up by name (slice/A[SEL].npy).
+LOOKUP_ONLY_VIEWS = ("slice",)
 
 
 def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
@@ -33,6 +35,8 @@ def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
         return [(base + ".json", "info")] + ([] if is_array else [(base, "group")])
     if not is_array:
         return [(base, "group")]
+    if view in LOOKUP_ONLY_VIEWS:
+        return []
     if view == "chunks":
         return [(base, "chunkdir")]
     return [(base + ARRAY_VIEWS[view][0], "array")]

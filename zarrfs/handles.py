@@ -131,7 +131,7 @@ def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
         return StoreKeyHandle(ns, entry)
     if entry.kind == "held":
         return HeldFileHandle(ns, entry)
-    if entry.kind in ("array", "chunk"):
+    if entry.kind in ("array", "chunk", "slice"):
         return ArrayHandle(ns, entry)
     return Handle(ns, entry)
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import dotzarrfs, grid, handles
+from . import dotzarrfs, grid, handles, selection
 from .dotzarrfs import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
 from .engine import Engine
 from .errors import NotFound, ZarrfsError
@@ -47,12 +47,12 @@ class Entry:
                  error: ZarrfsError | None = None, key: str | None = None, size: int = 0,
                  origin: tuple[int, ...] | None = None) -> None:
         self.inode = inode
-        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held
+        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held | slice
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
         self.node = node
         self.error = error
-        self.key = key  # store key (store view), prefix (store dirs), path or name of a new file
+        self.key = key  # store key (store view), prefix (store dirs), path or name of a new file, slice file name
         self.origin = origin  # grid position of a chunk file
         self._stream: ArrayStream | None = None
         self._size = size
@@ -78,9 +78,14 @@ class Entry:
     def stream(self) -> ArrayStream | None:
         """The byte layout of an array's file (built when first needed: a chunk directory lists
         millions of files that are never opened)."""
-        if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ("array", "chunk"):
+        if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ("array", "chunk", "slice"):
             if self.kind == "chunk":
                 self._stream = ArrayStream(self.node, "C", True, chunk=self.origin)
+            elif self.kind == "slice":
+                try:
+                    self._stream = slice_stream(self.node, self.key)
+                except selection.BadSelection as e:  # the array was replaced by one of another shape
+                    self.error = NotFound(f"{self.key}: {e}")
             else:
                 _, order, header = ARRAY_VIEWS[self.view]
                 self._stream = ArrayStream(self.node, order, header)
@@ -119,6 +124,13 @@ def name_problem(name: str) -> str | None:
     if n > NAME_MAX_BYTES:
         return f"a name of {n} bytes is longer than a file name can be ({NAME_MAX_BYTES})"
     return None
+
+
+def slice_stream(meta: ArrayMeta, name: str) -> selection.SliceStream:
+    """The layout of `slice/BASE[SEL].npy` (or `.raw`) of an array (BadSelection says why not)."""
+    _, text, header = selection.split_name(name)
+    dims, scalar = selection.selection(text, meta.shape)
+    return selection.SliceStream(meta, dims, header, scalar)
 
 
 def root_array_stem(source: str) -> str:
@@ -368,7 +380,30 @@ class Namespace(NamespaceWrites):
             idx = self._chunk_index(entry, name)
             return None if idx is None else self._child(parent, name, lambda: self._chunk_entry(entry, idx))
         make = (await self.children(parent)).get(name)
+        if make is None and entry.view in dotzarrfs.LOOKUP_ONLY_VIEWS and entry.kind == "group":
+            make = await self._slice_maker(entry, name)
         return None if make is None else self._child(parent, name, make)
+
+    async def _slice_maker(self, group: Entry, name: str) -> Maker | None:
+        """The maker of `BASE[SEL].npy` in a `slice/` directory; None (logged) when there is none."""
+        parts = selection.split_name(name)
+        if parts is None:
+            return None
+        if group.node is None and self.root_node.kind == "array":
+            nodes: list[Node] = [self.root_node]
+        else:
+            nodes = await self.nodes_below(group.node.path if group.node is not None else "")
+        base = parts[0]
+        for node in nodes:
+            if isinstance(node, ArrayMeta) and (node.path.rsplit("/", 1)[-1] if node.path else self.root_stem) == base:
+                try:
+                    slice_stream(node, name)
+                except selection.BadSelection as e:
+                    log.warning("slice/%s: %s", name, e)
+                    return None
+                return lambda: self._new("slice", "slice", node, key=name)
+        log.warning("slice/%s: no array %r here", name, base)
+        return None
 
     async def lookup(self, parent: int, name: str) -> Entry:
         """`name` in `parent`, its attributes ready (NotFound when there is none)."""
