@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import dotzarrfs, grid, handles, selection
+from . import dotzarrfs, grid, handles, netcdf, selection
 from .dotzarrfs import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
 from .engine import Engine
 from .errors import NotFound, ZarrfsError
@@ -48,6 +48,7 @@ class Entry:
                  origin: tuple[int, ...] | None = None) -> None:
         self.inode = inode
         # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held | slice
+        # | netcdf (a group's netCDF file)
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
         self.node = node
@@ -307,6 +308,9 @@ class Namespace(NamespaceWrites):
             nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
         if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
             names[".json"] = lambda: self._new("info", "info", entry.node)
+        suffix = dotzarrfs.GROUP_FILE_VIEWS.get(entry.view)
+        if suffix and isinstance(entry.node, GroupMeta) and entry.node.path == "":  # the root group: NAME.nc
+            names[self.root_stem + suffix] = lambda: self._new(entry.view, entry.view, entry.node)
         for node in nodes:
             if node.path.rsplit("/", 1)[-1].startswith(RESERVED_PREFIX):
                 continue  # a staging area of an array being written (or left by a killed daemon)
@@ -478,8 +482,19 @@ class Namespace(NamespaceWrites):
         elif entry.kind == "stats":
             entry.size = len(self.stats_bytes())
             entry.stored_bytes = 0
+        elif entry.kind == "netcdf":
+            await self._settle_netcdf(entry)
         else:
             entry.stored_bytes = entry.size
+
+    async def _settle_netcdf(self, entry: Entry) -> None:
+        """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""
+        group = entry.node
+        nc = netcdf.group_file(group.attributes, await self.nodes_below(group.path))
+        if nc.left_out:
+            log.warning("netcdf/%s: left out: %s", group.path or self.root_stem, "; ".join(nc.left_out))
+        entry._stream = nc
+        entry.size = entry.stored_bytes = nc.size
 
     async def _chunk_stored_bytes(self, entry: Entry, sizes: dict[str, int | None]) -> int:
         stored = sizes.get(entry.node.chunk_key(entry.origin)) or 0
