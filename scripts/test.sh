@@ -14,6 +14,12 @@ for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick; do
     fi
 done
 
+# tests/test_mount_netcdf.py prints the netCDF view's headers with ncdump (about 12 s to install here).
+if ! command -v ncdump >/dev/null; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get install -y -qq netcdf-bin >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq netcdf-bin >/dev/null; }
+fi
+
 # The oracle for the v3 drafts' experimental layout: zarr-python 2.18, which needs numpy<2
 # and so lives in a venv of its own (tests find it at .venv-zarr218).
 if ! .venv-zarr218/bin/python -c "import zarr, pytest; assert zarr.__version__.startswith('2.18')" 2>/dev/null; then

@@ -25,7 +25,8 @@ import pytest
 import mounted
 
 VIEWS_DIR = ".zarrfs"
-VIEW_NAMES = {"npy-f", "raw", "raw-f", "chunks", "store", "info", "stats.json", "tiff", "gdal", "preview"}
+VIEW_NAMES = {"npy-f", "raw", "raw-f", "chunks", "store", "info", "stats.json", "tiff", "gdal", "preview",
+              "slice", "netcdf"}
 INFO_KEYS = {"shape", "dtype", "chunk_shape", "order", "codecs", "fill_value", "attributes",
              "chunks_stored", "chunks_total", "logical_bytes", "stored_bytes"}
 STATS_KEYS = {"store_gets", "store_bytes", "cache_hits", "cache_misses", "cache_evictions",

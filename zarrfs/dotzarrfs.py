@@ -22,7 +22,12 @@ STATS_FILE = "stats.json"
 # "" is the main tree's NAME.npy.
 ARRAY_VIEWS = {"": (".npy", "C", True), "npy-f": (".npy", "F", True),
                "raw": (".raw", "C", False), "raw-f": (".raw", "F", False)}
-VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", *imageviews.IMAGE_VIEWS)
+VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", "slice", "netcdf",
+             *imageviews.IMAGE_VIEWS)
+# Views whose directories list groups only: their files are looked up by name (slice/A[SEL].npy).
+LOOKUP_ONLY_VIEWS = ("slice",)
+# Views of groups, not arrays: name -> file suffix (a group's file sits beside its directory).
+GROUP_FILE_VIEWS = {"netcdf": ".nc"}
 
 
 def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
@@ -33,8 +38,12 @@ def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
         return imageviews.view_names(view, node, base)
     if view == "info":
         return [(base + ".json", "info")] + ([] if is_array else [(base, "group")])
+    if view in GROUP_FILE_VIEWS:
+        return [] if is_array else [(base + GROUP_FILE_VIEWS[view], view), (base, "group")]
     if not is_array:
         return [(base, "group")]
+    if view in LOOKUP_ONLY_VIEWS:
+        return []
     if view == "chunks":
         return [(base, "chunkdir")]
     return [(base + ARRAY_VIEWS[view][0], "array")] + imageviews.beside(view, node, base)
