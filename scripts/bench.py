@@ -12,6 +12,10 @@ repetition, interleaved:
          (``--method cat`` times ``cat FILE > /dev/null`` instead); mount and unmount
          are not timed
 
+With ``--netcdf``, each repetition also reads the group's netCDF view
+(``MOUNT/.zarrfs/netcdf/NAME.nc``: the same array big-endian after a header) on a fresh
+mount, reported as a ratio against the ``.npy`` read of the same mount kind.
+
 Before every timed run a buffer the size of the work is written and freed: memory left
 free for ~2 s goes back to the host here and the first touch afterwards is up to 10x
 slower (FACTS.md). Reports the median of each side in GB/s (10^9 bytes/s) and the ratio
@@ -173,6 +177,7 @@ def main(argv=None) -> int:
                    help="read: 1 MiB read() calls into a reused buffer; cat: cat FILE > /dev/null")
     p.add_argument("--dir", type=Path, default=Path("/dev/shm"), help="where the store is written (default /dev/shm)")
     p.add_argument("--keep", action="store_true", help="keep the store afterwards (reused by the next run)")
+    p.add_argument("--netcdf", action="store_true", help="also read the root group's .zarrfs/netcdf file")
     p.add_argument("-o", "--mount-options", default="", help="extra zarrfs -o options, e.g. cache_size=2G")
     args = p.parse_args(argv)
 
@@ -185,7 +190,8 @@ def main(argv=None) -> int:
     build_store(store, args.codec, rows)
     options = [o for o in args.mount_options.split(",") if o]
 
-    zarr_s, mount_s = [], []
+    zarr_s, mount_s, nc_s = [], [], []
+    nc_bytes = 0
     zarr_bytes = mount_bytes = 0
     workdir = Path(tempfile.mkdtemp(prefix="zarrfs-bench-"))
     try:
@@ -205,6 +211,18 @@ def main(argv=None) -> int:
                 mount_s.append(t)
             finally:
                 unmount(mnt)
+            if args.netcdf:
+                mnt = workdir / f"mnt{rep}-nc"
+                mnt.mkdir()
+                try:
+                    mount(store, mnt, options)
+                    touch_memory(nbytes)
+                    t, nc_bytes = read_file(mnt / ".zarrfs" / "netcdf" / (store.name[:-len(".zarr")] + ".nc"),
+                                            args.method)
+                    nc_s.append(t)
+                finally:
+                    unmount(mnt)
+                print(f"rep {rep + 1}/{args.reps}: netcdf {nc_bytes / nc_s[-1] / 1e9:.2f} GB/s", flush=True)
             print(f"rep {rep + 1}/{args.reps}: zarr {zarr_bytes / zarr_s[-1] / 1e9:.2f} GB/s, "
                   f"mount {mount_bytes / mount_s[-1] / 1e9:.2f} GB/s", flush=True)
     finally:
@@ -221,6 +239,10 @@ def main(argv=None) -> int:
     print(f"zarr-python 3 into memory : {zarr_gbs:6.2f} GB/s")
     print(f"zarrfs mount, sequential  : {mount_gbs:6.2f} GB/s")
     print(f"ratio mount/zarr          : {mount_gbs / zarr_gbs:6.2f}")
+    if nc_s:
+        nc_gbs = nc_bytes / statistics.median(nc_s) / 1e9
+        print(f"zarrfs netCDF view        : {nc_gbs:6.2f} GB/s")
+        print(f"ratio netcdf/npy          : {nc_gbs / mount_gbs:6.2f}")
     return 0
 
 

@@ -4,10 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ZARRFS_EXTRAS="test,http" source scripts/setup.sh
-# tests/test_ops.py copies a mount with rsync (file times across remounts).
-if ! command -v rsync >/dev/null; then
+# tests/test_ops.py copies a mount with rsync (file times across remounts); the image views'
+# tests open files with GDAL (gdalinfo) and ImageMagick (identify): 20 s each to install here.
+for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick; do
+    if ! command -v "${tool%%:*}" >/dev/null; then
+        sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        pkg="${tool#*:}"
+        $sudo apt-get install -y -qq "$pkg" >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq "$pkg" >/dev/null; }
+    fi
+done
+
+# tests/test_mount_netcdf.py prints the netCDF view's headers with ncdump (about 12 s to install here).
+if ! command -v ncdump >/dev/null; then
     sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get install -y -qq rsync >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq rsync >/dev/null; }
+    $sudo apt-get install -y -qq netcdf-bin >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq netcdf-bin >/dev/null; }
 fi
 
 # The oracle for the v3 drafts' experimental layout: zarr-python 2.18, which needs numpy<2

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import grid
+from . import grid, imageviews
 from .model import ArrayMeta, GroupMeta, Node
 
 VIEWS_DIR = ".zarrfs"
@@ -22,20 +22,31 @@ STATS_FILE = "stats.json"
 # "" is the main tree's NAME.npy.
 ARRAY_VIEWS = {"": (".npy", "C", True), "npy-f": (".npy", "F", True),
                "raw": (".raw", "C", False), "raw-f": (".raw", "F", False)}
-VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info")
+VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", "slice", "netcdf",
+             *imageviews.IMAGE_VIEWS)
+# Views whose directories list groups only: their files are looked up by name (slice/A[SEL].npy).
+LOOKUP_ONLY_VIEWS = ("slice",)
+# Views of groups, not arrays: name -> file suffix (a group's file sits beside its directory).
+GROUP_FILE_VIEWS = {"netcdf": ".nc"}
 
 
 def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
     """(name, entry kind) of a node named `base` in a view directory (info lists groups twice:
     NAME.json and the directory NAME)."""
     is_array = node.kind == "array"
+    if view in imageviews.IMAGE_VIEWS:
+        return imageviews.view_names(view, node, base)
     if view == "info":
         return [(base + ".json", "info")] + ([] if is_array else [(base, "group")])
+    if view in GROUP_FILE_VIEWS:
+        return [] if is_array else [(base + GROUP_FILE_VIEWS[view], view), (base, "group")]
     if not is_array:
         return [(base, "group")]
+    if view in LOOKUP_ONLY_VIEWS:
+        return []
     if view == "chunks":
         return [(base, "chunkdir")]
-    return [(base + ARRAY_VIEWS[view][0], "array")]
+    return [(base + ARRAY_VIEWS[view][0], "array")] + imageviews.beside(view, node, base)
 
 
 def chunk_name(idx: tuple[int, ...]) -> str:

@@ -107,6 +107,28 @@ class ArrayHandle(Handle):
             await self.ns.sync(self.entry)
 
 
+class NetcdfHandle(Handle):
+    """A group's netCDF file: header bytes, then each variable's big-endian elements read through
+    the engine (one read-ahead state per variable: a reader of the whole file reads each in turn)."""
+
+    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+        super().__init__(ns, entry)
+        self.readaheads: dict[int, ReadAhead] = {}
+
+    async def read(self, offset: int, size: int) -> bytes:
+        if self.entry.error is not None:
+            raise self.entry.error
+        out = []
+        for part in self.entry.stream.parts(offset, size):
+            if isinstance(part, bytes):
+                out.append(part)
+            else:
+                i, stream, off, n = part
+                ahead = self.readaheads.setdefault(i, ReadAhead())
+                out.append(await self.ns.engine.read(stream, off, n, readahead=ahead))
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
 class HeldFileHandle(Handle):
     """A file held aside under a temporary name: its bytes in the daemon."""
 
@@ -127,13 +149,15 @@ def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
         return SnapshotHandle(ns, entry, b"", direct_io=True)
     if entry.kind == "stats":
         return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
-    if entry.kind == "info":
+    if entry.kind in ("info", "text", "preview"):
         return SnapshotHandle(ns, entry, entry.content or b"")
     if entry.kind == "storekey":
         return StoreKeyHandle(ns, entry)
     if entry.kind == "held":
         return HeldFileHandle(ns, entry)
-    if entry.kind in ("array", "chunk"):
+    if entry.kind == "netcdf":
+        return NetcdfHandle(ns, entry)
+    if entry.kind in ("array", "chunk", "tiff", "slice"):
         return ArrayHandle(ns, entry)
     return Handle(ns, entry)
 

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import dotzarrfs, grid, handles
+from . import dotzarrfs, grid, handles, imageviews, netcdf, selection
+from .previews import Previews
 from .dotzarrfs import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
 from .engine import Engine
 from .errors import NotFound, ZarrfsError
@@ -48,12 +49,13 @@ class Entry:
                  error: ZarrfsError | None = None, key: str | None = None, size: int = 0,
                  origin: tuple[int, ...] | None = None) -> None:
         self.inode = inode
-        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held
+        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held | slice
+        #       | netcdf (a group's netCDF file) | tiff | text (ENVI/VRT) | preview (imageviews.py)
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
         self.node = node
         self.error = error
-        self.key = key  # store key (store view), prefix (store dirs), path or name of a new file
+        self.key = key  # store key (store view), prefix (store dirs), path or name of a new file, slice file name
         self.origin = origin  # grid position of a chunk file
         self._stream: ArrayStream | None = None
         self._size = size
@@ -79,9 +81,16 @@ class Entry:
     def stream(self) -> ArrayStream | None:
         """The byte layout of an array's file (built when first needed: a chunk directory lists
         millions of files that are never opened)."""
-        if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ("array", "chunk"):
-            if self.kind == "chunk":
+        if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ("array", "chunk", "tiff", "slice"):
+            if self.kind == "tiff":
+                self._stream = imageviews.tiff_stream(self.node)
+            elif self.kind == "chunk":
                 self._stream = ArrayStream(self.node, "C", True, chunk=self.origin)
+            elif self.kind == "slice":
+                try:
+                    self._stream = slice_stream(self.node, self.key)
+                except selection.BadSelection as e:  # the array was replaced by one of another shape
+                    self.error = NotFound(f"{self.key}: {e}")
             else:
                 _, order, header = ARRAY_VIEWS[self.view]
                 self._stream = ArrayStream(self.node, order, header)
@@ -120,6 +129,13 @@ def name_problem(name: str) -> str | None:
     if n > NAME_MAX_BYTES:
         return f"a name of {n} bytes is longer than a file name can be ({NAME_MAX_BYTES})"
     return None
+
+
+def slice_stream(meta: ArrayMeta, name: str) -> selection.SliceStream:
+    """The layout of `slice/BASE[SEL].npy` (or `.raw`) of an array (BadSelection says why not)."""
+    _, text, header = selection.split_name(name)
+    dims, scalar = selection.selection(text, meta.shape)
+    return selection.SliceStream(meta, dims, header, scalar)
 
 
 def root_array_stem(source: str) -> str:
@@ -168,6 +184,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         self._sizes: dict[str, dict[str, int | None] | None] = {}
         # Keys whose names cannot be file names (logged once, never listed)
         self._unlistable: set[str] = set()
+        self.previews = Previews(engine)
         # Files created and not yet arrays: (parent inode, name) -> inode
         self._pending_names: dict[tuple[int, str], int] = {}
         self._new("group", "", root if isinstance(root, GroupMeta) else None)
@@ -306,6 +323,9 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
         if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
             names[".json"] = lambda: self._new("info", "info", entry.node)
+        suffix = dotzarrfs.GROUP_FILE_VIEWS.get(entry.view)
+        if suffix and isinstance(entry.node, GroupMeta) and entry.node.path == "":  # the root group: NAME.nc
+            names[self.root_stem + suffix] = lambda: self._new(entry.view, entry.view, entry.node)
         for node in nodes:
             if node.path.rsplit("/", 1)[-1].startswith(RESERVED_PREFIX):
                 continue  # a staging area of an array being written (or left by a killed daemon)
@@ -379,7 +399,30 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             idx = self._chunk_index(entry, name)
             return None if idx is None else self._child(parent, name, lambda: self._chunk_entry(entry, idx))
         make = (await self.children(parent)).get(name)
+        if make is None and entry.view in dotzarrfs.LOOKUP_ONLY_VIEWS and entry.kind == "group":
+            make = await self._slice_maker(entry, name)
         return None if make is None else self._child(parent, name, make)
+
+    async def _slice_maker(self, group: Entry, name: str) -> Maker | None:
+        """The maker of `BASE[SEL].npy` in a `slice/` directory; None (logged) when there is none."""
+        parts = selection.split_name(name)
+        if parts is None:
+            return None
+        if group.node is None and self.root_node.kind == "array":
+            nodes: list[Node] = [self.root_node]
+        else:
+            nodes = await self.nodes_below(group.node.path if group.node is not None else "")
+        base = parts[0]
+        for node in nodes:
+            if isinstance(node, ArrayMeta) and (node.path.rsplit("/", 1)[-1] if node.path else self.root_stem) == base:
+                try:
+                    slice_stream(node, name)
+                except selection.BadSelection as e:
+                    log.warning("slice/%s: %s", name, e)
+                    return None
+                return lambda: self._new("slice", "slice", node, key=name)
+        log.warning("slice/%s: no array %r here", name, base)
+        return None
 
     async def lookup(self, parent: int, name: str) -> Entry:
         """`name` in `parent`, its attributes ready (NotFound when there is none)."""
@@ -447,6 +490,13 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             entry.content = dotzarrfs.info_json(
                 entry.node, await self.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None)
             entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind == "text":
+            name = (entry.node.path.rsplit("/", 1)[-1] or self.root_stem) + NPY_SUFFIX
+            entry.content = imageviews.text(entry.view, entry.node, name)
+            entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind == "preview":
+            entry.content = await self.previews.get(entry.node)
+            entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind == "storekey":
             if entry.size < 0:
                 size = await self.engine.run_io(self.hierarchy.store.size_sync, entry.key)
@@ -455,8 +505,19 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         elif entry.kind == "stats":
             entry.size = 0 if entry.view == "refresh" else len(self.stats_bytes())
             entry.stored_bytes = 0
+        elif entry.kind == "netcdf":
+            await self._settle_netcdf(entry)
         else:
             entry.stored_bytes = entry.size
+
+    async def _settle_netcdf(self, entry: Entry) -> None:
+        """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""
+        group = entry.node
+        nc = netcdf.group_file(group.attributes, await self.nodes_below(group.path))
+        if nc.left_out:
+            log.warning("netcdf/%s: left out: %s", group.path or self.root_stem, "; ".join(nc.left_out))
+        entry._stream = nc
+        entry.size = entry.stored_bytes = nc.size
 
     async def _chunk_stored_bytes(self, entry: Entry, sizes: dict[str, int | None]) -> int:
         stored = sizes.get(entry.node.chunk_key(entry.origin)) or 0

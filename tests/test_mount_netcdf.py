@@ -1,0 +1,139 @@
+"""Mounted tests of `.zarrfs/netcdf/PATH.nc`: groups as netCDF classic files.
+
+Oracles: xarray's `open_zarr` of the same store against xarray / netCDF4-python /
+scipy reading the mounted file; ncdump (netcdf-bin) printing its header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mounted
+
+NETCDF = Path(".zarrfs") / "netcdf"
+
+
+def classic_dataset():
+    import xarray as xr
+
+    rng = np.random.default_rng(11)
+    temp = rng.standard_normal((4, 6, 8)).astype(">f4")  # a big-endian source
+    temp[1] = np.nan  # with the fill value NaN: chunks not stored
+    ds = xr.Dataset(
+        {"temp": (("t", "lat", "lon"), temp, {"units": "K", "long_name": "air temperature", "valid": [1, 2]}),
+         "pr": (("lat", "lon"), rng.integers(-99, 99, (6, 8)).astype("i2"), {"scale_factor": 0.5}),
+         "p0": ((), 1013.25, {"units": "hPa"})},
+        coords={"lat": ("lat", np.linspace(-50, 50, 6)), "lon": ("lon", np.arange(8, dtype="f4")),
+                "t": ("t", np.arange(4, dtype="i4"))},
+        attrs={"title": "classic", "history": "made by a test", "n": 3})
+    return ds
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    import xarray as xr
+
+    root = tmp_path_factory.mktemp("nc-stores")
+    ds = classic_dataset()
+    ds.to_zarr(root / "classic.zarr", zarr_format=2, consolidated=False,
+               encoding={"temp": {"chunks": (1, 3, 4)}, "pr": {"chunks": (3, 8)}})
+    timed = xr.Dataset({"v": (("time", "x"), np.arange(12, dtype="u2").reshape(3, 4)),
+                        "big": (("x",), np.array([2**40, -1, 0, 5], dtype="i8"))},
+                       coords={"time": np.array(["2000-01-01", "2000-01-02", "2000-01-05"], "datetime64[ns]")})
+    timed.to_zarr(root / "timed.zarr", zarr_format=3, consolidated=False)
+    return root
+
+
+def assert_same_dataset(got, want) -> None:
+    import xarray as xr
+
+    xr.testing.assert_identical(got.load(), want.load())
+
+
+def test_xarray_v2_store_as_cdf2_read_by_scipy_and_netcdf4(mount, stores):
+    import xarray as xr
+
+    mnt = mount(stores / "classic.zarr")
+    p = mnt / NETCDF / "classic.nc"
+    data = p.read_bytes()
+    assert data[:4] == b"CDF\x02" and p.stat().st_size == len(data)
+    want = xr.open_zarr(stores / "classic.zarr", consolidated=False)
+    for engine in ("scipy", "netcdf4"):
+        with xr.open_dataset(p, engine=engine) as got:
+            assert_same_dataset(got, want)
+    with xr.open_dataset(p, engine="netcdf4", decode_cf=False) as raw:
+        raw_want = xr.open_zarr(stores / "classic.zarr", consolidated=False, decode_cf=False)
+        np.testing.assert_array_equal(raw["temp"].values, raw_want["temp"].values)
+        assert raw["temp"].attrs["_FillValue"] != raw["temp"].attrs["_FillValue"]  # NaN
+
+
+def test_reading_a_slab_loads_only_its_chunks(mount, tmp_path):
+    import netCDF4
+    import xarray as xr
+
+    big = np.random.default_rng(2).standard_normal((6, 256, 512)).astype("f4")  # 512 KiB chunks
+    xr.Dataset({"a": (("x",), np.arange(3.0)), "z": (("t", "y", "x2"), big)}).to_zarr(
+        tmp_path / "big.zarr", zarr_format=2, consolidated=False, encoding={"z": {"chunks": (1, 256, 512)}})
+    mnt = mount(tmp_path / "big.zarr")
+    p = mnt / NETCDF / "big.nc"
+    with netCDF4.Dataset(p) as f:
+        assert list(f.variables) == ["a", "z"]  # z last: its last time step ends the file
+        np.testing.assert_array_equal(f["z"][-1], big[-1])
+    mnt2 = mount(tmp_path / "big.zarr")  # nothing cached; the kernel's read-ahead off (FADV_RANDOM)
+    p = mnt2 / NETCDF / "big.nc"
+    slab_bytes = big[-1].nbytes
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        before = json.loads((mnt2 / ".zarrfs" / "stats.json").read_bytes())
+        got = os.pread(fd, slab_bytes, p.stat().st_size - slab_bytes)
+        after = json.loads((mnt2 / ".zarrfs" / "stats.json").read_bytes())
+    finally:
+        os.close(fd)
+    assert got == big[-1].astype(">f4").tobytes()
+    assert after["store_gets"] - before["store_gets"] == 1, (before, after)  # chunk (5, 0, 0) only
+
+
+def test_v3_store_with_dimension_names_and_64_bit_types_is_cdf5(mount, stores):
+    import netCDF4
+    import xarray as xr
+
+    mnt = mount(stores / "timed.zarr")
+    p = mnt / NETCDF / "timed.nc"
+    assert p.read_bytes()[:4] == b"CDF\x05"
+    with netCDF4.Dataset(p) as f:
+        assert f.data_model == "NETCDF3_64BIT_DATA"
+        assert f["v"].dimensions == ("time", "x")
+    want = xr.open_zarr(stores / "timed.zarr", consolidated=False, decode_cf=False)
+    with xr.open_dataset(p, engine="netcdf4", decode_cf=False) as got:
+        for name in want.variables:
+            np.testing.assert_array_equal(got[name].values, want[name].values)
+            for k, v in want[name].attrs.items():
+                if k != "_FillValue":
+                    assert got[name].attrs[k] == v, (name, k)
+
+
+def test_groups_listing_left_out_and_ncdump(mount, tmp_path):
+    import zarr
+
+    root = tmp_path / "h.zarr"
+    g = zarr.open_group(root, mode="w", zarr_format=2)
+    g.create_array("c", shape=(3,), dtype="c16", fill_value=0)
+    sub = g.create_group("sub")
+    sub.create_array("a", shape=(2, 3), chunks=(1, 3), dtype="f8", fill_value=1.5)
+    mnt = mount(root)
+    assert sorted(p.name for p in (mnt / NETCDF).iterdir()) == ["h.nc", "sub", "sub.nc"]
+    ncdump = shutil.which("ncdump")
+    assert ncdump, "ncdump missing: scripts/test.sh installs apt netcdf-bin"
+    out = subprocess.run([ncdump, "-h", str(mnt / NETCDF / "h.nc")], capture_output=True, text=True, check=True).stdout
+    assert "zarrfs_left_out" in out and "c: data type complex128" in out and "sub: a child group" in out
+    out = subprocess.run([ncdump, str(mnt / NETCDF / "sub.nc")], capture_output=True, text=True, check=True).stdout
+    assert "double a(a_dim0, a_dim1)" in out and "a:_FillValue = 1.5" in out and "_, _, _" in out  # unwritten chunks: the fill value
+    assert any("left out" in line for line in mounted.log_lines_naming(mount.log_text(mnt), "netcdf/"))

@@ -1,0 +1,122 @@
+"""TIFF headers (zarrfs.tiff) and the image views' layouts and texts (zarrfs.imageviews), with tifffile as the oracle."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+import tifffile
+
+from test_layouts import make
+from zarrfs import imageviews, tiff
+
+CASES = [((5, 7), "|u1"), ((3, 5, 7), ">f4"), ((2, 3, 4, 5), "<c8"), ((300, 2000), "<f8"), ((4, 4), "|b1"),
+         ((2, 3, 9), "<i8"), ((6, 6), ">u2"), ((3, 8, 8), "<f2"), ((2, 2, 2), ">c16"), ((1, 1), "|i1")]
+
+
+def tiff_file(arr: np.ndarray, desc: str = "") -> bytes:
+    pixels = tiff.pixel_dtype(arr.dtype)
+    return tiff.header(pixels, arr.shape, desc) + arr.astype(pixels).tobytes()
+
+
+def sample(shape, dtype) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return (rng.random(shape) * 200).astype(np.dtype(dtype))
+
+
+@pytest.mark.parametrize("shape,dtype", CASES, ids=[f"{s}-{d}" for s, d in CASES])
+def test_tifffile_reads_header_then_c_order_bytes(shape, dtype):
+    arr = sample(shape, dtype)
+    desc = tiff.description("/g/a", arr.shape, arr.dtype, {"units": "m", "nan": float("nan")})
+    data = tiff_file(arr, desc)
+    with tifffile.TiffFile(io.BytesIO(data)) as tf:
+        assert len(tf.pages) == math.prod(shape[:-2])
+        assert not tf.is_bigtiff
+        got = tf.asarray()
+        assert tf.pages[0].description.startswith('{"shape": ')
+        assert tf.pages[0].compression == 1
+    want = arr.astype(np.uint8) if arr.dtype.kind == "b" else arr
+    assert got.shape == want.shape and got.dtype == want.dtype.newbyteorder("<")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_pixels_start_on_a_page_boundary_after_every_ifd():
+    arr = sample((3, 40, 30), "<u2")
+    head = tiff.header(arr.dtype, arr.shape)
+    assert len(head) % 4096 == 0
+    with tifffile.TiffFile(io.BytesIO(head + arr.tobytes())) as tf:
+        offsets = [o for p in tf.pages for o in p.dataoffsets]
+        page_bytes = 40 * 30 * 2
+        assert [p.dataoffsets[0] for p in tf.pages] == [len(head) + k * page_bytes for k in range(3)]
+        assert min(offsets) == len(head)
+
+
+def test_long_pages_are_cut_in_strips():
+    arr = sample((2, 1000, 300), "<f8")  # 2.4 MB a page: three strips of about 1 MiB
+    with tifffile.TiffFile(io.BytesIO(tiff_file(arr))) as tf:
+        assert [len(p.dataoffsets) for p in tf.pages] == [3, 3]
+        np.testing.assert_array_equal(tf.asarray(), arr)
+
+
+def test_bigtiff_past_4_gib(monkeypatch):
+    monkeypatch.setattr(tiff, "CLASSIC_MAX_BYTES", 1000)  # the same rule, reached by a small array
+    arr = sample((3, 20, 30), "<i4")
+    with tifffile.TiffFile(io.BytesIO(tiff_file(arr))) as tf:
+        assert tf.is_bigtiff
+        np.testing.assert_array_equal(tf.asarray(), arr)
+
+
+def test_header_of_a_5_gib_array_is_bigtiff():
+    shape = (5, 32768, 32768)  # 5 GiB of uint8
+    head = tiff.header(np.dtype("u1"), shape)
+    assert head[:4] == b"II+\0"
+    with tifffile.TiffFile(io.BytesIO(head)) as tf:  # IFDs only; pixels are not read
+        last = tf.pages[-1]
+        assert last.shape == (32768, 32768)
+        assert last.dataoffsets[-1] + last.databytecounts[-1] == len(head) + math.prod(shape)
+
+
+def test_large_attributes_are_left_out_of_the_description():
+    desc = tiff.description("/a", (2, 2), np.dtype("u1"), {"big": "x" * (tiff.MAX_DESCRIPTION_BYTES + 1)})
+    assert len(desc) < tiff.MAX_DESCRIPTION_BYTES and '"attributes": null' in desc
+
+
+@pytest.mark.parametrize("shape,dtype", [((5,), "u1"), ((0, 4), "u1"), ((3, 3), "S3"), ((3, 3), "M8[s]"),
+                                         ((2, 2), [("a", "u1")])])
+def test_unsupported_arrays_get_no_tiff(shape, dtype):
+    assert not tiff.supported(np.dtype(dtype), shape)
+
+
+def test_millions_of_pages_get_no_tiff():
+    assert not tiff.header_fits(np.dtype("u1"), (10_000_000, 2, 2))
+    assert tiff.header_fits(np.dtype("u1"), (10_000, 2, 2))
+
+
+def test_reading_one_page_plans_only_that_pages_chunks():
+    arr = np.arange(4 * 20 * 20, dtype="<f4").reshape(4, 20, 20)
+    meta, _ = make(arr, (1, 10, 10), "C")
+    stream = imageviews.tiff_stream(meta)
+    page = 20 * 20 * 4
+    plan = stream.plan(len(stream.header) + 2 * page, page)
+    assert set(plan.chunks) == {(2, i, j) for i in range(2) for j in range(2)}
+
+
+def test_tiff_stream_serves_what_tifffile_reads():
+    arr = sample((3, 7, 9), ">i2")
+    meta, chunks = make(arr, (2, 3, 4), "F")
+    stream = imageviews.tiff_stream(meta)
+    plan = stream.plan(0, stream.size)
+    data = stream.assemble(plan, {idx: chunks[idx] for idx in plan.chunks})
+    assert len(data) == stream.size
+    np.testing.assert_array_equal(tifffile.imread(io.BytesIO(data)), arr)
+
+
+def test_envi_header_and_vrt_texts():
+    meta, _ = make(np.zeros((3, 5, 7), ">i4"), (1, 5, 7), "C")
+    hdr = imageviews.envi_header(meta).decode()
+    for line in ("samples = 7", "lines = 5", "bands = 3", "data type = 3", "byte order = 1", "interleave = bsq",
+                 "header offset = 0"):
+        assert line in hdr.splitlines()
+    vrt = imageviews.vrt(meta, "a.npy").decode()
+    assert vrt.count("VRTRawRasterBand") == 3 and "<ByteOrder>MSB</ByteOrder>" in vrt
+    assert "<ImageOffset>%d</ImageOffset>" % (128 + 2 * 5 * 7 * 4) in vrt

@@ -1,0 +1,182 @@
+"""TIFF headers for the `.zarrfs/tiff/` view: every IFD and its tag data before the pixels, which follow as C-order elements.
+
+The last two dimensions of an array are a page's rows and columns; every other index
+is a page, in C order. Pages are contiguous and uncompressed, cut into strips of rows,
+so a TIFF file is `header(...)` followed by the array's raw C-order little-endian
+element bytes: an ArrayStream with this header serves it. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+# TIFF SampleFormat values (TIFF 6.0 section 19; 6 = complex float, a GDAL/tifffile extension).
+SAMPLE_UINT, SAMPLE_INT, SAMPLE_FLOAT, SAMPLE_COMPLEX = 1, 2, 3, 6
+SAMPLE_FORMATS = {"b": SAMPLE_UINT, "u": SAMPLE_UINT, "i": SAMPLE_INT, "f": SAMPLE_FLOAT, "c": SAMPLE_COMPLEX}
+# Field types: SHORT, LONG, ASCII, LONG8 (BigTIFF).
+ASCII, SHORT, LONG, LONG8 = 2, 3, 4, 16
+# Strips of about this many bytes: readers that load a strip at a time (libtiff, GDAL)
+# read a bounded piece, and the strip tables stay small next to the pixels.
+STRIP_TARGET_BYTES = 1 << 20
+# Pixel data start on a page-cache page boundary, so the kernel's page-sized reads of one
+# TIFF page never carry bytes of its neighbour (and so never load its chunks).
+DATA_ALIGN = 4096
+# A TIFF whose IFDs would take more than this (millions of tiny pages) is not offered:
+# the header is built whole and held by every open of the file.
+MAX_HEADER_BYTES = 16 << 20
+# Attributes larger than this are left out of ImageDescription (it is read whole by readers).
+MAX_DESCRIPTION_BYTES = 64 << 10
+# Classic TIFF offsets are 32-bit: a larger file is written as BigTIFF.
+CLASSIC_MAX_BYTES = (1 << 32) - 1
+
+
+def supported(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
+    """Whether an array can be shown as TIFF: 2+ dimensions, none empty, a numeric or bool type."""
+    return (len(shape) >= 2 and all(n > 0 for n in shape) and shape[-1] < 1 << 32 and shape[-2] < 1 << 32
+            and dtype.fields is None and dtype.subdtype is None and dtype.kind in SAMPLE_FORMATS)
+
+
+def header_fits(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
+    """Whether the header stays within MAX_HEADER_BYTES (a bound from BigTIFF's sizes,
+    the larger encoding, without building it)."""
+    rows_per_strip, n_strips = _strips(shape[-2], shape[-1] * dtype.itemsize)
+    per_page = 8 + 13 * 20 + 8 + (2 * 8 * n_strips if n_strips > 1 else 0)
+    return 16 + math.prod(shape[:-2]) * per_page + 2 * MAX_DESCRIPTION_BYTES <= MAX_HEADER_BYTES
+
+
+def pixel_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of the TIFF's pixels: the array's, little-endian; bool as 8-bit unsigned."""
+    return np.dtype(np.uint8) if dtype.kind == "b" else dtype.newbyteorder("<")
+
+
+def description(path: str, shape: tuple[int, ...], dtype: np.dtype, attributes: Any) -> str:
+    """ImageDescription: JSON with the array's shape first (tifffile reads it back as the
+    N-D shape), path, dtype and attributes (left out when larger than MAX_DESCRIPTION_BYTES)."""
+    doc: dict[str, Any] = {"shape": list(shape), "path": path, "dtype": np.lib.format.dtype_to_descr(dtype),
+                           "attributes": attributes}
+    text = json.dumps(doc, default=str)
+    if len(text) > MAX_DESCRIPTION_BYTES:
+        doc["attributes"] = None
+        doc["attributes_omitted_bytes"] = len(text)
+        text = json.dumps(doc, default=str)
+    return text
+
+
+class _Layout:
+    """Sizes of the classic or BigTIFF encoding."""
+
+    def __init__(self, big: bool) -> None:
+        self.big = big
+        self.offset_type = LONG8 if big else LONG
+        self.offset_fmt = "Q" if big else "I"
+        self.offset_size = 8 if big else 4
+        self.entry_size = 20 if big else 12
+        self.count_fmt = "Q" if big else "H"  # number of entries in an IFD
+        self.file_header = 16 if big else 8
+        self.inline = 8 if big else 4  # values up to this many bytes sit in the entry itself
+
+
+_TYPE_FMT = {ASCII: "s", SHORT: "H", LONG: "I", LONG8: "Q"}
+
+
+def _ifd(lay: _Layout, at: int, tags: list[tuple[int, int, Any]], next_ifd_at: int | None) -> tuple[bytes, int]:
+    """One IFD at file offset `at`, followed by its out-of-line values: (bytes, offset after them)."""
+    n = len(tags)
+    ifd_size = (8 if lay.big else 2) + n * lay.entry_size + lay.offset_size
+    extra_at = at + ifd_size
+    entries, extra = [], b""
+    for code, ftype, value in sorted(tags, key=lambda t: t[0]):
+        if ftype == ASCII:
+            data, count = value, len(value)
+        else:
+            values = value if isinstance(value, (list, tuple)) else [value]
+            data, count = struct.pack(f"<{len(values)}{_TYPE_FMT[ftype]}", *values), len(values)
+        if len(data) <= lay.inline:
+            field = data.ljust(lay.inline, b"\0")
+        else:
+            field = struct.pack("<" + lay.offset_fmt, extra_at + len(extra))
+            extra += data + b"\0" * (len(data) % 2)  # values start on a word boundary
+        entries.append(struct.pack("<HH" + lay.offset_fmt, code, ftype, count) + field)
+    out = struct.pack("<" + lay.count_fmt, n) + b"".join(entries)
+    out += struct.pack("<" + lay.offset_fmt, next_ifd_at or 0)
+    return out + extra, at + len(out) + len(extra)
+
+
+def _ifd_size(lay: _Layout, tags: list[tuple[int, int, Any]]) -> int:
+    return len(_ifd(lay, 0, tags, None)[0])
+
+
+def _page_tags(lay: _Layout, dtype: np.dtype, rows: int, cols: int, strip_offsets: list[int],
+               strip_counts: list[int], rows_per_strip: int, desc: bytes | None) -> list[tuple[int, int, Any]]:
+    tags = [
+        (254, LONG, 0),  # NewSubfileType: a full-resolution image
+        (256, LONG, cols), (257, LONG, rows),
+        (258, SHORT, dtype.itemsize * 8),  # BitsPerSample
+        (259, SHORT, 1),  # Compression: none
+        (262, SHORT, 1),  # PhotometricInterpretation: MinIsBlack
+        (273, lay.offset_type, strip_offsets),
+        (277, SHORT, 1),  # SamplesPerPixel
+        (278, LONG, rows_per_strip),
+        (279, lay.offset_type, strip_counts),
+        (284, SHORT, 1),  # PlanarConfiguration: contiguous
+        (339, SHORT, SAMPLE_FORMATS[dtype.kind]),
+    ]
+    if desc is not None:
+        tags.append((270, ASCII, desc))
+    return tags
+
+
+def _strips(rows: int, row_bytes: int) -> tuple[int, int]:
+    """(rows per strip, strips per page)."""
+    rows_per_strip = max(1, min(rows, STRIP_TARGET_BYTES // max(row_bytes, 1)))
+    return rows_per_strip, -(-rows // rows_per_strip)
+
+
+def _build(lay: _Layout, dtype: np.dtype, shape: tuple[int, ...], desc: bytes, data_at: int | None) -> bytes:
+    """The header with pixel data at `data_at`, padded up to it (None: unpadded, offsets left 0,
+    for its length, which the offsets' values do not change)."""
+    rows, cols = shape[-2], shape[-1]
+    pages = math.prod(shape[:-2])
+    row_bytes = cols * dtype.itemsize
+    page_bytes = rows * row_bytes
+    rows_per_strip, n_strips = _strips(rows, row_bytes)
+    counts = [rows_per_strip * row_bytes] * (n_strips - 1) + [(rows - rows_per_strip * (n_strips - 1)) * row_bytes]
+    magic = b"II" + (struct.pack("<HHHQ", 43, 8, 0, lay.file_header) if lay.big
+                     else struct.pack("<HI", 42, lay.file_header))
+    parts, at = [magic], lay.file_header
+    for p in range(pages):
+        start = p * page_bytes + (data_at or 0)
+        offsets = [0 if data_at is None else start + s * rows_per_strip * row_bytes for s in range(n_strips)]
+        tags = _page_tags(lay, dtype, rows, cols, offsets, counts, rows_per_strip, desc if p == 0 else None)
+        size = _ifd_size(lay, tags)
+        if at + size > MAX_HEADER_BYTES:
+            raise ValueError(f"TIFF header of {pages} pages exceeds {MAX_HEADER_BYTES} bytes")
+        ifd, at = _ifd(lay, at, tags, at + size if p + 1 < pages else None)
+        parts.append(ifd)
+    head = b"".join(parts)
+    return head if data_at is None else head + b"\0" * (data_at - len(head))
+
+
+def header(dtype: np.dtype, shape: tuple[int, ...], desc: str = "") -> bytes:
+    """The TIFF bytes before the pixels of an array of `shape` whose pixels are `dtype`
+    (little-endian, as `pixel_dtype` gives): BigTIFF when the whole file passes 4 GiB.
+
+    ValueError when the array cannot be a TIFF or its header would pass MAX_HEADER_BYTES.
+    """
+    if not supported(dtype, shape):
+        raise ValueError(f"no TIFF of a {dtype} array of shape {shape}")
+    desc_bytes = desc.encode("ascii", "backslashreplace") + b"\0"
+    data_bytes = math.prod(shape) * dtype.itemsize
+    for big in (False, True):
+        lay = _Layout(big)
+        length = len(_build(lay, dtype, shape, desc_bytes, None))
+        data_at = -(-length // DATA_ALIGN) * DATA_ALIGN
+        if big or data_at + data_bytes <= CLASSIC_MAX_BYTES:
+            return _build(lay, dtype, shape, desc_bytes, data_at)
+    raise AssertionError("unreachable")
+
