@@ -1,33 +1,41 @@
 #!/usr/bin/env python3
-"""Sequential read throughput of one large compressed array: through a zarrfs mount vs zarr-python 3 in memory.
+"""Read speed of zarrfs against its peers in one run: an empty pyfuse3 server, zarr-python 3, tmpfs.
 
-Writes a float32 array with zarr-python 3 into /dev/shm (so neither side reads a disk
-whose pages the kernel drops after ~30 s; see /work/shared/FACTS.md), then, for each
-repetition, interleaved:
+Writes float32 arrays (16384 columns, ``--size-mib`` of data) with zarr-python 3 into
+/dev/shm (pages of a disk file are dropped after ~30 s here; see /work/shared/FACTS.md),
+then for each of ``--reps`` pairs measures every row of the table below, each zarrfs read
+on a fresh mount (neither the page cache nor the chunk cache carries over), and prints the
+median of the per-pair ratios with their spread (min-max).
 
-  zarr   ``zarr.open_array(STORE/bench)[...]``: decode the whole array into memory
-  mount  mount the store with the zarrfs CLI (daemon mode; a fresh mount per repetition
-         so neither the page cache nor zarrfs's chunk cache carries over), then read
-         ``MOUNT/bench.npy`` start to end with 1 MiB reads into one reused buffer
-         (``--method cat`` times ``cat FILE > /dev/null`` instead); mount and unmount
-         are not timed
+  ceiling  cold ``cat`` of the uncompressed ``bench.npy`` / cat of a file of the same size
+           from ``scripts/empty_server.py`` (same mount options and read-ahead)
+  none, blosc, zstd, zstd2 (v2), gzip
+           cold ``cat`` / zarr-python at its best: its own process reading the whole array
+           into a reused, touched output (``get_basic_selection(..., out=)``) after an
+           untimed warm-up read; only that read is timed
+  columns  chunks (rows x 64), uncompressed, cold cat / the ceiling row's zarrfs figure
+  fview    cold cat of ``.zarrfs/npy-f/bench.npy`` / the ``.npy`` cold cat
+  rand4k   20,000 random 4 KiB O_DIRECT preads after a whole read (chunks cached), reads/s /
+           the empty server's
+  warm     a second cat of the same ``.npy`` / cat of a tmpfs file of its size (page cache)
+  two      two uncompressed arrays cat at once, aggregate / two readers of the empty server
+  netcdf   cold cat of the root group's ``.zarrfs/netcdf/NAME.nc`` (the same array
+           big-endian after a header) / the ``.npy`` cold cat
+  memory   the daemons' peak RSS (VmHWM) over the run minus cache_size, MiB (no ratio)
 
-With ``--netcdf``, each repetition also reads the group's netCDF view
-(``MOUNT/.zarrfs/netcdf/NAME.nc``: the same array big-endian after a header) on a fresh
-mount, reported as a ratio against the ``.npy`` read of the same mount kind.
-
-Before every timed run a buffer the size of the work is written and freed: memory left
-free for ~2 s goes back to the host here and the first touch afterwards is up to 10x
-slower (FACTS.md). Reports the median of each side in GB/s (10^9 bytes/s) and the ratio
-mount/zarr. Run it with the venv's Python: ``.venv/bin/python scripts/bench.py``.
-This script never imports zarrfs; it only runs its command line.
+Before every timed read a buffer of the read's size is written and freed: memory left free
+for ~2 s goes back to the host and the first touch afterwards is up to 10x slower (FACTS.md).
+Run it as root with the venv's Python: ``.venv/bin/python scripts/bench.py --size-mib 256``.
+This script never imports zarrfs; it runs its command line (``python -m zarrfs``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -39,13 +47,26 @@ from pathlib import Path
 import numpy as np
 
 MIB = 1 << 20
-READ_SIZE = MIB  # bytes per read() call: what FACTS.md measures as the useful request size
 COLS = 16384  # 16384 x 16384 float32 = 1 GiB at the default size
 CHUNK = (1024, 1024)  # 4 MiB float32 chunks, the size FACTS.md quotes figures for
-ROWS_PER_WRITE = 1024  # generate and write one chunk row at a time (64 MiB), never the whole array
+COLUMN_CHUNK_COLS = 64  # the columns row: a 1 MiB C-order read touches 256 chunks
+ROWS_PER_WRITE = 1024  # generate and write one chunk row at a time, never the whole array
+RAND_READS = 20_000
+RAND_SIZE = 4096
+HERE = Path(__file__).resolve().parent
+ROWS = ("ceiling", "none", "blosc", "zstd", "zstd2", "gzip", "columns", "fview", "rand4k", "warm", "two", "netcdf")
+TARGETS = {"ceiling": ">= 0.80", "none": ">= 0.75", "blosc": ">= 0.75", "zstd": ">= 1.0", "zstd2": ">= 1.0",
+           "gzip": ">= 1.3", "columns": ">= 0.5", "fview": ">= 0.7", "rand4k": ">= 0.80", "warm": ">= 0.90",
+           "two": ">= 0.75", "netcdf": "-"}
+# Store kind per row: (codec, zarr_format, chunk columns or None for CHUNK)
+STORES = {"none": ("none", 3, None), "blosc": ("blosc", 3, None), "zstd": ("zstd", 3, None),
+          "zstd2": ("zstd", 2, None), "gzip": ("gzip", 3, None), "columns": ("none", 3, COLUMN_CHUNK_COLS)}
 
 
-def compressors(codec: str):
+def compressors(codec: str, zarr_format: int):
+    if zarr_format == 2:
+        import numcodecs
+        return {"none": None, "zstd": [numcodecs.Zstd(level=1)]}[codec]
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
     return {
@@ -56,34 +77,36 @@ def compressors(codec: str):
     }[codec]
 
 
-def build_store(store: Path, codec: str, rows: int) -> None:
-    """A root group holding the float32 array ``bench`` of shape (rows, COLS)."""
+def build_store(store: Path, codec: str, zarr_format: int, rows: int, chunk_cols: int | None,
+                copies: int = 1) -> None:
+    """A root group holding float32 arrays ``bench`` (and ``bench2``...: copies) of shape (rows, COLS)."""
     import zarr
 
-    params = {"codec": codec, "rows": rows, "cols": COLS, "chunks": list(CHUNK), "version": 2}
+    chunks = (rows, chunk_cols) if chunk_cols else (min(CHUNK[0], rows), CHUNK[1])
+    params = {"codec": codec, "rows": rows, "cols": COLS, "chunks": list(chunks), "version": 3,
+              "zarr_format": zarr_format, "copies": copies}
     marker = store / "bench-params.json"
     if marker.exists() and json.loads(marker.read_text()) == params:
-        print(f"reusing {store}")
         return
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.perf_counter()
-    zarr.open_group(os.fspath(store), mode="w", zarr_format=3)
-    chunks = (min(CHUNK[0], rows), CHUNK[1])
+    zarr.open_group(os.fspath(store), mode="w", zarr_format=zarr_format)
     arr = zarr.create_array(store=os.fspath(store), name="bench", shape=(rows, COLS), chunks=chunks,
-                            dtype="float32", compressors=compressors(codec), zarr_format=3)
+                            dtype="float32", compressors=compressors(codec, zarr_format), zarr_format=zarr_format)
     rng = np.random.default_rng(0)
     x = np.linspace(0, 8 * np.pi, COLS, dtype=np.float32)
-    for r0 in range(0, rows, ROWS_PER_WRITE):
-        r1 = min(rows, r0 + ROWS_PER_WRITE)
+    step = max(ROWS_PER_WRITE, chunks[0])
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
         y = np.arange(r0, r1, dtype=np.float32)[:, None] / 512
         # a smooth field plus noise, quantised to 1/16 like an instrument's readings: the low
         # mantissa bytes are zero, so it compresses about 2:1, like measured data and unlike zeros
         block = np.sin(x[None, :] + y) * 100 + rng.standard_normal((r1 - r0, COLS), dtype=np.float32)
         arr[r0:r1] = (np.round(block * 16) / 16).astype(np.float32)
+    for i in range(2, copies + 1):
+        shutil.copytree(store / "bench", store / f"bench{i}")
     marker.write_text(json.dumps(params))
-    stored = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
-    print(f"wrote {store} in {time.perf_counter() - t0:.1f} s: {rows}x{COLS} float32, codec {codec}, "
-          f"{stored / MIB:.0f} MiB stored for {rows * COLS * 4 / MIB:.0f} MiB of data")
+    print(f"wrote {store.name} in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def touch_memory(nbytes: int) -> None:
@@ -99,14 +122,12 @@ def is_mounted(path: Path) -> bool:
         return any(line.split()[1] == target for line in f if len(line.split()) > 1)
 
 
-def mount(store: Path, mnt: Path, options: list[str]) -> None:
-    cmd = [sys.executable, "-m", "zarrfs", os.fspath(store), os.fspath(mnt)]
-    opts = ["log_level=warning", *options]
-    cmd += ["-o", ",".join(opts)]
-    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       text=True, timeout=120)
-    if r.returncode != 0 or not is_mounted(mnt):
-        raise SystemExit(f"bench: mounting failed (exit {r.returncode}): {r.stderr.strip()}")
+def wait_mounted(mnt: Path, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + 30
+    while not is_mounted(mnt):
+        if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+            raise SystemExit(f"bench: {mnt} did not mount")
+        time.sleep(0.02)
 
 
 def unmount(mnt: Path) -> None:
@@ -119,130 +140,259 @@ def unmount(mnt: Path) -> None:
         time.sleep(0.05)
 
 
-def read_file(path: Path, method: str) -> tuple[float, int]:
-    """Seconds to read PATH start to end, and the bytes read."""
-    if method == "cat":
-        size = path.stat().st_size
-        t0 = time.perf_counter()
-        subprocess.run(["cat", os.fspath(path)], stdout=subprocess.DEVNULL, check=True)
-        return time.perf_counter() - t0, size
-    buf = bytearray(READ_SIZE)
-    view = memoryview(buf)
-    total = 0
-    fd = os.open(path, os.O_RDONLY)
+def daemon_pid(mnt: Path) -> int | None:
+    """The zarrfs daemon serving MNT (its command line names the mount point)."""
+    target = os.fspath(mnt).encode()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                args = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if target in args and any(a.endswith(b"zarrfs") for a in args):
+                return int(d.name)
+    return None
+
+
+def vm_hwm_bytes(pid: int | None) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, TypeError):
+        pass
+    return 0
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.n = 0
+        self.peak_rss = 0
+        self.options = [o for o in args.mount_options.split(",") if o]
+
+    def _mnt(self) -> Path:
+        self.n += 1
+        mnt = self.workdir / f"mnt{self.n}"
+        mnt.mkdir()
+        return mnt
+
+    def zarrfs(self, store: Path, timed):
+        """TIMED(mount point) on a fresh zarrfs mount of STORE; records the daemon's peak RSS."""
+        mnt = self._mnt()
+        cmd = [sys.executable, "-m", "zarrfs", os.fspath(store), os.fspath(mnt),
+               "-o", ",".join(["log_level=warning", f"cache_size={self.args.cache_mib}M", *self.options])]
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+        if r.returncode != 0 or not is_mounted(mnt):
+            raise SystemExit(f"bench: mounting failed (exit {r.returncode}): {r.stderr.strip()}")
+        pid = daemon_pid(mnt)
+        try:
+            return timed(mnt)
+        finally:
+            self.peak_rss = max(self.peak_rss, vm_hwm_bytes(pid))
+            unmount(mnt)
+
+    def empty(self, sizes: list[int], timed):
+        """TIMED(mount point) on a fresh mount of the empty server with files f0.. of SIZES."""
+        mnt = self._mnt()
+        proc = subprocess.Popen([sys.executable, os.fspath(HERE / "empty_server.py"), os.fspath(mnt),
+                                 *map(str, sizes)], stdin=subprocess.DEVNULL)
+        try:
+            wait_mounted(mnt, proc)
+            time.sleep(0.2)  # the read-ahead is tuned right after the mount answers
+            return timed(mnt)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            unmount(mnt)
+
+
+def cat(*paths: Path) -> float:
+    """Seconds for `cat` of each path at once (one process each), after touching their total size."""
+    touch_memory(sum(p.stat().st_size for p in paths))
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(["cat", os.fspath(p)], stdout=subprocess.DEVNULL) for p in paths]
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit(f"bench: cat {paths} failed")
+    return time.perf_counter() - t0
+
+
+def rand4k(path: Path, seed: int) -> float:
+    """Seconds for RAND_READS O_DIRECT preads of RAND_SIZE bytes at aligned random offsets."""
+    size = path.stat().st_size
+    rng = random.Random(seed)
+    offsets = [rng.randrange(size // RAND_SIZE) * RAND_SIZE for _ in range(RAND_READS)]
+    buf = mmap.mmap(-1, RAND_SIZE)  # page-aligned, as O_DIRECT wants
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     try:
         t0 = time.perf_counter()
-        while True:
-            n = os.readv(fd, [view])
-            if n == 0:
-                break
-            total += n
-        return time.perf_counter() - t0, total
+        for off in offsets:
+            os.preadv(fd, [buf], off)
+        return time.perf_counter() - t0
     finally:
         os.close(fd)
 
 
-def time_zarr(store: Path) -> tuple[float, int]:
-    import zarr
+ZARR_BEST = r"""
+import sys, time, numpy as np, zarr
+from zarr.core.buffer.cpu import NDBuffer
+a = zarr.open_array(sys.argv[1], mode="r")
+out = np.empty(a.shape, a.dtype); out.fill(0)
+buf = NDBuffer.from_numpy_array(out)
+a.get_basic_selection(..., out=buf)
+t0 = time.perf_counter(); a.get_basic_selection(..., out=buf); print(time.perf_counter() - t0)
+"""
 
-    t0 = time.perf_counter()
-    value = zarr.open_array(os.fspath(store / "bench"), mode="r")[...]
-    elapsed = time.perf_counter() - t0
-    nbytes = value.nbytes
-    del value
-    return elapsed, nbytes
+
+def zarr_best(store: Path) -> float:
+    r = subprocess.run([sys.executable, "-c", ZARR_BEST, os.fspath(store / "bench")],
+                       capture_output=True, text=True, check=True)
+    return float(r.stdout.strip().splitlines()[-1])
 
 
-def check_mount(mnt: Path, store: Path) -> None:
+def check_exact(mnt: Path, store: Path) -> None:
     """A cheap correctness check before timing: a few rows through the mount equal zarr's."""
     import zarr
 
     arr = zarr.open_array(os.fspath(store / "bench"), mode="r")
     mm = np.load(mnt / "bench.npy", mmap_mode="r")
-    if mm.shape != arr.shape or mm.dtype != arr.dtype:
-        raise SystemExit(f"bench: mount shows {mm.shape} {mm.dtype}, zarr {arr.shape} {arr.dtype}")
     for rows in (slice(0, 2), slice(arr.shape[0] // 2, arr.shape[0] // 2 + 2), slice(-2, None)):
         if not np.array_equal(np.asarray(mm[rows]), arr[rows]):
-            raise SystemExit(f"bench: rows {rows} differ between the mount and zarr")
+            raise SystemExit(f"bench: rows {rows} differ between the mount and zarr in {store.name}")
     del mm
+
+
+def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int) -> dict[str, float]:
+    """Every wanted row's ratio for one pair of runs."""
+    ratios: dict[str, float] = {}
+    npy = "bench.npy"
+    none = stores["none"]
+    results: dict[str, float] = {}
+
+    def npy_cold(mnt: Path) -> float:
+        if rep == 0:
+            check_exact(mnt, store_now[0])
+        return cat(mnt / npy)
+
+    store_now = [none]
+    need_none = any(r in rows for r in ("ceiling", "none", "columns", "rand4k", "warm"))
+    if need_none:
+        def none_run(mnt: Path) -> dict[str, float]:
+            out = {"cold": npy_cold(mnt)}
+            out["warm"] = cat(mnt / npy)
+            if "rand4k" in rows:
+                out["rand"] = rand4k(mnt / npy, rep)
+            return out
+        results.update({f"none_{k}": v for k, v in b.zarrfs(none, none_run).items()})
+    fsize = b.file_size
+    if "ceiling" in rows or "rand4k" in rows:
+        def empty_run(mnt: Path) -> dict[str, float]:
+            out = {"cold": cat(mnt / "f0")}
+            if "rand4k" in rows:
+                out["rand"] = rand4k(mnt / "f0", rep)
+            return out
+        results.update({f"empty_{k}": v for k, v in b.empty([fsize], empty_run).items()})
+    if "ceiling" in rows:
+        ratios["ceiling"] = results["empty_cold"] / results["none_cold"]
+    if "rand4k" in rows:
+        ratios["rand4k"] = results["empty_rand"] / results["none_rand"]
+    if "warm" in rows:
+        tmp = b.workdir.parent / f"zarrfs-bench-tmpfs-{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.truncate(fsize)
+            cat(tmp)
+            ratios["warm"] = cat(tmp) / results["none_warm"]
+        finally:
+            tmp.unlink(missing_ok=True)
+    for row in ("none", "blosc", "zstd", "zstd2", "gzip"):
+        if row not in rows:
+            continue
+        store_now[0] = stores[row]
+        touch_memory(b.nbytes)
+        z = zarr_best(stores[row])
+        t = results["none_cold"] if row == "none" else b.zarrfs(stores[row], npy_cold)
+        ratios[row] = z / t
+    if "columns" in rows:
+        store_now[0] = stores["columns"]
+        ratios["columns"] = results["none_cold"] / b.zarrfs(stores["columns"], npy_cold)
+    if "fview" in rows:
+        # each on a fresh mount: the F view read cold, the .npy read cold
+        t_c = b.zarrfs(none, lambda m: cat(m / npy))
+        t_f = b.zarrfs(none, lambda m: cat(m / ".zarrfs" / "npy-f" / npy))
+        ratios["fview"] = t_c / t_f
+    if "netcdf" in rows:
+        t_c = b.zarrfs(none, lambda m: cat(m / npy))
+        t_n = b.zarrfs(none, lambda m: cat(m / ".zarrfs" / "netcdf" / (none.name[:-len(".zarr")] + ".nc")))
+        ratios["netcdf"] = t_c / t_n
+    if "two" in rows:
+        t_z = b.zarrfs(stores["two"], lambda m: cat(m / "bench.npy", m / "bench2.npy"))
+        t_e = b.empty([fsize, fsize], lambda m: cat(m / "f0", m / "f1"))
+        ratios["two"] = t_e / t_z
+    return ratios
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size-mib", type=int, default=1024, help="array size in MiB (default 1024 = 16384x16384)")
-    p.add_argument("--codec", choices=["none", "blosc", "zstd", "gzip"], default="blosc",
-                   help="blosc is lz4 with byte shuffle; zstd and gzip at level 1 (default blosc)")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions of each side (default 5)")
-    p.add_argument("--method", choices=["read", "cat"], default="read",
-                   help="read: 1 MiB read() calls into a reused buffer; cat: cat FILE > /dev/null")
-    p.add_argument("--dir", type=Path, default=Path("/dev/shm"), help="where the store is written (default /dev/shm)")
-    p.add_argument("--keep", action="store_true", help="keep the store afterwards (reused by the next run)")
-    p.add_argument("--netcdf", action="store_true", help="also read the root group's .zarrfs/netcdf file")
-    p.add_argument("-o", "--mount-options", default="", help="extra zarrfs -o options, e.g. cache_size=2G")
+    p.add_argument("--reps", type=int, default=5, help="pairs per row (default 5)")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"rows to measure (default all: {','.join(ROWS)})")
+    p.add_argument("--dir", type=Path, default=Path("/dev/shm/zarrfs-bench-stores"),
+                   help="where stores are written (default /dev/shm/zarrfs-bench-stores)")
+    p.add_argument("--keep", action="store_true", help="keep the stores afterwards (reused by the next run)")
+    p.add_argument("--cache-mib", type=int, default=0,
+                   help="zarrfs cache_size in MiB (default: the array's size + 25%%, at least 512)")
+    p.add_argument("-o", "--mount-options", default="", help="extra zarrfs -o options")
     args = p.parse_args(argv)
+    rows = [r for r in args.rows.split(",") if r]
+    if unknown := set(rows) - set(ROWS):
+        raise SystemExit(f"bench: unknown rows {sorted(unknown)}")
 
-    rows = max(1, args.size_mib * MIB // (COLS * 4))
-    nbytes = rows * COLS * 4
-    store = args.dir / f"zarrfs-bench-{args.codec}-{rows}x{COLS}.zarr"
-    free = shutil.disk_usage(args.dir).free
-    if not (store / "bench-params.json").exists() and free < nbytes * 1.2:
-        raise SystemExit(f"bench: {args.dir} has {free / MIB:.0f} MiB free, the store may need {nbytes / MIB:.0f}")
-    build_store(store, args.codec, rows)
-    options = [o for o in args.mount_options.split(",") if o]
+    args.dir.mkdir(parents=True, exist_ok=True)
+    nrows = max(1, args.size_mib * MIB // (COLS * 4))
+    args.cache_mib = args.cache_mib or max(512, nrows * COLS * 4 * 5 // 4 // MIB)
+    needed = {"none"} | {r for r in rows if r in STORES}
+    stores: dict[str, Path] = {}
+    for kind in sorted(needed):
+        codec, fmt, cols = STORES[kind]
+        stores[kind] = args.dir / f"zarrfs-bench-{kind}-{nrows}x{COLS}.zarr"
+        build_store(stores[kind], codec, fmt, nrows, cols)
+    if "two" in rows:
+        stores["two"] = args.dir / f"zarrfs-bench-two-{nrows}x{COLS}.zarr"
+        build_store(stores["two"], "none", 3, nrows, None, copies=2)
 
-    zarr_s, mount_s, nc_s = [], [], []
-    nc_bytes = 0
-    zarr_bytes = mount_bytes = 0
-    workdir = Path(tempfile.mkdtemp(prefix="zarrfs-bench-"))
+    workdir = Path(tempfile.mkdtemp(prefix="zarrfs-bench-", dir="/tmp"))
+    b = Bench(args, workdir)
+    b.nbytes = nrows * COLS * 4
+    per_row: dict[str, list[float]] = {r: [] for r in rows}
     try:
+        b.file_size = b.zarrfs(stores["none"], lambda m: (m / "bench.npy").stat().st_size)
         for rep in range(args.reps):
-            touch_memory(nbytes)
-            t, zarr_bytes = time_zarr(store)
-            zarr_s.append(t)
-
-            mnt = workdir / f"mnt{rep}"
-            mnt.mkdir()
-            try:
-                mount(store, mnt, options)
-                if rep == 0:
-                    check_mount(mnt, store)
-                touch_memory(nbytes)
-                t, mount_bytes = read_file(mnt / "bench.npy", args.method)
-                mount_s.append(t)
-            finally:
-                unmount(mnt)
-            if args.netcdf:
-                mnt = workdir / f"mnt{rep}-nc"
-                mnt.mkdir()
-                try:
-                    mount(store, mnt, options)
-                    touch_memory(nbytes)
-                    t, nc_bytes = read_file(mnt / ".zarrfs" / "netcdf" / (store.name[:-len(".zarr")] + ".nc"),
-                                            args.method)
-                    nc_s.append(t)
-                finally:
-                    unmount(mnt)
-                print(f"rep {rep + 1}/{args.reps}: netcdf {nc_bytes / nc_s[-1] / 1e9:.2f} GB/s", flush=True)
-            print(f"rep {rep + 1}/{args.reps}: zarr {zarr_bytes / zarr_s[-1] / 1e9:.2f} GB/s, "
-                  f"mount {mount_bytes / mount_s[-1] / 1e9:.2f} GB/s", flush=True)
+            ratios = one_pair(b, stores, rows, rep)
+            for r, v in ratios.items():
+                per_row[r].append(v)
+            print(f"pair {rep + 1}/{args.reps}: " + ", ".join(f"{r} {v:.2f}" for r, v in ratios.items()), flush=True)
     finally:
         for m in workdir.glob("mnt*"):
             unmount(m)
         shutil.rmtree(workdir, ignore_errors=True)
         if not args.keep:
-            shutil.rmtree(store, ignore_errors=True)
+            for s in stores.values():
+                shutil.rmtree(s, ignore_errors=True)
 
-    zarr_gbs = zarr_bytes / statistics.median(zarr_s) / 1e9
-    mount_gbs = mount_bytes / statistics.median(mount_s) / 1e9
-    print(f"\narray {rows}x{COLS} float32 ({nbytes / MIB:.0f} MiB), codec {args.codec}, "
-          f"{args.reps} reps, median; mount read by {args.method}")
-    print(f"zarr-python 3 into memory : {zarr_gbs:6.2f} GB/s")
-    print(f"zarrfs mount, sequential  : {mount_gbs:6.2f} GB/s")
-    print(f"ratio mount/zarr          : {mount_gbs / zarr_gbs:6.2f}")
-    if nc_s:
-        nc_gbs = nc_bytes / statistics.median(nc_s) / 1e9
-        print(f"zarrfs netCDF view        : {nc_gbs:6.2f} GB/s")
-        print(f"ratio netcdf/npy          : {nc_gbs / mount_gbs:6.2f}")
+    print(f"\narray {nrows}x{COLS} float32 ({b.nbytes / MIB:.0f} MiB), cache_size {args.cache_mib} MiB, "
+          f"{args.reps} pairs; ratio = median of per-pair ratios [min-max]")
+    print(f"{'row':8} {'target':8} {'ratio':>6}  spread")
+    for r in rows:
+        v = per_row[r]
+        print(f"{r:8} {TARGETS[r]:8} {statistics.median(v):6.2f}  [{min(v):.2f}-{max(v):.2f}]")
+    print(f"{'memory':8} {'<= +150':8} {(b.peak_rss >> 20) - args.cache_mib:+6d}  MiB over cache_size "
+          f"(peak VmHWM {b.peak_rss >> 20} MiB)")
     return 0
 
 
