@@ -6,6 +6,7 @@ Rows (each with both sides' seconds, their ratio peer/zarrfs where there is a pe
 the requests the proxy counted):
   seq        sequential read of an unsharded v3 zstd array (MOUNT/seq.npy with 1 MiB reads vs arr[...])
   seq-shard  the same for a sharded array (SHARD^2 shards of 256^2 inner chunks)
+  (both seq rows also show the bytes the store sent each side, the bytes stored, and the daemon's VmHWM)
   random     N random 4 KiB reads of seq.npy (pread) vs arr[row, c0:c1] of the same elements
   find-cons  `find MNT -name '*.npy'` over GROUPS x ARRAYS arrays, consolidated v3 metadata,
              vs zarr.open_consolidated + listing every array
@@ -45,6 +46,7 @@ CREDENTIALS = {"key": "testing", "secret": "testing"}
 MIB = 1 << 20
 INNER = (256, 256)
 TIMEOUT_S = 5  # the mount's timeout= for the failure rows
+ROWS = ("seq", "seq-shard", "random", "find-cons", "lslR-cons", "lslR-plain", "silent", "refused", "fresh")
 
 
 def free_port() -> int:
@@ -76,7 +78,8 @@ def s3fs_for(port: int):
                              use_listings_cache=False, **CREDENTIALS)
 
 
-def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int) -> None:
+def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int, trees: bool,
+          noisy: bool = False) -> None:
     import zarr
     from zarr.codecs import ZstdCodec
 
@@ -84,12 +87,14 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int) ->
     local = workdir / "data.zarr"
     root = zarr.open_group(str(local), mode="w", zarr_format=3)
     x = (np.sin(np.arange(side * side, dtype=np.float32) / 1000).reshape(side, side) * 100).round(1)
+    if noisy:
+        x += np.random.default_rng(0).random(x.shape, dtype=np.float32)
     root.create_array("seq", shape=x.shape, chunks=(1024, 1024), dtype="float32",
                       compressors=[ZstdCodec(level=1)])[:] = x
     root.create_array("shard", shape=x.shape, shards=(shard, shard), chunks=INNER, dtype="float32",
                       compressors=[ZstdCodec(level=1)])[:] = x
     fs.put(str(local), f"{BUCKET}/data.zarr", recursive=True)
-    for name, consolidated in (("tree-cons.zarr", True), ("tree-plain.zarr", False)):
+    for name, consolidated in (("tree-cons.zarr", True), ("tree-plain.zarr", False)) if trees else ():
         tree = workdir / name
         t = zarr.open_group(str(tree), mode="w", zarr_format=3)
         for g in range(groups):
@@ -103,7 +108,12 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int) ->
 
 def mount(port: int, name: str, mnt: Path, *extra: str) -> None:
     so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
-    bench.mount(f"s3://{BUCKET}/{name}", mnt, ["storage_options=" + json.dumps(so), *extra])
+    cmd = [sys.executable, "-m", "zarrfs", f"s3://{BUCKET}/{name}", os.fspath(mnt),
+           "-o", ",".join(["log_level=warning", "storage_options=" + json.dumps(so), *extra])]
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True, timeout=120)
+    if r.returncode != 0 or not bench.is_mounted(mnt):
+        raise SystemExit(f"bench_remote: mounting failed (exit {r.returncode}): {r.stderr.strip()}")
 
 
 def timed(fn) -> float:
@@ -119,10 +129,16 @@ def read_whole(path: Path) -> None:
             pass
 
 
-def row(name: str, ours: float, ours_req: int, peer: float | None = None, peer_req: int | None = None) -> None:
+def row(name: str, ours: float, ours_req: int, peer: float | None = None, peer_req: int | None = None,
+        extra: str = "") -> None:
     ratio = f"{peer / ours:6.2f}x" if peer else "      "
     peer_s = f"{peer:8.3f} s {peer_req:6d} req" if peer is not None else ""
-    print(f"{name:11s} zarrfs {ours:8.3f} s {ours_req:6d} req   {ratio}   zarr+s3fs {peer_s}", flush=True)
+    print(f"{name:11s} zarrfs {ours:8.3f} s {ours_req:6d} req   {ratio}   zarr+s3fs {peer_s}{extra}", flush=True)
+
+
+def stored_mb(fs, name: str) -> float:
+    """Bytes the array's chunk objects take in the bucket, MB."""
+    return sum(fs.du(f"{BUCKET}/data.zarr/{name}", total=False).values()) / 1e6
 
 
 def main(argv=None) -> int:
@@ -133,7 +149,13 @@ def main(argv=None) -> int:
     p.add_argument("--groups", type=int, default=20)
     p.add_argument("--arrays", type=int, default=100, help="arrays per group")
     p.add_argument("--random", type=int, default=200)
+    p.add_argument("--repeat", type=int, default=1, help="runs of the seq rows; each side's best is shown")
+    p.add_argument("--noisy", action="store_true", help="add noise to the arrays' values (compress little)")
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run (default: all)")
     args = p.parse_args(argv)
+    rows = set(args.rows.split(","))
+    if rows - set(ROWS):
+        p.error(f"unknown rows {sorted(rows - set(ROWS))}; rows are {','.join(ROWS)}")
     import zarr
 
     work = Path(tempfile.mkdtemp(prefix="bench-remote-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
@@ -142,7 +164,8 @@ def main(argv=None) -> int:
     mnt = work / "mnt"
     mnt.mkdir()
     try:
-        build(s3fs_for(port), work, args.side, args.shard, args.groups, args.arrays)
+        build(s3fs_for(port), work, args.side, args.shard, args.groups, args.arrays,
+              bool(rows & {"find-cons", "lslR-cons", "lslR-plain", "fresh"}), args.noisy)
         proxy.latency_s = args.latency
         print(f"latency {args.latency * 1000:g} ms; arrays {args.side}^2 float32; tree {args.groups}x{args.arrays}")
         peer_fs = s3fs_for(proxy.port)
@@ -151,82 +174,29 @@ def main(argv=None) -> int:
         def peer_array(name):
             return zarr.open_array(store=f"s3://{BUCKET}/data.zarr/{name}", mode="r", storage_options=peer_opts)
 
-        for name in ("seq", "shard"):
-            mount(proxy.port, "data.zarr", mnt)
-            proxy.reset_counts()
-            ours = timed(lambda: read_whole(mnt / f"{name}.npy"))
-            ours_req = proxy.count()
-            bench.unmount(mnt)
-            proxy.reset_counts()
-            peer = timed(lambda: peer_array(name)[...])
-            row("seq" if name == "seq" else "seq-shard", ours, ours_req, peer, proxy.count())
-
-        rng = random.Random(0)
-        header = 128
-        picks = [(rng.randrange(args.side), rng.randrange(0, args.side - 1024)) for _ in range(args.random)]
-        mount(proxy.port, "data.zarr", mnt)
-        proxy.reset_counts()
-        fd = os.open(mnt / "seq.npy", os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        ours = timed(lambda: [os.pread(fd, 4096, header + (r * args.side + c) * 4) for r, c in picks])
-        os.close(fd)
-        ours_req = proxy.count()
-        bench.unmount(mnt)
-        arr = peer_array("seq")
-        proxy.reset_counts()
-        peer = timed(lambda: [arr[r, c:c + 1024] for r, c in picks])
-        row("random", ours / args.random, ours_req, peer / args.random, proxy.count())
-
-        for label, name, cmd in (("find-cons", "tree-cons.zarr", ["find", str(mnt), "-name", "*.npy"]),
-                                 ("lslR-cons", "tree-cons.zarr", ["ls", "-lR", str(mnt)]),
-                                 ("lslR-plain", "tree-plain.zarr", ["ls", "-lR", str(mnt)])):
-            mount(proxy.port, name, mnt)
-            proxy.reset_counts()
-            ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))
-            ours_req = proxy.count()
-            bench.unmount(mnt)
-            peer = peer_req = None
-            if name == "tree-cons.zarr":
+        for label, name in (("seq", "seq"), ("seq-shard", "shard")):
+            if label not in rows:
+                continue
+            ours = peer = float("inf")
+            for _ in range(args.repeat):  # each side's best, on a fresh mount and a fresh array each time
+                mount(proxy.port, "data.zarr", mnt)
                 proxy.reset_counts()
+                ours = min(ours, timed(lambda: read_whole(mnt / f"{name}.npy")))
+                ours_req, ours_mb = proxy.count(), proxy.bytes_down / 1e6
+                hwm = bench.vm_hwm_bytes(bench.daemon_pid(mnt)) >> 20
+                bench.unmount(mnt)
+                proxy.reset_counts()
+                peer = min(peer, timed(lambda: peer_array(name)[...]))
+            row(label, ours, ours_req, peer, proxy.count(),
+                f"   fetched {ours_mb:.0f} MB (zarr+s3fs {proxy.bytes_down / 1e6:.0f}) of {stored_mb(peer_fs, name):.0f} "
+                f"MB stored; daemon VmHWM {hwm} MiB")
 
-                def peer_list():
-                    g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)
-                    return [a.shape for _, a in g.arrays()] + [list(sub.arrays()) for _, sub in g.groups()]
-                peer = timed(peer_list)
-                peer_req = proxy.count()
-            row(label, ours, ours_req, peer, peer_req)
-
-        for label, mode in (("silent", "silent"), ("refused", "refuse")):
-            mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
-            proxy.reset_counts()
-            with open(mnt / "seq.npy", "rb") as f:
-                f.read(MIB)
-                proxy.set_mode(mode)
-                t0 = time.perf_counter()
-                try:
-                    f.seek(args.side * args.side * 2)
-                    f.read(MIB)
-                    outcome = "read (no error)"
-                except OSError as e:
-                    outcome = e.strerror
-                waited = time.perf_counter() - t0
-            proxy.set_mode("pass")
-            print(f"{label:11s} zarrfs {waited:8.3f} s until: {outcome} (timeout={TIMEOUT_S})", flush=True)
-            bench.unmount(mnt)
-
-        mount(proxy.port, "tree-plain.zarr", mnt)
-        os.listdir(mnt / "g0")
-        t0 = time.perf_counter()
-        peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g0/new/zarr.json", json.dumps({
-            "zarr_format": 3, "node_type": "array", "shape": [2], "data_type": "int8",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
-            "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
-            "codecs": [{"name": "bytes"}]}).encode())
-        while "new.npy" not in os.listdir(mnt / "g0") and time.perf_counter() - t0 < 60:
-            time.sleep(0.2)
-        print(f"{'fresh':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a new array is listed "
-              f"(metadata_ttl default)", flush=True)
-        bench.unmount(mnt)
+        if "random" in rows:
+            random_row(args, proxy, mnt, peer_array)
+        tree_rows(rows, proxy, mnt, peer_opts)
+        failure_rows(rows, args, proxy, mnt)
+        if "fresh" in rows:
+            fresh_row(proxy, mnt, peer_fs)
     finally:
         bench.unmount(mnt)
         proxy.stop()
@@ -234,6 +204,87 @@ def main(argv=None) -> int:
         moto.wait(10)
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def random_row(args, proxy, mnt: Path, peer_array) -> None:
+    rng = random.Random(0)
+    header = 128
+    picks = [(rng.randrange(args.side), rng.randrange(0, args.side - 1024)) for _ in range(args.random)]
+    mount(proxy.port, "data.zarr", mnt)
+    proxy.reset_counts()
+    fd = os.open(mnt / "seq.npy", os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    ours = timed(lambda: [os.pread(fd, 4096, header + (r * args.side + c) * 4) for r, c in picks])
+    os.close(fd)
+    ours_req = proxy.count()
+    bench.unmount(mnt)
+    arr = peer_array("seq")
+    proxy.reset_counts()
+    peer = timed(lambda: [arr[r, c:c + 1024] for r, c in picks])
+    row("random", ours / args.random, ours_req, peer / args.random, proxy.count())
+
+
+def tree_rows(rows: set[str], proxy, mnt: Path, peer_opts: dict) -> None:
+    import zarr
+
+    for label, name, cmd in (("find-cons", "tree-cons.zarr", ["find", str(mnt), "-name", "*.npy"]),
+                             ("lslR-cons", "tree-cons.zarr", ["ls", "-lR", str(mnt)]),
+                             ("lslR-plain", "tree-plain.zarr", ["ls", "-lR", str(mnt)])):
+        if label not in rows:
+            continue
+        mount(proxy.port, name, mnt)
+        proxy.reset_counts()
+        ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))
+        ours_req = proxy.count()
+        bench.unmount(mnt)
+        peer = peer_req = None
+        if name == "tree-cons.zarr":
+            proxy.reset_counts()
+
+            def peer_list():
+                g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)
+                return [a.shape for _, a in g.arrays()] + [list(sub.arrays()) for _, sub in g.groups()]
+            peer = timed(peer_list)
+            peer_req = proxy.count()
+        row(label, ours, ours_req, peer, peer_req)
+
+
+def failure_rows(rows: set[str], args, proxy, mnt: Path) -> None:
+    for label, mode in (("silent", "silent"), ("refused", "refuse")):
+        if label not in rows:
+            continue
+        mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
+        proxy.reset_counts()
+        with open(mnt / "seq.npy", "rb") as f:
+            f.read(MIB)
+            proxy.set_mode(mode)
+            t0 = time.perf_counter()
+            try:
+                f.seek(args.side * args.side * 2)
+                f.read(MIB)
+                outcome = "read (no error)"
+            except OSError as e:
+                outcome = e.strerror
+            waited = time.perf_counter() - t0
+        proxy.set_mode("pass")
+        print(f"{label:11s} zarrfs {waited:8.3f} s until: {outcome} (timeout={TIMEOUT_S})", flush=True)
+        bench.unmount(mnt)
+
+
+def fresh_row(proxy, mnt: Path, peer_fs) -> None:
+    mount(proxy.port, "tree-plain.zarr", mnt)
+    os.listdir(mnt / "g0")
+    t0 = time.perf_counter()
+    peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g0/new/zarr.json", json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [2], "data_type": "int8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+        "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+        "codecs": [{"name": "bytes"}]}).encode())
+    while "new.npy" not in os.listdir(mnt / "g0") and time.perf_counter() - t0 < 60:
+        time.sleep(0.2)
+    print(f"{'fresh':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a new array is listed "
+          f"(metadata_ttl default)", flush=True)
+    bench.unmount(mnt)
 
 
 if __name__ == "__main__":

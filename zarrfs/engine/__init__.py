@@ -175,7 +175,8 @@ class Engine(Loads, Prefetch, WriteBack):
 
         Arrays of shards that can be read in part are planned over their inner chunks,
         unless every shard the read needs is already decoded whole (then over the shards:
-        fewer, larger copies).
+        fewer, larger copies). A sequential reader of a remote store takes them from whole
+        shards, each read in one request (readahead.py `_whole_shards`).
         """
         plan = stream.plan(offset, size)
         if reply and self.direct is not None and self.direct.eligible(stream):
@@ -189,10 +190,16 @@ class Engine(Loads, Prefetch, WriteBack):
             plan, reader = fine.plan(offset, size), fine
         else:
             reader = stream
-        chunks = await self.chunks(reader.meta, plan.chunks)
+        sequential = readahead is not None and offset == readahead.next_offset
+        if readahead is not None:  # at once: a read the kernel sends while this one loads is sequential too
+            readahead.next_offset = offset + size
+        whole = sequential and self._whole_shards(stream)
+        if whole:  # before the read's own loads, which then share each shard's one request
+            self._read_ahead(stream, offset, size, readahead, sequential)
+        chunks = await self.chunks(reader.meta, plan.chunks, whole)
         self.counters["reads"] += 1
-        if readahead is not None:
-            self._read_ahead(stream, offset, size, readahead)
+        if readahead is not None and not whole:
+            self._read_ahead(stream, offset, size, readahead, sequential)
         return reader.assemble(plan, chunks)
 
     async def _read_direct(self, stream: ArrayStream, plan: Any) -> bytes | memoryview | None:
