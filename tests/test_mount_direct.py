@@ -23,12 +23,14 @@ def make(root, name, data, zarr_format, compressors=None, chunks=(64, 48)):
     return arr
 
 
-def check_reads(mnt, root, name):
+def check_reads(mnt, root, name, sizes=(64 << 10, 300_000)):
+    """The whole file, then reads of SIZES at random places (O_DIRECT: each reaches the daemon)."""
     want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
     assert (mnt / f"{name}.npy").read_bytes() == want, name
-    with open(mnt / f"{name}.npy", "rb", buffering=0) as f:  # reads of every size and place
+    fd = os.open(mnt / f"{name}.npy", os.O_RDONLY | os.O_DIRECT)
+    with open(fd, "rb", buffering=0) as f:
         for _ in range(50):
-            off, n = random.randrange(len(want)), random.randrange(1, 70_000)
+            off, n = random.randrange(len(want)), random.randrange(*sizes)
             f.seek(off)
             assert f.read(n) == want[off:off + n], (name, off, n)
 
@@ -50,9 +52,10 @@ def test_uncompressed_arrays_are_read_from_their_files(mount, tmp_path):
     mnt3 = mount(v3)
     check_reads(mnt3, v3, "a")
     assert stats(mnt3)["bytes_decoded"] == 0
-    for name in ("sparse", "zstd"):  # absent chunks and compressed chunks: the chunk cache
-        check_reads(mnt3, v3, name)
+    check_reads(mnt3, v3, "a", sizes=(1, 64 << 10))  # small random reads: the chunk cache
     assert stats(mnt3)["bytes_decoded"] > 0
+    for name in ("sparse", "zstd"):  # absent chunks and compressed chunks: the chunk cache
+        check_reads(mnt3, v3, name, sizes=(1, 300_000))
 
 
 def test_writable_mounts_read_through_the_chunk_cache(mount, tmp_path):

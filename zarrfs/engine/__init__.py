@@ -38,6 +38,9 @@ IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
 # The reply buffer of direct reads starts at the largest read the kernel sends (1 MiB).
 REPLY_BUF_MIN = 1 << 20
+# Smaller requests (random access) go through the chunk cache: a system call per chunk piece
+# costs them more (4,700 vs 9,000 random 4 KiB reads/s here) than one load of the chunk.
+DIRECT_MIN_BYTES = 64 << 10
 # The `timeout` option's default (options.Options.timeout_s) for engines built without it (tests).
 DEFAULT_TIMEOUT_S = 30.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
@@ -179,7 +182,8 @@ class Engine(Loads, Prefetch, WriteBack):
         shards, each read in one request (readahead.py `_whole_shards`).
         """
         plan = stream.plan(offset, size)
-        if reply and self.direct is not None and self.direct.eligible(stream):
+        if (reply and self.direct is not None and size >= DIRECT_MIN_BYTES
+                and self.direct.eligible(stream)):
             data = await self._read_direct(stream, plan)
             if data is not None:
                 self.counters["reads"] += 1
