@@ -136,6 +136,12 @@ def row(name: str, ours: float, ours_req: int, peer: float | None = None, peer_r
     print(f"{name:11s} zarrfs {ours:8.3f} s {ours_req:6d} req   {ratio}   zarr+s3fs {peer_s}{extra}", flush=True)
 
 
+def spread(runs: list[float]) -> str:
+    """Seconds of repeated runs: min/median/max."""
+    runs = sorted(runs)
+    return "/".join(f"{t:.3f}" for t in (runs[0], runs[len(runs) // 2], runs[-1]))
+
+
 def stored_mb(fs, name: str) -> float:
     """Bytes the array's chunk objects take in the bucket, MB."""
     return sum(fs.du(f"{BUCKET}/data.zarr/{name}", total=False).values()) / 1e6
@@ -177,19 +183,19 @@ def main(argv=None) -> int:
         for label, name in (("seq", "seq"), ("seq-shard", "shard")):
             if label not in rows:
                 continue
-            ours = peer = float("inf")
+            ours_runs, peer_runs = [], []
             for _ in range(args.repeat):  # each side's best, on a fresh mount and a fresh array each time
                 mount(proxy.port, "data.zarr", mnt)
                 proxy.reset_counts()
-                ours = min(ours, timed(lambda: read_whole(mnt / f"{name}.npy")))
+                ours_runs.append(timed(lambda: read_whole(mnt / f"{name}.npy")))
                 ours_req, ours_mb = proxy.count(), proxy.bytes_down / 1e6
                 hwm = bench.vm_hwm_bytes(bench.daemon_pid(mnt)) >> 20
                 bench.unmount(mnt)
                 proxy.reset_counts()
-                peer = min(peer, timed(lambda: peer_array(name)[...]))
-            row(label, ours, ours_req, peer, proxy.count(),
+                peer_runs.append(timed(lambda: peer_array(name)[...]))
+            row(label, min(ours_runs), ours_req, min(peer_runs), proxy.count(),
                 f"   fetched {ours_mb:.0f} MB (zarr+s3fs {proxy.bytes_down / 1e6:.0f}) of {stored_mb(peer_fs, name):.0f} "
-                f"MB stored; daemon VmHWM {hwm} MiB")
+                f"MB stored; daemon VmHWM {hwm} MiB; runs zarrfs {spread(ours_runs)}, zarr+s3fs {spread(peer_runs)}")
 
         if "random" in rows:
             random_row(args, proxy, mnt, peer_array)

@@ -32,6 +32,9 @@ class Proxy:
         self.mode = "pass"
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
         self.bytes_down = 0  # bytes the store sent back (headers included), since reset_counts
+        # With `timeline` on: (connection, perf_counter seconds, path or None, bytes) per request
+        # (bytes 0, when its request line arrived) and per piece of answer (path None).
+        self.timeline: list[tuple[int, float, str | None, int]] | None = None
         self.port = port
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
@@ -88,7 +91,8 @@ class Proxy:
             return
         self._writers.add(up_w)
         try:
-            await asyncio.gather(self._pump(reader, up_w, True), self._pump(up_r, writer, False))
+            await asyncio.gather(self._pump(reader, up_w, True, id(writer)),
+                                 self._pump(up_r, writer, False, id(writer)))
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -96,7 +100,8 @@ class Proxy:
                 self._writers.discard(w)
                 w.transport.abort()
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, upstream: bool) -> None:
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, upstream: bool,
+                    conn: int) -> None:
         while data := await src.read(READ_BYTES):
             while self.mode == "silent":  # hold everything: the peer waits as on a dead store
                 await asyncio.sleep(0.05)
@@ -104,10 +109,14 @@ class Proxy:
                 for m in REQUEST_LINE.finditer(data):
                     if m.start() == 0 or data[m.start() - 2:m.start()] == b"\r\n":
                         self.requests.append((m.group(1).decode(), m.group(2).decode()))
+                        if self.timeline is not None:
+                            self.timeline.append((conn, time.perf_counter(), m.group(2).decode(), 0))
                 if self.latency_s:
                     await asyncio.sleep(self.latency_s)
             else:
                 self.bytes_down += len(data)
+                if self.timeline is not None:
+                    self.timeline.append((conn, time.perf_counter(), None, len(data)))
             dst.write(data)
             await dst.drain()
         dst.write_eof() if dst.can_write_eof() else None

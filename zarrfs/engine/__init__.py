@@ -194,7 +194,8 @@ class Engine(Loads, Prefetch, WriteBack):
             plan, reader = fine.plan(offset, size), fine
         else:
             reader = stream
-        sequential = readahead is not None and offset == readahead.next_offset
+        sequential = readahead is not None and (offset == readahead.next_offset
+                                                or self._sequential_start(stream, offset, size, readahead))
         if readahead is not None:  # at once: a read the kernel sends while this one loads is sequential too
             readahead.next_offset = offset + size
         whole = sequential and self._whole_shards(stream)

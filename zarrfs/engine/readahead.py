@@ -21,6 +21,15 @@ Index = tuple[int, ...]
 # share of the cache so that prefetched chunks are not evicted before they are read.
 PREFETCH_MAX_BYTES = 256 << 20
 PREFETCH_CACHE_SHARE = 4
+# A reader's first read, at offset 0, of at least this many bytes starts a sequential read
+# (of a remote sharded array: whole shards at once, `_sequential_start`). The kernel sizes
+# its first read-ahead from the application's request (mm/readahead.c get_init_ra_size:
+# x4 up to 1/32 of read_ahead_kb, x2 up to 1/4, then all of it; the daemon sets 1024 KiB).
+# Measured on a mount: `head -c 4096` and `dd bs=4k count=1` send 16 KiB, `gdalinfo` 32 KiB,
+# `dd bs=64k count=1` 128 KiB; `cp` 256 KiB, `cat`, `dd bs=1M`, numpy and any Python read
+# (st_blksize is 1 MiB) 1 MiB. 256 KiB is what a 128 KiB request (cat's least buffer, cp's)
+# becomes: below it a peek at a header, from it on a reader of the file's body.
+SEQUENTIAL_START_BYTES = 256 << 10
 
 
 class ReadAhead:
@@ -48,6 +57,21 @@ class Prefetch:
         meta = stream.meta
         return (meta.inner is not None and self._nursery is not None and not self.store.is_local
                 and not self.store.ranges_ignored and 0 < meta.chunk_nbytes <= self.prefetch_max_bytes)
+
+    def _sequential_start(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> bool:
+        """Whether a reader's first read starts a sequential read of whole shards: at offset 0,
+        as large as only a reader of the body asks (SEQUENTIAL_START_BYTES).
+
+        Otherwise it pays an index request, then ranges, before its second read makes it
+        sequential and the shard is fetched whole anyway; a peek at the header of the file
+        stays a random read (the index and the inner chunks it needs).
+        """
+        if state.next_offset != -1 or offset != 0 or not self._whole_shards(stream):
+            return False
+        start = size >= SEQUENTIAL_START_BYTES
+        log.debug("%s: first read, %d bytes at 0: %s", stream.meta.path or "/", size,
+                  "a sequential start" if start else "not yet sequential")
+        return start
 
     def _read_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, sequential: bool) -> None:
         """After a sequential read (the reader's previous read ended at `offset`), start loading
