@@ -258,7 +258,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         nodes = self._below.get(path)
         if nodes is None:
             try:
-                nodes = await self.engine.run_io(self.hierarchy.children_sync, path)
+                nodes = await self.engine.run_io(self.hierarchy.children_sync, path, key=("children", path))
             except ZarrfsError as e:
                 log.warning("listing %s: %s", path or "/", e)
                 raise
@@ -302,7 +302,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         return await self._group_listing(entry)
 
     async def _store_listing(self, prefix: str) -> dict[str, Maker]:
-        files, dirs = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix)
+        files, dirs = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix, key=("list", prefix))
         names: dict[str, Maker] = {}
         for d in dirs:
             key = f"{prefix}/{d}" if prefix else d

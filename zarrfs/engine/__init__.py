@@ -37,6 +37,13 @@ IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
 # The `timeout` option's default (options.Options.timeout_s) for engines built without it (tests).
 DEFAULT_TIMEOUT_S = 30.0
+# After a store call timed out, a later call for the same key (the kernel reads the page again at
+# once after a failed read-ahead; a program retries) does not start a wait of its own: it fails at
+# once while the timed-out request, still running in its abandoned worker, is unanswered (at most
+# `timeout` long), or for this long after the timeout when that request failed too (the kernel's
+# retry comes within milliseconds). A store that is back answers that request, and the mount
+# serves again at once, no remount.
+STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
             "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads")
 
@@ -87,6 +94,9 @@ class Engine(Loads, Prefetch, WriteBack):
         # bytes and its decoded array while it loads), and said once per array.
         self._oversize_lock = trio.Lock()
         self._oversize_told: set[str] = set()
+        # Keys whose store call timed out: (when, its worker's outcome: None while it runs, then
+        # "ok" or "failed").
+        self._stalled: dict[Any, tuple[float, list[str | None]]] = {}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Host background work (prefetch) until cancelled; without it there is no prefetch."""
@@ -95,16 +105,47 @@ class Engine(Loads, Prefetch, WriteBack):
             task_status.started()
             await trio.sleep_forever()
 
-    async def run_io(self, fn: Any, *args: Any) -> Any:
+    async def run_io(self, fn: Any, *args: Any, key: Any = None) -> Any:
         """Run a blocking store call in a worker thread under the I/O limiter, for at most
         `timeout_s` (waiting for a thread included); then StoreError (EIO). The caller stops
         waiting at once when cancelled or timed out: a thread stuck in the store is left behind
-        (its backend's own timeouts end it) instead of holding the reader."""
+        (its backend's own timeouts end it) instead of holding the reader. With `key` (what the
+        call reads: a chunk, a listing), a call whose key just timed out does not wait again."""
+        if key is not None and key in self._stalled:
+            self._after_stall(key, fn)
+        outcome: list[str | None] = [None]  # written by the worker alone (one reference, no table)
+
+        def call() -> Any:
+            try:
+                value = fn(*args)
+                outcome[0] = "ok"
+                return value
+            finally:
+                outcome[0] = outcome[0] or "failed"
+
         with trio.move_on_after(self.timeout_s) as scope:
-            return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(call, limiter=self.io_limiter, abandon_on_cancel=True)
         assert scope.cancelled_caught
         self.errors["timeout"] += 1
+        if key is not None:
+            now = time.monotonic()
+            for old in [k for k, (t, _) in self._stalled.items() if now - t > self.timeout_s]:
+                del self._stalled[old]  # forgotten: asked again like any key
+            self._stalled[key] = (now, outcome)
         raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)})")
+
+    def _after_stall(self, key: Any, fn: Any) -> None:
+        """Before asking the store for a key whose last call timed out: StoreError at once while
+        that call is unanswered or has just failed too; else (answered, or old) forget it."""
+        since, outcome = self._stalled[key]
+        age = time.monotonic() - since
+        if outcome[0] == "ok" or (outcome[0] == "failed" and age > STALL_GRACE_S) or age > self.timeout_s:
+            del self._stalled[key]
+            return
+        self.errors["timeout"] += 1
+        state = "is still unanswered" if outcome[0] is None else "failed too"
+        raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)}; "
+                         f"not asked again: its request of {age:.1f} s ago {state})")
 
     async def run_io_long(self, fn: Any, *args: Any) -> Any:
         """A store operation of many keys (commit, erase or move a node) that runs to its end:

@@ -297,7 +297,7 @@ class Loads:
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
         try:
-            raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx)
+            raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, key=key)
         except ZarrfsError as e:
             self._count_error(e, key)
             raise
@@ -338,7 +338,7 @@ class Loads:
                 load = self._inflight[key] = _Load()
                 version = self._versions.get(self._shard_unit(meta, shard), 0)
                 try:
-                    index = await self.run_io(src.read_index_sync, self.store, shard)
+                    index = await self.run_io(src.read_index_sync, self.store, shard, key=key)
                     self.counters["store_gets"] += 1
                     if index is None:
                         index = NO_SHARD
