@@ -196,3 +196,20 @@ def test_refresh_shows_changes_at_once(s3, tmp_path, mount):  # noqa: F811
                              storage_options={"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS})[...]
     assert not np.array_equal(oracle, values["g0/a0"])
     assert np.array_equal(np.load(reader / "g0" / "a0.npy"), oracle)
+
+
+def test_plain_tree_costs_one_listing_per_group_and_one_get_per_node(s3, proxy, tmp_path, mount):  # noqa: F811
+    """Without consolidated metadata `ls -lR` costs one delimiter listing per directory and one GET
+    of each node's document (fetched concurrently); no request per node for its time or size."""
+    _, fs = s3
+    groups, arrays = 3, 10
+    _put_v3(fs, tmp_path, "plain-count.zarr", groups, arrays, consolidated=False)
+    mnt = mount(f"s3://{BUCKET}/plain-count.zarr", *_options(proxy.port))
+    proxy.reset_counts()
+    out = subprocess.run(["ls", "-lR", str(mnt)], check=True, capture_output=True, text=True).stdout
+    assert out.count(".npy") == groups * arrays
+    listings = 1 + groups  # the root was listed at mount; again if the TTL ran out meanwhile
+    gets = groups + groups * arrays  # each node's zarr.json
+    small = 6  # the root's document and listing again, the bucket's region
+    assert proxy.count() <= listings + gets + small, sorted(proxy.requests)
+    assert proxy.count("HEAD") <= small, [r for r in proxy.requests if r[0] == "HEAD"]

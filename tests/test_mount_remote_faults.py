@@ -57,3 +57,32 @@ def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path
     want = mounted.npy_bytes(values["g0/a1"])
     assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a1.npy")], 30)[0] == 0, 5)
     assert (mnt / "g0" / "a1.npy").read_bytes() == want
+
+
+# The "interrupting the reader (SIGINT) ends its wait promptly": within this, against a
+# `timeout` far longer, so that a wait that ends only at the timeout cannot pass.
+PROMPT_S = 2.0
+LONG_TIMEOUT_S = 20
+
+
+def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    values = _put_v3(fs, tmp_path, "sigint.zarr", 4, 2, consolidated=False)
+    mnt = mount(f"s3://{BUCKET}/sigint.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf"))
+    for g in ("g0", "g1"):
+        assert sorted(p.name for p in (mnt / g).iterdir()) == ["a0.npy", "a1.npy"]
+    proxy.set_mode("silent")
+    readers = {
+        "cat": ["cat", str(mnt / "g0" / "a0.npy")],  # default SIGINT: fatal, the page wait is killable
+        "python read": [sys.executable, "-c", f"open({str(mnt / 'g1' / 'a0.npy')!r}, 'rb').read()"],  # catches it
+        "dd iflag=direct": ["dd", f"if={mnt / 'g1' / 'a1.npy'}", "of=/dev/null", "iflag=direct", "bs=4096"],
+        "ls of a group not listed yet": ["ls", "-l", str(mnt / "g2")],
+        "python listdir": [sys.executable, "-c", f"import os; os.listdir({str(mnt / 'g3')!r})"],
+    }
+    for what, cmd in readers.items():
+        code, seconds, err = _run(cmd, LONG_TIMEOUT_S + 10, sigint_after_s=1.5)
+        assert code is not None and code != 0, (what, code, err)
+        assert seconds <= PROMPT_S, f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+    proxy.set_mode("pass")
+    assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
+    assert (mnt / "g2" / "a1.npy").read_bytes() == mounted.npy_bytes(values["g2/a1"])

@@ -22,6 +22,7 @@ from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..store import Store
 from ..layouts import ArrayStream
+from .interrupts import Interrupts
 from .loads import Loads, _Load
 from .readahead import PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
 from .writeback import DIRTY_MAX_BYTES, WriteBack
@@ -71,6 +72,7 @@ class Engine(Loads, Prefetch, WriteBack):
         self.started = time.time()
         self._nursery: trio.Nursery | None = None
         self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
+        self.interrupts = Interrupts()  # requests ended early when their process got a signal
         self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
@@ -102,6 +104,7 @@ class Engine(Loads, Prefetch, WriteBack):
         """Host background work (prefetch) until cancelled; without it there is no prefetch."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.interrupts.run)
             task_status.started()
             await trio.sleep_forever()
 

@@ -154,7 +154,10 @@ class Loads:
             waiting.append((idx, load))
         if new:
             batches = self._batches(meta, list(new))
-            if len(batches) == 1:
+            if self._nursery is not None:  # a reader interrupted while it waits leaves the loads to others
+                for batch in batches:
+                    self._nursery.start_soon(self._load_batch, meta, batch, new)
+            elif len(batches) == 1:
                 await self._load_batch(meta, batches[0], new)
             else:
                 async with trio.open_nursery() as nursery:
