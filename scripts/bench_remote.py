@@ -10,9 +10,12 @@ the requests the proxy counted):
   find-cons  `find MNT -name '*.npy'` over GROUPS x ARRAYS arrays, consolidated v3 metadata,
              vs zarr.open_consolidated + listing every array
   lslR-cons  `ls -lR` of the same tree
-  lslR-plain `ls -lR` of the same tree without consolidated metadata
+  lslR-plain `ls -lR` of the same tree without consolidated metadata, vs zarr.open_group + members()
+  lslR-http  the same over HTTP (`python -m http.server`, whose directory pages fsspec lists)
+  moto-gets  the ceiling: the plain tree's documents fetched by s3fs alone, all at once (GETs/s)
   silent     the store stops answering in the middle of reading: seconds until the reader's EIO
   refused    the store refuses connections: seconds until EIO
+  sigint     a Python reader waiting on a silent store gets SIGINT: seconds until it ends
   fresh      another client adds an array: seconds until `ls` shows it
 
     .venv/bin/python scripts/bench_remote.py --latency 0.02
@@ -26,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402  (mount, unmount)
+import bench  # noqa: E402  (is_mounted, unmount)
 from latency_proxy import Proxy  # noqa: E402
 
 BUCKET = "bench"
@@ -101,9 +105,17 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int) ->
         fs.put(str(tree), f"{BUCKET}/{name}", recursive=True)
 
 
+def mount_source(source: str, mnt: Path, options: list[str]) -> None:
+    """Mount SOURCE with the zarrfs command line (PYTHONPATH selects which zarrfs)."""
+    cmd = [sys.executable, "-m", "zarrfs", source, str(mnt)] + (["-o", ",".join(options)] if options else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0 or not bench.is_mounted(mnt):
+        raise SystemExit(f"bench_remote: mounting {source} failed (exit {r.returncode}): {r.stderr.strip()}")
+
+
 def mount(port: int, name: str, mnt: Path, *extra: str) -> None:
     so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
-    bench.mount(f"s3://{BUCKET}/{name}", mnt, ["storage_options=" + json.dumps(so), *extra])
+    mount_source(f"s3://{BUCKET}/{name}", mnt, ["storage_options=" + json.dumps(so), *extra])
 
 
 def timed(fn) -> float:
@@ -133,7 +145,10 @@ def main(argv=None) -> int:
     p.add_argument("--groups", type=int, default=20)
     p.add_argument("--arrays", type=int, default=100, help="arrays per group")
     p.add_argument("--random", type=int, default=200)
+    p.add_argument("--rows", default="seq,random,find-cons,lslR-cons,lslR-plain,lslR-http,moto-gets,silent,refused,"
+                   "sigint,fresh", help="rows to run, comma-separated")
     args = p.parse_args(argv)
+    rows = set(args.rows.split(","))
     import zarr
 
     work = Path(tempfile.mkdtemp(prefix="bench-remote-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
@@ -151,7 +166,7 @@ def main(argv=None) -> int:
         def peer_array(name):
             return zarr.open_array(store=f"s3://{BUCKET}/data.zarr/{name}", mode="r", storage_options=peer_opts)
 
-        for name in ("seq", "shard"):
+        for name in ("seq", "shard") if "seq" in rows else ():
             mount(proxy.port, "data.zarr", mnt)
             proxy.reset_counts()
             ours = timed(lambda: read_whole(mnt / f"{name}.npy"))
@@ -161,6 +176,22 @@ def main(argv=None) -> int:
             peer = timed(lambda: peer_array(name)[...])
             row("seq" if name == "seq" else "seq-shard", ours, ours_req, peer, proxy.count())
 
+        if "random" in rows:
+            random_row(args, proxy, mnt, peer_array)
+        tree_rows(args, rows, proxy, mnt, work, peer_opts)
+        fault_rows(args, rows, proxy, mnt)
+        if "fresh" in rows:
+            fresh_row(proxy, mnt, peer_fs)
+    finally:
+        bench.unmount(mnt)
+        proxy.stop()
+        moto.terminate()
+        moto.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def random_row(args, proxy, mnt, peer_array) -> None:
         rng = random.Random(0)
         header = 128
         picks = [(rng.randrange(args.side), rng.randrange(0, args.side - 1024)) for _ in range(args.random)]
@@ -177,9 +208,15 @@ def main(argv=None) -> int:
         peer = timed(lambda: [arr[r, c:c + 1024] for r, c in picks])
         row("random", ours / args.random, ours_req, peer / args.random, proxy.count())
 
+
+def tree_rows(args, rows, proxy, mnt, work, peer_opts) -> None:
+        import zarr
+
         for label, name, cmd in (("find-cons", "tree-cons.zarr", ["find", str(mnt), "-name", "*.npy"]),
                                  ("lslR-cons", "tree-cons.zarr", ["ls", "-lR", str(mnt)]),
                                  ("lslR-plain", "tree-plain.zarr", ["ls", "-lR", str(mnt)])):
+            if label not in rows:
+                continue
             mount(proxy.port, name, mnt)
             proxy.reset_counts()
             ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))
@@ -192,11 +229,58 @@ def main(argv=None) -> int:
                 def peer_list():
                     g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)
                     return [a.shape for _, a in g.arrays()] + [list(sub.arrays()) for _, sub in g.groups()]
-                peer = timed(peer_list)
-                peer_req = proxy.count()
+            else:
+                def peer_list():
+                    g = zarr.open_group(store=f"s3://{BUCKET}/{name}", mode="r", use_consolidated=False,
+                                        storage_options=peer_opts)
+                    return list(g.members(max_depth=None))
+                proxy.reset_counts()
+            peer = timed(peer_list)
+            peer_req = proxy.count()
             row(label, ours, ours_req, peer, peer_req)
+        if "lslR-http" in rows:
+            http_row(args, proxy, mnt, work)
+        if "moto-gets" in rows:
+            fs = s3fs_for(proxy.port)
+            keys = [f"{BUCKET}/tree-plain.zarr/g{g}/a{a}/zarr.json" for g in range(args.groups) for a in range(args.arrays)]
+            proxy.reset_counts()
+            seconds = timed(lambda: fs.cat(keys))
+            print(f"{'moto-gets':11s} s3fs   {seconds:8.3f} s {proxy.count():6d} req   {len(keys) / seconds:8.0f} GET/s "
+                  f"(the store's own ceiling for the plain tree's documents)", flush=True)
+
+
+def http_row(args, proxy, mnt, work) -> None:
+    """`ls -lR` of the plain tree served by `python -m http.server` (through its own latency proxy)."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "-b", "127.0.0.1", "-d", str(work), str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hproxy = Proxy(port, proxy.latency_s).start()
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("http.server did not start")
+                time.sleep(0.1)
+        mount_source(f"http://127.0.0.1:{hproxy.port}/tree-plain.zarr", mnt, [])
+        hproxy.reset_counts()
+        ours = timed(lambda: subprocess.run(["ls", "-lR", str(mnt)], stdout=subprocess.DEVNULL, check=True))
+        row("lslR-http", ours, hproxy.count())
+        bench.unmount(mnt)
+    finally:
+        hproxy.stop()
+        server.terminate()
+        server.wait(10)
+
+
+def fault_rows(args, rows, proxy, mnt) -> None:
 
         for label, mode in (("silent", "silent"), ("refused", "refuse")):
+            if label not in rows:
+                continue
             mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
             proxy.reset_counts()
             with open(mnt / "seq.npy", "rb") as f:
@@ -213,7 +297,23 @@ def main(argv=None) -> int:
             proxy.set_mode("pass")
             print(f"{label:11s} zarrfs {waited:8.3f} s until: {outcome} (timeout={TIMEOUT_S})", flush=True)
             bench.unmount(mnt)
+        if "sigint" in rows:
+            mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
+            proxy.set_mode("silent")
+            reader = subprocess.Popen([sys.executable, "-c", f"open({str(mnt / 'seq.npy')!r}, 'rb').read()"],
+                                      stderr=subprocess.DEVNULL)
+            time.sleep(1)
+            t0 = time.perf_counter()
+            reader.send_signal(signal.SIGINT)
+            reader.wait(60)
+            waited = time.perf_counter() - t0
+            proxy.set_mode("pass")
+            print(f"{'sigint':11s} zarrfs {waited:8.3f} s until a Python reader (which catches SIGINT) ended "
+                  f"(timeout={TIMEOUT_S})", flush=True)
+            bench.unmount(mnt)
 
+
+def fresh_row(proxy, mnt, peer_fs) -> None:
         mount(proxy.port, "tree-plain.zarr", mnt)
         os.listdir(mnt / "g0")
         t0 = time.perf_counter()
@@ -227,13 +327,6 @@ def main(argv=None) -> int:
         print(f"{'fresh':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a new array is listed "
               f"(metadata_ttl default)", flush=True)
         bench.unmount(mnt)
-    finally:
-        bench.unmount(mnt)
-        proxy.stop()
-        moto.terminate()
-        moto.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
