@@ -86,3 +86,33 @@ def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, moun
     proxy.set_mode("pass")
     assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
     assert (mnt / "g2" / "a1.npy").read_bytes() == mounted.npy_bytes(values["g2/a1"])
+
+
+def _mount_cli(mount, proxy, name: str, timeout_s: int) -> tuple[int, float, str]:  # noqa: F811
+    """Run the mount command (daemon mode) against the proxy: (exit code, seconds, stderr)."""
+    mnt, log = mount.new_mountpoint()
+    cmd = mount.command(f"s3://{BUCKET}/{name}", mnt, log, _options(proxy.port, f"timeout={timeout_s}"))
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if r.returncode == 0:
+        mount.adopt(mnt, log)
+    return r.returncode, time.monotonic() - t0, r.stderr
+
+
+def test_mount_of_a_silent_store_fails_within_timeout_naming_it(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    _put_v3(fs, tmp_path, "startsilent.zarr", 1, 1, consolidated=True)
+    proxy.set_mode("silent")
+    code, seconds, err = _mount_cli(mount, proxy, "startsilent.zarr", TIMEOUT_S)
+    assert code != 0 and len(err.splitlines()) == 1 and "timed out" in err, err
+    assert err.startswith(f"zarrfs: s3://{BUCKET}/startsilent.zarr: "), err
+    assert seconds <= TIMEOUT_S + 2 * MARGIN_S, f"the mount command waited {seconds:.1f} s with timeout={TIMEOUT_S}"
+
+
+def test_mount_of_a_refusing_store_names_it(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    _put_v3(fs, tmp_path, "startrefused.zarr", 1, 1, consolidated=True)
+    proxy.set_mode("refuse")
+    code, seconds, err = _mount_cli(mount, proxy, "startrefused.zarr", 30)
+    assert code != 0 and len(err.splitlines()) == 1 and "connection refused" in err, err
+    assert seconds <= 10, f"a refused connection took {seconds:.1f} s to report"  # the issue's bound
