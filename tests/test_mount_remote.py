@@ -213,3 +213,31 @@ def test_plain_tree_costs_one_listing_per_group_and_one_get_per_node(s3, proxy, 
     small = 6  # the root's document and listing again, the bucket's region
     assert proxy.count() <= listings + gets + small, sorted(proxy.requests)
     assert proxy.count("HEAD") <= small, [r for r in proxy.requests if r[0] == "HEAD"]
+
+
+# zarrfs keeps a cached chunk on the strength of its stored time only if it was written this long
+# before it was read (engine/revalidate.py FETCH_MARGIN_S); the test's chunks are older than that.
+WRITTEN_BEFORE_S = 5.5
+
+
+def test_cached_chunks_are_revalidated_after_the_ttl_not_read_again(s3, proxy, tmp_path, mount):  # noqa: F811
+    endpoint, fs = s3
+    values = _put_v3(fs, tmp_path, "reval.zarr", 1, 2, consolidated=False)
+    time.sleep(WRITTEN_BEFORE_S)
+    reader = mount(f"s3://{BUCKET}/reval.zarr", *_options(proxy.port, "metadata_ttl=1"))
+    writer = mount(f"s3://{BUCKET}/reval.zarr", *_options(urllib.parse.urlparse(endpoint).port, "writable"))
+    want = mounted.npy_bytes(values["g0/a0"])
+    assert (reader / "g0" / "a0.npy").read_bytes() == want
+    time.sleep(1.5)  # past the TTL
+    proxy.reset_counts()
+    assert (reader / "g0" / "a0.npy").read_bytes() == want
+    chunk_gets = [p for m, p in proxy.requests if m == "GET" and "/g0/a0/c/" in p]
+    assert chunk_gets == [], proxy.requests  # checked by a listing, not read again
+    assert sum(1 for m, p in proxy.requests if "list-type=2" in p) <= 3, proxy.requests
+    m = np.load(writer / "g0" / "a0.npy", mmap_mode="r+")
+    m[0, :] = -7  # chunks (0, 0) and (0, 1) rewritten by another client
+    m.flush()
+    del m
+    expected = values["g0/a0"].copy()
+    expected[0, :] = -7
+    assert mounted.wait_until(lambda: (reader / "g0" / "a0.npy").read_bytes() == mounted.npy_bytes(expected), 20)

@@ -166,6 +166,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         # logical size until info/ asked for them (README: Remote stores).
         self.stored_sizes_lazy = not hierarchy.store.is_local
         self.engine = engine
+        engine.on_array_changed = self._array_changed  # freshness.py
         self.show_views = show_views
         self.writes_allowed = writable
         self.open_files = 0

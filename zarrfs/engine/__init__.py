@@ -10,6 +10,7 @@ the rules of who touches them are written down in one place: docs/CONCURRENCY.md
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import time
@@ -24,6 +25,7 @@ from ..store import Store
 from ..layouts import ArrayStream
 from .interrupts import Interrupts
 from .loads import Loads, _Load
+from .revalidate import Revalidation
 from .readahead import PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
 from .writeback import DIRTY_MAX_BYTES, WriteBack
 
@@ -46,7 +48,7 @@ DEFAULT_TIMEOUT_S = 30.0
 # serves again at once, no remount.
 STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
-            "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads")
+            "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads", "revalidations", "chunks_changed")
 
 __all__ = ["Engine", "ReadAhead"]
 
@@ -56,7 +58,7 @@ def _call_name(fn: Any) -> str:
     return getattr(fn, "__name__", "store call").removesuffix("_sync").replace("_", " ")
 
 
-class Engine(Loads, Prefetch, WriteBack):
+class Engine(Loads, Prefetch, WriteBack, Revalidation):
     """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
 
     def __init__(self, store: Store, cache: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -72,7 +74,8 @@ class Engine(Loads, Prefetch, WriteBack):
         self.started = time.time()
         self._nursery: trio.Nursery | None = None
         self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
-        self.interrupts = Interrupts()  # requests ended early when their process got a signal
+        self.interrupts = Interrupts()
+        self._init_revalidation()  # requests ended early when their process got a signal
         self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
@@ -164,6 +167,11 @@ class Engine(Loads, Prefetch, WriteBack):
         """Forget every cached chunk and shard index (they are read from the store again when next
         needed); written chunks not yet stored stay in the dirty set, where reads find them first."""
         self.cache.discard_prefix("")
+
+    def start_soon_thread(self, fn: Any, *args: Any) -> None:
+        """Run `fn(*args)` in a worker thread in the background, not awaited (nothing without run())."""
+        if self._nursery is not None:
+            self._nursery.start_soon(functools.partial(trio.to_thread.run_sync, fn, *args, abandon_on_cancel=True))
 
     @staticmethod
     def new_lock() -> Any:

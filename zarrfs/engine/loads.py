@@ -20,6 +20,7 @@ import trio
 from .. import chunksource
 from ..errors import CorruptChunk, StoreError, ZarrfsError
 from ..model import ArrayMeta
+from . import revalidate
 from .readahead import PREFETCH_CACHE_SHARE
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ class Loads:
     async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index]) -> dict[Index, np.ndarray]:
         """Several chunks: those held or cached at once; the others loaded concurrently, each
         once however many readers want it (inner chunks of one shard in one batch)."""
+        await self.check_cached(meta)
         out: dict[Index, np.ndarray] = {}
         waiting: list[tuple[Index, _Load]] = []
         new: dict[Index, _Load] = {}
@@ -299,12 +301,15 @@ class Loads:
 
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
+        began = revalidate.now()
         try:
             raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, key=key)
         except ZarrfsError as e:
             self._count_error(e, key)
             raise
         self.counters["store_gets"] += 1
+        if not _partial(meta):
+            self.note_fetch(meta, idx, key, began, None if raw is None else len(raw))
         if raw is None:
             self.counters["fill_chunks"] += 1
             return np.broadcast_to(meta.fill_value, meta.chunk_shape)
