@@ -6,13 +6,14 @@ Rows (each with both sides' seconds, their ratio peer/zarrfs where there is a pe
 the requests the proxy counted):
   seq        sequential read of an unsharded v3 zstd array (MOUNT/seq.npy with 1 MiB reads vs arr[...])
   seq-shard  the same for a sharded array (SHARD^2 shards of 256^2 inner chunks)
+  (both seq rows also show the bytes the store sent each side, the bytes stored, and the daemon's VmHWM)
   random     N random 4 KiB reads of seq.npy (pread) vs arr[row, c0:c1] of the same elements
   find-cons  `find MNT -name '*.npy'` over GROUPS x ARRAYS arrays, consolidated v3 metadata,
              vs zarr.open_consolidated + listing every array
   lslR-cons  `ls -lR` of the same tree
   lslR-plain `ls -lR` of the same tree without consolidated metadata, vs zarr.open_group + members()
   lslR-http  the same over HTTP (`python -m http.server`, whose directory pages fsspec lists)
-  moto-gets  the ceiling: the plain tree's documents fetched by s3fs alone, all at once (GETs/s)
+  moto-gets  the store's own rate: s3fs alone fetching the plain tree's documents at once (req/s)
   silent     the store stops answering in the middle of reading: seconds until the reader's EIO
   refused    the store refuses connections: seconds until EIO
   sigint     a Python reader waiting on a silent store gets SIGINT: seconds until it ends
@@ -43,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402  (is_mounted, unmount)
+import bench  # noqa: E402  (mount, unmount)
 from latency_proxy import Proxy  # noqa: E402
 
 BUCKET = "bench"
@@ -51,6 +52,8 @@ CREDENTIALS = {"key": "testing", "secret": "testing"}
 MIB = 1 << 20
 INNER = (256, 256)
 TIMEOUT_S = 5  # the mount's timeout= for the failure rows
+ROWS = ("seq", "seq-shard", "random", "find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "silent",
+        "refused", "sigint", "fresh", "reval", "rewritten")
 
 
 def free_port() -> int:
@@ -82,7 +85,8 @@ def s3fs_for(port: int):
                              use_listings_cache=False, **CREDENTIALS)
 
 
-def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int) -> None:
+def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int, trees: bool,
+          noisy: bool = False) -> None:
     import zarr
     from zarr.codecs import ZstdCodec
 
@@ -90,12 +94,14 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int) ->
     local = workdir / "data.zarr"
     root = zarr.open_group(str(local), mode="w", zarr_format=3)
     x = (np.sin(np.arange(side * side, dtype=np.float32) / 1000).reshape(side, side) * 100).round(1)
+    if noisy:
+        x += np.random.default_rng(0).random(x.shape, dtype=np.float32)
     root.create_array("seq", shape=x.shape, chunks=(1024, 1024), dtype="float32",
                       compressors=[ZstdCodec(level=1)])[:] = x
     root.create_array("shard", shape=x.shape, shards=(shard, shard), chunks=INNER, dtype="float32",
                       compressors=[ZstdCodec(level=1)])[:] = x
     fs.put(str(local), f"{BUCKET}/data.zarr", recursive=True)
-    for name, consolidated in (("tree-cons.zarr", True), ("tree-plain.zarr", False)):
+    for name, consolidated in (("tree-cons.zarr", True), ("tree-plain.zarr", False)) if trees else ():
         tree = workdir / name
         t = zarr.open_group(str(tree), mode="w", zarr_format=3)
         for g in range(groups):
@@ -107,17 +113,17 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int) ->
         fs.put(str(tree), f"{BUCKET}/{name}", recursive=True)
 
 
-def mount_source(source: str, mnt: Path, options: list[str]) -> None:
-    """Mount SOURCE with the zarrfs command line (PYTHONPATH selects which zarrfs)."""
-    cmd = [sys.executable, "-m", "zarrfs", source, str(mnt)] + (["-o", ",".join(options)] if options else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if r.returncode != 0 or not bench.is_mounted(mnt):
-        raise SystemExit(f"bench_remote: mounting {source} failed (exit {r.returncode}): {r.stderr.strip()}")
-
-
 def mount(port: int, name: str, mnt: Path, *extra: str) -> None:
     so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
-    mount_source(f"s3://{BUCKET}/{name}", mnt, ["storage_options=" + json.dumps(so), *extra])
+    mount_source(f"s3://{BUCKET}/{name}", mnt, "storage_options=" + json.dumps(so), *extra)
+
+
+def mount_source(source: str, mnt: Path, *options: str) -> None:
+    cmd = [sys.executable, "-m", "zarrfs", source, os.fspath(mnt), "-o", ",".join(["log_level=warning", *options])]
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True, timeout=120)
+    if r.returncode != 0 or not bench.is_mounted(mnt):
+        raise SystemExit(f"bench_remote: mounting failed (exit {r.returncode}): {r.stderr.strip()}")
 
 
 def timed(fn) -> float:
@@ -133,10 +139,16 @@ def read_whole(path: Path) -> None:
             pass
 
 
-def row(name: str, ours: float, ours_req: int, peer: float | None = None, peer_req: int | None = None) -> None:
+def row(name: str, ours: float, ours_req: int, peer: float | None = None, peer_req: int | None = None,
+        extra: str = "") -> None:
     ratio = f"{peer / ours:6.2f}x" if peer else "      "
     peer_s = f"{peer:8.3f} s {peer_req:6d} req" if peer is not None else ""
-    print(f"{name:11s} zarrfs {ours:8.3f} s {ours_req:6d} req   {ratio}   zarr+s3fs {peer_s}", flush=True)
+    print(f"{name:11s} zarrfs {ours:8.3f} s {ours_req:6d} req   {ratio}   zarr+s3fs {peer_s}{extra}", flush=True)
+
+
+def stored_mb(fs, name: str) -> float:
+    """Bytes the array's chunk objects take in the bucket, MB."""
+    return sum(fs.du(f"{BUCKET}/data.zarr/{name}", total=False).values()) / 1e6
 
 
 def main(argv=None) -> int:
@@ -147,10 +159,13 @@ def main(argv=None) -> int:
     p.add_argument("--groups", type=int, default=20)
     p.add_argument("--arrays", type=int, default=100, help="arrays per group")
     p.add_argument("--random", type=int, default=200)
-    p.add_argument("--rows", default="seq,random,find-cons,lslR-cons,lslR-plain,lslR-http,moto-gets,silent,refused,"
-                   "sigint,fresh", help="rows to run, comma-separated")
+    p.add_argument("--repeat", type=int, default=1, help="runs of the seq rows; each side's best is shown")
+    p.add_argument("--noisy", action="store_true", help="add noise to the arrays' values (compress little)")
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run (default: all)")
     args = p.parse_args(argv)
     rows = set(args.rows.split(","))
+    if rows - set(ROWS):
+        p.error(f"unknown rows {sorted(rows - set(ROWS))}; rows are {','.join(ROWS)}")
     import zarr
 
     work = Path(tempfile.mkdtemp(prefix="bench-remote-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
@@ -159,7 +174,8 @@ def main(argv=None) -> int:
     mnt = work / "mnt"
     mnt.mkdir()
     try:
-        build(s3fs_for(port), work, args.side, args.shard, args.groups, args.arrays)
+        build(s3fs_for(port), work, args.side, args.shard, args.groups, args.arrays,
+              bool(rows & {"find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "fresh", "reval", "rewritten"}), args.noisy)
         proxy.latency_s = args.latency
         print(f"latency {args.latency * 1000:g} ms; arrays {args.side}^2 float32; tree {args.groups}x{args.arrays}")
         peer_fs = s3fs_for(proxy.port)
@@ -168,22 +184,37 @@ def main(argv=None) -> int:
         def peer_array(name):
             return zarr.open_array(store=f"s3://{BUCKET}/data.zarr/{name}", mode="r", storage_options=peer_opts)
 
-        for name in ("seq", "shard") if "seq" in rows else ():
-            mount(proxy.port, "data.zarr", mnt)
-            proxy.reset_counts()
-            ours = timed(lambda: read_whole(mnt / f"{name}.npy"))
-            ours_req = proxy.count()
-            bench.unmount(mnt)
-            proxy.reset_counts()
-            peer = timed(lambda: peer_array(name)[...])
-            row("seq" if name == "seq" else "seq-shard", ours, ours_req, peer, proxy.count())
+        for label, name in (("seq", "seq"), ("seq-shard", "shard")):
+            if label not in rows:
+                continue
+            ours = peer = float("inf")
+            for _ in range(args.repeat):  # each side's best, on a fresh mount and a fresh array each time
+                mount(proxy.port, "data.zarr", mnt)
+                proxy.reset_counts()
+                ours = min(ours, timed(lambda: read_whole(mnt / f"{name}.npy")))
+                ours_req, ours_mb = proxy.count(), proxy.bytes_down / 1e6
+                hwm = bench.vm_hwm_bytes(bench.daemon_pid(mnt)) >> 20
+                bench.unmount(mnt)
+                proxy.reset_counts()
+                peer = min(peer, timed(lambda: peer_array(name)[...]))
+            row(label, ours, ours_req, peer, proxy.count(),
+                f"   fetched {ours_mb:.0f} MB (zarr+s3fs {proxy.bytes_down / 1e6:.0f}) of {stored_mb(peer_fs, name):.0f} "
+                f"MB stored; daemon VmHWM {hwm} MiB")
 
         if "random" in rows:
             random_row(args, proxy, mnt, peer_array)
-        tree_rows(args, rows, proxy, mnt, work, peer_opts)
-        fault_rows(args, rows, proxy, mnt)
+        tree_rows(rows, proxy, mnt, peer_opts)
+        if "lslR-http" in rows:
+            http_row(proxy, mnt, work)
+        if "moto-gets" in rows:
+            moto_row(args, proxy)
+        failure_rows(rows, args, proxy, mnt)
+        if "sigint" in rows:
+            sigint_row(proxy, mnt)
         if "fresh" in rows:
             fresh_row(proxy, mnt, peer_fs)
+        if rows & {"reval", "rewritten"}:
+            revalidation_rows(proxy, mnt, peer_fs)
     finally:
         bench.unmount(mnt)
         proxy.stop()
@@ -193,65 +224,56 @@ def main(argv=None) -> int:
     return 0
 
 
-def random_row(args, proxy, mnt, peer_array) -> None:
-        rng = random.Random(0)
-        header = 128
-        picks = [(rng.randrange(args.side), rng.randrange(0, args.side - 1024)) for _ in range(args.random)]
-        mount(proxy.port, "data.zarr", mnt)
+def random_row(args, proxy, mnt: Path, peer_array) -> None:
+    rng = random.Random(0)
+    header = 128
+    picks = [(rng.randrange(args.side), rng.randrange(0, args.side - 1024)) for _ in range(args.random)]
+    mount(proxy.port, "data.zarr", mnt)
+    proxy.reset_counts()
+    fd = os.open(mnt / "seq.npy", os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    ours = timed(lambda: [os.pread(fd, 4096, header + (r * args.side + c) * 4) for r, c in picks])
+    os.close(fd)
+    ours_req = proxy.count()
+    bench.unmount(mnt)
+    arr = peer_array("seq")
+    proxy.reset_counts()
+    peer = timed(lambda: [arr[r, c:c + 1024] for r, c in picks])
+    row("random", ours / args.random, ours_req, peer / args.random, proxy.count())
+
+
+def tree_rows(rows: set[str], proxy, mnt: Path, peer_opts: dict) -> None:
+    import zarr
+
+    for label, name, cmd in (("find-cons", "tree-cons.zarr", ["find", str(mnt), "-name", "*.npy"]),
+                             ("lslR-cons", "tree-cons.zarr", ["ls", "-lR", str(mnt)]),
+                             ("lslR-plain", "tree-plain.zarr", ["ls", "-lR", str(mnt)])):
+        if label not in rows:
+            continue
+        mount(proxy.port, name, mnt)
         proxy.reset_counts()
-        fd = os.open(mnt / "seq.npy", os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        ours = timed(lambda: [os.pread(fd, 4096, header + (r * args.side + c) * 4) for r, c in picks])
-        os.close(fd)
+        ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))
         ours_req = proxy.count()
         bench.unmount(mnt)
-        arr = peer_array("seq")
-        proxy.reset_counts()
-        peer = timed(lambda: [arr[r, c:c + 1024] for r, c in picks])
-        row("random", ours / args.random, ours_req, peer / args.random, proxy.count())
-
-
-def tree_rows(args, rows, proxy, mnt, work, peer_opts) -> None:
-        import zarr
-
-        for label, name, cmd in (("find-cons", "tree-cons.zarr", ["find", str(mnt), "-name", "*.npy"]),
-                                 ("lslR-cons", "tree-cons.zarr", ["ls", "-lR", str(mnt)]),
-                                 ("lslR-plain", "tree-plain.zarr", ["ls", "-lR", str(mnt)])):
-            if label not in rows:
-                continue
-            mount(proxy.port, name, mnt)
+        if name == "tree-cons.zarr":
             proxy.reset_counts()
-            ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))
-            ours_req = proxy.count()
-            bench.unmount(mnt)
-            peer = peer_req = None
-            if name == "tree-cons.zarr":
-                proxy.reset_counts()
 
-                def peer_list():
-                    g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)
-                    return [a.shape for _, a in g.arrays()] + [list(sub.arrays()) for _, sub in g.groups()]
-            else:
-                def peer_list():
-                    g = zarr.open_group(store=f"s3://{BUCKET}/{name}", mode="r", use_consolidated=False,
-                                        storage_options=peer_opts)
-                    return list(g.members(max_depth=None))
-                proxy.reset_counts()
-            peer = timed(peer_list)
-            peer_req = proxy.count()
-            row(label, ours, ours_req, peer, peer_req)
-        if "lslR-http" in rows:
-            http_row(args, proxy, mnt, work)
-        if "moto-gets" in rows:
-            fs = s3fs_for(proxy.port)
-            keys = [f"{BUCKET}/tree-plain.zarr/g{g}/a{a}/zarr.json" for g in range(args.groups) for a in range(args.arrays)]
+            def peer_list():
+                g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)
+                return [a.shape for _, a in g.arrays()] + [list(sub.arrays()) for _, sub in g.groups()]
+        else:
             proxy.reset_counts()
-            seconds = timed(lambda: fs.cat(keys))
-            print(f"{'moto-gets':11s} s3fs   {seconds:8.3f} s {proxy.count():6d} req   {proxy.count() / seconds:8.0f} req/s "
-                  f"(the store's own rate: s3fs alone fetching the plain tree's {len(keys)} documents at once)", flush=True)
+
+            def peer_list():
+                g = zarr.open_group(store=f"s3://{BUCKET}/{name}", mode="r", use_consolidated=False,
+                                    storage_options=peer_opts)
+                return list(g.members(max_depth=None))
+        peer = timed(peer_list)
+        peer_req = proxy.count()
+        row(label, ours, ours_req, peer, peer_req)
 
 
-def http_row(args, proxy, mnt, work) -> None:
+def http_row(proxy, mnt: Path, work: Path) -> None:
     """`ls -lR` of the plain tree served by `python -m http.server` (through its own latency proxy)."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "http.server", "-b", "127.0.0.1", "-d", str(work), str(port)],
@@ -267,7 +289,7 @@ def http_row(args, proxy, mnt, work) -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit("http.server did not start")
                 time.sleep(0.1)
-        mount_source(f"http://127.0.0.1:{hproxy.port}/tree-plain.zarr", mnt, [])
+        mount_source(f"http://127.0.0.1:{hproxy.port}/tree-plain.zarr", mnt)
         hproxy.reset_counts()
         ours = timed(lambda: subprocess.run(["ls", "-lR", str(mnt)], stdout=subprocess.DEVNULL, check=True))
         row("lslR-http", ours, hproxy.count())
@@ -278,61 +300,54 @@ def http_row(args, proxy, mnt, work) -> None:
         server.wait(10)
 
 
-def fault_rows(args, rows, proxy, mnt) -> None:
+def moto_row(args, proxy) -> None:
+    fs = s3fs_for(proxy.port)
+    keys = [f"{BUCKET}/tree-plain.zarr/g{g}/a{a}/zarr.json" for g in range(args.groups) for a in range(args.arrays)]
+    proxy.reset_counts()
+    seconds = timed(lambda: fs.cat(keys))
+    print(f"{'moto-gets':11s} s3fs   {seconds:8.3f} s {proxy.count():6d} req   {proxy.count() / seconds:8.0f} req/s "
+          f"(the store's own rate: s3fs alone fetching the plain tree's {len(keys)} documents at once)", flush=True)
 
-        for label, mode in (("silent", "silent"), ("refused", "refuse")):
-            if label not in rows:
-                continue
-            mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
-            proxy.reset_counts()
-            with open(mnt / "seq.npy", "rb") as f:
-                f.read(MIB)
-                proxy.set_mode(mode)
-                t0 = time.perf_counter()
-                try:
-                    f.seek(args.side * args.side * 2)
-                    f.read(MIB)
-                    outcome = "read (no error)"
-                except OSError as e:
-                    outcome = e.strerror
-                waited = time.perf_counter() - t0
-            proxy.set_mode("pass")
-            print(f"{label:11s} zarrfs {waited:8.3f} s until: {outcome} (timeout={TIMEOUT_S})", flush=True)
-            bench.unmount(mnt)
-        if "sigint" in rows:
-            mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
-            proxy.set_mode("silent")
-            reader = subprocess.Popen([sys.executable, "-c", f"open({str(mnt / 'seq.npy')!r}, 'rb').read()"],
-                                      stderr=subprocess.DEVNULL)
-            time.sleep(1)
+
+def failure_rows(rows: set[str], args, proxy, mnt: Path) -> None:
+    for label, mode in (("silent", "silent"), ("refused", "refuse")):
+        if label not in rows:
+            continue
+        mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
+        proxy.reset_counts()
+        with open(mnt / "seq.npy", "rb") as f:
+            f.read(MIB)
+            proxy.set_mode(mode)
             t0 = time.perf_counter()
-            reader.send_signal(signal.SIGINT)
-            reader.wait(60)
+            try:
+                f.seek(args.side * args.side * 2)
+                f.read(MIB)
+                outcome = "read (no error)"
+            except OSError as e:
+                outcome = e.strerror
             waited = time.perf_counter() - t0
-            proxy.set_mode("pass")
-            print(f"{'sigint':11s} zarrfs {waited:8.3f} s until a Python reader (which catches SIGINT) ended "
-                  f"(timeout={TIMEOUT_S})", flush=True)
-            bench.unmount(mnt)
-
-
-def fresh_row(proxy, mnt, peer_fs) -> None:
-        mount(proxy.port, "tree-plain.zarr", mnt)
-        os.listdir(mnt / "g0")
-        t0 = time.perf_counter()
-        peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g0/new/zarr.json", json.dumps({
-            "zarr_format": 3, "node_type": "array", "shape": [2], "data_type": "int8",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
-            "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
-            "codecs": [{"name": "bytes"}]}).encode())
-        while "new.npy" not in os.listdir(mnt / "g0") and time.perf_counter() - t0 < 60:
-            time.sleep(0.2)
-        print(f"{'fresh':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a new array is listed "
-              f"(metadata_ttl default)", flush=True)
+        proxy.set_mode("pass")
+        print(f"{label:11s} zarrfs {waited:8.3f} s until: {outcome} (timeout={TIMEOUT_S})", flush=True)
         bench.unmount(mnt)
-        revalidation_rows(proxy, mnt, peer_fs)
 
 
-def revalidation_rows(proxy, mnt, peer_fs) -> None:
+def sigint_row(proxy, mnt: Path) -> None:
+    mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
+    proxy.set_mode("silent")
+    reader = subprocess.Popen([sys.executable, "-c", f"open({str(mnt / 'seq.npy')!r}, 'rb').read()"],
+                              stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    t0 = time.perf_counter()
+    reader.send_signal(signal.SIGINT)
+    reader.wait(60)
+    waited = time.perf_counter() - t0
+    proxy.set_mode("pass")
+    print(f"{'sigint':11s} zarrfs {waited:8.3f} s until a Python reader (which catches SIGINT) ended "
+          f"(timeout={TIMEOUT_S})", flush=True)
+    bench.unmount(mnt)
+
+
+def revalidation_rows(proxy, mnt: Path, peer_fs) -> None:
     """Ten arrays read, read again after metadata_ttl=1 (requests), then one chunk rewritten by another
     client (seconds until the reader sees it)."""
     mount(proxy.port, "tree-plain.zarr", mnt, "metadata_ttl=1")
@@ -344,13 +359,28 @@ def revalidation_rows(proxy, mnt, peer_fs) -> None:
     chunk_gets = sum(1 for m, p in proxy.requests if m == "GET" and "/c/" in p)
     print(f"{'reval':11s} zarrfs {proxy.count():6d} req ({chunk_gets} chunk GETs) to read 10 arrays again after "
           f"metadata_ttl=1 (same bytes: {first == again})", flush=True)
-    key = f"{BUCKET}/tree-plain.zarr/g1/a0/c/0/0"
-    peer_fs.pipe(key, peer_fs.cat(f"{BUCKET}/tree-plain.zarr/g1/a1/c/0/0"))
+    peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g1/a0/c/0/0", peer_fs.cat(f"{BUCKET}/tree-plain.zarr/g1/a1/c/0/0"))
     t0 = time.perf_counter()
     while files[0].read_bytes() == first[0] and time.perf_counter() - t0 < 60:
         time.sleep(0.1)
     print(f"{'rewritten':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a rewritten chunk is read "
           f"(metadata_ttl=1)", flush=True)
+    bench.unmount(mnt)
+
+
+def fresh_row(proxy, mnt: Path, peer_fs) -> None:
+    mount(proxy.port, "tree-plain.zarr", mnt)
+    os.listdir(mnt / "g0")
+    t0 = time.perf_counter()
+    peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g0/new/zarr.json", json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [2], "data_type": "int8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+        "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+        "codecs": [{"name": "bytes"}]}).encode())
+    while "new.npy" not in os.listdir(mnt / "g0") and time.perf_counter() - t0 < 60:
+        time.sleep(0.2)
+    print(f"{'fresh':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a new array is listed "
+          f"(metadata_ttl default)", flush=True)
     bench.unmount(mnt)
 
 

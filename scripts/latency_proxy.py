@@ -1,7 +1,7 @@
 """A fault-injecting TCP proxy for HTTP stores: adds latency, stops answering, refuses; counts requests.
 
 Used by scripts/bench_remote.py and the mounted remote tests (imported by path; never by the
-package). Modes, switched while running:
+package). It keeps the request line of every request and the bytes sent back. Modes, switched while running:
   pass    forward both ways, each client->server message delayed by `latency_s`
   silent  accept and read, forward nothing either way (a store that stopped answering)
   refuse  close the listening socket: new connections are refused; open ones are cut
@@ -31,6 +31,7 @@ class Proxy:
         self.latency_s = latency_s
         self.mode = "pass"
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
+        self.bytes_down = 0  # bytes the store sent back (headers included), since reset_counts
         self.port = port
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
@@ -70,6 +71,7 @@ class Proxy:
 
     def reset_counts(self) -> None:
         self.requests.clear()
+        self.bytes_down = 0
 
     def stop(self) -> None:
         self._call(self._close())
@@ -104,6 +106,8 @@ class Proxy:
                         self.requests.append((m.group(1).decode(), m.group(2).decode()))
                 if self.latency_s:
                     await asyncio.sleep(self.latency_s)
+            else:
+                self.bytes_down += len(data)
             dst.write(data)
             await dst.drain()
         dst.write_eof() if dst.can_write_eof() else None

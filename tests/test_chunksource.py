@@ -35,6 +35,9 @@ class RecordingStore:
         self.calls.append(("range", key, start, end))
         return self.values[key][start:end]
 
+    def get_ranges_sync(self, key, ranges):
+        return [self.get_range_sync(key, start, end) for start, end in ranges]
+
     def set_sync(self, key, value):
         self.calls.append(("set", key))
         self.values[key] = bytes(value)

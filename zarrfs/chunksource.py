@@ -3,7 +3,8 @@
 Every source answers, for the engine, what it can do (so the engine never tests types):
 
 - `partial_reads`: chunks are read through their shard's index (`read_index_sync`,
-  cached and loaded once by the engine) and byte ranges of the shard (`read_ranges_sync`).
+  cached and loaded once by the engine) and byte ranges of the shard (`read_ranges_sync`),
+  or from the whole shard read at once, its index parsed from it (`read_whole_sync`).
 - `shard_is_chunk`: the shard is itself a chunk of the array's own grid (v3
   `sharding_indexed`): a decoded shard holds the chunk, and writes go to whole shards.
 - `rewrites_shard`: writing a chunk rewrites its whole shard (the drafts' transformer):
@@ -84,6 +85,15 @@ class _InShards:
         raw = store.get_suffix_sync(key, nbytes) if self.layout.at_end else store.get_prefix_sync(key, nbytes)
         return None if raw is None else self.layout.decode(raw, self.per_shard, key)
 
+    def read_whole_sync(self, store: Any, shard: Index, max_nbytes: int) -> tuple[bytes, np.ndarray] | None:
+        """A whole shard in one request and its index parsed from those bytes (refused past
+        `max_nbytes`), or None when the shard is absent."""
+        key = self.keys.key(shard)
+        data = store.get_sync(key, max_nbytes)
+        if data is None:
+            return None
+        return data, self.layout.of_shard(np.frombuffer(data, dtype=np.uint8), self.per_shard, key)
+
     def entry(self, index: np.ndarray | None, idx: Index) -> tuple[int, int] | None:
         """(offset, nbytes) of chunk `idx` in its shard's index (None: absent)."""
         if index is None:
@@ -96,13 +106,11 @@ class _InShards:
     def read_ranges_sync(self, store: Any, shard: Index, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Byte ranges [start, end) of one shard, each checked to lie inside it."""
         key = self.keys.key(shard)
-        out = []
-        for start, end in ranges:
-            data = store.get_range_sync(key, start, end)
+        out = store.get_ranges_sync(key, ranges)
+        for (start, end), data in zip(ranges, out):
             if len(data) != end - start:
                 raise CorruptChunk(f"shard {key}: bytes {start}:{end} named by its index lie outside the shard "
                                    f"({len(data)} read)")
-            out.append(data)
         return out
 
     def read_sync(self, store: Any, idx: Index, max_nbytes: int | None = None) -> bytes | None:

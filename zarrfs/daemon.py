@@ -23,6 +23,7 @@ import trio
 
 from . import __version__, formats
 from .cache import ChunkCache
+from .direct import DirectReads
 from .engine import Engine
 from .errors import UserError, ZarrfsError
 from .codecs import compressor_config
@@ -258,6 +259,8 @@ def build(source: str, options: Options) -> ZarrOperations:
     if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
         raise UserError(f"{shown}: {root.error}")
     engine = Engine(store, ChunkCache(options.cache_size_bytes), timeout_s=options.timeout_s)
+    if store.is_local and not options.writable:
+        engine.direct = DirectReads(store)
     namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
                           create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
                           on_data_stale_sync=invalidate_data_sync,

@@ -90,7 +90,7 @@ class ArrayHandle(Handle):
             return bytes(w.pending[offset:offset + size])
         if entry.error is not None:
             raise entry.error
-        return await self.ns.engine.read(entry.stream, offset, size, readahead=self.readahead)
+        return await self.ns.engine.read(entry.stream, offset, size, readahead=self.readahead, reply=True)
 
     async def write(self, offset: int, data: bytes) -> int:
         return await self.ns.write(self.entry, offset, data)

@@ -142,9 +142,20 @@ class ArrayStream:
         """
         if plan.take_bytes == 0:
             return plan.header_part
-        buf = np.empty(plan.stop_elem - plan.first_elem, dtype=self.dtype)
+        return self.assemble_into(plan, chunks, np.empty(self.element_bytes(plan), np.uint8))
+
+    def element_bytes(self, plan: ReadPlan) -> int:
+        """Bytes of the whole elements a plan covers (its data, plus the parts of elements it cuts)."""
+        return (plan.stop_elem - plan.first_elem) * self.dtype.itemsize
+
+    def assemble_into(self, plan: ReadPlan, chunks: dict[Index, np.ndarray], out: np.ndarray) -> bytes | memoryview:
+        """assemble into OUT (bytes, at least `element_bytes(plan)`): a memoryview of OUT, or
+        new bytes when the plan starts in the header."""
+        if plan.take_bytes == 0:
+            return plan.header_part
+        buf = out[:self.element_bytes(plan)].view(self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan):
             chunk = chunks[idx].T if self._flip else chunks[idx]
             buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunk[src]
-        data = buf.view(np.uint8)[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
+        data = out[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
         return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)

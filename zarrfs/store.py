@@ -270,6 +270,24 @@ class Store:
         # A server that ignores Range (python -m http.server) sends the whole object.
         return self._asked(data, slice(start, end), end - start)
 
+    def get_ranges_sync(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges [start, end) of one key, concurrently on asynchronous file systems (one
+        round trip for all of them, not one each)."""
+        if not isinstance(self.fs, AsyncFileSystem) or len(ranges) < 2:
+            return [self.get_range_sync(key, start, end) for start, end in ranges]
+        path = self.path(key)
+
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*(self.fs._cat_file(path, start=a, end=b) for a, b in ranges),
+                                        return_exceptions=True)
+
+        out = []
+        for (start, end), res in zip(ranges, fsspec.asyn.sync(self.fs.loop, gather)):
+            if isinstance(res, BaseException):
+                raise StoreError(f"reading {key!r} [{start}:{end}] failed: {describe_failure(res)}")
+            out.append(self._asked(res, slice(start, end), end - start))
+        return out
+
     def _asked(self, data: bytes, part: slice, nbytes: int) -> bytes:
         """The part of `data` a ranged read asked for, when the server sent more (all of it)."""
         if len(data) <= nbytes:

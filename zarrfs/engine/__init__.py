@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from .. import direct
 from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..store import Store
@@ -38,6 +39,8 @@ Index = tuple[int, ...]
 IO_THREADS_REMOTE = 16
 IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
+# The reply buffer of direct reads starts at the largest read the kernel sends (1 MiB).
+REPLY_BUF_MIN = 1 << 20
 # The `timeout` option's default (options.Options.timeout_s) for engines built without it (tests).
 DEFAULT_TIMEOUT_S = 30.0
 # After a store call timed out, a later call for the same key (the kernel reads the page again at
@@ -48,7 +51,8 @@ DEFAULT_TIMEOUT_S = 30.0
 # serves again at once, no remount.
 STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
-            "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads", "revalidations", "chunks_changed")
+            "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads",
+            "direct_reads", "direct_bytes", "revalidations", "chunks_changed")
 
 __all__ = ["Engine", "ReadAhead"]
 
@@ -74,8 +78,12 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
         self.started = time.time()
         self._nursery: trio.Nursery | None = None
         self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
-        self.interrupts = Interrupts()
-        self._init_revalidation()  # requests ended early when their process got a signal
+        self.interrupts = Interrupts()  # requests ended early when their process got a signal
+        self._init_revalidation()
+        # Reads of uncompressed chunks straight from a local store's files (set by the daemon
+        # on read-only mounts: no written chunk can be newer than its file).
+        self.direct: direct.DirectReads | None = None
+        self._reply_buf = np.empty(0, np.uint8)  # bytes of direct reads from the page cache, reused
         self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
@@ -167,6 +175,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
         """Forget every cached chunk and shard index (they are read from the store again when next
         needed); written chunks not yet stored stay in the dirty set, where reads find them first."""
         self.cache.discard_prefix("")
+        if self.direct is not None:
+            self.direct.close()
 
     def start_soon_thread(self, fn: Any, *args: Any) -> None:
         """Run `fn(*args)` in a worker thread in the background, not awaited (nothing without run())."""
@@ -208,26 +218,63 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
         log.warning("%s", text if key in text else f"{key}: {text}")
 
     async def read(self, stream: ArrayStream, offset: int, size: int,
-                   readahead: ReadAhead | None = None) -> bytes | memoryview:
+                   readahead: ReadAhead | None = None, reply: bool = False) -> bytes | memoryview:
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently;
         with `readahead` (the reader's own state), a sequential reader's next window is loaded.
+        With `reply` (a FUSE read handler, which returns the bytes at once: pyfuse3 replies
+        before any other task runs), the bytes may be a view of a buffer every such read reuses,
+        and reads of uncompressed local chunks copy their files' bytes directly (direct.py).
 
         Arrays of shards that can be read in part are planned over their inner chunks,
         unless every shard the read needs is already decoded whole (then over the shards:
-        fewer, larger copies).
+        fewer, larger copies). A sequential reader of a remote store takes them from whole
+        shards, each read in one request (readahead.py `_whole_shards`).
         """
         plan = stream.plan(offset, size)
+        if reply and self.direct is not None and self.direct.eligible(stream):
+            data = await self._read_direct(stream, plan)
+            if data is not None:
+                self.counters["reads"] += 1
+                return data
         fine = stream.for_reads()
         if (fine is not stream and not self.store.ranges_ignored
                 and not all(self._known(stream.meta, idx) for idx in plan.chunks)):
             plan, reader = fine.plan(offset, size), fine
         else:
             reader = stream
-        chunks = await self.chunks(reader.meta, plan.chunks)
+        sequential = readahead is not None and offset == readahead.next_offset
+        if readahead is not None:  # at once: a read the kernel sends while this one loads is sequential too
+            readahead.next_offset = offset + size
+        whole = sequential and self._whole_shards(stream)
+        if whole:  # before the read's own loads, which then share each shard's one request
+            self._read_ahead(stream, offset, size, readahead, sequential)
+        chunks = await self.chunks(reader.meta, plan.chunks, whole)
         self.counters["reads"] += 1
-        if readahead is not None:
-            self._read_ahead(stream, offset, size, readahead)
+        if readahead is not None and not whole:
+            self._read_ahead(stream, offset, size, readahead, sequential)
         return reader.assemble(plan, chunks)
+
+    async def _read_direct(self, stream: ArrayStream, plan: Any) -> bytes | memoryview | None:
+        """A read of an eligible stream straight from its chunk files (None: take the usual path).
+
+        From the OS's page cache in this thread into the reused reply buffer (no await
+        between filling it and returning); what would wait for a disk, in a worker thread
+        into a buffer of its own."""
+        need = stream.element_bytes(plan)
+        if len(self._reply_buf) < need:
+            self._reply_buf = np.empty(max(need, REPLY_BUF_MIN), np.uint8)
+        try:
+            data = self.direct.read_sync(stream, plan, self._reply_buf, nowait=True)
+        except direct.WouldBlock:
+            try:
+                data = await self.run_io(self.direct.read_sync, stream, plan, np.empty(need, np.uint8), False)
+            except direct.Fallback:
+                return None
+        except direct.Fallback:
+            return None
+        self.counters["direct_reads"] += 1
+        self.counters["direct_bytes"] += plan.take_bytes
+        return data
 
     async def read_key(self, key: str, offset: int, size: int, key_size: int) -> bytes:
         """Bytes of a store key as it is stored (the `store/` view)."""

@@ -38,6 +38,7 @@ BATCH_BYTES = 4 << 20  # decoded bytes of inner chunks loaded together, at most 
 INNER = "inner"
 INDEX = "index"
 SHARD = "shard"
+BODY = "body"  # in-flight loads of a whole shard's stored bytes, for its inner chunks
 NO_SHARD = np.zeros(0, dtype="<u8")  # cached index of a shard that is not stored
 
 def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
@@ -67,6 +68,12 @@ def _partial(meta: ArrayMeta) -> bool:
 def _in_shard_chunks(meta: ArrayMeta) -> bool:
     """Whether the array's chunks are inner chunks of shards that are themselves chunks (v3)."""
     return meta.source is not None and meta.source.shard_is_chunk
+
+
+def _inner_limit(meta: ArrayMeta) -> int:
+    """Stored bytes an inner chunk may take at most. A hostile index must not make us ask for
+    terabytes: no codec of fixed-size data grows it by more than a header and a small fraction."""
+    return 2 * math.prod(meta.chunk_shape) * meta.dtype.itemsize + (1 << 16)
 
 
 def merge_ranges(stored: list[tuple[int, int, Index]], gap: int) -> list[tuple[int, int]]:
@@ -133,9 +140,14 @@ class Loads:
         """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
         return (await self.chunks(meta, (idx,)))[idx]
 
-    async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index]) -> dict[Index, np.ndarray]:
+    async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index],
+                     whole: bool = False) -> dict[Index, np.ndarray]:
         """Several chunks: those held or cached at once; the others loaded concurrently, each
-        once however many readers want it (inner chunks of one shard in one batch)."""
+        once however many readers want it (inner chunks of one shard in one batch).
+
+        `whole`: inner chunks are taken from their shards read whole, one request each
+        (`_shard_body`), instead of the shard's index and ranges of it.
+        """
         await self.check_cached(meta)
         out: dict[Index, np.ndarray] = {}
         waiting: list[tuple[Index, _Load]] = []
@@ -158,13 +170,13 @@ class Loads:
             batches = self._batches(meta, list(new))
             if self._nursery is not None:  # a reader interrupted while it waits leaves the loads to others
                 for batch in batches:
-                    self._nursery.start_soon(self._load_batch, meta, batch, new)
+                    self._nursery.start_soon(self._load_batch, meta, batch, new, whole)
             elif len(batches) == 1:
-                await self._load_batch(meta, batches[0], new)
+                await self._load_batch(meta, batches[0], new, whole)
             else:
                 async with trio.open_nursery() as nursery:
                     for batch in batches:
-                        nursery.start_soon(self._load_batch, meta, batch, new)
+                        nursery.start_soon(self._load_batch, meta, batch, new, whole)
         for idx, load in waiting:
             await load.done.wait()
             if load.error is not None:
@@ -196,7 +208,8 @@ class Loads:
             batches += [group[i:i + per_batch] for i in range(0, len(group), per_batch)]
         return batches
 
-    async def _load_batch(self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, _Load]) -> None:
+    async def _load_batch(self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, _Load],
+                          whole: bool = False) -> None:
         """Load a batch and settle its loads (values or the error); cache what is still current.
 
         Only cancellation propagates: load errors reach every reader through its `_Load`.
@@ -207,7 +220,7 @@ class Loads:
         try:
             async with self._oversize_turn(meta, batch[0]):
                 if _partial(meta):
-                    values, error, versions = await self._load_inner_consistent(meta, batch)
+                    values, error, versions = await self._load_inner_consistent(meta, batch, whole)
                 else:
                     values = {batch[0]: await self._load(meta, batch[0])}
         except ZarrfsError as e:
@@ -268,7 +281,7 @@ class Loads:
                 pass
             self._drop_lock(key, lock)
 
-    async def _load_inner_consistent(self, meta: ArrayMeta, batch: list[Index]
+    async def _load_inner_consistent(self, meta: ArrayMeta, batch: list[Index], whole: bool = False
                                      ) -> tuple[dict[Index, np.ndarray], ZarrfsError | None, dict[Index, int]]:
         """Inner chunks read from one version of their shard, and the chunks' write versions
         when the read began.
@@ -289,7 +302,7 @@ class Loads:
             error: ZarrfsError | None = None
             try:
                 if len(values) < len(batch):
-                    values.update(await self._load_inner(meta, [i for i in batch if i not in values]))
+                    values.update(await self._load_inner(meta, [i for i in batch if i not in values], whole))
             except ZarrfsError as e:
                 error = e
             if self._versions.get(unit, 0) == version or attempt == SHARD_RETRIES:
@@ -363,18 +376,57 @@ class Loads:
                     load.done.set()
         return None if index.size == 0 else index
 
-    async def _load_inner(self, meta: ArrayMeta, batch: list[Index]) -> dict[Index, np.ndarray]:
-        """Inner chunks of one shard: its index, then only their bytes, in as few ranges as reason allows."""
+    async def _shard_body(self, meta: ArrayMeta, shard: Index) -> tuple[Any, np.ndarray | None]:
+        """A whole shard's stored bytes (one request) and its index parsed from them, loaded
+        once for every batch of its inner chunks that asks while it is in flight; the index
+        is cached as `_shard_index` caches it. (None, None) when the shard is not stored.
+
+        The bytes are held only by the batches that wait for them: a batch asking after the
+        load ended reads again (read-ahead asks for all of a shard's inner chunks at once).
+        """
+        src = meta.source
+        key = (meta.path, shard, BODY)
+        load = self._inflight.get(key)
+        if load is not None:
+            await load.done.wait()
+            if load.error is not None:
+                raise load.error
+            return load.value
+        load = self._inflight[key] = _Load()
+        version = self._versions.get(self._shard_unit(meta, shard), 0)
+        max_nbytes = src.index_nbytes + math.prod(src.per_shard) * _inner_limit(meta)
+        try:
+            found = await self.run_io(src.read_whole_sync, self.store, shard, max_nbytes)
+            self.counters["store_gets"] += 1
+            if found is None:
+                load.value, index = (None, None), NO_SHARD
+            else:
+                self.counters["store_bytes"] += len(found[0])
+                load.value, index = found, found[1]
+            if self._versions.get(self._shard_unit(meta, shard), 0) == version:
+                self.cache.put((meta.path, shard, INDEX), index)
+        except BaseException as e:  # counted and logged by the batch that asked
+            load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
+            raise
+        finally:
+            del self._inflight[key]
+            load.done.set()
+        return load.value
+
+    async def _load_inner(self, meta: ArrayMeta, batch: list[Index], whole: bool = False) -> dict[Index, np.ndarray]:
+        """Inner chunks of one shard: its index, then only their bytes, in as few ranges as
+        reason allows; or, `whole` (or while another batch reads it whole), from the whole shard."""
         src = meta.source
         shard = src.shard_of(batch[0])
         shard_key = src.keys.key(shard)
-        index = await self._shard_index(meta, shard)
+        body = None
+        if whole or (meta.path, shard, BODY) in self._inflight:
+            body, index = await self._shard_body(meta, shard)
+        else:
+            index = await self._shard_index(meta, shard)
         out: dict[Index, np.ndarray] = {}
         stored: list[tuple[int, int, Index]] = []
-        # A hostile index must not make us ask for terabytes: no codec of fixed-size data
-        # grows it by more than a header and a small fraction.
-        decoded = math.prod(meta.chunk_shape) * meta.dtype.itemsize
-        limit = 2 * decoded + (1 << 16)
+        limit = _inner_limit(meta)
         for idx in batch:
             found = src.entry(index, idx)
             if found is None:
@@ -384,16 +436,22 @@ class Loads:
             offset, nbytes = found
             if nbytes > limit:
                 raise CorruptChunk(f"shard {shard_key}: its index gives inner chunk {src.position(idx)} "
-                                   f"{nbytes} bytes, more than any encoding of {decoded} bytes takes")
+                                   f"{nbytes} bytes, more than any encoding of {meta.chunk_nbytes} bytes takes")
             else:
                 stored.append((offset, nbytes, idx))
         if not stored:
             return out
         stored.sort()
-        ranges = merge_ranges(stored, RANGE_GAP_LOCAL if self.store.is_local else RANGE_GAP_REMOTE)
-        datas = await self.run_io(src.read_ranges_sync, self.store, shard, ranges)
-        self.counters["store_gets"] += len(ranges)
-        self.counters["store_bytes"] += sum(len(d) for d in datas)
+        if body is not None:
+            ranges, datas = [(0, len(body))], [body]
+            if max(o + n for o, n, _ in stored) > len(body):
+                raise CorruptChunk(f"shard {shard_key}: inner chunks named by its index lie outside the shard "
+                                   f"({len(body)} bytes)")
+        else:
+            ranges = merge_ranges(stored, RANGE_GAP_LOCAL if self.store.is_local else RANGE_GAP_REMOTE)
+            datas = await self.run_io(src.read_ranges_sync, self.store, shard, ranges)
+            self.counters["store_gets"] += len(ranges)
+            self.counters["store_bytes"] += sum(len(d) for d in datas)
         pieces = []
         r = 0
         for offset, nbytes, idx in stored:

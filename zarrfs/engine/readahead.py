@@ -36,25 +36,48 @@ class ReadAhead:
 class Prefetch:
     """Prefetch for sequential readers (mixed into Engine)."""
 
-    def _read_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> None:
-        """After a sequential read, start loading the chunks of the next window.
+    def _whole_shards(self, stream: ArrayStream) -> bool:
+        """Whether a sequential reader of this array loads shards whole, it and its read-ahead:
+        a remote array of shards that fit in the read-ahead budget.
+
+        On a remote store a request costs a round trip, as much as megabytes of transfer: one
+        GET of a whole shard (its index inside) replaces an index request and a range request
+        per read and per window step. Random readers still fetch only the index and the inner
+        chunks they need; local stores read inner chunks as before.
+        """
+        meta = stream.meta
+        return (meta.inner is not None and self._nursery is not None and not self.store.is_local
+                and not self.store.ranges_ignored and 0 < meta.chunk_nbytes <= self.prefetch_max_bytes)
+
+    def _read_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, sequential: bool) -> None:
+        """After a sequential read (the reader's previous read ended at `offset`), start loading
+        the chunks of the next window.
 
         Shards that fit in the window are loaded whole; in a smaller window, only the
-        inner chunks the window covers.
+        inner chunks the window covers. A sequential reader of a remote store
+        (`_whole_shards`) gets every shard the read and the window touch read whole, and
+        this is called before the read's own loads, so that they share one request.
         """
         if self._nursery is None or self.prefetch_max_bytes <= 0:
             return
+        whole = sequential and self._whole_shards(stream)
         window, planned = state.window, state.planned
-        if offset == state.next_offset:
-            window = min(max(window * 2, size), self.prefetch_max_bytes)
+        if sequential:
+            # Reading whole shards, the window is at least one (decoded) shard ahead.
+            least = stream.meta.chunk_nbytes if whole else size
+            window = min(max(window * 2, least), self.prefetch_max_bytes)
         else:
             window, planned = 0, 0
         end = offset + size
-        # Only the part of the window not planned by an earlier read is planned now.
-        start = max(end, planned)
+        # Only the part of the window not planned by an earlier read is planned now (whole
+        # shards: the read's own part too).
+        start = max(offset if whole else end, planned)
         stop = min(end + window, stream.size)
-        state.next_offset, state.window, state.planned = end, window, max(planned, stop)
+        state.window, state.planned = window, max(planned, stop)  # next_offset: set by the read as it starts
         if start >= stop:
+            return
+        if whole:
+            self._shards_ahead(stream, start, stop)
             return
         meta = stream.meta
         if (meta.inner is not None and not self.store.ranges_ignored
@@ -69,9 +92,22 @@ class Prefetch:
             self.counters["prefetched"] += len(ahead)
             self._nursery.start_soon(self._prefetch, meta, ahead)
 
-    async def _prefetch(self, meta: ArrayMeta, idxs: list[Index]) -> None:
+    def _shards_ahead(self, stream: ArrayStream, start: int, stop: int) -> None:
+        """Start loading every inner chunk not yet loaded or in flight of the shards that bytes
+        [start, stop) touch, each shard read whole (one request for all its batches)."""
+        inner = stream.for_reads().meta
+        ahead = []
+        for shard in stream.plan(start, stop - start).chunks:
+            if not self._known(stream.meta, shard):
+                ahead += [idx for idx in inner.source.inner_of(shard)
+                          if self._key(inner, idx) not in self._inflight and not self._known(inner, idx)]
+        if ahead:
+            self.counters["prefetched"] += len(ahead)
+            self._nursery.start_soon(self._prefetch, inner, ahead, True)
+
+    async def _prefetch(self, meta: ArrayMeta, idxs: list[Index], whole: bool = False) -> None:
         try:
-            await self.chunks(meta, idxs)
+            await self.chunks(meta, idxs, whole)
         except ZarrfsError:
             pass  # reported when a reader asks for these chunks
         except Exception:  # background work must not end the daemon

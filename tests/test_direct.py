@@ -1,0 +1,128 @@
+"""Direct reads (zarrfs.direct): bytes copied from uncompressed chunk files equal numpy's np.save bytes, on tmpfs and on a disk."""
+
+import io
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zarrfs import direct, grid
+from zarrfs.codecs import BytesLayout, CodecChain
+from zarrfs.keys import ChunkKeys
+from zarrfs.layouts import ArrayStream
+from zarrfs.model import ArrayMeta
+from zarrfs.store import Store
+
+DTYPES = ["|u1", "<i2", "<f8", "|S3", [("a", "<i2"), ("b", "|u1")]]
+# tmpfs (read in the trio thread) and the disk the repo is on (RWF_NOWAIT, else a worker thread)
+ROOTS = ["/dev/shm", None]
+
+
+def write_store(root: str, arr: np.ndarray, chunks: tuple, missing: frozenset = frozenset()) -> ArrayMeta:
+    """Chunk files of ARR as a v2 writer lays them out (C order, edge chunks padded with junk)."""
+    meta = ArrayMeta(path="a", shape=arr.shape, dtype=arr.dtype, chunk_shape=chunks,
+                     fill_value=np.zeros((), arr.dtype), codec=CodecChain(array_bytes=BytesLayout(endian=None)),
+                     keys=ChunkKeys("a"), attributes={}, format="v2", metadata_key="a/.zarray")
+    os.makedirs(os.path.join(root, "a"), exist_ok=True)
+    rng = np.random.default_rng(1)
+    for idx in grid.all_chunks(arr.shape, chunks):
+        if idx in missing:
+            continue
+        junk = rng.integers(0, 256, int(np.prod(chunks)) * arr.dtype.itemsize, dtype=np.uint8)
+        full = junk.view(arr.dtype).reshape(chunks).copy()
+        sl = grid.chunk_slices(idx, arr.shape, chunks)
+        full[tuple(slice(0, s.stop - s.start) for s in sl)] = arr[sl]
+        with open(os.path.join(root, meta.chunk_key(idx)), "wb") as f:
+            f.write(full.tobytes())
+    return meta
+
+
+def np_save(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+def read(reads: direct.DirectReads, stream: ArrayStream, off: int, n: int) -> bytes:
+    plan = stream.plan(off, n)
+    out = np.empty(stream.element_bytes(plan), np.uint8)
+    try:
+        got = reads.read_sync(stream, plan, out, nowait=True)
+    except direct.WouldBlock:
+        got = reads.read_sync(stream, plan, out, nowait=False)
+    return bytes(got)
+
+
+@st.composite
+def cases(draw):
+    ndim = draw(st.integers(1, 4))
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=ndim, max_size=ndim)))
+    chunks = tuple(draw(st.integers(1, 5)) for _ in shape)
+    d = draw(st.sampled_from(DTYPES))
+    dtype = np.dtype([tuple(f) for f in d] if isinstance(d, list) else d)
+    seed = draw(st.integers(0, 2**32 - 1))
+    raw = np.random.default_rng(seed).integers(0, 256, int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+    return raw.view(dtype).reshape(shape), chunks, draw(st.sampled_from(ROOTS))
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases(), st.data())
+def test_npy_and_raw_bytes_equal_np_save(case, data):
+    arr, chunks, root = case
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        meta = write_store(tmp, arr, chunks)
+        reads = direct.DirectReads(Store(tmp))
+        try:
+            for stream, want in ((ArrayStream(meta), np_save(arr)), (ArrayStream(meta, with_header=False), arr.tobytes())):
+                assert direct.eligible(stream)
+                assert read(reads, stream, 0, stream.size) == want
+                for _ in range(4):
+                    off = data.draw(st.integers(0, stream.size))
+                    n = data.draw(st.integers(0, stream.size + 3))
+                    assert read(reads, stream, off, n) == want[off:off + n]
+        finally:
+            reads.close()
+
+
+def test_chunk_file_views_equal_the_chunks_np_save(tmp_path):
+    arr = np.arange(7 * 5, dtype="<i2").reshape(7, 5)
+    meta = write_store(str(tmp_path), arr, (3, 2))
+    reads = direct.DirectReads(Store(str(tmp_path)))
+    for idx in grid.all_chunks(arr.shape, (3, 2)):
+        stream = ArrayStream(meta, chunk=idx)
+        assert read(reads, stream, 0, stream.size) == np_save(arr[grid.chunk_slices(idx, arr.shape, (3, 2))])
+    reads.close()
+
+
+def test_absent_short_and_special_chunks_fall_back(tmp_path):
+    arr = np.arange(16, dtype="|u1").reshape(4, 4)
+    meta = write_store(str(tmp_path), arr, (2, 2), missing=frozenset({(1, 1)}))
+    reads = direct.DirectReads(Store(str(tmp_path)))
+    stream = ArrayStream(meta, with_header=False)
+    assert read(reads, stream, 0, 8) == arr.tobytes()[:8]  # rows 0-1: chunks (0, 0), (0, 1)
+    with pytest.raises(direct.Fallback):
+        read(reads, stream, 8, 8)  # chunk (1, 1) is not stored: the engine's path gives the fill value
+    with open(tmp_path / "a" / "0.1", "wb") as f:
+        f.write(b"\0\0\0")  # short: corrupt, the engine's path says so
+    with pytest.raises(direct.Fallback):
+        read(direct.DirectReads(Store(str(tmp_path))), stream, 0, 8)
+    os.unlink(tmp_path / "a" / "0.1")
+    os.mkfifo(tmp_path / "a" / "0.1")  # never opened for reading as a file of data
+    with pytest.raises(direct.Fallback):
+        read(direct.DirectReads(Store(str(tmp_path))), stream, 0, 8)
+    reads.close()
+
+
+@pytest.mark.parametrize("chain,order,why", [
+    (CodecChain(array_bytes=BytesLayout(endian="big")), "C", "bytes stored big-endian"),
+    (CodecChain(array_bytes=BytesLayout(endian=None, order="F")), "C", "F-ordered chunks"),
+    (CodecChain(array_bytes=BytesLayout(endian=None)), "F", "an F-order view"),
+])
+def test_streams_that_are_not_a_copy_of_the_file_are_not_eligible(chain, order, why):
+    meta = ArrayMeta(path="a", shape=(4, 4), dtype=np.dtype("<i4"), chunk_shape=(2, 2),
+                     fill_value=np.zeros((), "<i4"), codec=chain, keys=ChunkKeys("a"), attributes={},
+                     format="v2", metadata_key="a/.zarray")
+    assert not direct.eligible(ArrayStream(meta, order=order)), why

@@ -1,0 +1,71 @@
+"""Mounted: uncompressed local arrays are read straight from their chunk files on read-only mounts, and equal np.save bytes; writable mounts, compressed arrays and absent chunks take the chunk cache."""
+
+import json
+import os
+import random
+
+import numpy as np
+import zarr
+
+from mounted import npy_bytes
+
+VIEWS = ".zarrfs"
+
+
+def stats(mnt):
+    return json.loads((mnt / VIEWS / "stats.json").read_bytes())
+
+
+def make(root, name, data, zarr_format, compressors=None, chunks=(64, 48)):
+    arr = zarr.create_array(store=os.fspath(root), name=name, shape=data.shape, dtype=data.dtype, chunks=chunks,
+                            zarr_format=zarr_format, compressors=compressors, fill_value=7)
+    arr[...] = data
+    return arr
+
+
+def check_reads(mnt, root, name):
+    want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
+    assert (mnt / f"{name}.npy").read_bytes() == want, name
+    with open(mnt / f"{name}.npy", "rb", buffering=0) as f:  # reads of every size and place
+        for _ in range(50):
+            off, n = random.randrange(len(want)), random.randrange(1, 70_000)
+            f.seek(off)
+            assert f.read(n) == want[off:off + n], (name, off, n)
+
+
+def test_uncompressed_arrays_are_read_from_their_files(mount, tmp_path):
+    data = np.random.default_rng(3).standard_normal((300, 200)).astype("<f4")
+    v2, v3 = tmp_path / "v2.zarr", tmp_path / "v3.zarr"
+    make(v2, "a", data, 2)
+    make(v3, "a", data.astype(">f8"), 3)  # v3 `bytes` stores little-endian: a copy of the file
+    sparse = make(v3, "sparse", np.full((300, 200), 7, "<i2"), 3)
+    sparse[100:164, 48:96] = 5  # one stored chunk; every other is the fill value
+    make(v3, "zstd", data, 3, compressors=[zarr.codecs.ZstdCodec(level=1)])
+    mnt2 = mount(v2)
+    check_reads(mnt2, v2, "a")
+    assert (mnt2 / VIEWS / "raw" / "a.raw").read_bytes() == data.tobytes()
+    s = stats(mnt2)
+    assert s["direct_reads"] > 0 and s["direct_bytes"] >= 2 * data.nbytes
+    assert s["bytes_decoded"] == 0  # no chunk went through the chunk cache
+    mnt3 = mount(v3)
+    check_reads(mnt3, v3, "a")
+    assert stats(mnt3)["bytes_decoded"] == 0
+    for name in ("sparse", "zstd"):  # absent chunks and compressed chunks: the chunk cache
+        check_reads(mnt3, v3, name)
+    assert stats(mnt3)["bytes_decoded"] > 0
+
+
+def test_writable_mounts_read_through_the_chunk_cache(mount, tmp_path):
+    data = np.arange(300 * 200, dtype="<i4").reshape(300, 200)
+    root = tmp_path / "w.zarr"
+    make(root, "a", data, 3)
+    mnt = mount(root, "writable")
+    with open(mnt / "a.npy", "r+b") as f:  # a write the store does not hold yet is read back
+        f.seek(len(npy_bytes(data)) - 4)
+        f.write(np.array([-1], "<i4").tobytes())
+        f.seek(0)
+        got = f.read()
+    want = data.copy()
+    want[-1, -1] = -1
+    assert got == npy_bytes(want)
+    assert stats(mnt)["direct_reads"] == 0
