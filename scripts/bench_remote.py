@@ -11,10 +11,15 @@ the requests the proxy counted):
   find-cons  `find MNT -name '*.npy'` over GROUPS x ARRAYS arrays, consolidated v3 metadata,
              vs zarr.open_consolidated + listing every array
   lslR-cons  `ls -lR` of the same tree
-  lslR-plain `ls -lR` of the same tree without consolidated metadata
+  lslR-plain `ls -lR` of the same tree without consolidated metadata, vs zarr.open_group + members()
+  lslR-http  the same over HTTP (`python -m http.server`, whose directory pages fsspec lists)
+  moto-gets  the store's own rate: s3fs alone fetching the plain tree's documents at once (req/s)
   silent     the store stops answering in the middle of reading: seconds until the reader's EIO
   refused    the store refuses connections: seconds until EIO
+  sigint     a Python reader waiting on a silent store gets SIGINT: seconds until it ends
   fresh      another client adds an array: seconds until `ls` shows it
+  reval      ten arrays read again after metadata_ttl=1: requests (and chunk GETs among them)
+  rewritten  another client rewrites a chunk: seconds until the reader (metadata_ttl=1) reads it
 
     .venv/bin/python scripts/bench_remote.py --latency 0.02
 It never imports zarrfs; it runs its command line (PYTHONPATH selects which zarrfs).
@@ -27,6 +32,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +52,8 @@ CREDENTIALS = {"key": "testing", "secret": "testing"}
 MIB = 1 << 20
 INNER = (256, 256)
 TIMEOUT_S = 5  # the mount's timeout= for the failure rows
-ROWS = ("seq", "seq-shard", "random", "find-cons", "lslR-cons", "lslR-plain", "silent", "refused", "fresh")
+ROWS = ("seq", "seq-shard", "random", "find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "silent",
+        "refused", "sigint", "fresh", "reval", "rewritten")
 
 
 def free_port() -> int:
@@ -108,8 +115,11 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int, tr
 
 def mount(port: int, name: str, mnt: Path, *extra: str) -> None:
     so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
-    cmd = [sys.executable, "-m", "zarrfs", f"s3://{BUCKET}/{name}", os.fspath(mnt),
-           "-o", ",".join(["log_level=warning", "storage_options=" + json.dumps(so), *extra])]
+    mount_source(f"s3://{BUCKET}/{name}", mnt, "storage_options=" + json.dumps(so), *extra)
+
+
+def mount_source(source: str, mnt: Path, *options: str) -> None:
+    cmd = [sys.executable, "-m", "zarrfs", source, os.fspath(mnt), "-o", ",".join(["log_level=warning", *options])]
     r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        text=True, timeout=120)
     if r.returncode != 0 or not bench.is_mounted(mnt):
@@ -171,7 +181,7 @@ def main(argv=None) -> int:
     mnt.mkdir()
     try:
         build(s3fs_for(port), work, args.side, args.shard, args.groups, args.arrays,
-              bool(rows & {"find-cons", "lslR-cons", "lslR-plain", "fresh"}), args.noisy)
+              bool(rows & {"find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "fresh", "reval", "rewritten"}), args.noisy)
         proxy.latency_s = args.latency
         print(f"latency {args.latency * 1000:g} ms; arrays {args.side}^2 float32; tree {args.groups}x{args.arrays}")
         peer_fs = s3fs_for(proxy.port)
@@ -200,9 +210,17 @@ def main(argv=None) -> int:
         if "random" in rows:
             random_row(args, proxy, mnt, peer_array)
         tree_rows(rows, proxy, mnt, peer_opts)
+        if "lslR-http" in rows:
+            http_row(proxy, mnt, work)
+        if "moto-gets" in rows:
+            moto_row(args, proxy)
         failure_rows(rows, args, proxy, mnt)
+        if "sigint" in rows:
+            sigint_row(proxy, mnt)
         if "fresh" in rows:
             fresh_row(proxy, mnt, peer_fs)
+        if rows & {"reval", "rewritten"}:
+            revalidation_rows(proxy, mnt, peer_fs)
     finally:
         bench.unmount(mnt)
         proxy.stop()
@@ -243,16 +261,58 @@ def tree_rows(rows: set[str], proxy, mnt: Path, peer_opts: dict) -> None:
         ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))
         ours_req = proxy.count()
         bench.unmount(mnt)
-        peer = peer_req = None
         if name == "tree-cons.zarr":
             proxy.reset_counts()
 
             def peer_list():
                 g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)
                 return [a.shape for _, a in g.arrays()] + [list(sub.arrays()) for _, sub in g.groups()]
-            peer = timed(peer_list)
-            peer_req = proxy.count()
+        else:
+            proxy.reset_counts()
+
+            def peer_list():
+                g = zarr.open_group(store=f"s3://{BUCKET}/{name}", mode="r", use_consolidated=False,
+                                    storage_options=peer_opts)
+                return list(g.members(max_depth=None))
+        peer = timed(peer_list)
+        peer_req = proxy.count()
         row(label, ours, ours_req, peer, peer_req)
+
+
+def http_row(proxy, mnt: Path, work: Path) -> None:
+    """`ls -lR` of the plain tree served by `python -m http.server` (through its own latency proxy)."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "-b", "127.0.0.1", "-d", str(work), str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hproxy = Proxy(port, proxy.latency_s).start()
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("http.server did not start")
+                time.sleep(0.1)
+        mount_source(f"http://127.0.0.1:{hproxy.port}/tree-plain.zarr", mnt)
+        hproxy.reset_counts()
+        ours = timed(lambda: subprocess.run(["ls", "-lR", str(mnt)], stdout=subprocess.DEVNULL, check=True))
+        row("lslR-http", ours, hproxy.count())
+        bench.unmount(mnt)
+    finally:
+        hproxy.stop()
+        server.terminate()
+        server.wait(10)
+
+
+def moto_row(args, proxy) -> None:
+    fs = s3fs_for(proxy.port)
+    keys = [f"{BUCKET}/tree-plain.zarr/g{g}/a{a}/zarr.json" for g in range(args.groups) for a in range(args.arrays)]
+    proxy.reset_counts()
+    seconds = timed(lambda: fs.cat(keys))
+    print(f"{'moto-gets':11s} s3fs   {seconds:8.3f} s {proxy.count():6d} req   {proxy.count() / seconds:8.0f} req/s "
+          f"(the store's own rate: s3fs alone fetching the plain tree's {len(keys)} documents at once)", flush=True)
 
 
 def failure_rows(rows: set[str], args, proxy, mnt: Path) -> None:
@@ -275,6 +335,43 @@ def failure_rows(rows: set[str], args, proxy, mnt: Path) -> None:
         proxy.set_mode("pass")
         print(f"{label:11s} zarrfs {waited:8.3f} s until: {outcome} (timeout={TIMEOUT_S})", flush=True)
         bench.unmount(mnt)
+
+
+def sigint_row(proxy, mnt: Path) -> None:
+    mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
+    proxy.set_mode("silent")
+    reader = subprocess.Popen([sys.executable, "-c", f"open({str(mnt / 'seq.npy')!r}, 'rb').read()"],
+                              stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    t0 = time.perf_counter()
+    reader.send_signal(signal.SIGINT)
+    reader.wait(60)
+    waited = time.perf_counter() - t0
+    proxy.set_mode("pass")
+    print(f"{'sigint':11s} zarrfs {waited:8.3f} s until a Python reader (which catches SIGINT) ended "
+          f"(timeout={TIMEOUT_S})", flush=True)
+    bench.unmount(mnt)
+
+
+def revalidation_rows(proxy, mnt: Path, peer_fs) -> None:
+    """Ten arrays read, read again after metadata_ttl=1 (requests), then one chunk rewritten by another
+    client (seconds until the reader sees it)."""
+    mount(proxy.port, "tree-plain.zarr", mnt, "metadata_ttl=1")
+    files = [mnt / "g1" / f"a{a}.npy" for a in range(10)]
+    first = [f.read_bytes() for f in files]
+    time.sleep(1.5)
+    proxy.reset_counts()
+    again = [f.read_bytes() for f in files]
+    chunk_gets = sum(1 for m, p in proxy.requests if m == "GET" and "/c/" in p)
+    print(f"{'reval':11s} zarrfs {proxy.count():6d} req ({chunk_gets} chunk GETs) to read 10 arrays again after "
+          f"metadata_ttl=1 (same bytes: {first == again})", flush=True)
+    peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g1/a0/c/0/0", peer_fs.cat(f"{BUCKET}/tree-plain.zarr/g1/a1/c/0/0"))
+    t0 = time.perf_counter()
+    while files[0].read_bytes() == first[0] and time.perf_counter() - t0 < 60:
+        time.sleep(0.1)
+    print(f"{'rewritten':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a rewritten chunk is read "
+          f"(metadata_ttl=1)", flush=True)
+    bench.unmount(mnt)
 
 
 def fresh_row(proxy, mnt: Path, peer_fs) -> None:

@@ -105,6 +105,10 @@ class ChunkCache:
                     if k[0] == path or k[0].startswith(path + "/") or not path]:
             self.discard(key)
 
+    def keys(self) -> list[Hashable]:
+        """Every key held (a copy: the caller may discard while it walks them)."""
+        return [*self._items, *self._oversize]
+
     def discard(self, key: Hashable) -> None:
         self._oversize.pop(key, None)
         item = self._items.pop(key, None)

@@ -246,7 +246,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     shown = redact_url(source)
     store = Store(source, bounded_storage_options(source, storage_options, options.timeout_s))
     bound_retries(store.fs)
-    check_store(store, shown)
+    check_store(store, shown, min(START_TIMEOUT_S, options.timeout_s))
     if options.writable and store.read_only:
         scheme = source.split("://", 1)[0] if "://" in source else "this protocol"
         raise UserError(f"{shown}: {scheme} stores cannot be written; mount it without writable")
@@ -269,8 +269,9 @@ def build(source: str, options: Options) -> ZarrOperations:
     return ZarrOperations(namespace, engine, options)
 
 
-def check_store(store: Store, shown: str) -> None:
-    """Raise a UserError naming why the store cannot be used (bounded by START_TIMEOUT_S)."""
+def check_store(store: Store, shown: str, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Raise a UserError naming why the store cannot be used, within `timeout_s` (the `timeout`
+    option, at most START_TIMEOUT_S): the backend's own retries may take several times longer."""
     outcome: list[BaseException | None] = []
 
     def probe() -> None:
@@ -282,9 +283,9 @@ def check_store(store: Store, shown: str) -> None:
 
     worker = threading.Thread(target=probe, name="zarrfs-probe", daemon=True)
     worker.start()
-    worker.join(START_TIMEOUT_S)
+    worker.join(timeout_s)
     if not outcome:
-        raise UserError(f"{shown}: the store did not answer within {START_TIMEOUT_S:g}s (timed out)")
+        raise UserError(f"{shown}: the store did not answer within {timeout_s:g} s (timed out)")
     if outcome[0] is not None:
         raise outcome[0]
 

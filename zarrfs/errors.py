@@ -109,3 +109,9 @@ class AccessDenied(ZarrfsError):
     """A write to a file that is never written (a generated file, a store key, a directory)."""
 
     errno = errno.EACCES
+
+
+class Interrupted(ZarrfsError):
+    """The process waiting for the request got a signal (FUSE interrupts, answered early)."""
+
+    errno = errno.EINTR

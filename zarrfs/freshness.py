@@ -31,6 +31,14 @@ class NamespaceFreshness:
         self.metadata_ttl_s = metadata_ttl_s
         self._fresh_since = time.monotonic()
 
+    def _array_changed(self: "Namespace", path: str) -> None:
+        """Chunks of the array at `path` changed in the store: the kernel drops its files' pages (in
+        the background: a read of that array may hold one of them locked until it is answered)."""
+        files = [e.inode for e in self._entries.values()
+                 if not e.is_dir and e.node is not None and getattr(e.node, "path", None) == path]
+        if files and self.on_data_stale_sync is not None:
+            self.engine.start_soon_thread(self.on_data_stale_sync, files)
+
     async def revalidate(self: "Namespace", force: bool = False) -> None:
         """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
         now = time.monotonic()
@@ -45,7 +53,10 @@ class NamespaceFreshness:
         for entry in self._entries.values():
             if entry.kind in ("array", "chunk") and entry.writing is None and entry.held is None:
                 entry.stored_bytes = None  # settled again from what the store holds now
-        self.engine.drop_clean_chunks()
+        if force:
+            self.engine.drop_clean_chunks()
+        else:  # checked against the store when next read (engine/revalidate.py)
+            self.engine.chunks_stale()
         if force and self.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
             files = [e.inode for e in self._entries.values() if not e.is_dir and e.kind != "stats"]
             if files:

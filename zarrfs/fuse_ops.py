@@ -93,6 +93,10 @@ class ZarrOperations(pyfuse3.Operations):
         self._mtimes: dict[str, int] = {}
         self._statfs: tuple[float, int | None, int | None] | None = None  # (when, stored, free)
         self._handles: dict[int, Handle] = {}  # open files by fh
+        # Who opened each file and directory: pyfuse3 names no process in read and readdir, and a
+        # request waiting on the store ends early when that process gets a signal (engine.interrupts).
+        self._openers: dict[int, int] = {}
+        self._dir_openers: dict[int, int] = {}
         self._next_fh = 1
 
     def attributes(self, entry: Entry) -> pyfuse3.EntryAttributes:
@@ -131,15 +135,18 @@ class ZarrOperations(pyfuse3.Operations):
 
     def _time_key(self, entry: Entry) -> str | None:
         """The store key whose modification time an entry shows (None: the mount time). Remote
-        stores with consolidated metadata: that document's, for every node (one request, not one per node)."""
+        stores with consolidated metadata: that document's, for every node (one request, not one per
+        node); without it, the mount time: a document's time would cost a request per node (the GET
+        that reads it does not return it through fsspec), doubling what `ls -l` of a group costs."""
         if entry.kind == "storekey":
             return entry.key
         node = entry.node
         if node is None:
             return None
         hierarchy = self.ns.hierarchy
-        if not self.engine.store.is_local and getattr(hierarchy, "consolidated", None) is not None:
-            return getattr(hierarchy, "consolidated_key", None)
+        if not self.engine.store.is_local:
+            consolidated = getattr(hierarchy, "consolidated", None) is not None
+            return getattr(hierarchy, "consolidated_key", None) if consolidated else None
         return getattr(node, "metadata_key", None) or getattr(node, "key", None)
 
     def _mtime_ns(self, entry: Entry) -> int:
@@ -192,7 +199,8 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return await self._reply(await self.ns.lookup(parent_inode, fs_name(name)))
+        with self.engine.interrupts.watch(getattr(ctx, "pid", None)):
+            return await self._reply(await self.ns.lookup(parent_inode, fs_name(name)))
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         """The kernel dropped references: entries nothing refers to are freed (must not raise)."""
@@ -207,21 +215,24 @@ class ZarrOperations(pyfuse3.Operations):
         entry = self.ns.get(inode)
         if entry.kind == "stats":
             entry.stored_bytes = None
-        await self.ns.settle(entry)
-        await self._resolve_mtimes([entry])
+        with self.engine.interrupts.watch(getattr(ctx, "pid", None)):
+            await self.ns.settle(entry)
+            await self._resolve_mtimes([entry])
         return self.attributes(entry)
 
     @boundary
     async def opendir(self, inode: int, ctx: Any) -> int:
         if not self.ns.get(inode).is_dir:
             raise NotADir("not a directory")
-        await self.ns.dir_len(inode)
+        self._dir_openers[inode] = ctx.pid
+        with self.engine.interrupts.watch(ctx.pid):
+            await self.ns.dir_len(inode)
         return inode
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        while batch := await self.ns.dir_items(fh, start_id, READDIR_BATCH):
-            await self._resolve_mtimes([entry for _, entry in batch])
+        while batch := await self._watched(self._dir_openers.get(fh), self.ns.dir_items(fh, start_id, READDIR_BATCH)):
+            await self._watched(self._dir_openers.get(fh), self._resolve_mtimes([entry for _, entry in batch]))
             for i, (name, entry) in enumerate(batch):
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(entry), start_id + i + 1):
                     self.ns.drop_unused([e for _, e in batch[i:]])  # not sent: no reference taken
@@ -230,7 +241,12 @@ class ZarrOperations(pyfuse3.Operations):
             start_id += len(batch)
 
     async def releasedir(self, fh: int) -> None:
-        pass
+        self._dir_openers.pop(fh, None)
+
+    async def _watched(self, pid: int | None, awaitable: Any) -> Any:
+        """`await awaitable`, ended with EINTR when process `pid` gets a signal meanwhile."""
+        with self.engine.interrupts.watch(pid):
+            return await awaitable
 
     def _file_info(self, handle: Handle) -> pyfuse3.FileInfo:
         fh = self._next_fh
@@ -245,14 +261,19 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        return self._file_info(await self.ns.open(inode, flags))
+        with self.engine.interrupts.watch(ctx.pid):
+            info = self._file_info(await self.ns.open(inode, flags))
+        self._openers[info.fh] = ctx.pid
+        return info
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self._handles[fh].read(off, size)
+        with self.engine.interrupts.watch(self._openers.get(fh)):
+            return await self._handles[fh].read(off, size)
 
     @boundary
     async def release(self, fh: int) -> None:
+        self._openers.pop(fh, None)
         await self._handles.pop(fh).release()
 
     @boundary

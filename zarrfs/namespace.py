@@ -166,6 +166,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         # logical size until info/ asked for them (README: Remote stores).
         self.stored_sizes_lazy = not hierarchy.store.is_local
         self.engine = engine
+        engine.on_array_changed = self._array_changed  # freshness.py
         self.show_views = show_views
         self.writes_allowed = writable
         self.open_files = 0
@@ -258,7 +259,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         nodes = self._below.get(path)
         if nodes is None:
             try:
-                nodes = await self.engine.run_io(self.hierarchy.children_sync, path)
+                nodes = await self.engine.run_io(self.hierarchy.children_sync, path, key=("children", path))
             except ZarrfsError as e:
                 log.warning("listing %s: %s", path or "/", e)
                 raise
@@ -302,7 +303,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         return await self._group_listing(entry)
 
     async def _store_listing(self, prefix: str) -> dict[str, Maker]:
-        files, dirs = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix)
+        files, dirs = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix, key=("list", prefix))
         names: dict[str, Maker] = {}
         for d in dirs:
             key = f"{prefix}/{d}" if prefix else d

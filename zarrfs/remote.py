@@ -26,6 +26,9 @@ ATTEMPTS = 2
 # long enough that `ls -lR`, `find` and a program's open/stat/read sequence cost one listing,
 # short enough that another client's new array shows up while the user is still looking.
 REMOTE_METADATA_TTL_S = 10.0
+# Connections kept open to an object store: the engine's 16 store threads, plus room for the
+# concurrent document GETs of a directory listing.
+POOL_CONNECTIONS = 64
 
 
 def protocol_of(source: str) -> str:
@@ -63,6 +66,10 @@ def bounded_storage_options(source: str, storage_options: dict[str, Any], timeou
         config.setdefault("connect_timeout", connect_s)
         config.setdefault("read_timeout", attempt_s)
         config.setdefault("retries", {"max_attempts": ATTEMPTS, "mode": "standard"})
+        # botocore keeps 10 connections by default: fewer than the engine's store threads, and a
+        # directory's documents are fetched all at once (one GET each) when there is no
+        # consolidated metadata.
+        config.setdefault("max_pool_connections", POOL_CONNECTIONS)
         # s3fs asks for an object's size (a HEAD) before each whole-object GET, to split large ones
         # into parallel parts; zarrfs already reads many chunks at once, so one GET per object.
         out.setdefault("max_concurrency", 1)

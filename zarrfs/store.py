@@ -219,6 +219,15 @@ class Store:
 
     def sizes_below_sync(self, prefix: str) -> dict[str, int | None]:
         """Every key below a prefix (recursively), relative to it, with its size if known."""
+        return {rel: info.get("size") for rel, info in self._infos_below_sync(prefix).items()}
+
+    def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
+        """Every key below a prefix (recursively), relative to it: (size, modification time in ns,
+        ETag or generation) as far as one listing tells."""
+        return {rel: (info.get("size"), mtime_ns_of(info), _etag_of(info))
+                for rel, info in self._infos_below_sync(prefix).items()}
+
+    def _infos_below_sync(self, prefix: str) -> dict[str, dict[str, Any]]:
         base = self.path(prefix).rstrip("/")
         try:
             found = self.fs.find(base, detail=True, withdirs=False)
@@ -231,7 +240,7 @@ class Store:
             name = name.rstrip("/")
             if name.startswith(base + "/"):
                 rel = name[len(base) + 1:]
-                out[urllib.parse.unquote(rel) if self._quoted_names else rel] = info.get("size")
+                out[urllib.parse.unquote(rel) if self._quoted_names else rel] = info
         return out
 
     def size_sync(self, key: str) -> int | None:
@@ -506,6 +515,14 @@ class Store:
         except OSError:
             return None
         return st.f_bavail * st.f_frsize
+
+
+def _etag_of(info: dict[str, Any]) -> str | None:
+    """What changes with every write of a key, where the listing tells it: S3's ETag, GCS's generation."""
+    for field in ("ETag", "etag", "generation"):
+        if info.get(field) is not None:
+            return str(info[field])
+    return None
 
 
 def mtime_ns_of(info: dict[str, Any]) -> int | None:

@@ -10,6 +10,7 @@ the rules of who touches them are written down in one place: docs/CONCURRENCY.md
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import time
@@ -23,7 +24,9 @@ from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..store import Store
 from ..layouts import ArrayStream
+from .interrupts import Interrupts
 from .loads import Loads, _Load
+from .revalidate import Revalidation
 from .readahead import PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
 from .writeback import DIRTY_MAX_BYTES, WriteBack
 
@@ -43,9 +46,16 @@ REPLY_BUF_MIN = 1 << 20
 DIRECT_MIN_BYTES = 64 << 10
 # The `timeout` option's default (options.Options.timeout_s) for engines built without it (tests).
 DEFAULT_TIMEOUT_S = 30.0
+# After a store call timed out, a later call for the same key (the kernel reads the page again at
+# once after a failed read-ahead; a program retries) does not start a wait of its own: it fails at
+# once while the timed-out request, still running in its abandoned worker, is unanswered (at most
+# `timeout` long), or for this long after the timeout when that request failed too (the kernel's
+# retry comes within milliseconds). A store that is back answers that request, and the mount
+# serves again at once, no remount.
+STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
             "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads",
-            "direct_reads", "direct_bytes")
+            "direct_reads", "direct_bytes", "revalidations", "chunks_changed")
 
 __all__ = ["Engine", "ReadAhead"]
 
@@ -55,7 +65,7 @@ def _call_name(fn: Any) -> str:
     return getattr(fn, "__name__", "store call").removesuffix("_sync").replace("_", " ")
 
 
-class Engine(Loads, Prefetch, WriteBack):
+class Engine(Loads, Prefetch, WriteBack, Revalidation):
     """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
 
     def __init__(self, store: Store, cache: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -71,6 +81,8 @@ class Engine(Loads, Prefetch, WriteBack):
         self.started = time.time()
         self._nursery: trio.Nursery | None = None
         self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
+        self.interrupts = Interrupts()  # requests ended early when their process got a signal
+        self._init_revalidation()
         # Reads of uncompressed chunks straight from a local store's files (set by the daemon
         # on read-only mounts: no written chunk can be newer than its file).
         self.direct: direct.DirectReads | None = None
@@ -98,24 +110,59 @@ class Engine(Loads, Prefetch, WriteBack):
         # bytes and its decoded array while it loads), and said once per array.
         self._oversize_lock = trio.Lock()
         self._oversize_told: set[str] = set()
+        # Keys whose store call timed out: (when, its worker's outcome: None while it runs, then
+        # "ok" or "failed").
+        self._stalled: dict[Any, tuple[float, list[str | None]]] = {}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Host background work (prefetch) until cancelled; without it there is no prefetch."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.interrupts.run)
             task_status.started()
             await trio.sleep_forever()
 
-    async def run_io(self, fn: Any, *args: Any) -> Any:
+    async def run_io(self, fn: Any, *args: Any, key: Any = None) -> Any:
         """Run a blocking store call in a worker thread under the I/O limiter, for at most
         `timeout_s` (waiting for a thread included); then StoreError (EIO). The caller stops
         waiting at once when cancelled or timed out: a thread stuck in the store is left behind
-        (its backend's own timeouts end it) instead of holding the reader."""
+        (its backend's own timeouts end it) instead of holding the reader. With `key` (what the
+        call reads: a chunk, a listing), a call whose key just timed out does not wait again."""
+        if key is not None and key in self._stalled:
+            self._after_stall(key, fn)
+        outcome: list[str | None] = [None]  # written by the worker alone (one reference, no table)
+
+        def call() -> Any:
+            try:
+                value = fn(*args)
+                outcome[0] = "ok"
+                return value
+            finally:
+                outcome[0] = outcome[0] or "failed"
+
         with trio.move_on_after(self.timeout_s) as scope:
-            return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(call, limiter=self.io_limiter, abandon_on_cancel=True)
         assert scope.cancelled_caught
         self.errors["timeout"] += 1
+        if key is not None:
+            now = time.monotonic()
+            for old in [k for k, (t, _) in self._stalled.items() if now - t > self.timeout_s]:
+                del self._stalled[old]  # forgotten: asked again like any key
+            self._stalled[key] = (now, outcome)
         raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)})")
+
+    def _after_stall(self, key: Any, fn: Any) -> None:
+        """Before asking the store for a key whose last call timed out: StoreError at once while
+        that call is unanswered or has just failed too; else (answered, or old) forget it."""
+        since, outcome = self._stalled[key]
+        age = time.monotonic() - since
+        if outcome[0] == "ok" or (outcome[0] == "failed" and age > STALL_GRACE_S) or age > self.timeout_s:
+            del self._stalled[key]
+            return
+        self.errors["timeout"] += 1
+        state = "is still unanswered" if outcome[0] is None else "failed too"
+        raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)}; "
+                         f"not asked again: its request of {age:.1f} s ago {state})")
 
     async def run_io_long(self, fn: Any, *args: Any) -> Any:
         """A store operation of many keys (commit, erase or move a node) that runs to its end:
@@ -133,6 +180,11 @@ class Engine(Loads, Prefetch, WriteBack):
         self.cache.discard_prefix("")
         if self.direct is not None:
             self.direct.close()
+
+    def start_soon_thread(self, fn: Any, *args: Any) -> None:
+        """Run `fn(*args)` in a worker thread in the background, not awaited (nothing without run())."""
+        if self._nursery is not None:
+            self._nursery.start_soon(functools.partial(trio.to_thread.run_sync, fn, *args, abandon_on_cancel=True))
 
     @staticmethod
     def new_lock() -> Any:

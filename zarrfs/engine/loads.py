@@ -20,6 +20,7 @@ import trio
 from .. import chunksource
 from ..errors import CorruptChunk, StoreError, ZarrfsError
 from ..model import ArrayMeta
+from . import revalidate
 from .readahead import PREFETCH_CACHE_SHARE
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class Loads:
         `whole`: inner chunks are taken from their shards read whole, one request each
         (`_shard_body`), instead of the shard's index and ranges of it.
         """
+        await self.check_cached(meta)
         out: dict[Index, np.ndarray] = {}
         waiting: list[tuple[Index, _Load]] = []
         new: dict[Index, _Load] = {}
@@ -166,7 +168,10 @@ class Loads:
             waiting.append((idx, load))
         if new:
             batches = self._batches(meta, list(new))
-            if len(batches) == 1:
+            if self._nursery is not None:  # a reader interrupted while it waits leaves the loads to others
+                for batch in batches:
+                    self._nursery.start_soon(self._load_batch, meta, batch, new, whole)
+            elif len(batches) == 1:
                 await self._load_batch(meta, batches[0], new, whole)
             else:
                 async with trio.open_nursery() as nursery:
@@ -309,12 +314,15 @@ class Loads:
 
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
+        began = revalidate.now()
         try:
-            raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx)
+            raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, key=key)
         except ZarrfsError as e:
             self._count_error(e, key)
             raise
         self.counters["store_gets"] += 1
+        if not _partial(meta):
+            self.note_fetch(meta, idx, key, began, None if raw is None else len(raw))
         if raw is None:
             self.counters["fill_chunks"] += 1
             return np.broadcast_to(meta.fill_value, meta.chunk_shape)
@@ -351,7 +359,7 @@ class Loads:
                 load = self._inflight[key] = _Load()
                 version = self._versions.get(self._shard_unit(meta, shard), 0)
                 try:
-                    index = await self.run_io(src.read_index_sync, self.store, shard)
+                    index = await self.run_io(src.read_index_sync, self.store, shard, key=key)
                     self.counters["store_gets"] += 1
                     if index is None:
                         index = NO_SHARD

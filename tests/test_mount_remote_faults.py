@@ -1,0 +1,118 @@
+"""A store that stops answering or refuses, as a reader meets it: EIO within `timeout` (not once per
+kernel retry), recovery without remount, what SIGINT does; behind scripts/latency_proxy.py and moto."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import mounted
+from test_mount_remote import BUCKET, _options, _put_v3, proxy  # noqa: F401  (fixtures)
+from test_mount_s3 import s3  # noqa: F401
+
+# The `timeout` these tests mount with, and what a reader may wait past it: the issue's bound is
+# "EIO within timeout" (plus a FUSE round trip and scheduling on a loaded 2-core machine). Twice
+# the timeout (a second bounded wait for the kernel's retry) is past the bound.
+TIMEOUT_S = 4
+MARGIN_S = 2.5
+
+
+def _run(cmd: list[str], limit_s: float, sigint_after_s: float | None = None) -> tuple[int | None, float, str]:
+    """Run a reader: (exit code or None if still running after `limit_s`, seconds from start or from
+    the SIGINT, stderr)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if sigint_after_s is not None:
+        time.sleep(sigint_after_s)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None, time.monotonic() - t0, ""
+    return proc.returncode, time.monotonic() - t0, err.decode()
+
+
+def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    values = _put_v3(fs, tmp_path, "silent1.zarr", 2, 2, consolidated=True)
+    mnt = mount(f"s3://{BUCKET}/silent1.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
+    mount.expect_errors()
+    assert (mnt / "g0" / "a0.npy").read_bytes() == mounted.npy_bytes(values["g0/a0"])
+    proxy.set_mode("silent")
+    code, seconds, err = _run(["cat", str(mnt / "g0" / "a1.npy")], 3 * TIMEOUT_S)
+    assert code is not None and code != 0 and "Input/output error" in err, (code, err)
+    assert seconds <= TIMEOUT_S + MARGIN_S, f"EIO after {seconds:.1f} s with timeout={TIMEOUT_S}"
+    assert "did not answer within" in mount.log_text()
+    proxy.set_mode("pass")
+    # Back at once for what was not asked while the store was silent, and within a second or two
+    # for the array whose request timed out.
+    assert (mnt / "g1" / "a0.npy").read_bytes() == mounted.npy_bytes(values["g1/a0"])
+    want = mounted.npy_bytes(values["g0/a1"])
+    assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a1.npy")], 30)[0] == 0, 5)
+    assert (mnt / "g0" / "a1.npy").read_bytes() == want
+
+
+# The issue's "interrupting the reader (SIGINT) ends its wait promptly": within this, against a
+# `timeout` far longer, so that a wait that ends only at the timeout cannot pass.
+PROMPT_S = 2.0
+LONG_TIMEOUT_S = 20
+
+
+def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    values = _put_v3(fs, tmp_path, "sigint.zarr", 4, 2, consolidated=False)
+    mnt = mount(f"s3://{BUCKET}/sigint.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf"))
+    for g in ("g0", "g1"):
+        assert sorted(p.name for p in (mnt / g).iterdir()) == ["a0.npy", "a1.npy"]
+    proxy.set_mode("silent")
+    readers = {
+        "cat": ["cat", str(mnt / "g0" / "a0.npy")],  # default SIGINT: fatal, the page wait is killable
+        "python read": [sys.executable, "-c", f"open({str(mnt / 'g1' / 'a0.npy')!r}, 'rb').read()"],  # catches it
+        "dd iflag=direct": ["dd", f"if={mnt / 'g1' / 'a1.npy'}", "of=/dev/null", "iflag=direct", "bs=4096"],
+        "ls of a group not listed yet": ["ls", "-l", str(mnt / "g2")],
+        "python listdir": [sys.executable, "-c", f"import os; os.listdir({str(mnt / 'g3')!r})"],
+    }
+    for what, cmd in readers.items():
+        code, seconds, err = _run(cmd, LONG_TIMEOUT_S + 10, sigint_after_s=1.5)
+        assert code is not None and code != 0, (what, code, err)
+        assert seconds <= PROMPT_S, f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+    proxy.set_mode("pass")
+    assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
+    assert (mnt / "g2" / "a1.npy").read_bytes() == mounted.npy_bytes(values["g2/a1"])
+
+
+def _mount_cli(mount, proxy, name: str, timeout_s: int) -> tuple[int, float, str]:  # noqa: F811
+    """Run the mount command (daemon mode) against the proxy: (exit code, seconds, stderr)."""
+    mnt, log = mount.new_mountpoint()
+    cmd = mount.command(f"s3://{BUCKET}/{name}", mnt, log, _options(proxy.port, f"timeout={timeout_s}"))
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if r.returncode == 0:
+        mount.adopt(mnt, log)
+    return r.returncode, time.monotonic() - t0, r.stderr
+
+
+def test_mount_of_a_silent_store_fails_within_timeout_naming_it(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    _put_v3(fs, tmp_path, "startsilent.zarr", 1, 1, consolidated=True)
+    proxy.set_mode("silent")
+    code, seconds, err = _mount_cli(mount, proxy, "startsilent.zarr", TIMEOUT_S)
+    assert code != 0 and len(err.splitlines()) == 1 and "timed out" in err, err
+    assert err.startswith(f"zarrfs: s3://{BUCKET}/startsilent.zarr: "), err
+    assert seconds <= TIMEOUT_S + 2 * MARGIN_S, f"the mount command waited {seconds:.1f} s with timeout={TIMEOUT_S}"
+
+
+def test_mount_of_a_refusing_store_names_it(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    _put_v3(fs, tmp_path, "startrefused.zarr", 1, 1, consolidated=True)
+    proxy.set_mode("refuse")
+    code, seconds, err = _mount_cli(mount, proxy, "startrefused.zarr", 30)
+    assert code != 0 and len(err.splitlines()) == 1 and "connection refused" in err, err
+    assert seconds <= 10, f"a refused connection took {seconds:.1f} s to report"  # the issue's bound

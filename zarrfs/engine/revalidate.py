@@ -1,0 +1,114 @@
+"""Cached chunks checked against the store after `metadata_ttl` instead of read again: one listing of an array's prefix per array read after the TTL.
+
+The Revalidation mixin of Engine. A chunk read from the store is noted with what identifies the
+version read without another request: when the GET began and how many bytes it returned (fsspec
+gives no ETag with a body). After the TTL, the next read of an array lists its prefix once (one
+request per 1,000 keys on S3: cheaper than a HEAD per cached chunk) and keeps each cached chunk
+whose key is still there with the same size and either the ETag seen at the previous check or a
+modification time well before the GET; every other cached chunk of it is dropped and read again,
+and the kernel's pages of the array are dropped (`on_array_changed`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from ..errors import ZarrfsError
+from ..model import ArrayMeta
+
+log = logging.getLogger(__name__)
+
+Index = tuple[int, ...]
+
+# A stored object's modification time is when its upload began, in whole seconds on S3, by the
+# store's clock: a chunk is kept on the strength of its time only if it was written at least this
+# long before the GET that read it began (an upload under way while we read, a second of rounding,
+# clocks a little apart), else it is read again.
+FETCH_MARGIN_S = 5.0
+
+
+class _Fetched:
+    """What identifies the stored version of a cached chunk."""
+
+    __slots__ = ("key", "began", "size", "etag")
+
+    def __init__(self, key: str, began: float, size: int | None) -> None:
+        self.key = key
+        self.began = began  # wall-clock time the GET began
+        self.size = size  # None: the key was not stored (the fill value)
+        self.etag: str | None = None  # learnt at the first check
+
+
+class Revalidation:
+    """Per array: the versions of its cached chunks, checked once per TTL when it is next read."""
+
+    on_array_changed: Callable[[str], Any] | None = None  # the kernel's pages of an array: dropped
+
+    def _init_revalidation(self) -> None:
+        self._epoch = 0  # bumped when the TTL runs out
+        self._checked: dict[str, int] = {}  # array path -> epoch of its last check
+        self._fetched: dict[tuple[str, Index], _Fetched] = {}
+
+    def note_fetch(self, meta: ArrayMeta, idx: Index, key: str, began: float, size: int | None) -> None:
+        self._fetched[(meta.path, idx)] = _Fetched(key, began, size)
+        self._checked.setdefault(meta.path, self._epoch)
+
+    def chunks_stale(self) -> None:
+        """The TTL ran out: cached chunks of every array are checked before their next use; what
+        cannot be checked (shard indexes and inner chunks, chunks not read from the store) is dropped."""
+        self._epoch += 1
+        for key in self.cache.keys():
+            if len(key) != 2 or key not in self._fetched:
+                self.cache.discard(key)
+
+    async def check_cached(self, meta: ArrayMeta) -> None:
+        """Before reading an array: if the TTL ran out since its chunks were checked, check them."""
+        if self._checked.get(meta.path, self._epoch) == self._epoch:
+            return
+        self._checked[meta.path] = self._epoch
+        mine = [(k, f) for k, f in self._fetched.items() if k[0] == meta.path]
+        held = [(k, f) for k, f in mine if self.cache.contains(k)]
+        for k, f in mine:
+            if not self.cache.contains(k):
+                del self._fetched[k]  # evicted meanwhile
+        if not held:
+            return
+        prefix = meta.keys.prefix
+        try:
+            versions = await self.run_io(self.store.versions_below_sync, prefix, key=("versions", meta.path))
+        except ZarrfsError as e:
+            log.info("%s: cached chunks dropped, their versions could not be checked: %s", meta.path or "/", e)
+            versions = None
+        changed = 0
+        for k, f in held:
+            if versions is None or not self._unchanged(f, versions.get(f.key[len(prefix) + 1:] if prefix else f.key)):
+                self.cache.discard(k)
+                del self._fetched[k]
+                changed += 1
+        self.counters["revalidations"] += 1
+        self.counters["chunks_changed"] += changed
+        log.debug("%s: %d cached chunks checked, %d changed in the store", meta.path or "/", len(held), changed)
+        if changed and self.on_array_changed is not None:
+            self.on_array_changed(meta.path)
+
+    @staticmethod
+    def _unchanged(f: _Fetched, stored: tuple[int | None, int | None, str | None] | None) -> bool:
+        """Whether the stored key (size, mtime_ns, etag) is the version read, as far as the store tells."""
+        if stored is None:
+            return f.size is None
+        size, mtime_ns, etag = stored
+        if f.size is None or size != f.size:
+            return False
+        if f.etag is not None:
+            return etag == f.etag
+        if mtime_ns is None or mtime_ns / 1e9 + FETCH_MARGIN_S > f.began:
+            return False
+        f.etag = etag  # from now on the tag decides (it changes with every write)
+        return True
+
+
+def now() -> float:
+    """Wall-clock time, comparable with a store's modification times."""
+    return time.time()
