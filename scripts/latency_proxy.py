@@ -5,6 +5,7 @@ package). It keeps the request line of every request and the bytes sent back. Mo
   pass    forward both ways, each client->server message delayed by `latency_s`
   silent  accept and read, forward nothing either way (a store that stopped answering)
   refuse  close the listening socket: new connections are refused; open ones are cut
+  deny    answer every request with S3's 403 AccessDenied (open connections are cut first)
 
     python scripts/latency_proxy.py --target 127.0.0.1:5000 --latency 0.02 [--port 0]
 """
@@ -61,12 +62,12 @@ class Proxy:
             w.transport.abort()
 
     def set_mode(self, mode: str) -> None:
-        """pass, silent or refuse (see the module's docstring); back to pass listens again on the same port."""
-        assert mode in ("pass", "silent", "refuse")
-        self.mode = mode
-        if mode == "refuse":
+        """pass, silent, refuse or deny (see the module's docstring); back to pass listens again on the same port."""
+        assert mode in ("pass", "silent", "refuse", "deny")
+        was, self.mode = self.mode, mode
+        if mode in ("refuse", "deny") or was == "deny":  # no connection keeps its old answers
             self._call(self._close())
-        elif self._server is None:
+        if mode != "refuse" and self._server is None:
             self._call(self._listen())
 
     def count(self, method: str | None = None) -> int:
@@ -83,6 +84,9 @@ class Proxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        if self.mode == "deny":
+            await self._deny(reader, writer)
+            return
         try:
             up_r, up_w = await asyncio.open_connection(*self.target)
         except OSError:
@@ -99,6 +103,28 @@ class Proxy:
             for w in (writer, up_w):
                 self._writers.discard(w)
                 w.transport.abort()
+
+    async def _deny(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer each request on this connection as S3 does when the credentials may not do it."""
+        body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+                b'<Message>Access Denied</Message><RequestId>0</RequestId></Error>')
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                m = REQUEST_LINE.match(head)
+                if m:
+                    self.requests.append((m.group(1).decode(), m.group(2).decode()))
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                if length:
+                    await reader.readexactly(int(length.group(1)))
+                writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, upstream: bool,
                     conn: int) -> None:

@@ -116,3 +116,30 @@ def test_mount_of_a_refusing_store_names_it(s3, proxy, tmp_path, mount):  # noqa
     code, seconds, err = _mount_cli(mount, proxy, "startrefused.zarr", 30)
     assert code != 0 and len(err.splitlines()) == 1 and "connection refused" in err, err
     assert seconds <= 10, f"a refused connection took {seconds:.1f} s to report"  # the issue's bound
+
+
+def test_mount_of_a_store_that_denies_access_names_it(s3, proxy, tmp_path, mount):  # noqa: F811
+    """S3's 403 AccessDenied (the proxy answers it as a bucket policy would): one line that says so."""
+    _, fs = s3
+    _put_v3(fs, tmp_path, "startdenied.zarr", 1, 1, consolidated=True)
+    proxy.set_mode("deny")
+    code, seconds, err = _mount_cli(mount, proxy, "startdenied.zarr", 30)
+    assert code != 0 and len(err.splitlines()) == 1 and "access denied" in err, err
+    assert err.startswith(f"zarrfs: s3://{BUCKET}/startdenied.zarr: "), err
+
+
+def test_access_denied_during_a_read_is_eio_naming_the_key(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    values = _put_v3(fs, tmp_path, "denied.zarr", 1, 2, consolidated=True)
+    mnt = mount(f"s3://{BUCKET}/denied.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
+    mount.expect_errors()
+    assert (mnt / "g0" / "a0.npy").read_bytes() == mounted.npy_bytes(values["g0/a0"])
+    proxy.set_mode("deny")
+    code, _, err = _run(["cat", str(mnt / "g0" / "a1.npy")], 3 * TIMEOUT_S)
+    assert code is not None and code != 0 and "Input/output error" in err, (code, err)
+    lines = mounted.log_lines_naming(mount.log_text(), "g0/a1/c/")
+    assert any("access denied" in line for line in lines), mount.log_text()[-3000:]
+    proxy.set_mode("pass")  # allowed again: read again without a remount
+    want = mounted.npy_bytes(values["g0/a1"])
+    assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a1.npy")], 30)[0] == 0, 5)
+    assert (mnt / "g0" / "a1.npy").read_bytes() == want
