@@ -60,7 +60,7 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
               "(see Remote stores)", "`30`"),
     OptionDoc("metadata_ttl=SECONDS", "how long listings, metadata documents and the validity of cached "
               "chunks are trusted before they are checked against the store again; `0` checks every time, "
-              "`inf` never (`touch MOUNT/.zarrfs/refresh` drops them at once)",
+              "`inf` never (`cat MOUNT/.zarrfs/refresh`, or `touch` on a writable mount, drops them at once)",
               "`10` for remote stores, `inf` for local directories"),
     OptionDoc("show_views", "list `.zarrfs` in the root directory (it is always reachable by path, like ZFS's "
               "`.zfs`, so `cp -r MOUNT` copies only the `.npy` tree)", "off"),
