@@ -16,14 +16,14 @@ def stats(mnt):
     return json.loads((mnt / VIEWS / "stats.json").read_bytes())
 
 
-def make(root, name, data, zarr_format, compressors=None, chunks=(64, 48)):
+def make(root, name, data, zarr_format, compressors=None, chunks=(200, 500)):
     arr = zarr.create_array(store=os.fspath(root), name=name, shape=data.shape, dtype=data.dtype, chunks=chunks,
                             zarr_format=zarr_format, compressors=compressors, fill_value=7)
     arr[...] = data
     return arr
 
 
-def check_reads(mnt, root, name, sizes=(64 << 10, 300_000)):
+def check_reads(mnt, root, name, sizes=(256 << 10, 600_000)):
     """The whole file, then reads of SIZES at random places (O_DIRECT: each reaches the daemon)."""
     want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
     assert (mnt / f"{name}.npy").read_bytes() == want, name
@@ -36,12 +36,13 @@ def check_reads(mnt, root, name, sizes=(64 << 10, 300_000)):
 
 
 def test_uncompressed_arrays_are_read_from_their_files(mount, tmp_path):
-    data = np.random.default_rng(3).standard_normal((300, 200)).astype("<f4")
+    # Reads of 256 KiB or more touch at most 4 chunks: pieces large enough to be read directly.
+    data = np.random.default_rng(3).standard_normal((1000, 1000)).astype("<f4")
     v2, v3 = tmp_path / "v2.zarr", tmp_path / "v3.zarr"
     make(v2, "a", data, 2)
     make(v3, "a", data.astype(">f8"), 3)  # v3 `bytes` stores little-endian: a copy of the file
-    sparse = make(v3, "sparse", np.full((300, 200), 7, "<i2"), 3)
-    sparse[100:164, 48:96] = 5  # one stored chunk; every other is the fill value
+    sparse = make(v3, "sparse", np.full((1000, 1000), 7, "<i2"), 3)
+    sparse[200:400, 500:1000] = 5  # one stored chunk; every other is the fill value
     make(v3, "zstd", data, 3, compressors=[zarr.codecs.ZstdCodec(level=1)])
     mnt2 = mount(v2)
     check_reads(mnt2, v2, "a")
