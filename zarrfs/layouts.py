@@ -71,6 +71,14 @@ class ArrayStream:
         self._flip = flip
         self._reads: ArrayStream | None = None
 
+    def chunk_row_bytes(self) -> int:
+        """Bytes of the stream that one row of chunks covers (its first dimension's chunk
+        length times the rest of the stream), or of the whole stream when it is smaller."""
+        if not self._shape:
+            return self.size
+        rest = math.prod(self._shape[1:]) * self.dtype.itemsize
+        return min(self.size, min(self._chunks[0], self._shape[0]) * rest)
+
     def for_reads(self) -> ArrayStream:
         """The stream to plan reads with: itself, or over the inner chunks of its shards when
         the array can be read a part of a shard at a time (same bytes, finer pieces)."""

@@ -87,8 +87,9 @@ class Prefetch:
         whole = sequential and self._whole_shards(stream)
         window, planned = state.window, state.planned
         if sequential:
-            # Reading whole shards, the window is at least one (decoded) shard ahead.
-            least = stream.meta.chunk_nbytes if whole else size
+            # Reading whole shards, the window is at least one row of them (in the stream's order)
+            # ahead: one shard ahead left the next row's fetch to start only at the next read.
+            least = stream.chunk_row_bytes() if whole else size
             window = min(max(window * 2, least), self.prefetch_max_bytes)
         else:
             window, planned = 0, 0
