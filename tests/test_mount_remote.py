@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,12 +59,15 @@ def _put_v3(fs, tmp_path: Path, name: str, groups: int, arrays: int, consolidate
     return values
 
 
-def _read(path: Path, limit_s: float) -> tuple[int | None, float, str]:
-    """Read a file in a child process: (exit code, seconds, stderr); exit code None if it was still
-    waiting after `limit_s` (then it is killed)."""
+def _run(cmd: list[str], limit_s: float, sigint_after_s: float | None = None) -> tuple[int | None, float, str]:
+    """Run a reader: (exit code or None if still running after `limit_s`, then killed; seconds from
+    its start or from the SIGINT sent `sigint_after_s` after it; stderr)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", f"open({str(path)!r}, 'rb').read()"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if sigint_after_s is not None:
+        time.sleep(sigint_after_s)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
     try:
         _, err = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
@@ -73,12 +77,31 @@ def _read(path: Path, limit_s: float) -> tuple[int | None, float, str]:
     return proc.returncode, time.monotonic() - t0, err.decode()
 
 
+def _read(path: Path, limit_s: float) -> tuple[int | None, float, str]:
+    """Read a file whole in a Python child process (see _run)."""
+    return _run([sys.executable, "-c", f"open({str(path)!r}, 'rb').read()"], limit_s)
+
+
+def _serving(fs, tmp_path, mount, proxy, name: str, groups: int, arrays: int, timeout_s: float):
+    """A consolidated hierarchy (see _put_v3) in the bucket, mounted through the proxy with
+    `timeout`, its g0/a0 read: (mount point, values). Later errors are expected."""
+    values = _put_v3(fs, tmp_path, name, groups, arrays, consolidated=True)
+    mnt = mount(f"s3://{BUCKET}/{name}", *_options(proxy.port, f"timeout={timeout_s}"))
+    mount.expect_errors()
+    assert (mnt / "g0" / "a0.npy").read_bytes() == mounted.npy_bytes(values["g0/a0"])
+    return mnt, values
+
+
+def _recovers(mnt: Path, values: dict, path: str) -> None:
+    """Without a remount, PATH is read again (within 5 s: once the store answered the request
+    that timed out) and holds its values."""
+    assert mounted.wait_until(lambda: _read(mnt / f"{path}.npy", 30)[0] == 0, 5)
+    assert (mnt / f"{path}.npy").read_bytes() == mounted.npy_bytes(values[path])
+
+
 def test_silent_store_gives_eio_within_timeout_then_recovers(s3, proxy, tmp_path, mount):  # noqa: F811
     _, fs = s3
-    values = _put_v3(fs, tmp_path, "silent.zarr", 1, 3, consolidated=True)
-    mnt = mount(f"s3://{BUCKET}/silent.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
-    mount.expect_errors()
-    assert np.array_equal(np.load(mnt / "g0" / "a0.npy"), values["g0/a0"])
+    mnt, values = _serving(fs, tmp_path, mount, proxy, "silent.zarr", 1, 3, TIMEOUT_S)
     proxy.set_mode("silent")
     code, seconds, err = _read(mnt / "g0" / "a1.npy", TIMEOUT_S + MARGIN_S)
     assert code is not None, f"the reader still waited after {TIMEOUT_S + MARGIN_S} s"
@@ -86,16 +109,12 @@ def test_silent_store_gives_eio_within_timeout_then_recovers(s3, proxy, tmp_path
     assert "did not answer" in mount.log_text() or "timed out" in mount.log_text()
     proxy.set_mode("pass")
     # No remount needed: back as soon as the store answers the request that timed out.
-    assert mounted.wait_until(lambda: _read(mnt / "g0" / "a1.npy", 30)[0] == 0, 5)
-    assert np.array_equal(np.load(mnt / "g0" / "a1.npy"), values["g0/a1"])
+    _recovers(mnt, values, "g0/a1")
 
 
 def test_refused_store_gives_eio_then_recovers(s3, proxy, tmp_path, mount):  # noqa: F811
     _, fs = s3
-    values = _put_v3(fs, tmp_path, "refused.zarr", 1, 3, consolidated=True)
-    mnt = mount(f"s3://{BUCKET}/refused.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
-    mount.expect_errors()
-    assert np.array_equal(np.load(mnt / "g0" / "a0.npy"), values["g0/a0"])
+    mnt, values = _serving(fs, tmp_path, mount, proxy, "refused.zarr", 1, 3, TIMEOUT_S)
     proxy.set_mode("refuse")
     code, _, err = _read(mnt / "g0" / "a2.npy", TIMEOUT_S + MARGIN_S)
     assert code is not None and code != 0 and "Input/output error" in err, (code, err)

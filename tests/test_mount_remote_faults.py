@@ -3,15 +3,13 @@ kernel retry), recovery without remount, what SIGINT does; behind scripts/latenc
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
 
-import numpy as np
 
 import mounted
-from test_mount_remote import BUCKET, _options, _put_v3, proxy  # noqa: F401  (fixtures)
+from test_mount_remote import BUCKET, _options, _put_v3, _recovers, _run, _serving, proxy  # noqa: F401  (fixtures)
 from test_mount_s3 import s3  # noqa: F401
 
 # The `timeout` these tests mount with, and what a reader may wait past it: the issue's bound is
@@ -21,30 +19,9 @@ TIMEOUT_S = 4
 MARGIN_S = 2.5
 
 
-def _run(cmd: list[str], limit_s: float, sigint_after_s: float | None = None) -> tuple[int | None, float, str]:
-    """Run a reader: (exit code or None if still running after `limit_s`, seconds from start or from
-    the SIGINT, stderr)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    if sigint_after_s is not None:
-        time.sleep(sigint_after_s)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return None, time.monotonic() - t0, ""
-    return proc.returncode, time.monotonic() - t0, err.decode()
-
-
 def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path, mount):  # noqa: F811
     _, fs = s3
-    values = _put_v3(fs, tmp_path, "silent1.zarr", 2, 2, consolidated=True)
-    mnt = mount(f"s3://{BUCKET}/silent1.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
-    mount.expect_errors()
-    assert (mnt / "g0" / "a0.npy").read_bytes() == mounted.npy_bytes(values["g0/a0"])
+    mnt, values = _serving(fs, tmp_path, mount, proxy, "silent1.zarr", 2, 2, TIMEOUT_S)
     proxy.set_mode("silent")
     code, seconds, err = _run(["cat", str(mnt / "g0" / "a1.npy")], 3 * TIMEOUT_S)
     assert code is not None and code != 0 and "Input/output error" in err, (code, err)
@@ -54,9 +31,7 @@ def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path
     # Back at once for what was not asked while the store was silent, and within a second or two
     # for the array whose request timed out.
     assert (mnt / "g1" / "a0.npy").read_bytes() == mounted.npy_bytes(values["g1/a0"])
-    want = mounted.npy_bytes(values["g0/a1"])
-    assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a1.npy")], 30)[0] == 0, 5)
-    assert (mnt / "g0" / "a1.npy").read_bytes() == want
+    _recovers(mnt, values, "g0/a1")
 
 
 # The issue's "interrupting the reader (SIGINT) ends its wait promptly": within this, against a
@@ -130,16 +105,11 @@ def test_mount_of_a_store_that_denies_access_names_it(s3, proxy, tmp_path, mount
 
 def test_access_denied_during_a_read_is_eio_naming_the_key(s3, proxy, tmp_path, mount):  # noqa: F811
     _, fs = s3
-    values = _put_v3(fs, tmp_path, "denied.zarr", 1, 2, consolidated=True)
-    mnt = mount(f"s3://{BUCKET}/denied.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
-    mount.expect_errors()
-    assert (mnt / "g0" / "a0.npy").read_bytes() == mounted.npy_bytes(values["g0/a0"])
+    mnt, values = _serving(fs, tmp_path, mount, proxy, "denied.zarr", 1, 2, TIMEOUT_S)
     proxy.set_mode("deny")
     code, _, err = _run(["cat", str(mnt / "g0" / "a1.npy")], 3 * TIMEOUT_S)
     assert code is not None and code != 0 and "Input/output error" in err, (code, err)
     lines = mounted.log_lines_naming(mount.log_text(), "g0/a1/c/")
     assert any("access denied" in line for line in lines), mount.log_text()[-3000:]
     proxy.set_mode("pass")  # allowed again: read again without a remount
-    want = mounted.npy_bytes(values["g0/a1"])
-    assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a1.npy")], 30)[0] == 0, 5)
-    assert (mnt / "g0" / "a1.npy").read_bytes() == want
+    _recovers(mnt, values, "g0/a1")

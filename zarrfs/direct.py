@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .codecs import BytesLayout, CodecChain
-from .layouts import ArrayStream, ReadPlan
+from .layouts import ArrayStream, ReadPlan, plan_bytes
 from .store import LOCAL_OPEN_FLAGS
 
 # Open chunk files kept: a 1 MiB read of a wide array touches a row of chunks; a few rows of
@@ -86,10 +86,6 @@ class DirectReads:
         self.nowait_works = True  # until the file system refuses RWF_NOWAIT
         self._buf = np.empty(0, np.uint8)  # see _scratch
         self._files: OrderedDict[tuple[str, Index], tuple[int, int]] = OrderedDict()  # (path, idx) -> (fd, size)
-
-    @staticmethod
-    def eligible(stream: ArrayStream) -> bool:
-        return eligible(stream)
 
     def close(self) -> None:
         """Close every kept file (a refresh: the store may hold other files under those keys now)."""
@@ -161,8 +157,7 @@ class DirectReads:
                 raise Fallback(meta.chunk_key(idx))
             piece = np.ndarray(tuple(sl.stop - sl.start for sl in src), dtype, scratch, 0, byte_strides)
             buf[pos:pos + math.prod(box)].reshape(box)[dst] = piece
-        data = out[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
-        return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)
+        return plan_bytes(plan, out)
 
     def _scratch(self, nbytes: int) -> np.ndarray:
         """A buffer of at least NBYTES for the trio thread's reads, reused (no fresh memory per read)."""

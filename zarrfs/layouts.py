@@ -32,6 +32,28 @@ def chunk_file_size(meta: ArrayMeta, idx: Index) -> int:
     return len(npy_header(meta.dtype, shape, False)) + math.prod(shape) * meta.dtype.itemsize
 
 
+def element_span(header: bytes, itemsize: int, total: int, offset: int, size: int) -> tuple[bytes, int, int, int, int]:
+    """What bytes [offset, offset+size) of a stream (HEADER, then elements; TOTAL bytes) hold:
+    (the header's part, first and stop element, bytes of the first element to skip, data
+    bytes); the last four are 0 when no element byte is read."""
+    end = min(offset + size, total)
+    offset = max(offset, 0)
+    hlen = len(header)
+    header_part = header[offset:end] if offset < hlen else b""
+    d0, d1 = max(offset - hlen, 0), end - hlen
+    if d1 <= d0 or itemsize == 0:
+        return header_part, 0, 0, 0, 0
+    e0, e1 = d0 // itemsize, -(-d1 // itemsize)
+    return header_part, e0, e1, d0 - e0 * itemsize, d1 - d0
+
+
+def plan_bytes(plan: "ReadPlan", out: np.ndarray) -> bytes | memoryview:
+    """A plan's bytes, given OUT (bytes) holding its whole elements from its first: a view of
+    OUT, or new bytes when the plan starts in the header."""
+    data = out[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
+    return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReadPlan:
     header_part: bytes
@@ -100,21 +122,15 @@ class ArrayStream:
         return tuple(o + i for o, i in zip(self.origin, idx))
 
     def plan(self, offset: int, size: int) -> ReadPlan:
-        end = min(offset + size, self.size)
-        offset = max(offset, 0)
-        hlen = len(self.header)
-        header_part = self.header[offset:end] if offset < hlen else b""
-        d0, d1 = max(offset - hlen, 0), end - hlen
-        item = self.dtype.itemsize
-        if d1 <= d0 or item == 0:
+        header_part, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
+        if take == 0:
             return ReadPlan(header_part, 0, 0, 0, 0, (), ())
-        e0, e1 = d0 // item, -(-d1 // item)
         boxes = tuple(grid.flat_boxes(self._shape, e0, e1))
         needed: dict[Index, None] = {}
         for start, box in boxes:
             for t_idx in grid.chunks_in_box(start, box, self._chunks):
                 needed[self._array_index(t_idx)] = None
-        return ReadPlan(header_part, e0, e1, d0 - e0 * item, d1 - d0, boxes, tuple(needed))
+        return ReadPlan(header_part, e0, e1, skip, take, boxes, tuple(needed))
 
     def _pieces(self, plan: ReadPlan):
         """(array chunk index, slices into the chunk (stream order), box start offset, slices into the box)."""
@@ -150,20 +166,13 @@ class ArrayStream:
         """
         if plan.take_bytes == 0:
             return plan.header_part
-        return self.assemble_into(plan, chunks, np.empty(self.element_bytes(plan), np.uint8))
+        out = np.empty(self.element_bytes(plan), np.uint8)
+        buf = out.view(self.dtype)
+        for idx, src, pos, box, dst in self._pieces(plan):
+            chunk = chunks[idx].T if self._flip else chunks[idx]
+            buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunk[src]
+        return plan_bytes(plan, out)
 
     def element_bytes(self, plan: ReadPlan) -> int:
         """Bytes of the whole elements a plan covers (its data, plus the parts of elements it cuts)."""
         return (plan.stop_elem - plan.first_elem) * self.dtype.itemsize
-
-    def assemble_into(self, plan: ReadPlan, chunks: dict[Index, np.ndarray], out: np.ndarray) -> bytes | memoryview:
-        """assemble into OUT (bytes, at least `element_bytes(plan)`): a memoryview of OUT, or
-        new bytes when the plan starts in the header."""
-        if plan.take_bytes == 0:
-            return plan.header_part
-        buf = out[:self.element_bytes(plan)].view(self.dtype)
-        for idx, src, pos, box, dst in self._pieces(plan):
-            chunk = chunks[idx].T if self._flip else chunks[idx]
-            buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunk[src]
-        data = out[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
-        return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)

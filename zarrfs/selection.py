@@ -17,7 +17,7 @@ from typing import Iterator, Union
 import numpy as np
 
 from . import grid
-from .layouts import npy_header
+from .layouts import element_span, npy_header, plan_bytes
 from .model import ArrayMeta
 
 Index = tuple[int, ...]
@@ -183,18 +183,12 @@ class SliceStream:
             pos += math.prod(box)
 
     def plan(self, offset: int, size: int) -> SlicePlan:
-        end = min(offset + size, self.size)
-        offset = max(offset, 0)
-        hlen = len(self.header)
-        header_part = self.header[offset:end] if offset < hlen else b""
-        d0, d1 = max(offset - hlen, 0), end - hlen
-        item = self.dtype.itemsize
-        if d1 <= d0 or item == 0:
+        header_part, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
+        if take == 0:
             return SlicePlan(header_part, 0, 0, 0, 0, (), ())
-        e0, e1 = d0 // item, -(-d1 // item)
         boxes = tuple(grid.flat_boxes(self.shape, e0, e1))
         needed = dict.fromkeys(idx for idx, *_ in self._pieces(boxes))
-        return SlicePlan(header_part, e0, e1, d0 - e0 * item, d1 - d0, boxes, tuple(needed))
+        return SlicePlan(header_part, e0, e1, skip, take, boxes, tuple(needed))
 
     def assemble(self, plan: SlicePlan, chunks: dict[Index, np.ndarray]) -> bytes | memoryview:
         """The bytes of `plan`, given every chunk it names (full chunk shape, any layout)."""
@@ -203,5 +197,4 @@ class SliceStream:
         buf = np.empty(plan.stop_elem - plan.first_elem, dtype=self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan.boxes):
             buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunks[idx][src]
-        data = buf.view(np.uint8)[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
-        return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)
+        return plan_bytes(plan, buf.view(np.uint8))

@@ -238,7 +238,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
         """
         plan = stream.plan(offset, size)
         if (reply and self.direct is not None and size >= DIRECT_MIN_BYTES
-                and len(plan.chunks) * DIRECT_MIN_PIECE_BYTES <= size and self.direct.eligible(stream)):
+                and len(plan.chunks) * DIRECT_MIN_PIECE_BYTES <= size and direct.eligible(stream)):
             data = await self._read_direct(stream, plan)
             if data is not None:
                 self.counters["reads"] += 1

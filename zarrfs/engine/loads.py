@@ -38,7 +38,7 @@ BATCH_BYTES = 4 << 20  # decoded bytes of inner chunks loaded together, at most 
 INNER = "inner"
 INDEX = "index"
 SHARD = "shard"
-BODY = "body"  # in-flight loads of a whole shard's stored bytes, for its inner chunks
+BODY = "body"  # once() key of a whole shard's stored bytes being loaded, for its inner chunks
 NO_SHARD = np.zeros(0, dtype="<u8")  # cached index of a shard that is not stored
 
 def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
@@ -385,33 +385,19 @@ class Loads:
         load ended reads again (read-ahead asks for all of a shard's inner chunks at once).
         """
         src = meta.source
-        key = (meta.path, shard, BODY)
-        load = self._inflight.get(key)
-        if load is not None:
-            await load.done.wait()
-            if load.error is not None:
-                raise load.error
-            return load.value
-        load = self._inflight[key] = _Load()
-        version = self._versions.get(self._shard_unit(meta, shard), 0)
-        max_nbytes = src.index_nbytes + math.prod(src.per_shard) * _inner_limit(meta)
-        try:
+
+        async def load() -> tuple[Any, np.ndarray | None]:
+            version = self._versions.get(self._shard_unit(meta, shard), 0)
+            max_nbytes = src.index_nbytes + math.prod(src.per_shard) * _inner_limit(meta)
             found = await self.run_io(src.read_whole_sync, self.store, shard, max_nbytes)
             self.counters["store_gets"] += 1
-            if found is None:
-                load.value, index = (None, None), NO_SHARD
-            else:
+            if found is not None:
                 self.counters["store_bytes"] += len(found[0])
-                load.value, index = found, found[1]
             if self._versions.get(self._shard_unit(meta, shard), 0) == version:
-                self.cache.put((meta.path, shard, INDEX), index)
-        except BaseException as e:  # counted and logged by the batch that asked
-            load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
-            raise
-        finally:
-            del self._inflight[key]
-            load.done.set()
-        return load.value
+                self.cache.put((meta.path, shard, INDEX), NO_SHARD if found is None else found[1])
+            return (None, None) if found is None else found
+
+        return await self.once((meta.path, shard, BODY), load)
 
     async def _load_inner(self, meta: ArrayMeta, batch: list[Index], whole: bool = False) -> dict[Index, np.ndarray]:
         """Inner chunks of one shard: its index, then only their bytes, in as few ranges as
@@ -420,7 +406,7 @@ class Loads:
         shard = src.shard_of(batch[0])
         shard_key = src.keys.key(shard)
         body = None
-        if whole or (meta.path, shard, BODY) in self._inflight:
+        if whole or (meta.path, shard, BODY) in self._flights:
             body, index = await self._shard_body(meta, shard)
         else:
             index = await self._shard_index(meta, shard)
