@@ -261,6 +261,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     engine = Engine(store, ChunkCache(options.cache_size_bytes), timeout_s=options.timeout_s)
     if store.is_local and not options.writable:
         engine.direct = DirectReads(store)
+    engine.bands_enabled = not options.writable
     namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
                           create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
                           on_data_stale_sync=invalidate_data_sync,

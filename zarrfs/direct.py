@@ -32,6 +32,11 @@ from .store import LOCAL_OPEN_FLAGS
 # Open chunk files kept: a 1 MiB read of a wide array touches a row of chunks; a few rows of
 # them open cost nothing, while reopening per read costs a path lookup per chunk per read.
 OPEN_FILES = 256
+# The most buffers one preadv takes (Linux's UIO_MAXIOV), and the least row read into place
+# by one of them: narrower rows (64 float32 columns) cost more as numpy rows in a Python list
+# than one read of their span and a strided copy.
+IOV_MAX = 1024
+ROW_MIN_BYTES = 4096
 
 Index = tuple[int, ...]
 
@@ -132,15 +137,32 @@ class DirectReads:
         byte_strides = tuple(st * item for st in strides)
         flags = os.RWF_NOWAIT if nowait and not self.in_memory else 0
         buf = out[:stream.element_bytes(plan)].view(dtype)
+        own = np.empty(0, np.uint8)  # a worker thread's scratch, reused by the call's pieces
         for idx, src, pos, box, dst in stream._pieces(plan):
-            # The piece's elements lie between its first and its last in the chunk file:
-            # one read of that span, then a strided view of it copied into place.
+            # The piece's elements lie between its first and its last in the chunk file.
             first = sum(sl.start * st for sl, st in zip(src, strides))
             span = (sum((sl.stop - 1) * st for sl, st in zip(src, strides)) - first + 1) * item
-            scratch = self._scratch(span) if nowait else np.empty(span, np.uint8)
+            target = buf[pos:pos + math.prod(box)].reshape(box)[dst]
+            rows = _rows_in_place(target, src, meta.chunk_shape, span)
+            if rows is None:  # one read of the span, then a strided view of it copied into place
+                if nowait:
+                    scratch = self._scratch(span)
+                else:
+                    scratch = own = own if len(own) >= span else np.empty(span, np.uint8)
+                reads = [[scratch[:span]]]
+            else:  # straight into place: a read into the rows of the piece, IOV_MAX at a time
+                reads = [rows[i:i + IOV_MAX] for i in range(0, len(rows), IOV_MAX)]
             fd, owned = self._file(meta, idx, chunk_bytes, keep=nowait)
             try:
-                got = os.preadv(fd, [scratch[:span]], first * item, flags)
+                at = first * item
+                for iov in reads:
+                    want = sum(v.nbytes for v in iov)
+                    got = os.preadv(fd, iov, at, flags)
+                    if got != want:
+                        if nowait and flags:
+                            raise WouldBlock()
+                        raise Fallback(meta.chunk_key(idx))
+                    at += got
             except BlockingIOError:
                 raise WouldBlock() from None
             except OSError as e:
@@ -151,12 +173,8 @@ class DirectReads:
             finally:
                 if owned:
                     os.close(fd)
-            if got != span:
-                if nowait and flags:
-                    raise WouldBlock()
-                raise Fallback(meta.chunk_key(idx))
-            piece = np.ndarray(tuple(sl.stop - sl.start for sl in src), dtype, scratch, 0, byte_strides)
-            buf[pos:pos + math.prod(box)].reshape(box)[dst] = piece
+            if rows is None:
+                target[...] = np.ndarray(tuple(sl.stop - sl.start for sl in src), dtype, scratch, 0, byte_strides)
         return plan_bytes(plan, out)
 
     def _scratch(self, nbytes: int) -> np.ndarray:
@@ -164,6 +182,18 @@ class DirectReads:
         if len(self._buf) < nbytes:
             self._buf = np.empty(nbytes, np.uint8)
         return self._buf
+
+
+def _rows_in_place(target: np.ndarray, src: tuple[slice, ...], chunk_shape: Index, span: int) -> list | None:
+    """The pieces of TARGET (a piece's place in the reply) that its SPAN of chunk file bytes
+    fills in order, when they can be read into directly: TARGET contiguous, or its rows each
+    contiguous while the piece spans whole rows of the chunk (every other dimension whole)."""
+    if target.flags.c_contiguous:
+        return [target] if target.nbytes == span else None
+    if (target.ndim >= 2 and target[0].nbytes >= ROW_MIN_BYTES and all(sl.start == 0 and sl.stop == n for sl, n in zip(src[1:], chunk_shape[1:]))
+            and target[0].flags.c_contiguous and target[0].nbytes * len(target) == span):
+        return list(target)
+    return None
 
 
 def _strides(shape: Index) -> list[int]:

@@ -159,14 +159,16 @@ class ArrayStream:
             chunk = chunks[idx].T if self._flip else chunks[idx]
             chunk[src] = buf[pos:pos + math.prod(box)].reshape(box)[dst]
 
-    def assemble(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes | memoryview:
-        """The bytes of `plan`, given every chunk it names (full chunk shape, any layout).
+    def assemble(self, plan: ReadPlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
+                 ) -> bytes | memoryview:
+        """The bytes of `plan`, given every chunk it names (full chunk shape, any layout), in
+        OUT (uint8, at least `element_bytes(plan)`) or a fresh buffer.
 
-        Data-only reads come back as a memoryview of a fresh buffer (no extra copy).
+        Data-only reads come back as a memoryview of that buffer (no extra copy).
         """
         if plan.take_bytes == 0:
             return plan.header_part
-        out = np.empty(self.element_bytes(plan), np.uint8)
+        out = np.empty(self.element_bytes(plan), np.uint8) if out is None else out[:self.element_bytes(plan)]
         buf = out.view(self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan):
             chunk = chunks[idx].T if self._flip else chunks[idx]

@@ -24,6 +24,7 @@ from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..store import Store
 from ..layouts import ArrayStream
+from .bands import BandReads
 from .interrupts import Interrupts
 from .loads import Loads, _Load
 from .revalidate import Revalidation
@@ -58,7 +59,7 @@ DEFAULT_TIMEOUT_S = 30.0
 STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
             "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads",
-            "direct_reads", "direct_bytes", "revalidations", "chunks_changed")
+            "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads")
 
 __all__ = ["Engine", "ReadAhead"]
 
@@ -68,7 +69,7 @@ def _call_name(fn: Any) -> str:
     return getattr(fn, "__name__", "store call").removesuffix("_sync").replace("_", " ")
 
 
-class Engine(Loads, Prefetch, WriteBack, Revalidation):
+class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
     """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
 
     def __init__(self, store: Store, cache: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -86,6 +87,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
         self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
         self.interrupts = Interrupts()  # requests ended early when their process got a signal
         self._init_revalidation()
+        self._init_bands()
         # Reads of uncompressed chunks straight from a local store's files (set by the daemon
         # on read-only mounts: no written chunk can be newer than its file).
         self.direct: direct.DirectReads | None = None
@@ -181,6 +183,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
         """Forget every cached chunk and shard index (they are read from the store again when next
         needed); written chunks not yet stored stay in the dirty set, where reads find them first."""
         self.cache.discard_prefix("")
+        self.drop_bands()
         if self.direct is not None:
             self.direct.close()
 
@@ -236,23 +239,28 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
         fewer, larger copies). A sequential reader of a remote store takes them from whole
         shards, each read in one request (readahead.py `_whole_shards`).
         """
+        if reply and readahead is not None and readahead.bands:
+            data = await self.band_read(stream, offset, size, readahead)
+            if data is not None:
+                readahead.next_offset = offset + size
+                self.counters["reads"] += 1
+                return data
         plan = stream.plan(offset, size)
+        sequential = readahead is not None and (offset == readahead.next_offset
+                                                or self._sequential_start(stream, offset, size, readahead))
+        if readahead is not None:  # at once: a read the kernel sends while this one loads is sequential too
+            readahead.next_offset = offset + size
         if (reply and self.direct is not None and size >= DIRECT_MIN_BYTES
                 and len(plan.chunks) * DIRECT_MIN_PIECE_BYTES <= size and direct.eligible(stream)):
             data = await self._read_direct(stream, plan)
             if data is not None:
                 self.counters["reads"] += 1
+                if sequential:
+                    self.bands_ahead(stream, offset, size, readahead)
                 return data
-        fine = stream.for_reads()
-        if (fine is not stream and not self.store.ranges_ignored
-                and not all(self._known(stream.meta, idx) for idx in plan.chunks)):
-            plan, reader = fine.plan(offset, size), fine
-        else:
-            reader = stream
-        sequential = readahead is not None and (offset == readahead.next_offset
-                                                or self._sequential_start(stream, offset, size, readahead))
-        if readahead is not None:  # at once: a read the kernel sends while this one loads is sequential too
-            readahead.next_offset = offset + size
+        reader = self._planner(stream, plan)
+        if reader is not stream:
+            plan = reader.plan(offset, size)
         whole = sequential and self._whole_shards(stream)
         if whole:  # before the read's own loads, which then share each shard's one request
             self._read_ahead(stream, offset, size, readahead, sequential)
@@ -260,7 +268,19 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
         self.counters["reads"] += 1
         if readahead is not None and not whole:
             self._read_ahead(stream, offset, size, readahead, sequential)
+        if reply and sequential:
+            self.bands_ahead(stream, offset, size, readahead)
         return reader.assemble(plan, chunks)
+
+    def _planner(self, stream: ArrayStream, plan: Any) -> ArrayStream:
+        """The stream to plan a read over: the one over inner chunks of shards that can be read
+        in part, unless every shard the plan needs is already decoded whole (then over the
+        shards: fewer, larger copies)."""
+        fine = stream.for_reads()
+        if (fine is not stream and not self.store.ranges_ignored
+                and not all(self._known(stream.meta, idx) for idx in plan.chunks)):
+            return fine
+        return stream
 
     async def _read_direct(self, stream: ArrayStream, plan: Any) -> bytes | memoryview | None:
         """A read of an eligible stream straight from its chunk files (None: take the usual path).
@@ -309,6 +329,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation):
             "oversize_chunks": self.cache.oversize_held, "oversize_bytes": self.cache.oversize_bytes,
             "oversize_slots": self.cache.oversize_slots, "oversize_evictions": self.cache.oversize_evictions,
             "decode_seconds": round(self.decode_seconds, 6),
+            "band_bytes": self.band_bytes, "band_bytes_peak": self.band_bytes_peak,
             "errors": dict(self.errors),
         }
 

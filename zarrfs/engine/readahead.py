@@ -34,12 +34,15 @@ SEQUENTIAL_START_BYTES = 256 << 10
 
 class ReadAhead:
     """The read-ahead state of one reader (an open file): where its next sequential read
-    starts, its window in bytes, and the offset up to which read-ahead was already started."""
+    starts, its window in bytes, and the offset up to which read-ahead was already started;
+    its bands by number and its band buffers not in use (bands.py)."""
 
-    __slots__ = ("next_offset", "window", "planned")
+    __slots__ = ("next_offset", "window", "planned", "bands", "spare")
 
     def __init__(self) -> None:
         self.next_offset, self.window, self.planned = -1, 0, 0
+        self.bands: dict = {}
+        self.spare: list = []
 
 
 class Prefetch:

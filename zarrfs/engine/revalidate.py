@@ -59,6 +59,7 @@ class Revalidation:
         """The TTL ran out: cached chunks of every array are checked before their next use; what
         cannot be checked (shard indexes and inner chunks, chunks not read from the store) is dropped."""
         self._epoch += 1
+        self.drop_bands()
         for key in self.cache.keys():
             if len(key) != 2 or key not in self._fetched:
                 self.cache.discard(key)

@@ -1,0 +1,119 @@
+"""Mounted: a sequential reader of a read-only mount is served from bands assembled ahead in
+worker threads (engine/bands.py). The bytes equal np.save's of what zarr-python reads, in the
+C and F views, for uncompressed, compressed and sharded arrays with edge chunks; a refresh
+never lets an assembled band serve bytes of chunks rewritten since; band buffers stay within
+their budget with many readers and are freed when the files close."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import zarr
+
+from mounted import npy_bytes, npy_f_bytes
+
+VIEWS = ".zarrfs"
+BAND = 8 << 20  # engine/bands.py BAND_BYTES
+BUDGET = 128 << 20  # engine/bands.py BAND_BUDGET_BYTES
+MIB = 1 << 20
+
+
+def stats(mnt):
+    return json.loads((mnt / VIEWS / "stats.json").read_bytes())
+
+
+def read_sequentially(path, size=MIB, start=0, direct=False):
+    """The file from START to its end in reads of SIZE (O_DIRECT: every read reaches the daemon)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    with open(fd, "rb", buffering=0) as f:
+        f.seek(start)
+        parts = []
+        while part := f.read(size):
+            parts.append(part)
+    return b"".join(parts)
+
+
+def test_bands_serve_exact_bytes_of_every_kind_of_array(mount, tmp_path):
+    rng = np.random.default_rng(11)
+    data = rng.standard_normal((2500, 2100)).astype("<f4")  # 21 MB: bands 0-2, edge chunks both ways
+    root = tmp_path / "b.zarr"
+    zarr.open_group(os.fspath(root), mode="w")
+    kinds = {
+        "plain": {"chunks": (256, 512), "compressors": None},
+        "zstd": {"chunks": (300, 700), "compressors": [zarr.codecs.ZstdCodec(level=1)]},
+        "sharded": {"chunks": (250, 350), "shards": (1000, 1050), "compressors": [zarr.codecs.ZstdCodec(level=1)]},
+    }
+    for name, kw in kinds.items():
+        zarr.create_array(store=os.fspath(root), name=name, shape=data.shape, dtype=data.dtype, **kw)[...] = data
+    mnt = mount(root)
+    for name in kinds:
+        value = zarr.open_array(os.fspath(root / name), mode="r")[...]
+        want = npy_bytes(value)
+        assert read_sequentially(mnt / f"{name}.npy") == want, name
+        assert read_sequentially(mnt / f"{name}.npy", size=3 * MIB + 4096, direct=True) == want, name
+        # a reader that starts past the first band, in reads that straddle band ends
+        assert read_sequentially(mnt / f"{name}.npy", size=700_000, start=BAND + 12_345) == want[BAND + 12_345:]
+        assert read_sequentially(mnt / VIEWS / "npy-f" / f"{name}.npy", direct=True) == npy_f_bytes(value), name
+    s = stats(mnt)
+    assert s["band_reads"] > 0
+    assert s["band_bytes"] == 0  # every file is closed: the buffers went with their readers
+
+
+def test_a_refresh_keeps_bands_from_serving_what_the_store_no_longer_holds(mount, tmp_path):
+    root = tmp_path / "r.zarr"
+    old = np.arange(3000 * 2000, dtype="<f4").reshape(3000, 2000)  # 24 MB: three bands
+    arr = zarr.create_array(store=os.fspath(root), name="a", shape=old.shape, dtype=old.dtype, chunks=(500, 500),
+                            compressors=[zarr.codecs.ZstdCodec(level=1)])
+    arr[...] = old
+    mnt = mount(root)
+    fd = os.open(mnt / "a.npy", os.O_RDONLY | os.O_DIRECT)
+    with open(fd, "rb", buffering=0) as f:
+        head = f.read(MIB) + f.read(MIB) + f.read(MIB)  # sequential: the next bands are assembled
+        assert stats(mnt)["band_bytes"] > 0
+        new = old + 1
+        arr[...] = new  # another writer rewrites every chunk
+        (mnt / VIEWS / "refresh").read_bytes()
+        rest = f.read()
+    assert head == npy_bytes(old)[:len(head)]
+    assert rest == npy_bytes(new)[len(head):]
+
+
+def test_many_readers_stay_within_the_band_budget(mount, tmp_path):
+    root = tmp_path / "m.zarr"
+    zarr.open_group(os.fspath(root), mode="w")
+    values = {}
+    for i in range(12):  # 12 readers that could each hold four 8 MiB buffers: 384 MiB without a budget
+        values[f"a{i}"] = np.full((2300, 1000), i, "<i4") + np.arange(1000, dtype="<i4")
+        zarr.create_array(store=os.fspath(root), name=f"a{i}", shape=(2300, 1000), dtype="<i4", chunks=(500, 1000),
+                          compressors=[zarr.codecs.BloscCodec(cname="lz4")])[...] = values[f"a{i}"]
+    mnt = mount(root)
+    got = {}
+    threads = [threading.Thread(target=lambda n=n: got.__setitem__(n, read_sequentially(mnt / f"{n}.npy", direct=True)))
+               for n in values]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for n, v in values.items():
+        assert got[n] == npy_bytes(v), n
+    s = stats(mnt)
+    assert s["band_reads"] > 0
+    assert 0 < s["band_bytes_peak"] <= BUDGET
+    assert s["band_bytes"] == 0
+
+
+def test_a_reader_that_seeks_back_gets_bands_again(mount, tmp_path):
+    root = tmp_path / "s.zarr"
+    value = np.arange(3000 * 2000, dtype="<f4").reshape(3000, 2000)  # 24 MB: three bands
+    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(500, 500),
+                      compressors=[zarr.codecs.ZstdCodec(level=1)])[...] = value
+    mnt = mount(root)
+    want = npy_bytes(value)
+    fd = os.open(mnt / "a.npy", os.O_RDONLY | os.O_DIRECT)
+    with open(fd, "rb", buffering=0) as f:
+        for _ in range(3):  # each pass holds its bands until the next seek
+            f.seek(0)
+            before = stats(mnt)["band_reads"]
+            assert b"".join(iter(lambda: f.read(MIB), b"")) == want
+            assert stats(mnt)["band_reads"] - before >= 8  # the second band's reads at least
