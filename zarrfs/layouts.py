@@ -91,6 +91,7 @@ class ArrayStream:
         self._shape = shape[::-1] if flip else shape
         self._chunks = meta.chunk_shape[::-1] if flip else meta.chunk_shape
         self._flip = flip
+        self.chunk = chunk
         self._reads: ArrayStream | None = None
 
     def chunk_row_bytes(self) -> int:
@@ -115,6 +116,24 @@ class ArrayStream:
             fine._chunks = inner.chunk_shape[::-1] if self._flip else inner.chunk_shape
             self._reads = fine
         return self._reads
+
+    def row_span(self, offset: int, size: int) -> tuple[Index, int, int, int, int] | None:
+        """A read that lies within one row of the array's last dimension (a random 4 KiB read):
+        (the row's index in the other dimensions, first and stop column, bytes of the first
+        element to skip, bytes to take); None for any other read, or any other stream than a
+        whole array's C-order elements in its own dtype."""
+        if self._flip or self.chunk is not None or self.dtype != self.meta.dtype or not self._shape:
+            return None
+        _, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
+        ncols = self._shape[-1]
+        if take == 0 or offset < len(self.header) or e0 // ncols != (e1 - 1) // ncols:
+            return None
+        row, c0 = divmod(e0, ncols)
+        lead = []
+        for n in reversed(self._shape[:-1]):
+            row, i = divmod(row, n)
+            lead.append(i)
+        return tuple(reversed(lead)), c0, c0 + (e1 - e0), skip, take
 
     def _array_index(self, t_idx: Index) -> Index:
         """Grid position in the array of a chunk index in the stream's (maybe flipped) order."""

@@ -1,0 +1,72 @@
+"""Mounted: small reads within one row of an array whose chunks are cached are copied from
+the chunks without a plan (Engine._small_read); their bytes equal np.save's of what zarr-python
+reads, in n-d arrays with F-ordered chunks and edge chunks, and they see a write that the
+store does not hold yet."""
+
+import json
+import os
+import random
+
+import numpy as np
+import zarr
+
+from mounted import npy_bytes
+
+VIEWS = ".zarrfs"
+
+
+def stats(mnt):
+    return json.loads((mnt / VIEWS / "stats.json").read_bytes())
+
+
+def random_reads(path, want, n=400, most=9000, seed=0):
+    rng = random.Random(seed)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)  # every read reaches the daemon at its own size
+    with open(fd, "rb", buffering=0) as f:
+        for _ in range(n):
+            off, size = rng.randrange(len(want)), rng.randrange(1, most)
+            f.seek(off)
+            assert f.read(size) == want[off:off + size], (path, off, size)
+
+
+def test_small_reads_of_cached_chunks_are_exact(mount, tmp_path):
+    root = tmp_path / "s.zarr"
+    zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
+    rng = np.random.default_rng(5)
+    arrays = {
+        "f3d": (rng.integers(-999, 999, (7, 45, 3001)).astype(">i2"), {"chunks": (3, 20, 700), "order": "F"}),
+        "c2d": (rng.standard_normal((300, 2500)).astype("<f8"), {"chunks": (64, 1000)}),
+        "rec": (np.zeros((40, 300), [("a", "<i4"), ("b", "<f8")]), {"chunks": (16, 128)}),
+    }
+    arrays["rec"][0]["a"] = rng.integers(0, 9, (40, 300))
+    for name, (value, kw) in arrays.items():
+        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
+                          zarr_format=2, **kw)[...] = value
+    mnt = mount(root)
+    for name in arrays:
+        want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
+        assert (mnt / f"{name}.npy").read_bytes() == want  # every chunk cached
+        before = stats(mnt)["small_reads"]
+        random_reads(mnt / f"{name}.npy", want)
+        assert stats(mnt)["small_reads"] > before, name
+
+
+def test_small_reads_see_written_chunks(mount, tmp_path):
+    root = tmp_path / "w.zarr"
+    value = np.arange(200 * 3000, dtype="<i4").reshape(200, 3000)
+    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype,
+                      chunks=(50, 1000))[...] = value
+    mnt = mount(root, "writable")
+    with open(mnt / "a.npy", "r+b") as f:
+        f.read()
+        header = len(npy_bytes(value)) - value.nbytes
+        f.seek(header + (120 * 3000 + 990) * 4)
+        f.write(np.arange(-20, 0, dtype="<i4").tobytes())  # across two chunks of one row
+        value[120, 990:1010] = np.arange(-20, 0)
+        f.flush()
+        random_reads(mnt / "a.npy", npy_bytes(value), n=100)
+        fd = os.open(mnt / "a.npy", os.O_RDONLY | os.O_DIRECT)
+        with open(fd, "rb", buffering=0) as g:
+            g.seek(header + (120 * 3000 + 980) * 4)
+            assert g.read(200) == value[120, 980:1030].tobytes()
+    assert stats(mnt)["small_reads"] > 0
