@@ -117,3 +117,16 @@ def test_a_reader_that_seeks_back_gets_bands_again(mount, tmp_path):
             before = stats(mnt)["band_reads"]
             assert b"".join(iter(lambda: f.read(MIB), b"")) == want
             assert stats(mnt)["band_reads"] - before >= 8  # the second band's reads at least
+
+
+def test_slice_views_of_uncompressed_arrays_read_in_large_reads(mount, tmp_path):
+    """A slice view is not a stream direct reads can serve: large reads of one (uncompressed,
+    local, read-only) failed with EIO before and only the kernel's page-sized retries passed."""
+    root = tmp_path / "sl.zarr"
+    value = np.arange(3000 * 3000, dtype="<f4").reshape(3000, 3000)
+    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(500, 3000),
+                      compressors=None)[...] = value
+    mnt = mount(root)
+    path = mnt / VIEWS / "slice" / "a[100:2900:2, ::-1].npy"
+    assert read_sequentially(path, direct=True) == npy_bytes(value[100:2900:2, ::-1])
+    assert stats(mnt)["band_reads"] > 0

@@ -72,6 +72,8 @@ def file_system_type(path: str) -> str:
 def eligible(stream: ArrayStream) -> bool:
     """Whether reads of STREAM can be copied straight from chunk files: chunks stored one key
     each, nothing but the bytes layout in C order, elements in the stream's own dtype."""
+    if not isinstance(stream, ArrayStream):  # a slice view
+        return False
     meta = stream.meta
     chain = meta.codec
     return (type(chain) is CodecChain and not chain.array_array and not chain.bytes_bytes

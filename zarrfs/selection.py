@@ -190,11 +190,14 @@ class SliceStream:
         needed = dict.fromkeys(idx for idx, *_ in self._pieces(boxes))
         return SlicePlan(header_part, e0, e1, skip, take, boxes, tuple(needed))
 
-    def assemble(self, plan: SlicePlan, chunks: dict[Index, np.ndarray]) -> bytes | memoryview:
-        """The bytes of `plan`, given every chunk it names (full chunk shape, any layout)."""
+    def assemble(self, plan: SlicePlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
+                 ) -> bytes | memoryview:
+        """The bytes of `plan`, given every chunk it names (full chunk shape, any layout), in
+        OUT (uint8, large enough) or a fresh buffer."""
         if plan.take_bytes == 0:
             return plan.header_part
-        buf = np.empty(plan.stop_elem - plan.first_elem, dtype=self.dtype)
+        n = plan.stop_elem - plan.first_elem
+        buf = np.empty(n, dtype=self.dtype) if out is None else out[:n * self.dtype.itemsize].view(self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan.boxes):
             buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunks[idx][src]
         return plan_bytes(plan, buf.view(np.uint8))

@@ -288,7 +288,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
         current), copied from them into the reused reply buffer with no plan and no await;
         None sends it the usual way."""
         meta = stream.meta
-        if (meta.inner is not None or meta.dtype.hasobject
+        if (not isinstance(stream, ArrayStream) or meta.inner is not None or meta.dtype.hasobject
                 or self._checked.get(meta.path, self._epoch) != self._epoch):
             return None
         span = stream.row_span(offset, size)
