@@ -266,8 +266,6 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
             data = await self._read_direct(stream, plan)
             if data is not None:
                 self.counters["reads"] += 1
-                if sequential:
-                    self.bands_ahead(stream, offset, size, readahead)
                 return data
         reader = self._planner(stream, plan)
         if reader is not stream:
@@ -280,7 +278,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
         if readahead is not None and not whole:
             self._read_ahead(stream, offset, size, readahead, sequential)
         if reply and sequential:
-            self.bands_ahead(stream, offset, size, readahead)
+            self.bands_ahead(stream, offset, size, readahead, len(plan.chunks))
         return reader.assemble(plan, chunks)
 
     def _small_read(self, stream: ArrayStream, offset: int, size: int) -> memoryview | None:

@@ -1,8 +1,9 @@
 """Bands: a sequential reader's next bytes assembled ahead in worker threads; its reads are slices of them.
 
 Planning a read piece by piece and copying its pieces into the reply in the trio thread cost
-more than pyfuse3's reply itself (a 1 MiB read of 1024x1024 chunks is 16 pieces). A reader of
-a read-only mount that reads sequentially, in reads of a body's size, instead gets its bytes
+more than pyfuse3's reply itself where chunks are narrow (a 1 MiB read of chunks 64 float32
+columns wide is 256 pieces). A reader of a read-only mount that reads sequentially, in reads
+of a body's size cut into small pieces (BAND_MAX_PIECE_BYTES), instead gets its bytes
 in bands: spans of BAND_BYTES at multiples of BAND_BYTES in the file. While it reads one band,
 the next is assembled in a worker thread into a buffer of the reader's own (its chunks loaded
 as any read loads them, with the usual chunk read-ahead; uncompressed chunks of a local store
@@ -42,6 +43,13 @@ BAND_BUDGET_BYTES = 128 << 20  # all readers' band buffers together
 # takes at least this much of each on average; narrower pieces (chunks of 64 float32 columns:
 # 256 chunks a band) cost more as a file read each than one load of each chunk into the cache.
 DIRECT_MIN_CHUNK_BYTES = 64 << 10
+# Only reads cut into pieces smaller than this on average start bands: where chunks are narrow
+# (chunks of 64 float32 columns: 256 in a 1 MiB read) the trio thread's planning and copying
+# is what bounds a reader. Reads in larger pieces were not faster with bands on this 2-core
+# machine (a cold cat of the 1 GiB array in 1024x1024 chunks: uncompressed 1.5-1.8 s with,
+# 0.8-1.3 s without; blosc and zstd 5-10 % slower): the cores were already busy decoding,
+# copying and replying, and bands only move the copy to another thread.
+BAND_MAX_PIECE_BYTES = 32 << 10
 # Only reads of a body's size start bands (a peek at a header, random reads: the usual path).
 BAND_MIN_READ_BYTES = 64 << 10
 
@@ -91,9 +99,11 @@ class BandReads:
         self.counters["band_reads"] += 1
         return band.data[offset - band.start:offset - band.start + size]
 
-    def bands_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> None:
-        """After a sequential read on the usual path: start the bands of its end and the next."""
-        if not self.bands_enabled or self._nursery is None or size < BAND_MIN_READ_BYTES:
+    def bands_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, pieces: int) -> None:
+        """After a sequential read on the usual path, cut into PIECES chunks: start the bands
+        of its end and the next, if its pieces are small."""
+        if (not self.bands_enabled or self._nursery is None or size < BAND_MIN_READ_BYTES
+                or pieces * BAND_MAX_PIECE_BYTES <= size):
             return
         n = (offset + size) // BAND_BYTES
         if n * BAND_BYTES < len(stream.header):
