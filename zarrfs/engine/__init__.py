@@ -246,6 +246,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
             data = self._small_read(stream, offset, size)
             if data is not None:
                 if readahead is not None:
+                    if offset == readahead.next_offset:  # a sequential reader's window still grows
+                        self._read_ahead(stream, offset, size, readahead, True)
                     readahead.next_offset = offset + size
                 self.counters["reads"] += 1
                 self.counters["small_reads"] += 1
