@@ -1,7 +1,8 @@
-"""Mounted: small reads within one row of an array whose chunks are cached are copied from
-the chunks without a plan (Engine._small_read); their bytes equal np.save's of what zarr-python
-reads, in n-d arrays with F-ordered chunks and edge chunks, and they see a write that the
-store does not hold yet."""
+"""Mounted: small reads within one row of an array whose chunks are cached are served from
+the chunks without a plan (Engine._small_read: a view of one chunk's bytes, or pieces copied);
+their bytes equal np.save's of what zarr-python reads, in 1-d and n-d arrays with F-ordered
+chunks, edge chunks, structured and datetime elements, and they see a write that the store
+does not hold yet."""
 
 import json
 import os
@@ -37,6 +38,9 @@ def test_small_reads_of_cached_chunks_are_exact(mount, tmp_path):
         "f3d": (rng.integers(-999, 999, (7, 45, 3001)).astype(">i2"), {"chunks": (3, 20, 700), "order": "F"}),
         "c2d": (rng.standard_normal((300, 2500)).astype("<f8"), {"chunks": (64, 1000)}),
         "rec": (np.zeros((40, 300), [("a", "<i4"), ("b", "<f8")]), {"chunks": (16, 128)}),
+        # Datetimes: numpy cannot export their buffer (the bytes of a chunk are taken another way).
+        "when": (rng.integers(0, 2**40, (30, 900)).astype("<M8[s]"), {"chunks": (7, 256)}),
+        "line": (rng.integers(0, 2**60, 5000, dtype="<u8"), {"chunks": (600,)}),
     }
     arrays["rec"][0]["a"] = rng.integers(0, 9, (40, 300))
     for name, (value, kw) in arrays.items():

@@ -242,15 +242,9 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
         fewer, larger copies). A sequential reader of a remote store takes them from whole
         shards, each read in one request (readahead.py `_whole_shards`).
         """
-        if reply and size < SMALL_READ_BYTES:
-            data = self._small_read(stream, offset, size)
+        if reply:
+            data = self.read_now(stream, offset, size, readahead)
             if data is not None:
-                if readahead is not None:
-                    if offset == readahead.next_offset:  # a sequential reader's window still grows
-                        self._read_ahead(stream, offset, size, readahead, True)
-                    readahead.next_offset = offset + size
-                self.counters["reads"] += 1
-                self.counters["small_reads"] += 1
                 return data
         if reply and readahead is not None and readahead.bands:
             data = await self.band_read(stream, offset, size, readahead)
@@ -283,10 +277,26 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
             self.bands_ahead(stream, offset, size, readahead, len(plan.chunks))
         return reader.assemble(plan, chunks)
 
+    def read_now(self, stream: ArrayStream, offset: int, size: int,
+                 readahead: ReadAhead | None = None) -> memoryview | None:
+        """A FUSE read served at once, with no await (so no wait to interrupt): a small read
+        whose chunks are at hand, as a view of the reused reply buffer; None: `read` it."""
+        if size >= SMALL_READ_BYTES:
+            return None
+        data = self._small_read(stream, offset, size)
+        if data is not None:
+            if readahead is not None:
+                if offset == readahead.next_offset:  # a sequential reader's window still grows
+                    self._read_ahead(stream, offset, size, readahead, True)
+                readahead.next_offset = offset + size
+            self.counters["reads"] += 1
+            self.counters["small_reads"] += 1
+        return data
+
     def _small_read(self, stream: ArrayStream, offset: int, size: int) -> memoryview | None:
         """A read within one row of an array whose chunks are all at hand (held or cached and
-        current), copied from them into the reused reply buffer with no plan and no await;
-        None sends it the usual way."""
+        current), with no plan and no await: a view of the chunk's bytes when one chunk holds it,
+        else its pieces copied into the reused reply buffer; None sends it the usual way."""
         meta = stream.meta
         if (not isinstance(stream, ArrayStream) or meta.inner is not None or meta.dtype.hasobject
                 or self._checked.get(meta.path, self._epoch) != self._epoch):
@@ -296,23 +306,37 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
             return None
         lead, c0, c1, skip, take = span
         cs = meta.chunk_shape
-        prefix = tuple(i // c for i, c in zip(lead, cs))
-        within = tuple(i % c for i, c in zip(lead, cs))
+        item = meta.dtype.itemsize
+        prefix, within = [], []
+        for i, c in zip(lead, cs):
+            q, r = divmod(i, c)
+            prefix.append(q)
+            within.append(r)
         width = cs[-1]
-        pieces = []
-        for k in range(c0 // width, (c1 - 1) // width + 1):
-            arr = self._lookup(meta, prefix + (k,))
+        k0, k1 = c0 // width, (c1 - 1) // width
+        chunks = []
+        for k in range(k0, k1 + 1):
+            arr = self._lookup(meta, (*prefix, k))
             if arr is None:
                 return None
-            lo, hi = max(c0, k * width), min(c1, (k + 1) * width)
-            pieces.append((arr[within + (slice(lo - k * width, hi - k * width),)], lo - c0, hi - c0))
-        need = (c1 - c0) * meta.dtype.itemsize
+            chunks.append(arr)
+        row_at = _flat_index(within, cs)  # the row's first element in a C-ordered chunk
+        if k0 == k1 and chunks[0].flags.c_contiguous:  # the bytes as they are, no copy
+            at = (row_at + c0 - k0 * width) * item + skip
+            return _flat_bytes(chunks[0])[at:at + take]
+        need = (c1 - c0) * item
         if len(self._reply_buf) < need:
             self._reply_buf = np.empty(max(need, REPLY_BUF_MIN), np.uint8)
-        out = self._reply_buf[:need].view(meta.dtype)
-        for piece, a, b in pieces:
-            out[a:b] = piece
-        return memoryview(self._reply_buf)[skip:skip + take]
+        out = memoryview(self._reply_buf)
+        for k, arr in zip(range(k0, k1 + 1), chunks):
+            lo, hi = max(c0, k * width), min(c1, (k + 1) * width)
+            if arr.flags.c_contiguous:
+                at = (row_at + lo - k * width) * item
+                out[(lo - c0) * item:(hi - c0) * item] = _flat_bytes(arr)[at:at + (hi - lo) * item]
+            else:  # F-ordered chunks, regions of a decoded shard
+                self._reply_buf[(lo - c0) * item:(hi - c0) * item].view(meta.dtype)[...] = \
+                    arr[(*within, slice(lo - k * width, hi - k * width))]
+        return out[skip:skip + take]
 
     def _planner(self, stream: ArrayStream, plan: Any) -> ArrayStream:
         """The stream to plan a read over: the one over inner chunks of shards that can be read
@@ -375,3 +399,18 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
             "errors": dict(self.errors),
         }
 
+
+def _flat_index(within: list[int], shape: tuple[int, ...]) -> int:
+    """The C-order position in SHAPE of the first element of the row at WITHIN (every index but the last)."""
+    at = 0
+    for i, n in zip(within, shape):
+        at = at * n + i
+    return at * shape[-1]
+
+
+def _flat_bytes(arr: np.ndarray) -> memoryview:
+    """A C-contiguous array's bytes, flat."""
+    try:
+        return arr.data.cast("B")
+    except (TypeError, ValueError, NotImplementedError):  # dtypes the buffer protocol cannot name (datetimes)
+        return memoryview(arr.reshape(-1).view(np.uint8))
