@@ -3,6 +3,8 @@ kernel retry), recovery without remount, what SIGINT does; behind scripts/latenc
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -61,6 +63,50 @@ def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, moun
     proxy.set_mode("pass")
     assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
     assert (mnt / "g2" / "a1.npy").read_bytes() == mounted.npy_bytes(values["g2/a1"])
+
+
+# A reader that did not open the file it reads, in a process group of its own: (what, command).
+# FUSE names no process in a read, and the one that opened the file has no signal pending here.
+CHILD_PREAD = """
+import mmap, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # the opener: only its child takes Ctrl-C
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)
+child = os.fork()
+if child == 0:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.preadv(fd, [mmap.mmap(-1, 1 << 16)], 0)
+    os._exit(0)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""
+
+
+def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, tmp_path, mount):  # noqa: F811
+    _, fs = s3
+    values = _put_v3(fs, tmp_path, "sigchild.zarr", 1, 2, consolidated=True)
+    mnt = mount(f"s3://{BUCKET}/sigchild.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf"))
+    assert sorted(p.name for p in (mnt / "g0").iterdir()) == ["a0.npy", "a1.npy"]
+    proxy.set_mode("silent")
+    readers = {
+        "a forked child's pread": [sys.executable, "-c", CHILD_PREAD, str(mnt / "g0" / "a0.npy")],
+        # The shell opens the file; dd (which catches SIGINT) reads it from its stdin.
+        "dd reading what its shell opened": ["bash", "-c", f"exec 3<{mnt / 'g0' / 'a1.npy'}; dd bs=65536 count=4 of=/dev/null <&3; exit $?"],
+    }
+    for what, cmd in readers.items():
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: to the whole foreground group
+        try:
+            proc.communicate(timeout=LONG_TIMEOUT_S + 10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        seconds = time.monotonic() - t0
+        assert proc.returncode != 0, what
+        assert seconds <= PROMPT_S, f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+    proxy.set_mode("pass")
+    assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
+    assert (mnt / "g0" / "a1.npy").read_bytes() == mounted.npy_bytes(values["g0/a1"])
 
 
 def _mount_cli(mount, proxy, name: str, timeout_s: int) -> tuple[int, float, str]:  # noqa: F811

@@ -324,6 +324,9 @@ def _socket_fds() -> set[int]:
 def mount(ops: ZarrOperations, mountpoint: str, options: Options, source: str) -> list[int]:
     """Mount; returns the sockets the mount opened (with auto_unmount, the one to fusermount3's helper)."""
     before = _socket_fds()
+    # How other processes' descriptors name our files (engine/interrupts.py): resolved before
+    # the mount, when resolving it cannot ask this daemon.
+    ops.engine.interrupts.mountpoint = os.path.realpath(mountpoint)
     try:
         pyfuse3.init(ops, mountpoint, fuse_options(options, source))
     except RuntimeError as e:

@@ -278,7 +278,7 @@ class ZarrOperations(pyfuse3.Operations):
             handle = self._handles[fh]
             data = handle.read_now(off, size)  # no wait: nothing to watch (most random reads)
             if data is None:
-                with self.engine.interrupts.watch(self._openers.get(fh)):
+                with self.engine.interrupts.watch_read(self._openers.get(fh), handle.entry.inode, off, size):
                     data = await handle.read(off, size)
             return data
         except Exception as e:
