@@ -60,6 +60,21 @@ def test_bands_serve_exact_bytes_of_every_kind_of_array(mount, tmp_path):
     assert s["band_bytes"] == 0  # every file is closed: the buffers went with their readers
 
 
+def test_a_cat_assembles_each_band_once(mount, tmp_path):
+    """The kernel's read-ahead sends reads of the next band before the last ones of this band:
+    a band the reader has just left is still there for them, not assembled a second time."""
+    value = np.arange(5000 * 2048, dtype="<f4").reshape(5000, 2048)  # 41 MB: six bands
+    root = tmp_path / "c.zarr"
+    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(5000, 32),
+                      compressors=None)[...] = value
+    mnt = mount(root)
+    assert (mnt / "a.npy").read_bytes() == npy_bytes(value)  # buffered: the kernel's concurrent reads
+    s = stats(mnt)
+    bands = -(-len(npy_bytes(value)) // BAND)
+    assert 0 < s["bands_assembled"] <= bands, s
+    assert s["reads"] - s["band_reads"] <= BAND // MIB + 2, s  # the reads of the first band, and the header's
+
+
 def test_a_refresh_keeps_bands_from_serving_what_the_store_no_longer_holds(mount, tmp_path):
     root = tmp_path / "r.zarr"
     old = np.arange(3000 * 2000, dtype="<f4").reshape(3000, 2000)  # 24 MB: three bands

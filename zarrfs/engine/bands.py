@@ -90,12 +90,14 @@ class BandReads:
             await band.done.wait()  # being assembled: the usual path would load the same chunks
         if state.bands.get(n) is not band or band.data is None or band.generation != self.band_generation:
             return None
-        for k in [k for k in state.bands if k < n]:  # behind the reader: its buffer is free again
+        # Behind the reader: its buffer is free again. The band just left stays, for the
+        # kernel's reads of it that arrive after a read of this one (concurrent read-ahead).
+        for k in [k for k in state.bands if k < n - 1]:
             old = state.bands.pop(k)
             if old.done.is_set():
                 state.spare.append(old.buf)
         for k in range(n + 1, n + BANDS_AHEAD + 1):
-            self._band_ahead(stream, k, state)
+            self._band_ahead(stream, k, state, n)
         self.counters["band_reads"] += 1
         return band.data[offset - band.start:offset - band.start + size]
 
@@ -108,11 +110,12 @@ class BandReads:
         n = (offset + size) // BAND_BYTES
         if n * BAND_BYTES < len(stream.header):
             n += 1  # a band holds elements only
-        self._band_ahead(stream, n, state)
-        self._band_ahead(stream, n + 1, state)
+        self._band_ahead(stream, n, state, offset // BAND_BYTES)
+        self._band_ahead(stream, n + 1, state, offset // BAND_BYTES)
 
-    def _band_ahead(self, stream: ArrayStream, n: int, state: ReadAhead) -> None:
-        """Start assembling band N of the stream, unless it is there or there is no buffer for it."""
+    def _band_ahead(self, stream: ArrayStream, n: int, state: ReadAhead, reading: int) -> None:
+        """Start assembling band N of the stream for a reader in band READING, unless it is
+        there or there is no buffer for it."""
         start = n * BAND_BYTES
         stop = min(start + BAND_BYTES, stream.size)
         band = state.bands.get(n)
@@ -123,7 +126,7 @@ class BandReads:
             del state.bands[n]
         elif band is not None:
             return  # a stale band still being assembled: its buffer is busy
-        for k in [k for k, b in state.bands.items() if not n - 1 <= k <= n + BANDS_AHEAD and b.done.is_set()]:
+        for k in [k for k, b in state.bands.items() if not reading - 1 <= k <= reading + BANDS_AHEAD and b.done.is_set()]:
             state.spare.append(state.bands.pop(k).buf)  # left behind by a seek
         if state.spare:
             buf = state.spare.pop()
@@ -162,6 +165,7 @@ class BandReads:
                 chunks = await self.chunks(reader.meta, plan.chunks)
                 data = await trio.to_thread.run_sync(reader.assemble, plan, chunks, band.buf, limiter=self.cpu_limiter)
             band.data = memoryview(data)
+            self.counters["bands_assembled"] += 1
         except ZarrfsError:
             pass  # a read of these bytes takes the usual path, which reports it
         except Exception:  # background work must not end the daemon
