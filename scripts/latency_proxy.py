@@ -1,7 +1,8 @@
 """A fault-injecting TCP proxy for HTTP stores: adds latency, stops answering, refuses; counts requests.
 
 Used by scripts/bench_remote.py and the mounted remote tests (imported by path; never by the
-package). It keeps the request line of every request and the bytes sent back. Modes, switched while running:
+package). It keeps the request line of every request, the bytes sent back, and the most
+connections open at once. Modes, switched while running:
   pass    forward both ways, each client->server message delayed by `latency_s`
   silent  accept and read, forward nothing either way (a store that stopped answering)
   refuse  close the listening socket: new connections are refused; open ones are cut
@@ -32,6 +33,8 @@ class Proxy:
         self.latency_s = latency_s
         self.mode = "pass"
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
+        self.open_now = 0  # client connections open now, and the most at once since reset_counts
+        self.open_peak = 0
         self.bytes_down = 0  # bytes the store sent back (headers included), since reset_counts
         # With `timeline` on: (connection, perf_counter seconds, path or None, bytes) per request
         # (bytes 0, when its request line arrived) and per piece of answer (path None).
@@ -76,6 +79,7 @@ class Proxy:
     def reset_counts(self) -> None:
         self.requests.clear()
         self.bytes_down = 0
+        self.open_peak = self.open_now
 
     def stop(self) -> None:
         self._call(self._close())
@@ -83,6 +87,16 @@ class Proxy:
         self._thread.join(10)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open_now += 1
+        self.open_peak = max(self.open_peak, self.open_now)
+        counted = [True]  # until the store's end of this connection (or the client's) closes it
+        try:
+            await self._serve_one(reader, writer, counted)
+        finally:
+            if counted[0]:
+                self.open_now -= 1
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, counted: list[bool]) -> None:
         self._writers.add(writer)
         if self.mode == "deny":
             await self._deny(reader, writer)
@@ -96,7 +110,7 @@ class Proxy:
         self._writers.add(up_w)
         try:
             await asyncio.gather(self._pump(reader, up_w, True, id(writer)),
-                                 self._pump(up_r, writer, False, id(writer)))
+                                 self._pump(up_r, writer, False, id(writer), counted))
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -127,7 +141,7 @@ class Proxy:
             writer.transport.abort()
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, upstream: bool,
-                    conn: int) -> None:
+                    conn: int, counted: list[bool] | None = None) -> None:
         while data := await src.read(READ_BYTES):
             while self.mode == "silent":  # hold everything: the peer waits as on a dead store
                 await asyncio.sleep(0.05)
@@ -145,6 +159,9 @@ class Proxy:
                     self.timeline.append((conn, time.perf_counter(), None, len(data)))
             dst.write(data)
             await dst.drain()
+        if counted is not None and counted[0]:  # the store closed it: no longer open (its answer is whole)
+            counted[0] = False
+            self.open_now -= 1
         dst.write_eof() if dst.can_write_eof() else None
 
 
