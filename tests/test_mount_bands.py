@@ -1,5 +1,5 @@
 """Mounted: a sequential reader of a read-only mount whose reads are cut into small pieces
-(narrow chunks) is served from bands assembled ahead in worker threads (engine/bands.py). The bytes equal np.save's of what zarr-python reads, in the
+(narrow chunks) or copied across the chunks' order (the F view) is served from bands assembled ahead in worker threads (engine/bands.py). The bytes equal np.save's of what zarr-python reads, in the
 C and F views, for uncompressed, compressed and sharded arrays with edge chunks; a refresh
 never lets an assembled band serve bytes of chunks rewritten since; band buffers stay within
 their budget with many readers and are freed when the files close."""
@@ -73,6 +73,20 @@ def test_a_cat_assembles_each_band_once(mount, tmp_path):
     bands = -(-len(npy_bytes(value)) // BAND)
     assert 0 < s["bands_assembled"] <= bands, s
     assert s["reads"] - s["band_reads"] <= BAND // MIB + 2, s  # the reads of the first band, and the header's
+
+
+def test_the_f_view_of_wide_c_chunks_is_served_from_bands(mount, tmp_path):
+    """Copies that transpose (the F view of C-ordered chunks) are assembled in bands whatever
+    the size of their pieces; the C view of the same array, in pieces of 64 KiB, is not."""
+    value = np.random.default_rng(3).standard_normal((2000, 3000)).astype("<f4")  # 24 MB: three bands
+    root = tmp_path / "f.zarr"
+    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(500, 600),
+                      compressors=[zarr.codecs.ZstdCodec(level=1)])[...] = value
+    mnt = mount(root)
+    assert read_sequentially(mnt / "a.npy") == npy_bytes(value)
+    assert stats(mnt)["band_reads"] == 0
+    assert read_sequentially(mnt / VIEWS / "npy-f" / "a.npy") == npy_f_bytes(value)
+    assert stats(mnt)["band_reads"] > 0
 
 
 def test_a_refresh_keeps_bands_from_serving_what_the_store_no_longer_holds(mount, tmp_path):
