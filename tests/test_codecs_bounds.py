@@ -126,3 +126,34 @@ def test_gzip_and_zlib_chunks_inflate_with_isal_as_the_stdlib_does():
         expected = gzip.decompress(data.removesuffix(b"not a member")) if chain is gz else zlib.decompress(data)
         assert expected == raw
         assert chain.decode(data, SHAPE, DTYPE, FILL).tobytes() == expected
+
+
+@pytest.mark.parametrize("compressor", [{"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1},
+                                        {"id": "blosc", "cname": "zstd", "clevel": 3, "shuffle": 2},
+                                        {"id": "zstd", "level": 1}])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_chunks_decode_into_a_given_buffer_as_numcodecs_decodes_them(compressor, order):
+    """A lone blosc or zstd compressor decodes into a buffer of the chunk's size (engine/spares.py
+    reuses them); the values equal what numcodecs itself encoded. A buffer of another size is
+    not used, and a bomb is still refused before its bytes are produced."""
+    value = np.random.default_rng(4).standard_normal(SHAPE).astype(DTYPE)
+    codec = numcodecs.get_codec(dict(compressor))
+    stored = codec.encode(np.ascontiguousarray(value) if order == "C" else np.asfortranarray(value).T.copy())
+    chain = v2_chain(dict(compressor), None, order, "test")
+    assert codecs.decodes_into(chain)
+    out = np.zeros(value.nbytes, np.uint8)
+    got = chain.decode(stored, SHAPE, DTYPE, FILL, out=out)
+    assert np.array_equal(got, value) and got.base is out
+    other = np.zeros(value.nbytes + 8, np.uint8)
+    got = chain.decode(stored, SHAPE, DTYPE, FILL, out=other)
+    assert np.array_equal(got, value) and not np.shares_memory(got, other)
+    with pytest.raises(CorruptChunk):
+        chain.decode(bombs.bomb(compressor["id"]), SHAPE, DTYPE, FILL, out=out)
+
+
+def test_only_a_lone_blosc_or_zstd_compressor_decodes_into_a_buffer():
+    assert not codecs.decodes_into(v2_chain({"id": "gzip", "level": 1}, None, "C", "test"))
+    assert not codecs.decodes_into(v2_chain({"id": "zstd", "level": 1}, [{"id": "delta", "dtype": "<f8"}], "C", "test"))
+    assert not codecs.decodes_into(v2_chain(None, None, "C", "test"))
+    assert not codecs.decodes_into(v3_chain([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"},
+                                             {"name": "crc32c"}], 2, "test"))

@@ -99,14 +99,20 @@ def _inflate(new: Callable[[], Any], data: Any, limit: int, name: str, members: 
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def decode_bounded(codec: Any, data: Any, limit: int, name: str) -> Any:
+def decode_bounded(codec: Any, data: Any, limit: int, name: str, out: np.ndarray | None = None) -> Any:
     """`codec.decode(data)`, refused (CorruptChunk) before allocating when the output would
-    exceed `limit` bytes, for every compressor whose format says or lets us find the size."""
+    exceed `limit` bytes, for every compressor whose format says or lets us find the size.
+
+    With OUT (uint8), blosc and zstd data that say they decode to exactly its size are decoded
+    into it (memory already touched: no page faults), and OUT is returned."""
     cid = codec.codec_id
     if cid == "zstd":
         declared = zstd_content_size(data)
         if declared is not None and declared > limit:
             raise _too_large(name, declared, limit)
+        if out is not None and declared == out.nbytes:
+            codec.decode(data, out=out)
+            return out
         if declared is None and bytes(u1(data)[:4]) == ZSTD_MAGIC:
             # No size in the header: decode into a buffer of the limit first, which fails
             # when the frame holds more; then again for the exact length (rare frames).
@@ -118,6 +124,9 @@ def decode_bounded(codec: Any, data: Any, limit: int, name: str) -> Any:
         head = bytes(u1(data)[:8])
         if len(head) == 8 and int.from_bytes(head[4:8], "little") > limit:
             raise _too_large(name, int.from_bytes(head[4:8], "little"), limit)
+        if out is not None and len(head) == 8 and int.from_bytes(head[4:8], "little") == out.nbytes:
+            codec.decode(data, out=out)
+            return out
     elif cid == "lz4":  # numcodecs prefixes the decoded size, 4 bytes little-endian
         head = bytes(u1(data)[:4])
         if len(head) == 4 and int.from_bytes(head, "little") > limit:
@@ -174,11 +183,12 @@ class BytesBytes:
     codec: Any
     name: str
 
-    def decode(self, data: Any, limit: int | None = None) -> Any:
-        """Decoded bytes; with `limit`, at most that many (CorruptChunk beyond, before allocating)."""
+    def decode(self, data: Any, limit: int | None = None, out: np.ndarray | None = None) -> Any:
+        """Decoded bytes; with `limit`, at most that many (CorruptChunk beyond, before allocating);
+        maybe in OUT (see decode_bounded)."""
         if limit is None:
             return self.codec.decode(data)
-        return decode_bounded(self.codec, data, limit, self.name)
+        return decode_bounded(self.codec, data, limit, self.name, out)
 
     def encode(self, data: Any) -> Any:
         return self.codec.encode(data)
@@ -326,19 +336,24 @@ class CodecChain:
     array_bytes: Any = BytesLayout()
     bytes_bytes: tuple = ()
 
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray,
+               out: np.ndarray | None = None) -> np.ndarray:
         """Decode stored bytes into an array of exactly `shape` and `dtype` (may be F-ordered).
 
         Each bytes->bytes step may produce at most what its encoding was given: the last
         compressor at most the chunk's own byte count. More is a CorruptChunk, found before
-        the output is allocated wherever the codec's format tells its size.
+        the output is allocated wherever the codec's format tells its size. With OUT (uint8,
+        the chunk's bytes), a lone compressor may decode into it: the array is then a view of it.
         """
         shapes = [(shape, dtype)]
         for aa in self.array_array:
             shapes.append(aa.encoded_shape(*shapes[-1]))
         limits = self._step_limits(*shapes[-1])
+        if out is not None and (self.array_array or len(self.bytes_bytes) != 1
+                                or type(self.array_bytes) is not BytesLayout):
+            out = None
         for bb, limit in zip(reversed(self.bytes_bytes), reversed(limits)):
-            data = bb.decode(data, limit)
+            data = bb.decode(data, limit) if out is None else bb.decode(data, limit, out)
         arr = self.array_bytes.decode(data, *shapes[-1], fill)
         for aa, (s, d) in zip(reversed(self.array_array), reversed(shapes[:-1])):
             arr = aa.decode(arr, s, d)
@@ -398,6 +413,14 @@ class CodecChain:
 
     def describe(self) -> list[dict]:
         return [c.describe() for c in (*self.array_array, self.array_bytes, *self.bytes_bytes)]
+
+
+def decodes_into(chain: Any) -> bool:
+    """Whether CodecChain.decode can decode a chunk of this chain into a buffer given for it:
+    a lone blosc or zstd compressor over the chunk's bytes as stored."""
+    return (type(chain) is CodecChain and not chain.array_array and len(chain.bytes_bytes) == 1
+            and type(chain.array_bytes) is BytesLayout
+            and getattr(chain.bytes_bytes[0].codec, "codec_id", None) in ("blosc", "zstd"))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -262,6 +262,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     if store.is_local and not options.writable:
         engine.direct = DirectReads(store)
     engine.bands_enabled = not options.writable
+    engine.recycle_enabled = store.is_local and not options.writable
     namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
                           create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
                           on_data_stale_sync=invalidate_data_sync,

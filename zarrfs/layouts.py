@@ -94,6 +94,14 @@ class ArrayStream:
         self.chunk = chunk
         self._reads: ArrayStream | None = None
 
+    def chunk_end(self, idx: Index) -> int:
+        """The stream offset just past chunk IDX's last element (IDX: grid position in the
+        array; a whole array's stream, not one chunk's)."""
+        flat = 0
+        for i, c, n in zip(idx[::-1] if self._flip else idx, self._chunks, self._shape):
+            flat = flat * n + min((i + 1) * c, n) - 1
+        return len(self.header) + (flat + 1) * self.dtype.itemsize
+
     def chunk_row_bytes(self) -> int:
         """Bytes of the stream that one row of chunks covers (its first dimension's chunk
         length times the rest of the stream), or of the whole stream when it is smaller."""

@@ -25,6 +25,7 @@ from ..model import ArrayMeta
 from ..store import Store
 from ..layouts import ArrayStream
 from .bands import BandReads
+from .spares import Spares
 from .interrupts import Interrupts
 from .loads import Loads, _Load
 from .revalidate import Revalidation
@@ -62,7 +63,7 @@ DEFAULT_TIMEOUT_S = 30.0
 STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
             "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads",
-            "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads", "bands_assembled", "small_reads")
+            "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads", "bands_assembled", "small_reads", "buffers_reused")
 
 __all__ = ["Engine", "ReadAhead"]
 
@@ -72,7 +73,7 @@ def _call_name(fn: Any) -> str:
     return getattr(fn, "__name__", "store call").removesuffix("_sync").replace("_", " ")
 
 
-class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
+class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
     """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
 
     def __init__(self, store: Store, cache: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -91,6 +92,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
         self.interrupts = Interrupts()  # requests ended early when their process got a signal
         self._init_revalidation()
         self._init_bands()
+        self._init_spares()
         # Reads of uncompressed chunks straight from a local store's files (set by the daemon
         # on read-only mounts: no written chunk can be newer than its file).
         self.direct: direct.DirectReads | None = None
@@ -275,7 +277,11 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads):
             self._read_ahead(stream, offset, size, readahead, sequential)
         if reply and sequential:
             self.bands_ahead(stream, offset, size, readahead, len(plan.chunks))
-        return reader.assemble(plan, chunks)
+        data = reader.assemble(plan, chunks)
+        if sequential and reader is stream:
+            del chunks  # this read's hold on them
+            self.release_behind(stream, readahead, offset, plan.chunks)
+        return data
 
     def read_now(self, stream: ArrayStream, offset: int, size: int,
                  readahead: ReadAhead | None = None) -> memoryview | None:

@@ -176,6 +176,9 @@ class BandReads:
                     plan = reader.plan(band.start, band.stop - band.start)
                 chunks = await self.chunks(reader.meta, plan.chunks)
                 data = await trio.to_thread.run_sync(reader.assemble, plan, chunks, band.buf, limiter=self.cpu_limiter)
+                if reader is stream:
+                    del chunks  # this band's hold on them: those wholly in it or before are done
+                    self.release_behind(stream, state, band.stop, plan.chunks)
             band.data = memoryview(data)
             self.counters["bands_assembled"] += 1
         except ZarrfsError:

@@ -41,10 +41,14 @@ SHARD = "shard"
 BODY = "body"  # once() key of a whole shard's stored bytes being loaded, for its inner chunks
 NO_SHARD = np.zeros(0, dtype="<u8")  # cached index of a shard that is not stored
 
-def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
-    """Decode one stored chunk; any failure becomes a CorruptChunk naming the key."""
+def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes, out: np.ndarray | None = None) -> np.ndarray:
+    """Decode one stored chunk (maybe into OUT: see CodecChain.decode); any failure becomes a
+    CorruptChunk naming the key."""
     try:
-        arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, meta.fill_value)
+        if out is None:
+            arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, meta.fill_value)
+        else:
+            arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, meta.fill_value, out=out)
     except ZarrfsError as e:
         raise type(e)(f"chunk {key}: {e}") from None
     except Exception as e:  # numcodecs raises many types for corrupt input
@@ -55,9 +59,12 @@ def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes) -> np.ndarray:
     return arr
 
 
-def decode_chunks_sync(meta: ArrayMeta, pieces: list[tuple[str, Any]]) -> list[np.ndarray]:
-    """Decode several stored chunks of one array, each labelled by its key for errors."""
-    return [decode_chunk_sync(meta, key, raw) for key, raw in pieces]
+def decode_chunks_sync(meta: ArrayMeta, pieces: list[tuple[str, Any]],
+                       outs: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    """Decode several stored chunks of one array, each labelled by its key for errors (and
+    maybe into the buffer given for it)."""
+    outs = outs or [None] * len(pieces)
+    return [decode_chunk_sync(meta, key, raw, out) for (key, raw), out in zip(pieces, outs)]
 
 
 def _partial(meta: ArrayMeta) -> bool:
@@ -327,14 +334,18 @@ class Loads:
             self.counters["fill_chunks"] += 1
             return np.broadcast_to(meta.fill_value, meta.chunk_shape)
         self.counters["store_bytes"] += len(raw)
-        return (await self._decode(meta, [(key, raw)]))[0]
+        out = self.decode_buffer(meta)
+        arr = (await self._decode(meta, [(key, raw)], outs=[out]))[0]
+        if out is not None and arr.base is out:
+            arr.flags.writeable = False  # a cached chunk is never changed by a reader
+        return arr
 
     async def _decode(self, meta: ArrayMeta, pieces: list[tuple[str, Any]],
-                      count_errors: bool = True) -> list[np.ndarray]:
-        """Decode encoded chunks (labelled for errors) in one worker thread."""
+                      count_errors: bool = True, outs: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        """Decode encoded chunks (labelled for errors) in one worker thread (maybe into OUTS)."""
         t0 = time.perf_counter()
         try:
-            arrs = await trio.to_thread.run_sync(decode_chunks_sync, meta, pieces, limiter=self.cpu_limiter)
+            arrs = await trio.to_thread.run_sync(decode_chunks_sync, meta, pieces, outs, limiter=self.cpu_limiter)
         except ZarrfsError as e:
             if count_errors:
                 self._count_error(e, pieces[0][0])

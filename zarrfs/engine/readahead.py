@@ -35,14 +35,16 @@ SEQUENTIAL_START_BYTES = 256 << 10
 class ReadAhead:
     """The read-ahead state of one reader (an open file): where its next sequential read
     starts, its window in bytes, and the offset up to which read-ahead was already started;
-    its bands by number and its band buffers not in use (bands.py)."""
+    its bands by number and its band buffers not in use (bands.py); the chunks it has used
+and not yet passed (spares.py)."""
 
-    __slots__ = ("next_offset", "window", "planned", "bands", "spare")
+    __slots__ = ("next_offset", "window", "planned", "bands", "spare", "held")
 
     def __init__(self) -> None:
         self.next_offset, self.window, self.planned = -1, 0, 0
         self.bands: dict = {}
         self.spare: list = []
+        self.held: set = set()  # chunks its sequential reads used and have not passed (spares.py)
 
 
 class Prefetch:
