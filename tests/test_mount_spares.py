@@ -89,6 +89,19 @@ def test_readers_at_once_never_see_a_reused_buffer(mount, tmp_path):
     assert stats(mnt)["buffers_reused"] > 0
 
 
+def test_uncompressed_chunks_are_read_into_given_back_buffers(mount, tmp_path):
+    """Chunks stored as their bytes (read straight from their files in C order) are loaded for
+    the F view, whose copies transpose: they are read into buffers given back."""
+    root = tmp_path / "u.zarr"
+    value = np.random.default_rng(9).standard_normal((1536, 1024)).astype("<f4")
+    zarr.create_array(store=os.fspath(root), name="u", shape=value.shape, dtype=value.dtype, chunks=(256, 256),
+                      compressors=None)[...] = value
+    mnt = mount(root, SMALL_CACHE)
+    assert (mnt / VIEWS / "npy-f" / "u.npy").read_bytes() == npy_f_bytes(value)
+    assert stats(mnt)["buffers_reused"] > 0
+    assert (mnt / "u.npy").read_bytes() == npy_bytes(value)
+
+
 def test_writable_mounts_decode_as_before(mount, tmp_path):
     root = tmp_path / "w.zarr"
     values = make(root, 3)

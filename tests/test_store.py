@@ -133,3 +133,21 @@ def test_values_larger_than_their_bound_are_refused(tmp_path):
     assert m.get_sync("k", 10) == b"y" * 10
     with pytest.raises(StoreError, match="more than the 9"):
         m.get_sync("k", 9)
+
+
+def test_a_value_of_a_buffers_size_is_read_into_it(tmp_path):
+    """Store.get_sync(into=): the bytes of a local key of exactly the buffer's size land in it
+    (engine/spares.py reuses such buffers); any other size, absence and non-files as without."""
+    import numpy as np
+
+    payload = os.urandom(300_000)
+    (tmp_path / "k").write_bytes(payload)
+    store = Store(str(tmp_path))
+    buf = np.zeros(len(payload), np.uint8)
+    assert store.get_sync("k", None, buf) is buf and buf.tobytes() == payload
+    other = np.zeros(len(payload) + 1, np.uint8)
+    got = store.get_sync("k", None, other)
+    assert got == payload and not other.any()
+    assert store.get_sync("absent", None, buf) is None
+    with pytest.raises(StoreError, match="more than"):
+        store.get_sync("k", 1000, buf)

@@ -39,9 +39,10 @@ class KeyedChunks:
     def key(self, idx: Index) -> str:
         return self.keys.key(idx)
 
-    def read_sync(self, store: Any, idx: Index, max_nbytes: int | None = None) -> bytes | None:
-        """The encoded chunk at grid position `idx` (refused past `max_nbytes`), or None when it is not stored."""
-        return store.get_sync(self.keys.key(idx), max_nbytes)
+    def read_sync(self, store: Any, idx: Index, max_nbytes: int | None = None, into: Any = None) -> Any:
+        """The encoded chunk at grid position `idx` (refused past `max_nbytes`; maybe read into
+        INTO, see Store.get_sync), or None when it is not stored."""
+        return store.get_sync(self.keys.key(idx), max_nbytes, into)
 
     def write_sync(self, store: Any, idx: Index, data: bytes | None) -> None:
         """Store an encoded chunk, or erase it (None: the chunk is all fill value)."""
@@ -200,8 +201,11 @@ def source_of(meta: Any) -> Any:
     return meta.source if meta.source is not None else KeyedChunks(meta.keys)
 
 
-def read_chunk_sync(meta: Any, store: Any, idx: Index) -> bytes | None:
-    """A grid chunk's stored bytes, or None; more than any encoding of it takes is refused."""
+def read_chunk_sync(meta: Any, store: Any, idx: Index, into: Any = None) -> Any:
+    """A grid chunk's stored bytes, or None; more than any encoding of it takes is refused.
+    With INTO (chunks one key each): read into it when they are exactly its size."""
+    if into is not None:
+        return source_of(meta).read_sync(store, idx, meta.max_stored_nbytes, into)
     return source_of(meta).read_sync(store, idx, meta.max_stored_nbytes)
 
 

@@ -423,6 +423,13 @@ def decodes_into(chain: Any) -> bool:
             and getattr(chain.bytes_bytes[0].codec, "codec_id", None) in ("blosc", "zstd"))
 
 
+def reads_into(chain: Any) -> bool:
+    """Whether a chunk of this chain is its bytes as stored (no codec but the bytes layout), so
+    that a buffer its stored bytes are read into is what CodecChain.decode views."""
+    return (type(chain) is CodecChain and not chain.array_array and not chain.bytes_bytes
+            and type(chain.array_bytes) is BytesLayout)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class UnusableChain(CodecChain):
     """Codecs the metadata names that cannot run here (unknown, or their library missing).

@@ -115,9 +115,11 @@ class Store:
         if real != self._real_root and not real.startswith(self._real_root + os.sep):
             raise StoreError(f"key {key!r} resolves outside the store ({real})")
 
-    def _read_local(self, key: str, start: int, end: int | None, max_nbytes: int | None = None) -> bytes | None:
+    def _read_local(self, key: str, start: int, end: int | None, max_nbytes: int | None = None,
+                    into: Any = None) -> Any:
         """Bytes [start, end) of a local key (start < 0: the last -start bytes; end None: to
-        its end), or None when it is absent or a directory.
+        its end), or None when it is absent or a directory; read into INTO (a writable buffer)
+        when they are exactly its size, and INTO returned.
 
         Only regular files are values: the key is opened without blocking and checked before
         a byte is read. `max_nbytes` refuses a read that would return more.
@@ -140,6 +142,12 @@ class Store:
             if max_nbytes is not None and hi - lo > max_nbytes:
                 raise StoreError(f"{key!r} holds {hi - lo} bytes, more than the {max_nbytes} it can "
                                  f"legitimately take")
+            if into is not None and hi - lo == len(into):
+                view, at = memoryview(into).cast("B"), lo
+                while at < hi and (got := os.preadv(fd, [view[at - lo:]], at)):
+                    at += got
+                if at == hi:
+                    return into
             data = os.pread(fd, hi - lo, lo)  # one call unless past 2 GiB
             while len(data) < hi - lo and (more := os.pread(fd, hi - lo - len(data), lo + len(data))):
                 data += more
@@ -147,16 +155,17 @@ class Store:
         finally:
             os.close(fd)
 
-    def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES) -> bytes | None:
+    def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
         """The value of a key, or None when the key is absent.
 
         A value larger than `max_nbytes` is refused (StoreError): by default the bound of
         metadata documents; chunk reads pass what their codecs can produce, None means any
-        size. Local stores check the size before reading; other backends, after.
+        size. Local stores check the size before reading; other backends, after. A local
+        value of exactly INTO's size (a writable buffer) is read into it, and INTO returned.
         """
         try:
             if self.is_local:
-                return self._read_local(key, 0, None, max_nbytes)
+                return self._read_local(key, 0, None, max_nbytes, into)
             data = self.fs.cat_file(self.path(key))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None

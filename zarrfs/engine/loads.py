@@ -18,6 +18,7 @@ import numpy as np
 import trio
 
 from .. import chunksource
+from ..codecs import reads_into
 from ..errors import CorruptChunk, StoreError, ZarrfsError
 from ..model import ArrayMeta
 from . import revalidate
@@ -322,8 +323,10 @@ class Loads:
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
         began = revalidate.now()
+        out = self.decode_buffer(meta)  # the chunk's bytes as stored, or what its codec decodes into
+        into = out if out is not None and reads_into(meta.codec) else None
         try:
-            raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, key=key)
+            raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, into, key=key)
         except ZarrfsError as e:
             self._count_error(e, key)
             raise
@@ -334,8 +337,7 @@ class Loads:
             self.counters["fill_chunks"] += 1
             return np.broadcast_to(meta.fill_value, meta.chunk_shape)
         self.counters["store_bytes"] += len(raw)
-        out = self.decode_buffer(meta)
-        arr = (await self._decode(meta, [(key, raw)], outs=[out]))[0]
+        arr = (await self._decode(meta, [(key, raw)], outs=[None if into is not None else out]))[0]
         if out is not None and arr.base is out:
             arr.flags.writeable = False  # a cached chunk is never changed by a reader
         return arr

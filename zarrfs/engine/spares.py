@@ -5,8 +5,8 @@ fresh pages on first touch: 308k page faults and about 0.5 s of system time per 
 chunks here, a third of what the whole read took. Yet once a reader of a read-only mount is
 past a chunk, the kernel's page cache holds the file's bytes, and the decoded chunk is rarely
 wanted again. So on read-only mounts of local stores, chunks that decode into a buffer of
-their own size (a lone blosc or zstd compressor, the chunk's bytes as stored) are decoded
-into buffers of this engine's (`decode_buffer`), and a sequential reader gives back the chunks
+their own size (a lone blosc or zstd compressor) are decoded into buffers of this engine's
+(`decode_buffer`), uncompressed chunks read into them, and a sequential reader gives back the chunks
 it has passed (`release_behind`): each leaves the cache, and its buffer, if nothing else holds
 the chunk or a view of it (reference counts: a reader's plan, a band being assembled, a reply
 being sent), is kept for the next decode of that size, at most SPARE_MAX_BYTES of them.
@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import mmap
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
 
-from ..codecs import decodes_into
+from ..codecs import decodes_into, reads_into
 from ..layouts import ArrayStream
 from ..model import ArrayMeta
 
 SPARE_MAX_BYTES = 128 << 20  # buffers kept for reuse, all sizes together
 SPARE_MIN_BYTES = 256 << 10  # smaller chunks cost few page faults: decoded as before
+# Buffers alive at once, at most: each is a mapping of its own, and a process has 65,530 by
+# default (vm.max_map_count) for everything, malloc's and numpy's large allocations included.
+BUFFERS_MAX = 8192
 # sys.getrefcount of a released chunk and of its buffer when nothing else holds them: the
 # cache's entry (or the chunk's reference to its buffer), the local name, the call's argument.
 SOLE = 3
@@ -39,10 +43,11 @@ class Spares:
         self.recycle_enabled = False  # set by the daemon: read-only mounts of local stores
         self._spares: dict[int, list[np.ndarray]] = {}
         self._spare_bytes = 0
+        self._buffers = 0  # alive (cached chunks' and spare ones)
 
     def _recycles(self, meta: ArrayMeta) -> bool:
         return (self.recycle_enabled and meta.source is None and meta.chunk_nbytes >= SPARE_MIN_BYTES
-                and decodes_into(meta.codec))
+                and (decodes_into(meta.codec) or reads_into(meta.codec)))
 
     def decode_buffer(self, meta: ArrayMeta) -> np.ndarray | None:
         """A buffer to decode a chunk of META into (a spare one when there is), or None: decode as usual."""
@@ -53,10 +58,18 @@ class Spares:
             self._spare_bytes -= meta.chunk_nbytes
             self.counters["buffers_reused"] += 1
             return free.pop()
-        try:  # its own mapping: numpy's large allocations ask for huge pages, whose compaction stalled here
-            return np.frombuffer(mmap.mmap(-1, meta.chunk_nbytes), np.uint8)
-        except OSError:  # out of mappings or memory: the codec allocates
+        if self._buffers >= BUFFERS_MAX:
             return None
+        try:  # its own mapping: numpy's large allocations ask for huge pages, whose compaction stalled here
+            buf = np.frombuffer(mmap.mmap(-1, meta.chunk_nbytes), np.uint8)
+        except OSError:  # out of memory: the codec allocates
+            return None
+        self._buffers += 1
+        weakref.finalize(buf, self._buffer_freed)
+        return buf
+
+    def _buffer_freed(self) -> None:
+        self._buffers -= 1
 
     def release_behind(self, stream: Any, state: Any, upto: int, chunks: Any) -> None:
         """A sequential reader whose bytes up to UPTO are served (or assembled), and whose
