@@ -12,7 +12,8 @@ once the mount point is known, for any other: a child that inherited the descrip
 reading a file its shell opened (`exec 3<FILE; dd <&3`). Then the watcher looks for tasks with
 a signal pending that are in a read of that file of this mount (/proc: the syscall, its
 descriptor's path, inode and position) and ends the waits of that file whose bytes the read
-covers (`_readers_interrupted`); all of /proc is read only while a wait is older than POLL_S.
+covers (`_readers_interrupted`); all of /proc is read only while a read has waited
+OTHER_READERS_AFTER_S.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 # reader's Ctrl-C takes effect within about twice this; requests the store answers quickly
 # (almost all) are never looked at.
 POLL_S = 0.2
+# Reads waiting this long are also matched against every task with a signal pending (all of
+# /proc is read, a few ms on a busy workstation): not every poll of a store that is merely slow.
+OTHER_READERS_AFTER_S = 1.0
 
 
 # Syscalls that read a file (x86_64 and aarch64 numbers): which argument is the descriptor, and
@@ -174,7 +178,7 @@ class Interrupts:
                 if w.pid and signal_pending(w.pid):
                     log.debug("process %d has a signal pending: its request ends with EINTR", w.pid)
                     w.scope.cancel()
-            reads = [w for w in old if w.inode and not w.scope.cancel_called]
+            reads = [w for w in old if w.inode and not w.scope.cancel_called and now - w.since >= OTHER_READERS_AFTER_S]
             if reads and self.mountpoint:
                 self._readers_interrupted(reads, interrupted_reads(self.mountpoint))
 
