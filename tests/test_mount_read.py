@@ -189,6 +189,10 @@ def test_array_xattrs(hierarchy_mount, fmt, path):
     assert _xattr_json(p, "user.zarr.dtype") == e.descr
     assert _xattr_json(p, "user.zarr.chunks") == e.chunks
     assert isinstance(_xattr_json(p, "user.zarr.codecs"), list)
+    for other in ("security.selinux", "system.posix_acl_access", "user.zarr.nothing", "user.other"):
+        with pytest.raises(OSError) as exc:  # what `ls -l` asks of every file: none
+            os.getxattr(p, other)
+        assert exc.value.errno == errno.ENODATA, other
 
 
 @FORMATS

@@ -34,6 +34,7 @@ IO_BLOCK_SIZE = 1 << 20  # st_blksize: tools like cp read in units of this size
 # Directory entries made per step of a readdir: a readdirplus reply of one page holds about
 # 25 (each carries its attributes), so few entries are made for nothing when it fills up.
 READDIR_BATCH = 32
+XATTR_PREFIX = b"user.zarr."  # the only extended attributes there are (dotzarrfs.xattrs)
 
 
 def invalidate_name(parent_inode: int, name: str) -> None:
@@ -382,6 +383,11 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if not name.startswith(XATTR_PREFIX):
+            # `ls -l` asks every file for security.selinux and system.posix_acl_access: 4,000
+            # requests for 2,000 arrays, each of which built every user.zarr.* value (JSON)
+            # before answering that it has none.
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = self.ns.xattrs(self.ns.get(inode)).get(fs_name(name))
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
