@@ -154,7 +154,11 @@ class ArrayStream:
             return ReadPlan(header_part, 0, 0, 0, 0, (), ())
         boxes = tuple(grid.flat_boxes(self._shape, e0, e1))
         needed: dict[Index, None] = {}
+        same = not self._flip and not any(self.origin)  # stream order is grid order (most streams)
         for start, box in boxes:
+            if same:
+                needed.update(dict.fromkeys(grid.chunks_in_box(start, box, self._chunks)))
+                continue
             for t_idx in grid.chunks_in_box(start, box, self._chunks):
                 needed[self._array_index(t_idx)] = None
         return ReadPlan(header_part, e0, e1, skip, take, boxes, tuple(needed))

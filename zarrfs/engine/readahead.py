@@ -38,13 +38,14 @@ class ReadAhead:
     its bands by number and its band buffers not in use (bands.py); the chunks it has used
 and not yet passed (spares.py)."""
 
-    __slots__ = ("next_offset", "window", "planned", "bands", "spare", "held")
+    __slots__ = ("next_offset", "window", "planned", "bands", "spare", "held", "held_next")
 
     def __init__(self) -> None:
         self.next_offset, self.window, self.planned = -1, 0, 0
         self.bands: dict = {}
         self.spare: list = []
-        self.held: set = set()  # chunks its sequential reads used and have not passed (spares.py)
+        self.held: dict = {}  # chunks its sequential reads used and have not passed, and where they end (spares.py)
+        self.held_next = 1 << 63  # where the first of them ends
 
 
 class Prefetch:

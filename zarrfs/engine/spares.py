@@ -76,11 +76,17 @@ class Spares:
         latest read or band used CHUNKS: give back the chunks wholly before UPTO."""
         if type(stream) is not ArrayStream or stream.chunk is not None or not self._recycles(stream.meta):
             return
-        held = state.held
-        held.update(chunks)
-        for idx in [i for i in held if stream.chunk_end(i) <= upto]:
-            held.discard(idx)
+        held = state.held  # chunk -> where it ends in the stream
+        for idx in chunks:
+            if idx not in held:
+                end = held[idx] = stream.chunk_end(idx)
+                state.held_next = min(state.held_next, end)
+        if upto < state.held_next:  # (chunks as tall as the array: none passed until the end)
+            return
+        for idx in [i for i, end in held.items() if end <= upto]:
+            del held[idx]
             self._recycle(stream.meta, idx)
+        state.held_next = min(held.values(), default=1 << 63)
 
     def _recycle(self, meta: ArrayMeta, idx: Any) -> None:
         key = self._key(meta, idx)
