@@ -70,6 +70,18 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> bool:
         time.sleep(interval_s)
 
 
+def user_unmount(path: os.PathLike | str, busy_for_s: float = 3.0) -> subprocess.CompletedProcess:
+    """``fusermount3 -u PATH`` as a user runs it, again while it says the mount is busy for at
+    most BUSY_FOR_S: a mount or unmount of another FUSE file system at the same moment (an
+    earlier test's daemon unmounted by its auto_unmount helper) can make it fail with EBUSY."""
+    deadline = time.monotonic() + busy_for_s
+    while True:
+        r = subprocess.run(["fusermount3", "-u", os.fspath(path)], capture_output=True, text=True, timeout=30)
+        if r.returncode == 0 or "busy" not in r.stderr or time.monotonic() > deadline:
+            return r
+        time.sleep(0.2)
+
+
 def unmount(path: os.PathLike | str) -> str:
     """Unmount PATH if mounted: ``fusermount3 -u``, lazily (``-uz``) when busy. Returns what was done."""
     path = os.path.abspath(os.fspath(path))

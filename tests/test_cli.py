@@ -65,7 +65,7 @@ def test_daemon_exits_after_fusermount_u(mount, small_store):
     mnt = mount(store)
     pids = mounted.pids_serving(mnt)
     assert pids
-    r = subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, text=True, timeout=30)
+    r = mounted.user_unmount(mnt)
     assert r.returncode == 0, r.stderr
     assert not mounted.is_mounted(mnt)
     assert mounted.wait_until(lambda: not any(mounted._pid_alive(p) for p in pids), 10), "daemon outlived its mount"
@@ -140,7 +140,8 @@ def test_foreground_signal_while_file_open(mount, small_store):
 def test_foreground_exits_0_after_fusermount_u(mount, small_store):
     store, _ = small_store
     mnt, proc = _start_foreground(mount, store)
-    subprocess.run(["fusermount3", "-u", str(mnt)], check=True, timeout=30)
+    r = mounted.user_unmount(mnt)
+    assert r.returncode == 0, r.stderr
     try:
         assert proc.wait(mounted.EXIT_TIMEOUT_S) == 0
     except subprocess.TimeoutExpired:
