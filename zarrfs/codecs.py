@@ -122,9 +122,10 @@ def decode_bounded(codec: Any, data: Any, limit: int, name: str, out: np.ndarray
                 raise _too_large(name, f"more than {limit} ({e})", limit) from None
     elif cid == "blosc":  # blosc's 16-byte header: version, versionlz, flags, typesize, nbytes (u32 LE)...
         head = bytes(u1(data)[:8])
-        if len(head) == 8 and int.from_bytes(head[4:8], "little") > limit:
-            raise _too_large(name, int.from_bytes(head[4:8], "little"), limit)
-        if out is not None and len(head) == 8 and int.from_bytes(head[4:8], "little") == out.nbytes:
+        declared = int.from_bytes(head[4:8], "little") if len(head) == 8 else None
+        if declared is not None and declared > limit:
+            raise _too_large(name, declared, limit)
+        if out is not None and declared == out.nbytes:
             codec.decode(data, out=out)
             return out
     elif cid == "lz4":  # numcodecs prefixes the decoded size, 4 bytes little-endian
@@ -349,11 +350,10 @@ class CodecChain:
         for aa in self.array_array:
             shapes.append(aa.encoded_shape(*shapes[-1]))
         limits = self._step_limits(*shapes[-1])
-        if out is not None and (self.array_array or len(self.bytes_bytes) != 1
-                                or type(self.array_bytes) is not BytesLayout):
+        if out is not None and not decodes_into(self):
             out = None
         for bb, limit in zip(reversed(self.bytes_bytes), reversed(limits)):
-            data = bb.decode(data, limit) if out is None else bb.decode(data, limit, out)
+            data = bb.decode(data, limit, out)
         arr = self.array_bytes.decode(data, *shapes[-1], fill)
         for aa, (s, d) in zip(reversed(self.array_array), reversed(shapes[:-1])):
             arr = aa.decode(arr, s, d)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import BytesLayout, CodecChain
+from .codecs import reads_into
 from .layouts import ArrayStream, ReadPlan, plan_bytes
 from .store import LOCAL_OPEN_FLAGS
 
@@ -76,8 +76,7 @@ def eligible(stream: ArrayStream) -> bool:
         return False
     meta = stream.meta
     chain = meta.codec
-    return (type(chain) is CodecChain and not chain.array_array and not chain.bytes_bytes
-            and type(chain.array_bytes) is BytesLayout and chain.array_bytes.order == "C"
+    return (reads_into(chain) and chain.array_bytes.order == "C"
             and chain.array_bytes.stored_dtype(meta.dtype) == meta.dtype == stream.dtype
             and meta.source is None and stream.order == "C" and meta.dtype.itemsize > 0
             and not meta.dtype.hasobject and len(meta.shape) > 0 and all(meta.chunk_shape))

@@ -236,18 +236,15 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently;
         with `readahead` (the reader's own state), a sequential reader's next window is loaded.
         With `reply` (a FUSE read handler, which returns the bytes at once: pyfuse3 replies
-        before any other task runs), the bytes may be a view of a buffer every such read reuses,
-        and reads of uncompressed local chunks copy their files' bytes directly (direct.py).
+        before any other task runs, and which tried `read_now` first), the bytes may be a view
+        of a buffer every such read reuses, and reads of uncompressed local chunks copy their
+        files' bytes directly (direct.py).
 
         Arrays of shards that can be read in part are planned over their inner chunks,
         unless every shard the read needs is already decoded whole (then over the shards:
         fewer, larger copies). A sequential reader of a remote store takes them from whole
         shards, each read in one request (readahead.py `_whole_shards`).
         """
-        if reply:
-            data = self.read_now(stream, offset, size, readahead)
-            if data is not None:
-                return data
         if reply and readahead is not None and readahead.bands:
             data = await self.band_read(stream, offset, size, readahead)
             if data is not None:
@@ -265,9 +262,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             if data is not None:
                 self.counters["reads"] += 1
                 return data
-        reader = self._planner(stream, plan)
-        if reader is not stream:
-            plan = reader.plan(offset, size)
+        reader, plan = self._planner(stream, plan, offset, size)
         whole = sequential and self._whole_shards(stream)
         if whole:  # before the read's own loads, which then share each shard's one request
             self._read_ahead(stream, offset, size, readahead, sequential)
@@ -344,15 +339,15 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
                     arr[(*within, slice(lo - k * width, hi - k * width))]
         return out[skip:skip + take]
 
-    def _planner(self, stream: ArrayStream, plan: Any) -> ArrayStream:
-        """The stream to plan a read over: the one over inner chunks of shards that can be read
-        in part, unless every shard the plan needs is already decoded whole (then over the
-        shards: fewer, larger copies)."""
+    def _planner(self, stream: ArrayStream, plan: Any, offset: int, size: int) -> tuple[ArrayStream, Any]:
+        """The stream to read bytes [offset, offset+size) over, and its plan of them (PLAN is the
+        stream's own): the one over inner chunks of shards that can be read in part, unless every
+        shard the plan needs is already decoded whole (then over the shards: fewer, larger copies)."""
         fine = stream.for_reads()
         if (fine is not stream and not self.store.ranges_ignored
                 and not all(self._known(stream.meta, idx) for idx in plan.chunks)):
-            return fine
-        return stream
+            return fine, fine.plan(offset, size)
+        return stream, plan
 
     async def _read_direct(self, stream: ArrayStream, plan: Any) -> bytes | memoryview | None:
         """A read of an eligible stream straight from its chunk files (None: take the usual path).

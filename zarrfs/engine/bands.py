@@ -102,14 +102,9 @@ class BandReads:
             await band.done.wait()  # being assembled: the usual path would load the same chunks
         if state.bands.get(n) is not band or band.data is None or band.generation != self.band_generation:
             return None
-        # Behind the reader: its buffer is free again. The band just left stays, for the
-        # kernel's reads of it that arrive after a read of this one (concurrent read-ahead).
-        for k in [k for k in state.bands if k < n - 1]:
-            old = state.bands.pop(k)
-            if old.done.is_set():
-                state.spare.append(old.buf)
+        self._forget_bands(state, n)
         for k in range(n + 1, n + BANDS_AHEAD + 1):
-            self._band_ahead(stream, k, state, n)
+            self._band_ahead(stream, k, state)
         self.counters["band_reads"] += 1
         return band.data[offset - band.start:offset - band.start + size]
 
@@ -119,15 +114,26 @@ class BandReads:
         if (not self.bands_enabled or self._nursery is None or size < BAND_MIN_READ_BYTES
                 or (pieces * BAND_MAX_PIECE_BYTES <= size and not transposing(stream))):
             return
+        self._forget_bands(state, offset // BAND_BYTES)
         n = (offset + size) // BAND_BYTES
         if n * BAND_BYTES < len(stream.header):
             n += 1  # a band holds elements only
-        self._band_ahead(stream, n, state, offset // BAND_BYTES)
-        self._band_ahead(stream, n + 1, state, offset // BAND_BYTES)
+        self._band_ahead(stream, n, state)
+        self._band_ahead(stream, n + 1, state)
 
-    def _band_ahead(self, stream: ArrayStream, n: int, state: ReadAhead, reading: int) -> None:
-        """Start assembling band N of the stream for a reader in band READING, unless it is
-        there or there is no buffer for it."""
+    @staticmethod
+    def _forget_bands(state: ReadAhead, reading: int) -> None:
+        """Drop a reader's bands outside its window (the band READING, the one just left, and
+        BANDS_AHEAD ahead): behind it, or left by a seek. The band just left stays for the
+        kernel's reads of it that arrive after a read of the next (concurrent read-ahead).
+        A band still being assembled gives its buffer back when done (`_fill_band`)."""
+        for k in [k for k in state.bands if not reading - 1 <= k <= reading + BANDS_AHEAD]:
+            old = state.bands.pop(k)
+            if old.done.is_set():
+                state.spare.append(old.buf)
+
+    def _band_ahead(self, stream: ArrayStream, n: int, state: ReadAhead) -> None:
+        """Start assembling band N of the stream, unless it is there or there is no buffer for it."""
         start = n * BAND_BYTES
         stop = min(start + BAND_BYTES, stream.size)
         band = state.bands.get(n)
@@ -138,8 +144,6 @@ class BandReads:
             del state.bands[n]
         elif band is not None:
             return  # a stale band still being assembled: its buffer is busy
-        for k in [k for k, b in state.bands.items() if not reading - 1 <= k <= reading + BANDS_AHEAD and b.done.is_set()]:
-            state.spare.append(state.bands.pop(k).buf)  # left behind by a seek
         if state.spare:
             buf = state.spare.pop()
         elif len(state.bands) < BANDS_PER_READER and self.band_bytes + BAND_BYTES <= BAND_BUDGET_BYTES:
@@ -171,9 +175,7 @@ class BandReads:
                 # The chunks after this band start loading now (the usual read-ahead), so that
                 # decoding runs ahead of the bands on every decoding thread.
                 self._read_ahead(stream, band.start, band.stop - band.start, state, True)
-                reader = self._planner(stream, plan)
-                if reader is not stream:
-                    plan = reader.plan(band.start, band.stop - band.start)
+                reader, plan = self._planner(stream, plan, band.start, band.stop - band.start)
                 chunks = await self.chunks(reader.meta, plan.chunks)
                 data = await trio.to_thread.run_sync(reader.assemble, plan, chunks, band.buf, limiter=self.cpu_limiter)
                 if reader is stream:

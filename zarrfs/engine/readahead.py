@@ -36,7 +36,7 @@ class ReadAhead:
     """The read-ahead state of one reader (an open file): where its next sequential read
     starts, its window in bytes, and the offset up to which read-ahead was already started;
     its bands by number and its band buffers not in use (bands.py); the chunks it has used
-and not yet passed (spares.py)."""
+    and not yet passed (spares.py)."""
 
     __slots__ = ("next_offset", "window", "planned", "bands", "spare", "held", "held_next")
 
