@@ -97,6 +97,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         # on read-only mounts: no written chunk can be newer than its file).
         self.direct: direct.DirectReads | None = None
         self._reply_buf = np.empty(0, np.uint8)  # bytes of direct reads from the page cache, reused
+        self._reply_view: memoryview | None = None  # of _reply_buf, flat (small reads)
         self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
@@ -298,9 +299,10 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         """A read within one row of an array whose chunks are all at hand (held or cached and
         current), with no plan and no await: a view of the chunk's bytes when one chunk holds it,
         else its pieces copied into the reused reply buffer; None sends it the usual way."""
+        if type(stream) is not ArrayStream:
+            return None
         meta = stream.meta
-        if (not isinstance(stream, ArrayStream) or meta.inner is not None or meta.dtype.hasobject
-                or self._checked.get(meta.path, self._epoch) != self._epoch):
+        if meta.inner is not None or meta.dtype.hasobject or self._checked.get(meta.path, self._epoch) != self._epoch:
             return None
         span = stream.row_span(offset, size)
         if span is None:
@@ -308,16 +310,22 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         lead, c0, c1, skip, take = span
         cs = meta.chunk_shape
         item = meta.dtype.itemsize
-        prefix, within = [], []
-        for i, c in zip(lead, cs):
-            q, r = divmod(i, c)
-            prefix.append(q)
-            within.append(r)
+        if len(lead) == 1:  # 2-d
+            q, r = divmod(lead[0], cs[0])
+            prefix, within = [q], [r]
+        else:
+            prefix, within = [], []
+            for i, c in zip(lead, cs):
+                q, r = divmod(i, c)
+                prefix.append(q)
+                within.append(r)
         width = cs[-1]
         k0, k1 = c0 // width, (c1 - 1) // width
+        # Chunks of a read-only mount's plain arrays are in the cache, or not at hand.
+        plain = meta.source is None and not self._dirty and not self._storing
         chunks = []
         for k in range(k0, k1 + 1):
-            arr = self._lookup(meta, (*prefix, k))
+            arr = self.cache.get((meta.path, (*prefix, k))) if plain else self._lookup(meta, (*prefix, k))
             if arr is None:
                 return None
             chunks.append(arr)
@@ -328,15 +336,19 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         need = (c1 - c0) * item
         if len(self._reply_buf) < need:
             self._reply_buf = np.empty(max(need, REPLY_BUF_MIN), np.uint8)
-        out = memoryview(self._reply_buf)
+        out = self._reply_view
+        if out is None or out.obj is not self._reply_buf:
+            out = self._reply_view = memoryview(self._reply_buf)
+        pos = 0  # where in OUT the piece of chunk k goes
         for k, arr in zip(range(k0, k1 + 1), chunks):
             lo, hi = max(c0, k * width), min(c1, (k + 1) * width)
+            n = (hi - lo) * item
             if arr.flags.c_contiguous:
                 at = (row_at + lo - k * width) * item
-                out[(lo - c0) * item:(hi - c0) * item] = _flat_bytes(arr)[at:at + (hi - lo) * item]
+                out[pos:pos + n] = _flat_bytes(arr)[at:at + n]
             else:  # F-ordered chunks, regions of a decoded shard
-                self._reply_buf[(lo - c0) * item:(hi - c0) * item].view(meta.dtype)[...] = \
-                    arr[(*within, slice(lo - k * width, hi - k * width))]
+                self._reply_buf[pos:pos + n].view(meta.dtype)[...] = arr[(*within, slice(lo - k * width, hi - k * width))]
+            pos += n
         return out[skip:skip + take]
 
     def _planner(self, stream: ArrayStream, plan: Any, offset: int, size: int) -> tuple[ArrayStream, Any]:
