@@ -5,7 +5,8 @@ Writes float32 arrays (16384 columns, ``--size-mib`` of data) with zarr-python 3
 /dev/shm (pages of a disk file are dropped after ~30 s here; see /work/shared/FACTS.md),
 then for each of ``--reps`` pairs measures every row of the table below, each zarrfs read
 on a fresh mount (neither the page cache nor the chunk cache carries over), and prints the
-median of the per-pair ratios with their spread (min-max).
+median of the per-pair ratios with their spread (min-max), and the seconds of both sides of
+each ratio (the numerator is the peer's, or zarrfs's own reference read; rand4k: 20,000 reads).
 
   ceiling  cold ``cat`` of the uncompressed ``bench.npy`` / cat of a file of the same size
            from ``scripts/empty_server.py`` (same mount options and read-ahead)
@@ -271,9 +272,14 @@ def check_exact(mnt: Path, store: Path) -> None:
     del mm
 
 
-def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int) -> dict[str, float]:
-    """Every wanted row's ratio for one pair of runs."""
+def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
+             seconds: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """Every wanted row's ratio for one pair of runs (numerator / denominator); both appended to SECONDS."""
     ratios: dict[str, float] = {}
+
+    def ratio(row: str, num: float, den: float) -> None:
+        ratios[row] = num / den
+        seconds[row].append((num, den))
     npy = "bench.npy"
     none = stores["none"]
     results: dict[str, float] = {}
@@ -302,9 +308,9 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int) -> di
             return out
         results.update({f"empty_{k}": v for k, v in b.empty([fsize], empty_run).items()})
     if "ceiling" in rows:
-        ratios["ceiling"] = results["empty_cold"] / results["none_cold"]
+        ratio("ceiling", results["empty_cold"], results["none_cold"])
     if "rand4k" in rows:
-        ratios["rand4k"] = results["empty_rand"] / results["none_rand"]
+        ratio("rand4k", results["empty_rand"], results["none_rand"])
     if "warm" in rows:
         tmp = b.workdir.parent / f"zarrfs-bench-tmpfs-{os.getpid()}"
         try:
@@ -313,7 +319,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int) -> di
                 for at in range(0, fsize, len(block)):
                     f.write(block[:fsize - at])
             cat(tmp)
-            ratios["warm"] = cat(tmp) / results["none_warm"]
+            ratio("warm", cat(tmp), results["none_warm"])
         finally:
             tmp.unlink(missing_ok=True)
     for row in ("none", "blosc", "zstd", "zstd2", "gzip"):
@@ -323,23 +329,23 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int) -> di
         touch_memory(b.nbytes)
         z = zarr_best(stores[row])
         t = results["none_cold"] if row == "none" else b.zarrfs(stores[row], npy_cold)
-        ratios[row] = z / t
+        ratio(row, z, t)
     if "columns" in rows:
         store_now[0] = stores["columns"]
-        ratios["columns"] = results["none_cold"] / b.zarrfs(stores["columns"], npy_cold)
+        ratio("columns", results["none_cold"], b.zarrfs(stores["columns"], npy_cold))
     if "fview" in rows:
         # each on a fresh mount: the F view read cold, the .npy read cold
         t_c = b.zarrfs(none, lambda m: cat(m / npy))
         t_f = b.zarrfs(none, lambda m: cat(m / ".zarrfs" / "npy-f" / npy))
-        ratios["fview"] = t_c / t_f
+        ratio("fview", t_c, t_f)
     if "netcdf" in rows:
         t_c = b.zarrfs(none, lambda m: cat(m / npy))
         t_n = b.zarrfs(none, lambda m: cat(m / ".zarrfs" / "netcdf" / (none.name[:-len(".zarr")] + ".nc")))
-        ratios["netcdf"] = t_c / t_n
+        ratio("netcdf", t_c, t_n)
     if "two" in rows:
         t_z = b.zarrfs(stores["two"], lambda m: cat(m / "bench.npy", m / "bench2.npy"))
         t_e = b.empty([fsize, fsize], lambda m: cat(m / "f0", m / "f1"))
-        ratios["two"] = t_e / t_z
+        ratio("two", t_e, t_z)
     return ratios
 
 
@@ -376,10 +382,11 @@ def main(argv=None) -> int:
     b = Bench(args, workdir)
     b.nbytes = nrows * COLS * 4
     per_row: dict[str, list[float]] = {r: [] for r in rows}
+    seconds: dict[str, list[tuple[float, float]]] = {r: [] for r in rows}
     try:
         b.file_size = b.zarrfs(stores["none"], lambda m: (m / "bench.npy").stat().st_size)
         for rep in range(args.reps):
-            ratios = one_pair(b, stores, rows, rep)
+            ratios = one_pair(b, stores, rows, rep, seconds)
             for r, v in ratios.items():
                 per_row[r].append(v)
             print(f"pair {rep + 1}/{args.reps}: " + ", ".join(f"{r} {v:.2f}" for r, v in ratios.items()), flush=True)
@@ -393,13 +400,19 @@ def main(argv=None) -> int:
 
     print(f"\narray {nrows}x{COLS} float32 ({b.nbytes / MIB:.0f} MiB), cache_size {args.cache_mib} MiB, "
           f"{args.reps} pairs; ratio = median of per-pair ratios [min-max]")
-    print(f"{'row':8} {'target':8} {'ratio':>6}  spread")
+    print(f"{'row':8} {'target':8} {'ratio':>6}  {'spread':13}  seconds, median [min-max]: numerator / denominator")
     for r in rows:
         v = per_row[r]
-        print(f"{r:8} {TARGETS[r]:8} {statistics.median(v):6.2f}  [{min(v):.2f}-{max(v):.2f}]")
+        num, den = zip(*seconds[r])
+        print(f"{r:8} {TARGETS[r]:8} {statistics.median(v):6.2f}  {f'[{min(v):.2f}-{max(v):.2f}]':13}  "
+              f"{_spread(num)} / {_spread(den)}")
     print(f"{'memory':8} {'<= +150':8} {(b.peak_rss >> 20) - args.cache_mib:+6d}  MiB over cache_size "
           f"(peak VmHWM {b.peak_rss >> 20} MiB)")
     return 0
+
+
+def _spread(v: tuple[float, ...]) -> str:
+    return f"{statistics.median(v):.3f} [{min(v):.3f}-{max(v):.3f}]"
 
 
 if __name__ == "__main__":
