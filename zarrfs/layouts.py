@@ -93,7 +93,7 @@ class ArrayStream:
         self._flip = flip
         self.chunk = chunk
         self._reads: ArrayStream | None = None
-        self._row_geometry: tuple | bool | None = None  # row_span's constants (False: none)
+        self._row_geometry: tuple | bool | None = None  # row_span's (columns, other dimensions), False: none
 
     def chunk_end(self, idx: Index) -> int:
         """The stream offset just past chunk IDX's last element (IDX: grid position in the
@@ -135,27 +135,20 @@ class ArrayStream:
         geo = self._row_geometry
         if geo is None:
             geo = self._row_geometry = (
-                (len(self.header), self.dtype.itemsize, self._shape[-1], self._shape[-2::-1])
-                if not self._flip and self.chunk is None and self.dtype == self.meta.dtype and self._shape
-                and self.dtype.itemsize else False)
+                (self._shape[-1], self._shape[-2::-1])
+                if not self._flip and self.chunk is None and self.dtype == self.meta.dtype and self._shape else False)
         if not geo:
             return None
-        hlen, item, ncols, lead_shape = geo  # (the other dimensions last first)
-        d0, d1 = offset - hlen, min(offset + size, self.size) - hlen
-        if d0 < 0 or d1 <= d0:
+        ncols, lead_shape = geo  # (the other dimensions last first)
+        _, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
+        if take == 0 or offset < len(self.header) or e0 // ncols != (e1 - 1) // ncols:
             return None
-        e0, skip = divmod(d0, item)
         row, c0 = divmod(e0, ncols)
-        c1 = c0 - e0 - (-d1 // item)
-        if c1 > ncols:
-            return None
-        if len(lead_shape) == 1:  # 2-d
-            return (row,), c0, c1, skip, d1 - d0
         lead = []
         for n in lead_shape:
             row, i = divmod(row, n)
             lead.append(i)
-        return tuple(reversed(lead)), c0, c1, skip, d1 - d0
+        return tuple(reversed(lead)), c0, c0 + (e1 - e0), skip, take
 
     def _array_index(self, t_idx: Index) -> Index:
         """Grid position in the array of a chunk index in the stream's (maybe flipped) order."""

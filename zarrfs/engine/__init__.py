@@ -96,8 +96,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         # Reads of uncompressed chunks straight from a local store's files (set by the daemon
         # on read-only mounts: no written chunk can be newer than its file).
         self.direct: direct.DirectReads | None = None
-        self._reply_buf = np.empty(0, np.uint8)  # bytes of direct reads from the page cache, reused
-        self._reply_view: memoryview | None = None  # of _reply_buf, flat (small reads)
+        self._reply_buf = np.empty(0, np.uint8)  # bytes of direct and small reads, reused (_reply_room)
+        self._reply_view = memoryview(self._reply_buf)  # the same bytes, flat
         self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
@@ -310,22 +310,16 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         lead, c0, c1, skip, take = span
         cs = meta.chunk_shape
         item = meta.dtype.itemsize
-        if len(lead) == 1:  # 2-d
-            q, r = divmod(lead[0], cs[0])
-            prefix, within = [q], [r]
-        else:
-            prefix, within = [], []
-            for i, c in zip(lead, cs):
-                q, r = divmod(i, c)
-                prefix.append(q)
-                within.append(r)
+        prefix, within = [], []
+        for i, c in zip(lead, cs):
+            q, r = divmod(i, c)
+            prefix.append(q)
+            within.append(r)
         width = cs[-1]
         k0, k1 = c0 // width, (c1 - 1) // width
-        # Chunks of a read-only mount's plain arrays are in the cache, or not at hand.
-        plain = meta.source is None and not self._dirty and not self._storing
         chunks = []
         for k in range(k0, k1 + 1):
-            arr = self.cache.get((meta.path, (*prefix, k))) if plain else self._lookup(meta, (*prefix, k))
+            arr = self._lookup(meta, (*prefix, k))
             if arr is None:
                 return None
             chunks.append(arr)
@@ -333,12 +327,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         if k0 == k1 and chunks[0].flags.c_contiguous:  # the bytes as they are, no copy
             at = (row_at + c0 - k0 * width) * item + skip
             return _flat_bytes(chunks[0])[at:at + take]
-        need = (c1 - c0) * item
-        if len(self._reply_buf) < need:
-            self._reply_buf = np.empty(max(need, REPLY_BUF_MIN), np.uint8)
+        self._reply_room((c1 - c0) * item)
         out = self._reply_view
-        if out is None or out.obj is not self._reply_buf:
-            out = self._reply_view = memoryview(self._reply_buf)
         pos = 0  # where in OUT the piece of chunk k goes
         for k, arr in zip(range(k0, k1 + 1), chunks):
             lo, hi = max(c0, k * width), min(c1, (k + 1) * width)
@@ -350,6 +340,12 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
                 self._reply_buf[pos:pos + n].view(meta.dtype)[...] = arr[(*within, slice(lo - k * width, hi - k * width))]
             pos += n
         return out[skip:skip + take]
+
+    def _reply_room(self, need: int) -> None:
+        """Make the reused reply buffer (and its flat view) hold at least NEED bytes."""
+        if len(self._reply_buf) < need:
+            self._reply_buf = np.empty(max(need, REPLY_BUF_MIN), np.uint8)
+            self._reply_view = memoryview(self._reply_buf)
 
     def _planner(self, stream: ArrayStream, plan: Any, offset: int, size: int) -> tuple[ArrayStream, Any]:
         """The stream to read bytes [offset, offset+size) over, and its plan of them (PLAN is the
@@ -368,8 +364,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         between filling it and returning); what would wait for a disk, in a worker thread
         into a buffer of its own."""
         need = stream.element_bytes(plan)
-        if len(self._reply_buf) < need:
-            self._reply_buf = np.empty(max(need, REPLY_BUF_MIN), np.uint8)
+        self._reply_room(need)
         try:
             data = self.direct.read_sync(stream, plan, self._reply_buf, nowait=True)
         except direct.WouldBlock:

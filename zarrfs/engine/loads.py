@@ -128,16 +128,17 @@ class Loads:
 
     def _lookup(self, meta: ArrayMeta, idx: Index, count: bool = True) -> np.ndarray | None:
         """A chunk without loading it: held by a writer, or cached (for an inner chunk, its shard too)."""
-        unit = self._write_unit(meta, idx)
+        if not _in_shard_chunks(meta):  # (every small read asks: no more than it needs)
+            key = (meta.path, idx)
+            held = self._held(key) if self._dirty or self._storing else None
+            return held if held is not None else self.cache.get(key, count)
+        unit = self._write_unit(meta, idx)  # its shard
         whole = self._held(unit)
-        src = meta.source
-        if _in_shard_chunks(meta):
-            if whole is None and self.cache.contains(unit):
-                whole = self.cache.get(unit, count)
-            if whole is not None:  # the inner chunk's region of its decoded shard
-                return whole[tuple(slice(p * c, (p + 1) * c) for p, c in zip(src.position(idx), meta.chunk_shape))]
-            return self.cache.get(self._key(meta, idx), count)
-        return whole if whole is not None else self.cache.get(unit, count)
+        if whole is None and self.cache.contains(unit):
+            whole = self.cache.get(unit, count)
+        if whole is not None:  # the inner chunk's region of its decoded shard
+            return whole[tuple(slice(p * c, (p + 1) * c) for p, c in zip(meta.source.position(idx), meta.chunk_shape))]
+        return self.cache.get(self._key(meta, idx), count)
 
     def _held(self, key: tuple[str, Index]) -> np.ndarray | None:
         """A written chunk the store may not have yet: dirty, or being stored right now."""
