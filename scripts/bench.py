@@ -19,7 +19,10 @@ each ratio (the numerator is the peer's, or zarrfs's own reference read; rand4k:
   rand4k   20,000 random 4 KiB O_DIRECT preads of cached chunks, reads/s / the empty server's:
            the same preads are made once untimed first (a cold cat reads uncompressed chunk
            files directly and leaves no chunk in the cache)
-  warm     a second cat of the same ``.npy`` / cat of a tmpfs file of its size, written (page cache)
+  warm     a second cat of the same ``.npy`` / the first cat of a tmpfs file of its size, just
+           written: on both sides the second time the pages are touched. (The first re-read of
+           pages moves them to the kernel's active list, a quarter of its time in a profile of a
+           warm cat: a third cat of either is faster than a second.)
   two      two uncompressed arrays cat at once, aggregate / two readers of the empty server
   netcdf   cold cat of the root group's ``.zarrfs/netcdf/NAME.nc`` (the same array
            big-endian after a header) / the ``.npy`` cold cat
@@ -318,7 +321,8 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
                 block = np.full(64 * MIB, 1, np.uint8)
                 for at in range(0, fsize, len(block)):
                     f.write(block[:fsize - at])
-            cat(tmp)
+            # its first cat: like the .npy's second, it meets pages touched once before (written
+            # here, filled by the cold cat there), which this read moves to the active list
             ratio("warm", cat(tmp), results["none_warm"])
         finally:
             tmp.unlink(missing_ok=True)
