@@ -74,3 +74,37 @@ def test_small_reads_see_written_chunks(mount, tmp_path):
             g.seek(header + (120 * 3000 + 980) * 4)
             assert g.read(200) == value[120, 980:1030].tobytes()
     assert stats(mnt)["small_reads"] > 0
+
+
+def test_small_reads_across_the_end_of_a_row(mount, tmp_path):
+    """A read that runs from the end of one row into the next (one in every row's bytes / 4 KiB
+    of random 4 KiB reads) is served from the cached chunks of both rows, also where the rows lie
+    in different chunks, starting and ending inside elements; one over three rows takes the usual way."""
+    root = tmp_path / "r.zarr"
+    rng = np.random.default_rng(7)
+    arrays = {
+        "c": (rng.standard_normal((40, 1000)).astype("<f4"), {"chunks": (16, 300)}),
+        "f": (rng.integers(-99, 99, (3, 20, 500)).astype(">i8"), {"chunks": (2, 8, 128), "order": "F"}),
+    }
+    for name, (value, kw) in arrays.items():
+        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
+                          zarr_format=2, **kw)[...] = value
+    mnt = mount(root)
+    for name, (value, _) in arrays.items():
+        want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
+        assert (mnt / f"{name}.npy").read_bytes() == want  # every chunk cached
+        header = len(want) - value.nbytes
+        row = value.shape[-1] * value.dtype.itemsize
+        nrows = value.size // value.shape[-1]
+        fd = os.open(mnt / f"{name}.npy", os.O_RDONLY | os.O_DIRECT)
+        with open(fd, "rb", buffering=0) as f:
+            before = stats(mnt)["small_reads"]
+            ends = range(1, nrows)
+            for end in ends:  # across row END-1's end; from inside an element to inside one
+                at = header + end * row - 1001
+                f.seek(at)
+                assert f.read(1700) == want[at:at + 1700], (name, end)
+            assert stats(mnt)["small_reads"] - before == len(ends), name
+            at = header + row - 5  # over rows 0, 1 and 2: the usual way
+            f.seek(at)
+            assert f.read(row + 10) == want[at:at + row + 10]

@@ -93,7 +93,7 @@ class ArrayStream:
         self._flip = flip
         self.chunk = chunk
         self._reads: ArrayStream | None = None
-        self._row_geometry: tuple | bool | None = None  # row_span's (columns, other dimensions), False: none
+        self._row_geometry: tuple | bool | None = None  # row_spans' (columns, other dimensions), False: none
 
     def chunk_end(self, idx: Index) -> int:
         """The stream offset just past chunk IDX's last element (IDX: grid position in the
@@ -127,11 +127,12 @@ class ArrayStream:
             self._reads = fine
         return self._reads
 
-    def row_span(self, offset: int, size: int) -> tuple[Index, int, int, int, int] | None:
-        """A read that lies within one row of the array's last dimension (a random 4 KiB read):
-        (the row's index in the other dimensions, first and stop column, bytes of the first
-        element to skip, bytes to take); None for any other read, or any other stream than a
-        whole array's C-order elements in its own dtype."""
+    def row_spans(self, offset: int, size: int) -> tuple[list[tuple[Index, int, int]], int, int] | None:
+        """A read that lies within one row of the array's last dimension, or runs from the end
+        of one row into the next (a random 4 KiB read of long rows): ([(the row's index in the
+        other dimensions, first and stop column)] for each row, bytes of the first element to
+        skip, bytes to take), the rows' elements being consecutive in the stream; None for any
+        other read, or any other stream than a whole array's C-order elements in its own dtype."""
         geo = self._row_geometry
         if geo is None:
             geo = self._row_geometry = (
@@ -141,14 +142,20 @@ class ArrayStream:
             return None
         ncols, lead_shape = geo  # (the other dimensions last first)
         _, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
-        if take == 0 or offset < len(self.header) or e0 // ncols != (e1 - 1) // ncols:
+        if take == 0 or offset < len(self.header):
             return None
-        row, c0 = divmod(e0, ncols)
-        lead = []
-        for n in lead_shape:
-            row, i = divmod(row, n)
-            lead.append(i)
-        return tuple(reversed(lead)), c0, c0 + (e1 - e0), skip, take
+        first, last = e0 // ncols, (e1 - 1) // ncols
+        if last - first > 1:
+            return None
+        spans = []
+        for row in range(first, last + 1):
+            lo, hi = max(e0, row * ncols), min(e1, (row + 1) * ncols)
+            lead, rest = [], row
+            for n in lead_shape:
+                rest, i = divmod(rest, n)
+                lead.append(i)
+            spans.append((tuple(reversed(lead)), lo % ncols, lo % ncols + hi - lo))
+        return spans, skip, take
 
     def _array_index(self, t_idx: Index) -> Index:
         """Grid position in the array of a chunk index in the stream's (maybe flipped) order."""

@@ -296,41 +296,62 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         return data
 
     def _small_read(self, stream: ArrayStream, offset: int, size: int) -> memoryview | None:
-        """A read within one row of an array whose chunks are all at hand (held or cached and
-        current), with no plan and no await: a view of the chunk's bytes when one chunk holds it,
-        else its pieces copied into the reused reply buffer; None sends it the usual way."""
+        """A read within one row of an array, or across the end of one row into the next, whose
+        chunks are all at hand (held or cached and current), with no plan and no await: a view of
+        the chunk's bytes when one chunk holds it, else its pieces copied into the reused reply
+        buffer; None sends it the usual way."""
         if type(stream) is not ArrayStream:
             return None
         meta = stream.meta
         if meta.inner is not None or meta.dtype.hasobject or self._checked.get(meta.path, self._epoch) != self._epoch:
             return None
-        span = stream.row_span(offset, size)
-        if span is None:
+        got = stream.row_spans(offset, size)
+        if got is None:
             return None
-        lead, c0, c1, skip, take = span
-        cs = meta.chunk_shape
+        spans, skip, take = got
+        rows = []
+        for lead, c0, c1 in spans:
+            row = self._row_chunks(meta, lead, c0, c1)
+            if row is None:
+                return None
+            rows.append(row)
         item = meta.dtype.itemsize
+        if len(rows) == 1 and len(rows[0][0]) == 1 and rows[0][0][0].flags.c_contiguous:  # the bytes as they are
+            (arr,), _, at = rows[0]
+            at = (at + spans[0][1] % meta.chunk_shape[-1]) * item + skip
+            return _flat_bytes(arr)[at:at + take]
+        self._reply_room(sum(c1 - c0 for _, c0, c1 in spans) * item)
+        pos = 0
+        for (_, c0, c1), row in zip(spans, rows):
+            pos = self._copy_row(meta, c0, c1, row, pos)
+        return self._reply_view[skip:skip + take]
+
+    def _row_chunks(self, meta: ArrayMeta, lead: Index, c0: int, c1: int) -> tuple[list, list[int], int] | None:
+        """The chunks holding columns [c0, c1) of the row at LEAD (the index in every other
+        dimension), if all are at hand: (those chunks in column order, the row's index within
+        them, its first element's position in a C-ordered chunk); None if one is not."""
+        cs = meta.chunk_shape
         prefix, within = [], []
         for i, c in zip(lead, cs):
             q, r = divmod(i, c)
             prefix.append(q)
             within.append(r)
         width = cs[-1]
-        k0, k1 = c0 // width, (c1 - 1) // width
         chunks = []
-        for k in range(k0, k1 + 1):
+        for k in range(c0 // width, (c1 - 1) // width + 1):
             arr = self._lookup(meta, (*prefix, k))
             if arr is None:
                 return None
             chunks.append(arr)
-        row_at = _flat_index(within, cs)  # the row's first element in a C-ordered chunk
-        if k0 == k1 and chunks[0].flags.c_contiguous:  # the bytes as they are, no copy
-            at = (row_at + c0 - k0 * width) * item + skip
-            return _flat_bytes(chunks[0])[at:at + take]
-        self._reply_room((c1 - c0) * item)
+        return chunks, within, _flat_index(within, cs)
+
+    def _copy_row(self, meta: ArrayMeta, c0: int, c1: int, row: tuple[list, list[int], int], pos: int) -> int:
+        """Columns [c0, c1) of a row (its `_row_chunks`) copied into the reply buffer at POS; the position after them."""
+        chunks, within, row_at = row
+        item = meta.dtype.itemsize
+        width = meta.chunk_shape[-1]
         out = self._reply_view
-        pos = 0  # where in OUT the piece of chunk k goes
-        for k, arr in zip(range(k0, k1 + 1), chunks):
+        for k, arr in enumerate(chunks, c0 // width):
             lo, hi = max(c0, k * width), min(c1, (k + 1) * width)
             n = (hi - lo) * item
             if arr.flags.c_contiguous:
@@ -339,7 +360,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             else:  # F-ordered chunks, regions of a decoded shard
                 self._reply_buf[pos:pos + n].view(meta.dtype)[...] = arr[(*within, slice(lo - k * width, hi - k * width))]
             pos += n
-        return out[skip:skip + take]
+        return pos
 
     def _reply_room(self, need: int) -> None:
         """Make the reused reply buffer (and its flat view) hold at least NEED bytes."""
