@@ -340,8 +340,10 @@ def failure_rows(rows: set[str], args, proxy, mnt: Path) -> None:
 def sigint_row(proxy, mnt: Path) -> None:
     mount(proxy.port, "data.zarr", mnt, f"timeout={TIMEOUT_S}")
     proxy.set_mode("silent")
-    reader = subprocess.Popen([sys.executable, "-c", f"open({str(mnt / 'seq.npy')!r}, 'rb').read()"],
-                              stderr=subprocess.DEVNULL)
+    # Python takes SIGINT only if it was not ignored when it started, and a shell's background job
+    # (`bench_remote.py ... &`) starts with SIGINT ignored: the reader takes it in any case.
+    reader = subprocess.Popen([sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                               f"open({str(mnt / 'seq.npy')!r}, 'rb').read()"], stderr=subprocess.DEVNULL)
     time.sleep(1)
     t0 = time.perf_counter()
     reader.send_signal(signal.SIGINT)
