@@ -1,6 +1,6 @@
-"""Mounted: small reads within one row of an array whose chunks are cached are served from
-the chunks without a plan (Engine._small_read: a view of one chunk's bytes, or pieces copied);
-their bytes equal np.save's of what zarr-python reads, in 1-d and n-d arrays with F-ordered
+"""Mounted: small reads within one row of an array, or across one row's end, whose chunks are
+cached are served from the chunks without a plan (Engine._small_read: a view of one chunk's
+bytes, or pieces copied); their bytes equal np.save's of what zarr-python reads, in 1-d and n-d arrays with F-ordered
 chunks, edge chunks, structured and datetime elements, and they see a write that the store
 does not hold yet."""
 
@@ -108,3 +108,4 @@ def test_small_reads_across_the_end_of_a_row(mount, tmp_path):
             at = header + row - 5  # over rows 0, 1 and 2: the usual way
             f.seek(at)
             assert f.read(row + 10) == want[at:at + row + 10]
+            assert stats(mnt)["small_reads"] - before == len(ends), name

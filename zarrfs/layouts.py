@@ -119,8 +119,7 @@ class ArrayStream:
             return self
         if self._reads is None:
             fine = copy.copy(self)
-            fine.meta = inner
-            fine._row_geometry = None
+            fine.meta = inner  # (its row geometry is the array's: same shape, dtype and order)
             ratio = [c // i for c, i in zip(self.meta.chunk_shape, inner.chunk_shape)]
             fine.origin = tuple(o * r for o, r in zip(self.origin, ratio))
             fine._chunks = inner.chunk_shape[::-1] if self._flip else inner.chunk_shape

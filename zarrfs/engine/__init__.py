@@ -316,10 +316,11 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
                 return None
             rows.append(row)
         item = meta.dtype.itemsize
-        if len(rows) == 1 and len(rows[0][0]) == 1 and rows[0][0][0].flags.c_contiguous:  # the bytes as they are
-            (arr,), _, at = rows[0]
-            at = (at + spans[0][1] % meta.chunk_shape[-1]) * item + skip
-            return _flat_bytes(arr)[at:at + take]
+        if len(rows) == 1:
+            chunks, _, row_at = rows[0]
+            if len(chunks) == 1 and chunks[0].flags.c_contiguous:  # the bytes as they are, no copy
+                at = (row_at + spans[0][1] % meta.chunk_shape[-1]) * item + skip
+                return _flat_bytes(chunks[0])[at:at + take]
         self._reply_room(sum(c1 - c0 for _, c0, c1 in spans) * item)
         pos = 0
         for (_, c0, c1), row in zip(spans, rows):
