@@ -3,6 +3,8 @@
 import io
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -68,11 +70,17 @@ def cases(draw):
     return raw.view(dtype).reshape(shape), chunks, draw(st.sampled_from(ROOTS))
 
 
-@settings(max_examples=150, deadline=None)
-@given(cases(), st.data())
-def test_npy_and_raw_bytes_equal_np_save(case, data):
+# Rows read into place (every row at least 0 bytes) or whole into scratch (none 4096), and
+# preadv calls of at most 3 buffers, so that these small arrays take every way there is.
+WAYS = [{"ROW_MIN_BYTES": 0}, {"ROW_MIN_BYTES": 4096}, {"ROW_MIN_BYTES": 0, "IOV_MAX": 3}]
+
+
+@pytest.mark.parametrize("way", WAYS, ids=["in-place", "scratch", "short-iov"])
+@settings(max_examples=100, deadline=None)
+@given(case=cases(), data=st.data())
+def test_npy_and_raw_bytes_equal_np_save(way, case, data):
     arr, chunks, root = case
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
+    with tempfile.TemporaryDirectory(dir=root) as tmp, mock.patch.multiple(direct, **way):
         meta = write_store(tmp, arr, chunks)
         reads = direct.DirectReads(Store(tmp))
         try:
@@ -126,3 +134,32 @@ def test_streams_that_are_not_a_copy_of_the_file_are_not_eligible(chain, order, 
                      fill_value=np.zeros((), "<i4"), codec=chain, keys=ChunkKeys("a"), attributes={},
                      format="v2", metadata_key="a/.zarray")
     assert not direct.eligible(ArrayStream(meta, order=order)), why
+
+
+def test_worker_threads_keep_their_files_until_a_refresh_or_their_end(tmp_path):
+    """A worker thread (nowait=False) keeps the chunk files it read open in a table of its
+    own: a file replaced since is read again only after close() (a refresh), and the files
+    are closed when the thread ends."""
+    arr = np.arange(8 * 8, dtype="<i4").reshape(8, 8)
+    meta = write_store(str(tmp_path), arr, (4, 4))
+    reads = direct.DirectReads(Store(str(tmp_path)))
+    stream = ArrayStream(meta, with_header=False)
+    open_fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+
+    def read_all():
+        plan = stream.plan(0, stream.size)
+        return bytes(reads.read_sync(stream, plan, np.empty(stream.size, np.uint8), nowait=False))
+
+    before = open_fds()
+    with ThreadPoolExecutor(1) as worker:
+        assert worker.submit(read_all).result() == arr.tobytes()
+        assert open_fds() == before + 4  # the four chunks' files, kept
+        new = arr + 100
+        write_store(str(tmp_path / "new"), new, (4, 4))
+        for name in os.listdir(tmp_path / "a"):  # each chunk file replaced by a new one, as zarr-python does
+            os.rename(tmp_path / "new" / "a" / name, tmp_path / "a" / name)
+        assert worker.submit(read_all).result() == arr.tobytes()  # the kept files: the old bytes
+        reads.close()
+        assert worker.submit(read_all).result() == new.tobytes()
+        assert open_fds() == before + 4
+    assert open_fds() == before  # the thread ended: its files are closed

@@ -9,6 +9,7 @@ import os
 import threading
 
 import numpy as np
+import pytest
 import zarr
 
 from mounted import npy_bytes, npy_f_bytes
@@ -89,11 +90,14 @@ def test_the_f_view_of_wide_c_chunks_is_served_from_bands(mount, tmp_path):
     assert stats(mnt)["band_reads"] > 0
 
 
-def test_a_refresh_keeps_bands_from_serving_what_the_store_no_longer_holds(mount, tmp_path):
+@pytest.mark.parametrize("compressors", [[zarr.codecs.ZstdCodec(level=1)], None], ids=["zstd", "uncompressed"])
+def test_a_refresh_keeps_bands_from_serving_what_the_store_no_longer_holds(mount, tmp_path, compressors):
+    """Uncompressed, the bands are filled from chunk files that worker threads keep open, and
+    zarr-python replaces each file by a new one: a refresh makes every thread open them again."""
     root = tmp_path / "r.zarr"
     old = np.arange(3000 * 2000, dtype="<f4").reshape(3000, 2000)  # 24 MB: three bands
     arr = zarr.create_array(store=os.fspath(root), name="a", shape=old.shape, dtype=old.dtype, chunks=(500, 40),
-                            compressors=[zarr.codecs.ZstdCodec(level=1)])
+                            compressors=compressors)
     arr[...] = old
     mnt = mount(root)
     fd = os.open(mnt / "a.npy", os.O_RDONLY | os.O_DIRECT)

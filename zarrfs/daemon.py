@@ -8,11 +8,13 @@ starts threads keeps fsspec's event-loop thread and pyfuse3's state in one proce
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import logging.handlers
 import os
 import re
+import resource
 import signal
 import socket
 import sys
@@ -41,6 +43,8 @@ SYSLOG_FORMAT = "zarrfs[%(process)d]: %(levelname)s %(name)s: %(message)s"
 # Read-ahead the kernel uses on our mount: FACTS.md measured 1 MiB requests as the point
 # where a Python server stops being bound by request count (default is 128 KiB).
 READ_AHEAD_KB = 1024
+# The open files the daemon asks for (`_raise_open_file_limit`).
+OPEN_FILES_WANTED = 1 << 16
 # Longest wait for the store to answer at start-up (connection, credentials, the root's listing):
 # long enough for a slow remote store, short enough that a boot with the network down does not
 # hang a mount(8) for minutes.
@@ -398,11 +402,22 @@ async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
 
 def serve(ops: ZarrOperations, mountpoint: str) -> None:
     """Run the main loop until unmounted or signalled, then unmount."""
+    _raise_open_file_limit()
     try:
         trio.run(_serve, ops, mountpoint)
     finally:
         pyfuse3.close(unmount=True)
         lifecycle.info("unmounted %s; %s", mountpoint, ops.engine.stats())
+
+
+def _raise_open_file_limit() -> None:
+    """Let the daemon keep chunk files open (direct.OPEN_FILES in each thread that reads them:
+    the trio thread and every worker) past the usual soft limit of 1,024, up to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def run(source: str, mountpoint: str, options: Options) -> int:

@@ -46,9 +46,6 @@ REPLY_BUF_MIN = 1 << 20
 # Smaller requests (random access) go through the chunk cache: a system call per chunk piece
 # costs them more (4,700 vs 9,000 random 4 KiB reads/s here) than one load of the chunk.
 DIRECT_MIN_BYTES = 64 << 10
-# The same for reads cut into small pieces (narrow chunks: a 1 MiB read of 64-column chunks
-# touches 256 of them): 4.1-4.4 s per GiB from cached chunks, 5.5 s with a read per piece.
-DIRECT_MIN_PIECE_BYTES = 32 << 10
 # Reads smaller than this that lie within one row of the array and whose chunks are at hand
 # skip the planner (random reads: 4 KiB at a time).
 SMALL_READ_BYTES = 64 << 10
@@ -257,11 +254,12 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
                                                 or self._sequential_start(stream, offset, size, readahead))
         if readahead is not None:  # at once: a read the kernel sends while this one loads is sequential too
             readahead.next_offset = offset + size
-        if (reply and self.direct is not None and size >= DIRECT_MIN_BYTES
-                and len(plan.chunks) * DIRECT_MIN_PIECE_BYTES <= size and direct.eligible(stream)):
+        if reply and self.direct is not None and size >= DIRECT_MIN_BYTES and direct.worth(stream, plan, size):
             data = await self._read_direct(stream, plan)
             if data is not None:
                 self.counters["reads"] += 1
+                if sequential:  # narrow chunks: bands, filled straight from the files too
+                    self.bands_ahead(stream, offset, size, readahead, len(plan.chunks))
                 return data
         reader, plan = self._planner(stream, plan, offset, size)
         whole = sequential and self._whole_shards(stream)

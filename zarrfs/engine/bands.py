@@ -40,10 +40,6 @@ BAND_BYTES = 8 << 20
 BANDS_AHEAD = 2
 BANDS_PER_READER = BANDS_AHEAD + 2  # and the band being read, and one that the reader just left
 BAND_BUDGET_BYTES = 128 << 20  # all readers' band buffers together
-# Uncompressed chunks of a local store are copied into a band from their files when the band
-# takes at least this much of each on average; narrower pieces (chunks of 64 float32 columns:
-# 256 chunks a band) cost more as a file read each than one load of each chunk into the cache.
-DIRECT_MIN_CHUNK_BYTES = 64 << 10
 # Only reads cut into pieces smaller than this on average start bands: where chunks are narrow
 # (chunks of 64 float32 columns: 256 in a 1 MiB read) the trio thread's planning and copying
 # is what bounds a reader. Reads in larger pieces were not faster with bands on this 2-core
@@ -165,8 +161,7 @@ class BandReads:
         try:
             plan = stream.plan(band.start, band.stop - band.start)
             data = None
-            if (self.direct is not None and direct.eligible(stream)
-                    and len(plan.chunks) * DIRECT_MIN_CHUNK_BYTES <= band.stop - band.start):
+            if self.direct is not None and direct.worth(stream, plan, band.stop - band.start):
                 try:
                     data = await self.run_io(self.direct.read_sync, stream, plan, band.buf, False)
                 except direct.Fallback:
