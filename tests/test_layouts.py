@@ -1,12 +1,13 @@
 """Byte layouts (zarrfs.layouts) against numpy's own bytes (np.save, tobytes), chunk by chunk."""
 
 import io
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrfs import grid
+from zarrfs import grid, layouts
 from zarrfs.codecs import CodecChain
 from zarrfs.keys import ChunkKeys
 from zarrfs.model import ArrayMeta
@@ -51,8 +52,10 @@ def read_all_ranges(stream, chunk_arrays, expected, data):
         off = data.draw(st.integers(0, size + 3))
         n = data.draw(st.integers(0, size + 5))
         plan = stream.plan(off, n)
-        got = stream.assemble(plan, {i: chunk_arrays[i] for i in plan.chunks})
-        assert got == expected[off:off + n]
+        for rows_min in (layouts.ROWS_MIN, 0):  # as it is, and whole rows for every read
+            with mock.patch.object(layouts, "ROWS_MIN", rows_min):
+                got = stream.assemble(plan, {i: chunk_arrays[i] for i in plan.chunks})
+            assert got == expected[off:off + n]
 
 
 @settings(max_examples=300, deadline=None)

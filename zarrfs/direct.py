@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from . import grid
 from .codecs import reads_into
 from .layouts import ArrayStream, ReadPlan, plan_bytes
 from .store import LOCAL_OPEN_FLAGS
@@ -167,7 +168,10 @@ class DirectReads:
         e0, e1 = plan.first_elem, plan.stop_elem
         row = e0 // ncols
         while row * ncols < e1:
-            lead, q, m = _run_at(row, shape, chunks)
+            lead, within, m = grid.row_run(row, shape, chunks)
+            q = 0  # the row's row in its chunks' files
+            for i, c in zip(within, chunks):
+                q = q * c + i
             m = min(m, -(-e1 // ncols) - row)
             lo = e0 - row * ncols if row * ncols < e0 else 0
             if m == 2 and e1 - (row + 1) * ncols < lo:  # the end of a row, the start of the next: no column in both
@@ -306,21 +310,3 @@ class _OpenFiles(OrderedDict):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
-
-
-def _run_at(row: int, shape: Index, chunks: Index) -> tuple[Index, int, int]:
-    """For the row of SHAPE's last dimension numbered ROW (C order of the other dimensions):
-    its chunk's grid position in those dimensions, its row in that chunk's file, and how
-    many rows from it on follow at consecutive rows of the same chunk files."""
-    idx = []
-    for n in reversed(shape[:-1]):
-        row, i = divmod(row, n)
-        idx.append(i)
-    if not idx:
-        return (), 0, 1
-    idx.reverse()
-    q = 0
-    for i, c in zip(idx, chunks):
-        q = q * c + i % c
-    last, height = idx[-1], chunks[-2]
-    return tuple(i // c for i, c in zip(idx, chunks)), q, min(shape[-2] - last, height - last % height)

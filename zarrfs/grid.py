@@ -76,3 +76,20 @@ def flat_boxes(shape: Index, first: int, stop: int) -> Iterator[tuple[Index, Ind
             yield from split(d + 1, base + (i1,), 0, hi % st)
 
     yield from split(0, (), first, stop)
+
+
+def row_run(row: int, shape: Index, chunks: Index) -> tuple[Index, Index, int]:
+    """For the row of SHAPE's last dimension numbered ROW (C order of the other dimensions):
+    its chunk's grid position and its position in that chunk in those dimensions, and how many
+    rows from it on lie in the same chunks, at consecutive rows of them (C order)."""
+    idx = []
+    for n in reversed(shape[:-1]):
+        row, i = divmod(row, n)
+        idx.append(i)
+    if not idx:
+        return (), (), 1
+    idx.reverse()
+    last, height = idx[-1], chunks[-2]
+    return (tuple(i // c for i, c in zip(idx, chunks)), tuple(i % c for i, c in zip(idx, chunks)),
+            min(shape[-2] - last, height - last % height))
+

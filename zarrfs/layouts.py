@@ -17,6 +17,10 @@ import numpy as np
 from . import grid, npy
 from .model import ArrayMeta
 
+# Reads of at least this many rows (of the last dimension) are assembled a whole row at a time
+# (`_assemble_rows`: one copy per chunk per run of rows, at most two rows' extra bytes).
+ROWS_MIN = 8
+
 Index = tuple[int, ...]
 
 
@@ -212,12 +216,42 @@ class ArrayStream:
         """
         if plan.take_bytes == 0:
             return plan.header_part
+        if out is None and self._shape and plan.stop_elem - plan.first_elem >= ROWS_MIN * self._shape[-1]:
+            return self._assemble_rows(plan, chunks)
         out = np.empty(self.element_bytes(plan), np.uint8) if out is None else out[:self.element_bytes(plan)]
         buf = out.view(self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan):
             chunk = chunks[idx].T if self._flip else chunks[idx]
             buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunk[src]
         return plan_bytes(plan, out)
+
+    def _assemble_rows(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes | memoryview:
+        """assemble for a read of many rows (of the stream's last dimension): the whole rows it
+        touches, a run of rows in one row of chunks at a time, each run one copy per chunk,
+        into a fresh buffer from its first row's start; the bytes are a view of it."""
+        shape, item = self._shape, self.dtype.itemsize
+        ncols, width = shape[-1], self._chunks[-1]
+        row_bytes = ncols * item
+        first, stop = plan.first_elem // ncols, -(-plan.stop_elem // ncols)
+        out = np.empty((stop - first) * row_bytes, np.uint8)
+        row = first
+        while row < stop:
+            lead, within, m = grid.row_run(row, shape, self._chunks)
+            m = min(m, stop - row)
+            rows = within[:-1] + (slice(within[-1], within[-1] + m),) if within else ()
+            at = (row - first) * row_bytes
+            for j in range(-(-ncols // width)):
+                chunk = chunks.get(self._array_index(lead + (j,)))
+                if chunk is None:  # none of its elements is read (the plan names every chunk that has one)
+                    continue
+                c0 = j * width
+                n = min(width, ncols - c0)
+                dst = np.ndarray((m, n), self.dtype, out, at + c0 * item, (row_bytes, item))
+                dst[...] = (chunk.T if self._flip else chunk)[rows + (slice(0, n),)].reshape(m, n)
+            row += m
+        skip = (plan.first_elem - first * ncols) * item + plan.skip_bytes
+        data = out[skip:skip + plan.take_bytes]
+        return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)
 
     def element_bytes(self, plan: ReadPlan) -> int:
         """Bytes of the whole elements a plan covers (its data, plus the parts of elements it cuts)."""
