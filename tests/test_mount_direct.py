@@ -3,11 +3,13 @@
 import json
 import os
 import random
+import resource
+from pathlib import Path
 
 import numpy as np
 import zarr
 
-from mounted import npy_bytes
+from mounted import npy_bytes, pids_serving
 
 VIEWS = ".zarrfs"
 
@@ -73,3 +75,35 @@ def test_writable_mounts_read_through_the_chunk_cache(mount, tmp_path):
     want[-1, -1] = -1
     assert got == npy_bytes(want)
     assert stats(mnt)["direct_reads"] == 0
+
+
+def test_narrow_chunks_are_read_from_their_files_with_many_kept_open(mount, tmp_path):
+    """Chunks of 16 columns, full height: a 1 MiB read touches 256 of them. The reads come from
+    their files (none is loaded into the cache whole), the first in the trio thread, then in
+    bands filled by worker threads that each keep 256 files open; the daemon raises a soft
+    open-file limit of 1,024 so that they can."""
+    data = np.random.default_rng(5).standard_normal((1500, 4096)).astype("<f4")  # 24 MB, 256 chunk columns
+    root = tmp_path / "n.zarr"
+    zarr.open_group(os.fspath(root), mode="w")
+    make(root, "a", data, 3, chunks=(1500, 16))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        mnt = mount(root)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    limits = Path(f"/proc/{pids_serving(mnt)[0]}/limits").read_text()
+    daemon_soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max open files"))
+    assert int(daemon_soft) == (1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16))
+    want = npy_bytes(zarr.open_array(os.fspath(root / "a"), mode="r")[...])
+    assert (mnt / "a.npy").read_bytes() == want
+    s = stats(mnt)
+    assert s["direct_reads"] > 0 and s["bands_assembled"] > 0, s
+    # Reads of 512 KiB (2 KiB of each chunk) too: loading their chunks would copy 3,000 times more.
+    fd = os.open(mnt / "a.npy", os.O_RDONLY | os.O_DIRECT)
+    with open(fd, "rb", buffering=0) as f:
+        for off in (0, 5 << 20, 20 << 20):
+            f.seek(off)
+            assert f.read(512 << 10) == want[off:off + (512 << 10)]
+    assert stats(mnt)["bytes_decoded"] == 0, stats(mnt)  # no chunk loaded whole
+    check_reads(mnt, root, "a", sizes=(1 << 20, 3 << 20))  # and reads at random places

@@ -42,11 +42,13 @@ OPEN_FILES = 256
 # chunks), 8 MiB reads: 0.23-0.25 s in place, 0.35-0.37 s through scratch.
 IOV_MAX = 1024
 ROW_MIN_BYTES = 4096
-# Reads cut into smaller pieces than this on average go through the chunk cache. At 4 KiB a
-# piece (the 64-column chunks above: 256 in a 1 MiB read) the files are faster (1.0 s per GiB
-# against 2.1-2.8 s), and loading those chunks would decode the whole array into the cache,
-# each chunk being a full-height strip.
+# Reads cut into smaller pieces than this on average go through the chunk cache, unless loading
+# their chunks would copy more than LOAD_MAX_RATIO times the read (chunks of a few columns and
+# full height: a 128 KiB read of 256 of them would load the whole array). At 4 KiB a piece
+# (the 64-column chunks above: 256 in a 1 MiB read) the files are faster (1.0 s per GiB
+# against 2.1-2.8 s).
 PIECE_MIN_BYTES = 4096
+LOAD_MAX_RATIO = 16
 
 Index = tuple[int, ...]
 
@@ -94,7 +96,10 @@ def eligible(stream: ArrayStream) -> bool:
 
 def worth(stream: ArrayStream, plan: ReadPlan, nbytes: int) -> bool:
     """Whether a read of NBYTES of STREAM is taken from the chunk files (see PIECE_MIN_BYTES)."""
-    return len(plan.chunks) * PIECE_MIN_BYTES <= nbytes and eligible(stream)
+    pieces = len(plan.chunks)
+    if pieces * PIECE_MIN_BYTES > nbytes and pieces * stream.meta.chunk_nbytes <= LOAD_MAX_RATIO * nbytes:
+        return False
+    return eligible(stream)
 
 
 class DirectReads:
