@@ -92,4 +92,3 @@ def row_run(row: int, shape: Index, chunks: Index) -> tuple[Index, Index, int]:
     last, height = idx[-1], chunks[-2]
     return (tuple(i // c for i, c in zip(idx, chunks)), tuple(i % c for i, c in zip(idx, chunks)),
             min(shape[-2] - last, height - last % height))
-
