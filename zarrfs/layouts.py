@@ -234,6 +234,7 @@ class ArrayStream:
         row_bytes = ncols * item
         first, stop = plan.first_elem // ncols, -(-plan.stop_elem // ncols)
         out = np.empty((stop - first) * row_bytes, np.uint8)
+        wanted = set(plan.chunks)
         row = first
         while row < stop:
             lead, within, m = grid.row_run(row, shape, self._chunks)
@@ -241,9 +242,10 @@ class ArrayStream:
             rows = within[:-1] + (slice(within[-1], within[-1] + m),) if within else ()
             at = (row - first) * row_bytes
             for j in range(-(-ncols // width)):
-                chunk = chunks.get(self._array_index(lead + (j,)))
-                if chunk is None:  # none of its elements is read (the plan names every chunk that has one)
+                idx = self._array_index(lead + (j,))
+                if idx not in wanted:  # none of its elements is read (the plan names every chunk that has one)
                     continue
+                chunk = chunks[idx]
                 c0 = j * width
                 n = min(width, ncols - c0)
                 dst = np.ndarray((m, n), self.dtype, out, at + c0 * item, (row_bytes, item))
