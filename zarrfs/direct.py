@@ -174,9 +174,7 @@ class DirectReads:
         row = e0 // ncols
         while row * ncols < e1:
             lead, within, m = grid.row_run(row, shape, chunks)
-            q = 0  # the row's row in its chunks' files
-            for i, c in zip(within, chunks):
-                q = q * c + i
+            q = grid.flat_row(within, chunks)  # the row's row in its chunks' files
             m = min(m, -(-e1 // ncols) - row)
             lo = e0 - row * ncols if row * ncols < e0 else 0
             if m == 2 and e1 - (row + 1) * ncols < lo:  # the end of a row, the start of the next: no column in both
@@ -208,21 +206,16 @@ class _Run:
     """One read_sync call's reading of runs of rows into OUT."""
 
     def __init__(self, reads: DirectReads, stream: ArrayStream, out: np.ndarray, nowait: bool) -> None:
-        self.reads, self.nowait, self.out = reads, nowait, out
+        self.reads, self.nowait, self.out, self.stream = reads, nowait, out, stream
         self.meta = meta = stream.meta
         self.item = item = stream.dtype.itemsize
         self.ncols, self.width = stream._shape[-1], stream._chunks[-1]
         self.row_bytes, self.chunk_row = self.ncols * item, self.width * item
         self.narrow = self.chunk_row < ROW_MIN_BYTES
         self.chunk_bytes = math.prod(stream._chunks) * item
-        self.origin = stream.origin if any(stream.origin) else None
         self.flags = os.RWF_NOWAIT if nowait and not reads.in_memory else 0
         self.files = reads._files if nowait else reads._worker_files()
         self.view = memoryview(out).cast("B")
-
-    def _index(self, lead: Index, j: int) -> Index:
-        idx = lead + (j,)
-        return idx if self.origin is None else tuple(o + i for o, i in zip(self.origin, idx))
 
     def chunk_part(self, lead: Index, j: int, q: int, m: int, lo: int, hi: int, at: int) -> None:
         """Rows Q.. Q+M-1 of chunk column J's file (columns LO.. of the first row, ..HI of the
@@ -247,7 +240,7 @@ class _Run:
             if c1 - c0 < self.width:  # an edge chunk: its rows' padding lies between them
                 pad = self.reads._junk((self.width - c1 + c0) * item)
                 iov = [v for part in iov for v in (part, pad)][:-1]
-        self._read(self._index(lead, j), iov, start * item)
+        self._read(self.stream._array_index(lead + (j,)), iov, start * item)
 
     def whole_rows(self, lead: Index, q: int, m: int, lo: int, hi: int, at: int) -> None:
         """A run of narrow rows: rows Q.. Q+M-1 of every chunk column's file read whole into
@@ -262,7 +255,7 @@ class _Run:
             scratch = np.empty(need, np.uint8)
         sv = memoryview(scratch)
         for j in range(nj):
-            self._read(self._index(lead, j), [sv[j * span:(j + 1) * span]], q * cr)
+            self._read(self.stream._array_index(lead + (j,)), [sv[j * span:(j + 1) * span]], q * cr)
         rows = scratch[:nj * span].reshape(nj, m, cr)
         nfull, edge = divmod(ncols * item, cr)  # whole chunk columns, and the edge one's bytes
         t0, t1 = (0 if lo == 0 else 1), (m if hi == ncols else m - 1)  # the rows needed whole

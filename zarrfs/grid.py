@@ -92,3 +92,12 @@ def row_run(row: int, shape: Index, chunks: Index) -> tuple[Index, Index, int]:
     last, height = idx[-1], chunks[-2]
     return (tuple(i // c for i, c in zip(idx, chunks)), tuple(i % c for i, c in zip(idx, chunks)),
             min(shape[-2] - last, height - last % height))
+
+
+def flat_row(within: Index, chunks: Index) -> int:
+    """The row (of the last dimension) of a C-ordered chunk of shape CHUNKS at position WITHIN
+    in its other dimensions, counted from the chunk's first."""
+    q = 0
+    for i, c in zip(within, chunks):
+        q = q * c + i
+    return q

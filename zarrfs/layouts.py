@@ -97,7 +97,7 @@ class ArrayStream:
         self._flip = flip
         self.chunk = chunk
         self._reads: ArrayStream | None = None
-        self._row_geometry: tuple | bool | None = None  # row_spans' (columns, other dimensions), False: none
+        self._row_spans_ok: bool | None = None  # whether row_spans answers for this stream (worked out once)
 
     def chunk_end(self, idx: Index) -> int:
         """The stream offset just past chunk IDX's last element (IDX: grid position in the
@@ -130,20 +130,20 @@ class ArrayStream:
             self._reads = fine
         return self._reads
 
-    def row_spans(self, offset: int, size: int) -> tuple[list[tuple[Index, int, int]], int, int] | None:
+    def row_spans(self, offset: int, size: int) -> tuple[list[tuple[int, int, int]], int, int] | None:
         """A read that lies within one row of the array's last dimension, or runs from the end
-        of one row into the next (a random 4 KiB read of long rows): ([(the row's index in the
-        other dimensions, first and stop column)] for each row, bytes of the first element to
-        skip, bytes to take), the rows' elements being consecutive in the stream; None for any
-        other read, or any other stream than a whole array's C-order elements in its own dtype."""
-        geo = self._row_geometry
-        if geo is None:
-            geo = self._row_geometry = (
-                (self._shape[-1], self._shape[-2::-1])
-                if not self._flip and self.chunk is None and self.dtype == self.meta.dtype and self._shape else False)
-        if not geo:
+        of one row into the next (a random 4 KiB read of long rows): ([(the row's number, C
+        order of the other dimensions, first and stop column)] for each row, bytes of the first
+        element to skip, bytes to take), the rows' elements being consecutive in the stream;
+        None for any other read, or any other stream than a whole array's C-order elements in
+        its own dtype."""
+        ok = self._row_spans_ok
+        if ok is None:
+            ok = self._row_spans_ok = bool(not self._flip and self.chunk is None and self.dtype == self.meta.dtype
+                                           and self._shape)
+        if not ok:
             return None
-        ncols, lead_shape = geo  # (the other dimensions last first)
+        ncols = self._shape[-1]
         _, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
         if take == 0 or offset < len(self.header):
             return None
@@ -153,11 +153,7 @@ class ArrayStream:
         spans = []
         for row in range(first, last + 1):
             lo, hi = max(e0, row * ncols), min(e1, (row + 1) * ncols)
-            lead, rest = [], row
-            for n in lead_shape:
-                rest, i = divmod(rest, n)
-                lead.append(i)
-            spans.append((tuple(reversed(lead)), lo % ncols, lo % ncols + hi - lo))
+            spans.append((row, lo % ncols, lo % ncols + hi - lo))
         return spans, skip, take
 
     def _array_index(self, t_idx: Index) -> Index:

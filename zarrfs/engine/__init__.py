@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from .. import direct
+from .. import direct, grid
 from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..store import Store
@@ -308,8 +308,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             return None
         spans, skip, take = got
         rows = []
-        for lead, c0, c1 in spans:
-            row = self._row_chunks(meta, lead, c0, c1)
+        for row_number, c0, c1 in spans:
+            row = self._row_chunks(meta, row_number, c0, c1)
             if row is None:
                 return None
             rows.append(row)
@@ -325,16 +325,12 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             pos = self._copy_row(meta, c0, c1, row, pos)
         return self._reply_view[skip:skip + take]
 
-    def _row_chunks(self, meta: ArrayMeta, lead: Index, c0: int, c1: int) -> tuple[list, list[int], int] | None:
-        """The chunks holding columns [c0, c1) of the row at LEAD (the index in every other
-        dimension), if all are at hand: (those chunks in column order, the row's index within
-        them, its first element's position in a C-ordered chunk); None if one is not."""
+    def _row_chunks(self, meta: ArrayMeta, row: int, c0: int, c1: int) -> tuple[list, Index, int] | None:
+        """The chunks holding columns [c0, c1) of row ROW (C order of the other dimensions), if
+        all are at hand: (those chunks in column order, the row's index within them in every
+        other dimension, its first element's position in a C-ordered chunk); None if one is not."""
         cs = meta.chunk_shape
-        prefix, within = [], []
-        for i, c in zip(lead, cs):
-            q, r = divmod(i, c)
-            prefix.append(q)
-            within.append(r)
+        prefix, within, _ = grid.row_run(row, meta.shape, cs)
         width = cs[-1]
         chunks = []
         for k in range(c0 // width, (c1 - 1) // width + 1):
@@ -342,9 +338,9 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             if arr is None:
                 return None
             chunks.append(arr)
-        return chunks, within, _flat_index(within, cs)
+        return chunks, within, grid.flat_row(within, cs) * width
 
-    def _copy_row(self, meta: ArrayMeta, c0: int, c1: int, row: tuple[list, list[int], int], pos: int) -> int:
+    def _copy_row(self, meta: ArrayMeta, c0: int, c1: int, row: tuple[list, Index, int], pos: int) -> int:
         """Columns [c0, c1) of a row (its `_row_chunks`) copied into the reply buffer at POS; the position after them."""
         chunks, within, row_at = row
         item = meta.dtype.itemsize
@@ -426,14 +422,6 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             "band_bytes": self.band_bytes, "band_bytes_peak": self.band_bytes_peak,
             "errors": dict(self.errors),
         }
-
-
-def _flat_index(within: list[int], shape: tuple[int, ...]) -> int:
-    """The C-order position in SHAPE of the first element of the row at WITHIN (every index but the last)."""
-    at = 0
-    for i, n in zip(within, shape):
-        at = at * n + i
-    return at * shape[-1]
 
 
 def _flat_bytes(arr: np.ndarray) -> memoryview:

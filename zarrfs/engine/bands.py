@@ -105,8 +105,8 @@ class BandReads:
         return band.data[offset - band.start:offset - band.start + size]
 
     def bands_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, pieces: int) -> None:
-        """After a sequential read on the usual path, cut into PIECES chunks: start the bands
-        of its end and the next, if its pieces are small or its copies transpose."""
+        """After a sequential read (from the cache or the chunk files), cut into PIECES chunks:
+        start the bands of its end and the next, if its pieces are small or its copies transpose."""
         if (not self.bands_enabled or self._nursery is None or size < BAND_MIN_READ_BYTES
                 or (pieces * BAND_MAX_PIECE_BYTES <= size and not transposing(stream))):
             return
