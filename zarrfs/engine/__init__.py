@@ -29,7 +29,7 @@ from .spares import Spares
 from .interrupts import Interrupts
 from .loads import Loads, _Load
 from .revalidate import Revalidation
-from .readahead import PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
+from .readahead import LOCAL_PREFETCH_MAX_BYTES, PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
 from .writeback import DIRTY_MAX_BYTES, WriteBack
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         self.direct: direct.DirectReads | None = None
         self._reply_buf = np.empty(0, np.uint8)  # bytes of direct and small reads, reused (_reply_room)
         self._reply_view = memoryview(self._reply_buf)  # the same bytes, flat
-        self.prefetch_max_bytes = min(PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE)
+        self.prefetch_max_bytes = min(LOCAL_PREFETCH_MAX_BYTES if store.is_local else PREFETCH_MAX_BYTES,
+                                      cache.max_bytes // PREFETCH_CACHE_SHARE)
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self._dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
             collections.OrderedDict())
