@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
 import stat
 import threading
@@ -212,7 +211,7 @@ class _Run:
         self.ncols, self.width = stream._shape[-1], stream._chunks[-1]
         self.row_bytes, self.chunk_row = self.ncols * item, self.width * item
         self.narrow = self.chunk_row < ROW_MIN_BYTES
-        self.chunk_bytes = math.prod(stream._chunks) * item
+        self.chunk_bytes = meta.chunk_nbytes  # (eligible: the stream's dtype and chunks are the array's)
         self.flags = os.RWF_NOWAIT if nowait and not reads.in_memory else 0
         self.files = reads._files if nowait else reads._worker_files()
         self.view = memoryview(out).cast("B")

@@ -247,9 +247,7 @@ class ArrayStream:
                 dst = np.ndarray((m, n), self.dtype, out, at + c0 * item, (row_bytes, item))
                 dst[...] = (chunk.T if self._flip else chunk)[rows + (slice(0, n),)].reshape(m, n)
             row += m
-        skip = (plan.first_elem - first * ncols) * item + plan.skip_bytes
-        data = out[skip:skip + plan.take_bytes]
-        return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)
+        return plan_bytes(plan, out[(plan.first_elem - first * ncols) * item:])  # from the plan's first element
 
     def element_bytes(self, plan: ReadPlan) -> int:
         """Bytes of the whole elements a plan covers (its data, plus the parts of elements it cuts)."""
