@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -106,6 +107,45 @@ async def test_corrupt_chunk_fails_only_its_reads(two_arrays, tmp_path):
     ok = await engine.read(s, hdr, 40 * 8)  # row 0 lives in chunks (0, *)
     assert np.frombuffer(ok, "<f8").tolist() == list(range(40))
     assert engine.errors["CorruptChunk"] == 1
+
+
+@pytest.mark.parametrize("codec", ["zstd", "blosc"])
+async def test_local_chunks_read_and_decoded_in_one_call(tmp_path, monkeypatch, codec):
+    """With buffers of the engine's to decode into (read-only mounts of local stores), a chunk is
+    read into its worker thread's scratch buffer and decoded in the same call: chunks of every
+    compressed size read back as zarr-python reads them, one not stored as its fill value, and a
+    damaged one fails only its reads, naming its key."""
+    from zarrfs.engine import loads
+
+    path = str(tmp_path / "s")
+    compressor = {"zstd": zarr.codecs.ZstdCodec(level=1), "blosc": zarr.codecs.BloscCodec(cname="lz4")}[codec]
+    a = zarr.create_array(path, name="a", shape=(1024, 1024), chunks=(256, 256), dtype="<f4",
+                          compressors=[compressor], fill_value=-1.5)
+    rng = np.random.default_rng(5)
+    # rows of rounded noise whose spread grows down the array: each chunk compresses differently
+    a[:] = (rng.standard_normal((1024, 1024)) * np.logspace(0, 6, 1024)[:, None]).round()
+    os.remove(f"{path}/a/c/0/3")
+    want = zarr.open_array(path + "/a", mode="r")[:]  # (fill where the chunk is gone)
+    with open(f"{path}/a/c/3/1", "r+b") as f:
+        f.seek(40)
+        f.write(b"\xff" * 4000)
+    calls = []
+    real = loads.read_decode_sync
+    monkeypatch.setattr(loads, "read_decode_sync", lambda *a: calls.append(a[3]) or real(*a))
+    store = Store(path)
+    engine = Engine(store, ChunkCache(1 << 26))
+    engine.recycle_enabled = True
+    s = ArrayStream(open_hierarchy_sync(store).node_sync("a"))
+    row = 1024 * 4
+    hdr = len(s.header)
+    got = np.frombuffer(await engine.read(s, hdr, 768 * row), "<f4").reshape(768, 1024)
+    assert np.array_equal(got, want[:768])
+    assert (got[:256, 768:] == -1.5).all()
+    with pytest.raises(CorruptChunk, match="a/c/3/1"):
+        await engine.read(s, hdr + 768 * row, 256 * row)
+    ok = await engine.read(s, hdr + 768 * row, 256 * 4)  # chunk (3, 0) of the damaged row
+    assert np.array_equal(np.frombuffer(ok, "<f4"), want[768, :256])
+    assert len(set(calls)) == 16  # every chunk, the one not stored too
 
 
 async def test_store_failure_is_eio_for_that_read(two_arrays):

@@ -24,10 +24,12 @@ pytestmark = pytest.mark.log_errors_expected
 FORMATS = pytest.mark.parametrize("fmt", [2, 3], ids=["v2", "v3"])
 PAGE = 4096
 
-# (64, 1024) float64 in (16, 1024) chunks: every chunk is 128 KiB of contiguous C-order
-# bytes in the .npy file, so a page-aligned range can lie wholly inside one chunk.
-CORRUPT_SHAPE = (64, 1024)
-CORRUPT_CHUNKS = (16, 1024)
+# (96, 1024) float64 in (32, 1024) chunks: every chunk is 256 KiB of contiguous C-order
+# bytes in the .npy file, so a page-aligned range can lie wholly inside one chunk. That is the
+# least a read-only mount of a local store decodes into buffers of its own (engine/spares.py),
+# so damaged blosc and zstd chunks are read and decoded in one worker call (engine/loads.py).
+CORRUPT_SHAPE = (96, 1024)
+CORRUPT_CHUNKS = (32, 1024)
 CORRUPT_ROW = 1  # the chunk row that gets damaged
 CORRUPT_ARRAYS = {"corrupt_zstd": "zstd", "corrupt_blosc": "blosc", "corrupt_raw": "none"}
 

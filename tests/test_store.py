@@ -135,9 +135,11 @@ def test_values_larger_than_their_bound_are_refused(tmp_path):
         m.get_sync("k", 9)
 
 
-def test_a_value_of_a_buffers_size_is_read_into_it(tmp_path):
+def test_a_value_that_fits_a_buffer_is_read_into_it(tmp_path):
     """Store.get_sync(into=): the bytes of a local key of exactly the buffer's size land in it
-    (engine/spares.py reuses such buffers); any other size, absence and non-files as without."""
+    (engine/spares.py reuses such buffers); a shorter value lands in its first bytes and comes
+    back as a view of them (a worker's scratch buffer, engine/loads.py); a longer one, absence
+    and non-files as without."""
     import numpy as np
 
     payload = os.urandom(300_000)
@@ -145,9 +147,13 @@ def test_a_value_of_a_buffers_size_is_read_into_it(tmp_path):
     store = Store(str(tmp_path))
     buf = np.zeros(len(payload), np.uint8)
     assert store.get_sync("k", None, buf) is buf and buf.tobytes() == payload
-    other = np.zeros(len(payload) + 1, np.uint8)
-    got = store.get_sync("k", None, other)
-    assert got == payload and not other.any()
+    larger = np.zeros(len(payload) + 5, np.uint8)
+    got = store.get_sync("k", None, larger)
+    assert isinstance(got, memoryview) and got.obj is larger and len(got) == len(payload)
+    assert bytes(got) == payload and not larger[len(payload):].any()
+    smaller = np.zeros(len(payload) - 1, np.uint8)
+    got = store.get_sync("k", None, smaller)
+    assert got == payload and not smaller.any()
     assert store.get_sync("absent", None, buf) is None
     with pytest.raises(StoreError, match="more than"):
         store.get_sync("k", 1000, buf)

@@ -203,7 +203,7 @@ def source_of(meta: Any) -> Any:
 
 def read_chunk_sync(meta: Any, store: Any, idx: Index, into: Any = None) -> Any:
     """A grid chunk's stored bytes, or None; more than any encoding of it takes is refused.
-    With INTO (chunks one key each): read into it when they are exactly its size."""
+    With INTO (chunks one key each): read into it when they fit (see Store.get_sync)."""
     if into is not None:
         return source_of(meta).read_sync(store, idx, meta.max_stored_nbytes, into)
     return source_of(meta).read_sync(store, idx, meta.max_stored_nbytes)

@@ -119,7 +119,8 @@ class Store:
                     into: Any = None) -> Any:
         """Bytes [start, end) of a local key (start < 0: the last -start bytes; end None: to
         its end), or None when it is absent or a directory; read into INTO (a writable buffer)
-        when they are exactly its size, and INTO returned.
+        when they fit in it: INTO returned when they are exactly its size, else a view of its
+        first bytes.
 
         Only regular files are values: the key is opened without blocking and checked before
         a byte is read. `max_nbytes` refuses a read that would return more.
@@ -142,12 +143,12 @@ class Store:
             if max_nbytes is not None and hi - lo > max_nbytes:
                 raise StoreError(f"{key!r} holds {hi - lo} bytes, more than the {max_nbytes} it can "
                                  f"legitimately take")
-            if into is not None and hi - lo == len(into):
+            if into is not None and hi - lo <= len(into):
                 view, at = memoryview(into).cast("B"), lo
-                while at < hi and (got := os.preadv(fd, [view[at - lo:]], at)):
+                while at < hi and (got := os.preadv(fd, [view[at - lo:hi - lo]], at)):
                     at += got
                 if at == hi:
-                    return into
+                    return into if hi - lo == len(into) else view[:hi - lo]
             data = os.pread(fd, hi - lo, lo)  # one call unless past 2 GiB
             while len(data) < hi - lo and (more := os.pread(fd, hi - lo - len(data), lo + len(data))):
                 data += more
@@ -161,7 +162,8 @@ class Store:
         A value larger than `max_nbytes` is refused (StoreError): by default the bound of
         metadata documents; chunk reads pass what their codecs can produce, None means any
         size. Local stores check the size before reading; other backends, after. A local
-        value of exactly INTO's size (a writable buffer) is read into it, and INTO returned.
+        value that fits in INTO (a writable buffer) is read into it: INTO returned when it is
+        exactly its size, else a view of its first bytes.
         """
         try:
             if self.is_local:

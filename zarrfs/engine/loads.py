@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +24,7 @@ from ..errors import CorruptChunk, StoreError, ZarrfsError
 from ..model import ArrayMeta
 from . import revalidate
 from .readahead import PREFETCH_CACHE_SHARE
+from .spares import private_buffer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,13 @@ INDEX = "index"
 SHARD = "shard"
 BODY = "body"  # once() key of a whole shard's stored bytes being loaded, for its inner chunks
 NO_SHARD = np.zeros(0, dtype="<u8")  # cached index of a shard that is not stored
+# A local chunk decoded into a buffer given for it is read into its worker thread's scratch
+# buffer, of its decoded size and this much more (a compressor's header, incompressible data),
+# rounded up to SCRATCH_STEP; chunks that would need more than SCRATCH_MAX_BYTES are read as before.
+SCRATCH_SLACK = 64 << 10
+SCRATCH_STEP = 1 << 20
+SCRATCH_MAX_BYTES = 64 << 20
+_scratch = threading.local()  # .buf: this worker thread's scratch buffer
 
 def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes, out: np.ndarray | None = None) -> np.ndarray:
     """Decode one stored chunk (maybe into OUT: see CodecChain.decode); any failure becomes a
@@ -58,6 +67,36 @@ def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes, out: np.ndarray | N
         raise CorruptChunk(f"chunk {key}: decoded to {arr.shape} {arr.dtype}, "
                            f"expected {meta.chunk_shape} {meta.dtype}")
     return arr
+
+
+def read_decode_sync(meta: ArrayMeta, store: Any, idx: Index, key: str, out: np.ndarray
+                     ) -> tuple[int | None, np.ndarray | None, float]:
+    """A local chunk read and decoded into OUT in one worker call: (its stored size, the array,
+    seconds decoding), or (None, None, 0.0) when it is not stored.
+
+    Its stored bytes go into this thread's scratch buffer, kept for the thread's next chunk:
+    read into fresh memory, each chunk's bytes cost their page faults again (a cold `cat` of
+    the zstd array: 120k faults, half of them these), and a second worker call handed them
+    to a decoding thread. Nothing decoded refers to the scratch buffer: it is copied if it did.
+    """
+    need = -(-(meta.chunk_nbytes + SCRATCH_SLACK) // SCRATCH_STEP) * SCRATCH_STEP
+    buf = getattr(_scratch, "buf", None)
+    if need > SCRATCH_MAX_BYTES:
+        buf = None
+    elif buf is None or len(buf) < need:
+        _scratch.buf = None  # the old one freed first
+        try:
+            buf = _scratch.buf = private_buffer(need)
+        except OSError:  # out of memory: read as before
+            buf = None
+    raw = chunksource.read_chunk_sync(meta, store, idx, buf)
+    if raw is None:
+        return None, None, 0.0
+    began = time.perf_counter()
+    arr = decode_chunk_sync(meta, key, raw, out)
+    if buf is not None and np.may_share_memory(arr, buf):
+        arr = arr.copy()
+    return len(raw), arr, time.perf_counter() - began
 
 
 def decode_chunks_sync(meta: ArrayMeta, pieces: list[tuple[str, Any]],
@@ -326,6 +365,8 @@ class Loads:
         began = revalidate.now()
         out = self.decode_buffer(meta)  # the chunk's bytes as stored, or what its codec decodes into
         into = out if out is not None and reads_into(meta.codec) else None
+        if out is not None and into is None and self.store.is_local:
+            return await self._load_local(meta, idx, key, began, out)
         try:
             raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, into, key=key)
         except ZarrfsError as e:
@@ -340,6 +381,27 @@ class Loads:
         self.counters["store_bytes"] += len(raw)
         arr = (await self._decode(meta, [(key, raw)], outs=[None if into is not None else out]))[0]
         if out is not None and arr.base is out:
+            arr.flags.writeable = False  # a cached chunk is never changed by a reader
+        return arr
+
+    async def _load_local(self, meta: ArrayMeta, idx: Index, key: str, began: float, out: np.ndarray) -> np.ndarray:
+        """`_load` of a local chunk that decodes into OUT: read and decoded in one worker call
+        (read_decode_sync), with a decoding thread's turn."""
+        try:
+            async with self.cpu_limiter:
+                nbytes, arr, seconds = await self.run_io(read_decode_sync, meta, self.store, idx, key, out, key=key)
+        except ZarrfsError as e:
+            self._count_error(e, key)
+            raise
+        self.counters["store_gets"] += 1
+        self.note_fetch(meta, idx, key, began, nbytes)
+        if arr is None:
+            self.counters["fill_chunks"] += 1
+            return np.broadcast_to(meta.fill_value, meta.chunk_shape)
+        self.counters["store_bytes"] += nbytes
+        self.counters["bytes_decoded"] += arr.nbytes
+        self.decode_seconds += seconds
+        if arr.base is out:
             arr.flags.writeable = False  # a cached chunk is never changed by a reader
         return arr
 

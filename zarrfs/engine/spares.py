@@ -36,6 +36,14 @@ BUFFERS_MAX = 8192
 SOLE = 3
 
 
+def private_buffer(nbytes: int) -> np.ndarray:
+    """NBYTES of fresh memory (uint8) in a mapping of its own: numpy's large allocations ask for
+    huge pages, whose compaction stalled here; private, as malloc's are (the default, shared,
+    faults through tmpfs: 1 GiB took 0.75-0.84 s to touch, against 0.53-0.60 s). OSError when
+    out of memory."""
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+
+
 class Spares:
     """Decode buffers given back by sequential readers (mixed into Engine)."""
 
@@ -60,10 +68,8 @@ class Spares:
             return free.pop()
         if self._buffers >= BUFFERS_MAX:
             return None
-        try:  # its own mapping: numpy's large allocations ask for huge pages, whose compaction stalled here;
-            # private, as malloc's are (the default, shared, faults through tmpfs: 1 GiB took 0.75-0.84 s
-            # to touch, against 0.53-0.60 s)
-            buf = np.frombuffer(mmap.mmap(-1, meta.chunk_nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+        try:
+            buf = private_buffer(meta.chunk_nbytes)
         except OSError:  # out of memory: the codec allocates
             return None
         self._buffers += 1
