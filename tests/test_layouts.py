@@ -53,9 +53,11 @@ def read_all_ranges(stream, chunk_arrays, expected, data):
         n = data.draw(st.integers(0, size + 5))
         plan = stream.plan(off, n)
         for rows_min in (layouts.ROWS_MIN, 0):  # as it is, and whole rows for every read
-            with mock.patch.object(layouts, "ROWS_MIN", rows_min):
-                got = stream.assemble(plan, {i: chunk_arrays[i] for i in plan.chunks})
-            assert got == expected[off:off + n]
+            # transposing copies staged as they are (whole, at these sizes), and a few bytes at a time
+            for stage in (layouts.STAGE_BYTES, 8):
+                with mock.patch.object(layouts, "ROWS_MIN", rows_min), mock.patch.object(layouts, "STAGE_BYTES", stage):
+                    got = stream.assemble(plan, {i: chunk_arrays[i] for i in plan.chunks})
+                assert got == expected[off:off + n]
 
 
 @settings(max_examples=300, deadline=None)
