@@ -53,8 +53,8 @@ def read_all_ranges(stream, chunk_arrays, expected, data):
         n = data.draw(st.integers(0, size + 5))
         plan = stream.plan(off, n)
         for rows_min in (layouts.ROWS_MIN, 0):  # as it is, and whole rows for every read
-            # transposing copies staged as they are (whole, at these sizes), and a few bytes at a time
-            for stage in (layouts.STAGE_BYTES, 8):
+            # transposing copies staged as they are (whole, at these sizes), and 48 bytes at a time (several blocks)
+            for stage in (layouts.STAGE_BYTES, 48):
                 with mock.patch.object(layouts, "ROWS_MIN", rows_min), mock.patch.object(layouts, "STAGE_BYTES", stage):
                     got = stream.assemble(plan, {i: chunk_arrays[i] for i in plan.chunks})
                 assert got == expected[off:off + n]

@@ -62,11 +62,11 @@ def copy_elements(target: np.ndarray, source: np.ndarray) -> None:
     """`target[...] = source` (same shape, TARGET in C order); when SOURCE's elements are
     closest in memory along its first dimension (an F-ordered chunk, or a region of one),
     through a staging buffer (STAGE_BYTES), a block of SOURCE.T's rows at a time."""
-    if not _transposes(source):
+    rows = source.T  # its elements closest along its last dimension: rows read as they lie
+    per = STAGE_BYTES // max(1, rows[0].nbytes) if _transposes(source) else 0
+    if per == 0:  # not transposing, or one row of SOURCE.T is more than a stage: copied as it is
         target[...] = source
         return
-    rows = source.T  # its elements closest along its last dimension: rows read as they lie
-    per = max(1, STAGE_BYTES // max(1, rows[0].nbytes))
     stage = np.empty((min(per, len(rows)), *rows.shape[1:]), source.dtype)
     out = target.T
     for at in range(0, len(rows), per):
