@@ -82,6 +82,10 @@ def row_run(row: int, shape: Index, chunks: Index) -> tuple[Index, Index, int]:
     """For the row of SHAPE's last dimension numbered ROW (C order of the other dimensions):
     its chunk's grid position and its position in that chunk in those dimensions, and how many
     rows from it on lie in the same chunks, at consecutive rows of them (C order)."""
+    if len(shape) == 2:  # (most arrays, and every random read of one asks: the loop below, written out)
+        height = chunks[0]
+        p, i = divmod(row, height)
+        return (p,), (i,), min(shape[0] - row, height - i)
     idx = []
     for n in reversed(shape[:-1]):
         row, i = divmod(row, n)
@@ -97,6 +101,8 @@ def row_run(row: int, shape: Index, chunks: Index) -> tuple[Index, Index, int]:
 def flat_row(within: Index, chunks: Index) -> int:
     """The row (of the last dimension) of a C-ordered chunk of shape CHUNKS at position WITHIN
     in its other dimensions, counted from the chunk's first."""
+    if len(within) == 1:
+        return within[0]
     q = 0
     for i, c in zip(within, chunks):
         q = q * c + i

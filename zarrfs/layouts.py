@@ -78,6 +78,8 @@ def copy_elements(target: np.ndarray, source: np.ndarray) -> None:
 def _transposes(source: np.ndarray) -> bool:
     """Whether SOURCE (of at least 2 dimensions longer than 1) has its smallest stride on its
     first such dimension: copied into C order, it is read across its memory order."""
+    if source.ndim < 2 or source.strides[-1] == source.itemsize:  # (most copies: rows as they lie)
+        return False
     dims = [d for d in range(source.ndim) if source.shape[d] > 1]
     if len(dims) < 2:
         return False
@@ -174,23 +176,20 @@ class ArrayStream:
         ok = self._row_spans_ok
         if ok is None:
             ok = self._row_spans_ok = bool(not self._flip and self.chunk is None and self.dtype == self.meta.dtype
-                                           and self._shape and self.dtype.itemsize)
+                                           and self._shape)
         if not ok:
             return None
-        # element_span's arithmetic, written out: every random read of an array asks
-        hlen, item = len(self.header), self.dtype.itemsize
-        d0, d1 = offset - hlen, min(offset + size, self.size) - hlen
-        if d0 < 0 or d1 <= d0:
+        _, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
+        if take == 0 or offset < len(self.header):
             return None
-        e0, e1 = d0 // item, -(-d1 // item)
         ncols = self._shape[-1]
         first, c0 = divmod(e0, ncols)
         last = (e1 - 1) // ncols
         if last == first:
-            return [(first, c0, c0 + e1 - e0)], d0 - e0 * item, d1 - d0
+            return [(first, c0, c0 + e1 - e0)], skip, take
         if last - first > 1:
             return None
-        return [(first, c0, ncols), (last, 0, e1 - last * ncols)], d0 - e0 * item, d1 - d0
+        return [(first, c0, ncols), (last, 0, e1 - last * ncols)], skip, take
 
     def _array_index(self, t_idx: Index) -> Index:
         """Grid position in the array of a chunk index in the stream's (maybe flipped) order."""

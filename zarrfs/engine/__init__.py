@@ -332,19 +332,14 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         other dimension, its first element's position in a C-ordered chunk); None if one is not."""
         cs = meta.chunk_shape
         width = cs[-1]
-        if len(cs) == 2:  # (most arrays: grid.row_run's arithmetic, written out)
-            p, i = divmod(row, cs[0])
-            prefix, within, row_at = (p,), (i,), i * width
-        else:
-            prefix, within, _ = grid.row_run(row, meta.shape, cs)
-            row_at = grid.flat_row(within, cs) * width
+        prefix, within, _ = grid.row_run(row, meta.shape, cs)
         chunks = []
         for k in range(c0 // width, (c1 - 1) // width + 1):
             arr = self._lookup(meta, (*prefix, k))
             if arr is None:
                 return None
             chunks.append(arr)
-        return chunks, within, row_at
+        return chunks, within, grid.flat_row(within, cs) * width
 
     def _copy_row(self, meta: ArrayMeta, c0: int, c1: int, row: tuple[list, Index, int], pos: int) -> int:
         """Columns [c0, c1) of a row (its `_row_chunks`) copied into the reply buffer at POS; the position after them."""

@@ -365,43 +365,31 @@ class Loads:
         began = revalidate.now()
         out = self.decode_buffer(meta)  # the chunk's bytes as stored, or what its codec decodes into
         into = out if out is not None and reads_into(meta.codec) else None
-        if out is not None and into is None and self.store.is_local:
-            return await self._load_local(meta, idx, key, began, out)
+        # A local chunk that decodes into OUT is read and decoded in one worker call, with a
+        # decoding thread's turn (read_decode_sync).
+        together = out is not None and into is None and self.store.is_local
         try:
-            raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, into, key=key)
+            if together:
+                async with self.cpu_limiter:
+                    nbytes, arr, seconds = await self.run_io(read_decode_sync, meta, self.store, idx, key, out, key=key)
+            else:
+                raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, into, key=key)
+                nbytes = None if raw is None else len(raw)
         except ZarrfsError as e:
             self._count_error(e, key)
             raise
         self.counters["store_gets"] += 1
         if not _partial(meta):
-            self.note_fetch(meta, idx, key, began, None if raw is None else len(raw))
-        if raw is None:
-            self.counters["fill_chunks"] += 1
-            return np.broadcast_to(meta.fill_value, meta.chunk_shape)
-        self.counters["store_bytes"] += len(raw)
-        arr = (await self._decode(meta, [(key, raw)], outs=[None if into is not None else out]))[0]
-        if out is not None and arr.base is out:
-            arr.flags.writeable = False  # a cached chunk is never changed by a reader
-        return arr
-
-    async def _load_local(self, meta: ArrayMeta, idx: Index, key: str, began: float, out: np.ndarray) -> np.ndarray:
-        """`_load` of a local chunk that decodes into OUT: read and decoded in one worker call
-        (read_decode_sync), with a decoding thread's turn."""
-        try:
-            async with self.cpu_limiter:
-                nbytes, arr, seconds = await self.run_io(read_decode_sync, meta, self.store, idx, key, out, key=key)
-        except ZarrfsError as e:
-            self._count_error(e, key)
-            raise
-        self.counters["store_gets"] += 1
-        self.note_fetch(meta, idx, key, began, nbytes)
-        if arr is None:
+            self.note_fetch(meta, idx, key, began, nbytes)
+        if nbytes is None:
             self.counters["fill_chunks"] += 1
             return np.broadcast_to(meta.fill_value, meta.chunk_shape)
         self.counters["store_bytes"] += nbytes
-        self.counters["bytes_decoded"] += arr.nbytes
-        self.decode_seconds += seconds
-        if arr.base is out:
+        if together:
+            self._decoded([arr], seconds)
+        else:
+            arr = (await self._decode(meta, [(key, raw)], outs=[None if into is not None else out]))[0]
+        if out is not None and arr.base is out:
             arr.flags.writeable = False  # a cached chunk is never changed by a reader
         return arr
 
@@ -415,9 +403,13 @@ class Loads:
             if count_errors:
                 self._count_error(e, pieces[0][0])
             raise
-        self.decode_seconds += time.perf_counter() - t0
-        self.counters["bytes_decoded"] += sum(a.nbytes for a in arrs)
+        self._decoded(arrs, time.perf_counter() - t0)
         return arrs
+
+    def _decoded(self, arrs: list[np.ndarray], seconds: float) -> None:
+        """Count decoded chunks and the time their decoding took."""
+        self.decode_seconds += seconds
+        self.counters["bytes_decoded"] += sum(a.nbytes for a in arrs)
 
     async def _shard_index(self, meta: ArrayMeta, shard: Index) -> np.ndarray | None:
         """The index of a shard (cached, loaded once), or None when the shard is not stored."""
