@@ -159,6 +159,12 @@ def daemon_pid(mnt: Path) -> int | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU of process PID so far, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def vm_hwm_bytes(pid: int | None) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -175,6 +181,7 @@ class Bench:
         self.workdir = workdir
         self.n = 0
         self.peak_rss = 0
+        self.empty_cpu_s = 0.0
         self.options = [o for o in args.mount_options.split(",") if o]
 
     def _mnt(self) -> Path:
@@ -199,15 +206,21 @@ class Bench:
             self.peak_rss = max(self.peak_rss, vm_hwm_bytes(pid))
             unmount(mnt)
 
-    def empty(self, sizes: list[int], timed):
-        """TIMED(mount point) on a fresh mount of the empty server with files f0.. of SIZES."""
+    def empty(self, sizes: list[int], timed, push: int = 0):
+        """TIMED(mount point) on a fresh mount of the empty server with files f0.. of SIZES (with
+        PUSH threads storing each file in the page cache at its first open); the server's CPU
+        seconds over TIMED go to `empty_cpu_s`."""
         mnt = self._mnt()
-        proc = subprocess.Popen([sys.executable, os.fspath(HERE / "empty_server.py"), os.fspath(mnt),
+        proc = subprocess.Popen([sys.executable, os.fspath(HERE / "empty_server.py"),
+                                 *(["--push", str(push)] if push else []), os.fspath(mnt),
                                  *map(str, sizes)], stdin=subprocess.DEVNULL)
         try:
             wait_mounted(mnt, proc)
             time.sleep(0.2)  # the read-ahead is tuned right after the mount answers
-            return timed(mnt)
+            cpu = cpu_seconds(proc.pid)
+            out = timed(mnt)
+            self.empty_cpu_s = cpu_seconds(proc.pid) - cpu
+            return out
         finally:
             proc.terminate()
             try:

@@ -1,31 +1,41 @@
 #!/usr/bin/env python3
 """The ceiling of a Python FUSE server: pyfuse3 serving files of given sizes from memory.
 
-``empty_server.py MOUNTPOINT SIZE [SIZE...]`` mounts files ``f0``, ``f1``, ... of those
-byte sizes (read-only, zarrfs's mount options: keep_cache, the kernel's read-ahead raised to
-1 MiB) and serves every read as a memoryview slice of one buffer; it unmounts on SIGTERM or
-SIGINT. ``scripts/bench.py`` measures zarrfs against it in the same run. Never imports zarrfs.
+``empty_server.py [--push THREADS] MOUNTPOINT SIZE [SIZE...]`` mounts files ``f0``, ``f1``,
+... of those byte sizes (read-only, zarrfs's mount options: keep_cache, the kernel's read-ahead
+raised to 1 MiB) and serves every read as a memoryview slice of one buffer; it unmounts on
+SIGTERM or SIGINT. ``scripts/bench.py`` measures zarrfs against it in the same run.
+
+With ``--push``, the first open of a file also starts THREADS threads that store the whole file
+in the kernel's page cache (``pyfuse3.notify_store``, PUSH_BYTES at a time, each thread every
+THREADS-th piece) while the reader reads: the bytes a reader then finds cached never reach the
+server as reads. ``scripts/bench_push.py`` measures what that gains. Never imports zarrfs.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import signal
 import stat
 import sys
+import threading
 
 import pyfuse3
 import trio
 
 READ_AHEAD_KB = 1024  # what zarrfs's daemon writes to the mount's bdi (1 MiB requests)
+PUSH_BYTES = 4 << 20  # one notify_store: whole pages but for the file's last
 
 
 class Empty(pyfuse3.Operations):
-    def __init__(self, sizes: list[int]) -> None:
+    def __init__(self, sizes: list[int], push_threads: int = 0) -> None:
         super().__init__()
         self.sizes = sizes
         self.buf = memoryview(bytearray(max(sizes)))  # touched: bytearray zero-fills
+        self.push_threads = push_threads
+        self.pushed: set[int] = set()
 
     def _attr(self, inode: int) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -56,7 +66,21 @@ class Empty(pyfuse3.Operations):
                 return
 
     async def open(self, inode, flags, ctx):
+        if self.push_threads and inode not in self.pushed:
+            self.pushed.add(inode)
+            for k in range(self.push_threads):
+                threading.Thread(target=self.push, args=(inode, k), daemon=True).start()
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+
+    def push(self, inode: int, k: int) -> None:
+        """Store pieces K, K + threads, ... of the file in the page cache. A worker thread: a
+        piece whose pages a read is filling waits for its reply, which the main loop sends."""
+        size, step = self.sizes[inode - 2], PUSH_BYTES * self.push_threads
+        try:
+            for at in range(k * PUSH_BYTES, size, step):
+                pyfuse3.notify_store(inode, at, self.buf[at:min(size, at + PUSH_BYTES)])
+        except OSError as e:  # unmounted meanwhile
+            print(f"empty_server: push of inode {inode} stopped: {e}", file=sys.stderr)
 
     async def read(self, fh, off, size):
         end = min(off + size, self.sizes[fh - 2])
@@ -83,11 +107,15 @@ async def serve(mnt: str) -> None:
 
 
 def main() -> None:
-    mnt, sizes = sys.argv[1], [int(s) for s in sys.argv[2:]]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--push", type=int, default=0, metavar="THREADS")
+    parser.add_argument("mountpoint")
+    parser.add_argument("sizes", type=int, nargs="+")
+    args = parser.parse_args()
     opts = set(pyfuse3.default_options) | {"fsname=empty", "ro"}
-    pyfuse3.init(Empty(sizes), mnt, opts)
+    pyfuse3.init(Empty(args.sizes, args.push), args.mountpoint, opts)
     try:
-        trio.run(serve, mnt)
+        trio.run(serve, args.mountpoint)
     finally:
         pyfuse3.close(unmount=True)
 
