@@ -27,6 +27,7 @@ import trio
 
 READ_AHEAD_KB = 1024  # what zarrfs's daemon writes to the mount's bdi (1 MiB requests)
 PUSH_BYTES = 4 << 20  # one notify_store: whole pages but for the file's last
+PUSH_JOIN_S = 10.0
 
 
 class Empty(pyfuse3.Operations):
@@ -36,6 +37,7 @@ class Empty(pyfuse3.Operations):
         self.buf = memoryview(bytearray(max(sizes)))  # touched: bytearray zero-fills
         self.push_threads = push_threads
         self.pushed: set[int] = set()
+        self.pushers: list[threading.Thread] = []
 
     def _attr(self, inode: int) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -69,7 +71,8 @@ class Empty(pyfuse3.Operations):
         if self.push_threads and inode not in self.pushed:
             self.pushed.add(inode)
             for k in range(self.push_threads):
-                threading.Thread(target=self.push, args=(inode, k), daemon=True).start()
+                self.pushers.append(threading.Thread(target=self.push, args=(inode, k), daemon=True))
+                self.pushers[-1].start()
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     def push(self, inode: int, k: int) -> None:
@@ -113,10 +116,13 @@ def main() -> None:
     parser.add_argument("sizes", type=int, nargs="+")
     args = parser.parse_args()
     opts = set(pyfuse3.default_options) | {"fsname=empty", "ro"}
-    pyfuse3.init(Empty(args.sizes, args.push), args.mountpoint, opts)
+    ops = Empty(args.sizes, args.push)
+    pyfuse3.init(ops, args.mountpoint, opts)
     try:
         trio.run(serve, args.mountpoint)
     finally:
+        for t in ops.pushers:  # not past the session's end (a push waiting for a read's pages: bounded)
+            t.join(PUSH_JOIN_S)
         pyfuse3.close(unmount=True)
 
 
