@@ -421,11 +421,16 @@ def main(argv=None) -> int:
     for r in rows:
         v = per_row[r]
         num, den = zip(*seconds[r])
-        print(f"{r:8} {TARGETS[r]:8} {statistics.median(v):6.2f}  {f'[{min(v):.2f}-{max(v):.2f}]':13}  "
+        print(f"{r:8} {TARGETS[r]:8} {ratio_cells(v)}  "
               f"{_spread(num)} / {_spread(den)}")
     print(f"{'memory':8} {'<= +150':8} {(b.peak_rss >> 20) - args.cache_mib:+6d}  MiB over cache_size "
           f"(peak VmHWM {b.peak_rss >> 20} MiB)")
     return 0
+
+
+def ratio_cells(v: list[float]) -> str:
+    """Per-pair ratios as the tables print them: the median, then the spread [min-max]."""
+    return f"{statistics.median(v):6.2f}  {f'[{min(v):.2f}-{max(v):.2f}]':13}"
 
 
 def _spread(v: tuple[float, ...]) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -63,8 +62,7 @@ def main(argv=None) -> int:
     for t in [0, *variants]:
         secs, cpu = [s for s, _ in runs[t]], [c for _, c in runs[t]]
         ratios = [a / s for a, s in zip(plain, secs)]
-        print(f"{'plain' if t == 0 else f'push {t}':10} {statistics.median(ratios):6.2f}  "
-              f"{f'[{min(ratios):.2f}-{max(ratios):.2f}]':13}  {bench._spread(tuple(secs)):24}  "
+        print(f"{'plain' if t == 0 else f'push {t}':10} {bench.ratio_cells(ratios)}  {bench._spread(tuple(secs)):24}  "
               f"{bench._spread(tuple(cpu))}")
     return 0
 

@@ -331,8 +331,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         all are at hand: (those chunks in column order, the row's index within them in every
         other dimension, its first element's position in a C-ordered chunk); None if one is not."""
         cs = meta.chunk_shape
-        width = cs[-1]
         prefix, within, _ = grid.row_run(row, meta.shape, cs)
+        width = cs[-1]
         chunks = []
         for k in range(c0 // width, (c1 - 1) // width + 1):
             arr = self._lookup(meta, (*prefix, k))
