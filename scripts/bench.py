@@ -10,6 +10,14 @@ each ratio (the numerator is the peer's, or zarrfs's own reference read; rand4k:
 
   ceiling  cold ``cat`` of the uncompressed ``bench.npy`` / cat of a file of the same size
            from ``scripts/empty_server.py`` (same mount options and read-ahead)
+  bound    cold cat of the same ``.npy`` from ``empty_server.py --array`` (a server that only
+           gathers each read from the chunk files: the least work serving it takes) / cat from
+           the empty server: the most the ceiling row can reach on this machine
+  gather   the gathering server's cold cat / zarrfs's (how near zarrfs is to that least work)
+  gnone, gblosc, gzstd
+           zarr-python at its best / a cold cat from the gathering server of that row's store
+           (compressed chunks decoded a row of chunks ahead by a thread per core, into reused
+           buffers): what the none, blosc and zstd rows reach with that least work
   none, blosc, zstd, zstd2 (v2), gzip
            cold ``cat`` / zarr-python at its best: its own process reading the whole array
            into a reused, touched output (``get_basic_selection(..., out=)``) after an
@@ -24,6 +32,8 @@ each ratio (the numerator is the peer's, or zarrfs's own reference read; rand4k:
            pages moves them to the kernel's active list, a quarter of its time in a profile of a
            warm cat: a third cat of either is faster than a second.)
   two      two uncompressed arrays cat at once, aggregate / two readers of the empty server
+  bound2   the same two arrays from the gathering server / two readers of the empty server: the
+           most the two row can reach
   netcdf   cold cat of the root group's ``.zarrfs/netcdf/NAME.nc`` (the same array
            big-endian after a header) / the ``.npy`` cold cat
   memory   the daemons' peak RSS (VmHWM) over the run minus cache_size, MiB (no ratio)
@@ -59,8 +69,11 @@ ROWS_PER_WRITE = 1024  # generate and write one chunk row at a time, never the w
 RAND_READS = 20_000
 RAND_SIZE = 4096
 HERE = Path(__file__).resolve().parent
-ROWS = ("ceiling", "none", "blosc", "zstd", "zstd2", "gzip", "columns", "fview", "rand4k", "warm", "two", "netcdf")
-TARGETS = {"ceiling": ">= 0.80", "none": ">= 0.75", "blosc": ">= 0.75", "zstd": ">= 1.0", "zstd2": ">= 1.0",
+ROWS = ("ceiling", "bound", "gather", "none", "blosc", "zstd", "zstd2", "gzip", "gnone", "gblosc", "gzstd",
+        "columns", "fview", "rand4k", "warm", "two", "bound2", "netcdf")
+GATHERED = {"gnone": "none", "gblosc": "blosc", "gzstd": "zstd"}  # row: the row it bounds
+TARGETS = {"ceiling": ">= 0.80", "bound": "-", "gather": "-", "bound2": "-", "gnone": "-", "gblosc": "-", "gzstd": "-",
+           "none": ">= 0.75", "blosc": ">= 0.75", "zstd": ">= 1.0", "zstd2": ">= 1.0",
            "gzip": ">= 1.3", "columns": ">= 0.5", "fview": ">= 0.7", "rand4k": ">= 0.80", "warm": ">= 0.90",
            "two": ">= 0.75", "netcdf": "-"}
 # Store kind per row: (codec, zarr_format, chunk columns or None for CHUNK)
@@ -206,13 +219,15 @@ class Bench:
             self.peak_rss = max(self.peak_rss, vm_hwm_bytes(pid))
             unmount(mnt)
 
-    def empty(self, sizes: list[int], timed, push: int = 0):
+    def empty(self, sizes: list[int], timed, push: int = 0, arrays: tuple[Path, ...] = ()):
         """TIMED(mount point) on a fresh mount of the empty server with files f0.. of SIZES (with
-        PUSH threads storing each file in the page cache at its first open); the server's CPU
-        seconds over TIMED go to `empty_cpu_s`."""
+        PUSH threads storing each file in the page cache at its first open), or, given ARRAYS,
+        with their .npy gathered from chunk files; the server's CPU seconds over TIMED go to
+        `empty_cpu_s`."""
         mnt = self._mnt()
         proc = subprocess.Popen([sys.executable, os.fspath(HERE / "empty_server.py"),
-                                 *(["--push", str(push)] if push else []), os.fspath(mnt),
+                                 *(["--push", str(push)] if push else []),
+                                 *[x for a in arrays for x in ("--array", os.fspath(a))], os.fspath(mnt),
                                  *map(str, sizes)], stdin=subprocess.DEVNULL)
         try:
             wait_mounted(mnt, proc)
@@ -306,7 +321,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
         return cat(mnt / npy)
 
     store_now = [none]
-    need_none = any(r in rows for r in ("ceiling", "none", "columns", "rand4k", "warm"))
+    need_none = any(r in rows for r in ("ceiling", "gather", "none", "columns", "rand4k", "warm"))
     if need_none:
         def none_run(mnt: Path) -> dict[str, float]:
             out = {"cold": npy_cold(mnt)}
@@ -316,7 +331,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
             return out
         results.update({f"none_{k}": v for k, v in b.zarrfs(none, none_run).items()})
     fsize = b.file_size
-    if "ceiling" in rows or "rand4k" in rows:
+    if "ceiling" in rows or "rand4k" in rows or "bound" in rows:
         def empty_run(mnt: Path) -> dict[str, float]:
             out = {"cold": cat(mnt / "f0")}
             if "rand4k" in rows:
@@ -325,6 +340,12 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
         results.update({f"empty_{k}": v for k, v in b.empty([fsize], empty_run).items()})
     if "ceiling" in rows:
         ratio("ceiling", results["empty_cold"], results["none_cold"])
+    if "bound" in rows or "gather" in rows:
+        t_g = b.empty([], lambda m: cat(m / "f0"), arrays=(none / "bench",))
+        if "bound" in rows:
+            ratio("bound", results["empty_cold"], t_g)
+        if "gather" in rows:
+            ratio("gather", t_g, results["none_cold"])
     if "rand4k" in rows:
         ratio("rand4k", results["empty_rand"], results["none_rand"])
     if "warm" in rows:
@@ -339,14 +360,21 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
             ratio("warm", cat(tmp), results["none_warm"])
         finally:
             tmp.unlink(missing_ok=True)
+    best: dict[str, float] = {}
     for row in ("none", "blosc", "zstd", "zstd2", "gzip"):
         if row not in rows:
             continue
         store_now[0] = stores[row]
         touch_memory(b.nbytes)
-        z = zarr_best(stores[row])
+        z = best[row] = zarr_best(stores[row])
         t = results["none_cold"] if row == "none" else b.zarrfs(stores[row], npy_cold)
         ratio(row, z, t)
+    for row, of in GATHERED.items():
+        if row in rows:
+            if of not in best:
+                touch_memory(b.nbytes)
+                best[of] = zarr_best(stores[of])
+            ratio(row, best[of], b.empty([], lambda m: cat(m / "f0"), arrays=(stores[of] / "bench",)))
     if "columns" in rows:
         store_now[0] = stores["columns"]
         ratio("columns", results["none_cold"], b.zarrfs(stores["columns"], npy_cold))
@@ -359,10 +387,13 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
         t_c = b.zarrfs(none, lambda m: cat(m / npy))
         t_n = b.zarrfs(none, lambda m: cat(m / ".zarrfs" / "netcdf" / (none.name[:-len(".zarr")] + ".nc")))
         ratio("netcdf", t_c, t_n)
-    if "two" in rows:
-        t_z = b.zarrfs(stores["two"], lambda m: cat(m / "bench.npy", m / "bench2.npy"))
+    if "two" in rows or "bound2" in rows:
         t_e = b.empty([fsize, fsize], lambda m: cat(m / "f0", m / "f1"))
-        ratio("two", t_e, t_z)
+        if "two" in rows:
+            ratio("two", t_e, b.zarrfs(stores["two"], lambda m: cat(m / "bench.npy", m / "bench2.npy")))
+        if "bound2" in rows:
+            arrays = (stores["two"] / "bench", stores["two"] / "bench2")
+            ratio("bound2", t_e, b.empty([], lambda m: cat(m / "f0", m / "f1"), arrays=arrays))
     return ratios
 
 
@@ -385,13 +416,13 @@ def main(argv=None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     nrows = max(1, args.size_mib * MIB // (COLS * 4))
     args.cache_mib = args.cache_mib or max(512, nrows * COLS * 4 * 5 // 4 // MIB)
-    needed = {"none"} | {r for r in rows if r in STORES}
+    needed = {"none"} | {r for r in rows if r in STORES} | {GATHERED[r] for r in rows if r in GATHERED}
     stores: dict[str, Path] = {}
     for kind in sorted(needed):
         codec, fmt, cols = STORES[kind]
         stores[kind] = args.dir / f"zarrfs-bench-{kind}-{nrows}x{COLS}.zarr"
         build_store(stores[kind], codec, fmt, nrows, cols)
-    if "two" in rows:
+    if "two" in rows or "bound2" in rows:
         stores["two"] = args.dir / f"zarrfs-bench-two-{nrows}x{COLS}.zarr"
         build_store(stores["two"], "none", 3, nrows, None, copies=2)
 
