@@ -184,6 +184,30 @@ def test_decode_runs_in_threads_off_the_loop(two_arrays):
     assert len(ticks) == 5
 
 
+async def test_read_ahead_asks_for_a_row_of_chunks_again_after_cached_chunks_are_dropped(two_arrays):
+    """Read-ahead skips planning a window's new part inside a row of chunks it already asked for
+    whole, but not once cached chunks were dropped (a refresh): then it asks for them again."""
+    store, engine, streams = setup(two_arrays)
+    s = streams["a"]  # 40 x 40, chunks 10 x 10: a row of chunks is 10 rows
+    row = 40 * 8
+    engine.prefetch_max_bytes = 5 * row  # the window: the 5 rows after the read
+    reader = ReadAhead()
+    async with trio.open_nursery() as n:
+        await n.start(engine.run)
+        for i in range(17):  # rows 0..16: the window has asked for rows of chunks 0, 1 and 2
+            assert await engine.read(s, len(s.header) + i * row, row, readahead=reader) == \
+                np.arange(i * 40, i * 40 + 40, dtype="<f8").tobytes()
+            await trio.sleep(0.02)
+        assert {f"a/2.{j}" for j in range(4)} <= set(store.gets)  # before the reader is there
+        before = engine.counters["prefetched"]
+        engine.drop_clean_chunks()
+        await engine.read(s, len(s.header) + 17 * row, row, readahead=reader)  # its window's new part: row 22
+        await trio.sleep(0.1)
+        assert engine.counters["prefetched"] == before + 4  # row of chunks 2, asked for again
+        assert sum(k.startswith("a/2.") for k in store.gets) == 8
+        n.cancel_scope.cancel()
+
+
 async def test_sequential_reads_prefetch_and_seeks_reset(two_arrays):
     store, engine, streams = setup(two_arrays)
     s = streams["a"]

@@ -105,3 +105,42 @@ def test_flat_boxes_cover_range_in_order(shape, data):
     for start, box in boxes:
         got.extend(flat[tuple(slice(a, a + b) for a, b in zip(start, box))].ravel().tolist())
     assert got == list(range(lo, hi))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 9), st.integers(1, 5), st.integers(1, 5), st.sampled_from("CF"),
+       st.sampled_from(["|u1", "<i2", "<f8"]), st.data())
+def test_last_chunk_row_names_the_row_of_chunks_a_window_covers(rows, cols, crows, ccols, order, dtype, data):
+    """What read-ahead relies on to skip a plan: bytes inside one row of chunks touch only chunks
+    of that row, and a whole row of the array touches all of them. Oracle: numpy's unravelling of
+    each byte's element, and the stream's own plan (tested above against numpy.save)."""
+    arr = np.zeros((rows, cols), dtype)
+    meta, _ = make(arr, (crows, ccols), "C")
+    stream = ArrayStream(meta, order)
+    h, item = len(stream.header), arr.dtype.itemsize
+    axis, per = (0, crows) if order == "C" else (1, ccols)  # the stream's rows: array rows (C), columns (F)
+
+    def band(b: int) -> int:  # the row of chunks of byte B (past the header)
+        return int(np.unravel_index((b - h) // item, arr.shape, order=order)[axis]) // per
+
+    row_bytes = arr.size // arr.shape[axis] * item
+    offset = data.draw(st.integers(h, stream.size - 1))
+    stop = data.draw(st.integers(offset + 1, stream.size))
+    k, starts_in, whole_row = stream.last_chunk_row(offset, stop)
+    assert k == band(stop - 1)
+    assert starts_in == (band(offset) == k)
+    assert whole_row == any(band(h + r * row_bytes) == k and offset <= h + r * row_bytes
+                            and h + (r + 1) * row_bytes <= stop for r in range(arr.shape[axis]))
+    every = set(stream.plan(h + k * per * row_bytes, row_bytes).chunks)  # the row of chunks' first row
+    assert len(every) == -(-arr.shape[1 - axis] // (ccols if axis == 0 else crows))
+    if starts_in:
+        assert set(stream.plan(offset, stop - offset).chunks) <= every
+    assert stream.last_chunk_row(h - 1, stop) is None if h > 0 else True
+
+
+def test_last_chunk_row_is_only_for_whole_2d_streams():
+    meta3, _ = make(np.zeros((4, 4, 4), "<i2"), (2, 2, 2), "C")
+    assert ArrayStream(meta3).last_chunk_row(200, 210) is None
+    meta2, _ = make(np.zeros((4, 4), "<i2"), (2, 2), "C")
+    assert ArrayStream(meta2, chunk=(0, 0)).last_chunk_row(200, 201) is None
+    assert ArrayStream(meta2, with_header=False).last_chunk_row(0, 32) == (1, False, True)

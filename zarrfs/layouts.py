@@ -151,6 +151,21 @@ class ArrayStream:
         rest = math.prod(self._shape[1:]) * self.dtype.itemsize
         return min(self.size, min(self._chunks[0], self._shape[0]) * rest)
 
+    def last_chunk_row(self, offset: int, stop: int) -> tuple[int, bool, bool] | None:
+        """For a 2-d array's whole stream: the row of chunks (of the stream's first dimension)
+        holding byte STOP - 1 of the bytes [OFFSET, STOP), whether those bytes begin in it too,
+        and whether its part of them holds a whole row of the array (which touches every chunk
+        of that row of chunks); None for other streams, or bytes that begin in the header."""
+        if len(self._shape) != 2 or self.chunk is not None or offset < len(self.header) or stop <= offset:
+            return None
+        row_bytes = self._shape[1] * self.dtype.itemsize
+        if row_bytes == 0:
+            return None
+        h, band = len(self.header), self._chunks[0] * row_bytes
+        k = (stop - 1 - h) // band
+        lo = max(offset - h, k * band)  # its part, from the header's end
+        return k, offset - h >= k * band, -(-lo // row_bytes) * row_bytes + row_bytes <= stop - h
+
     def for_reads(self) -> ArrayStream:
         """The stream to plan reads with: itself, or over the inner chunks of its shards when
         the array can be read a part of a shard at a time (same bytes, finer pieces)."""

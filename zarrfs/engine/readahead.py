@@ -45,10 +45,11 @@ class ReadAhead:
     its bands by number and its band buffers not in use (bands.py); the chunks it has used
     and not yet passed (spares.py)."""
 
-    __slots__ = ("next_offset", "window", "planned", "bands", "spare", "held", "held_next")
+    __slots__ = ("next_offset", "window", "planned", "planned_row", "bands", "spare", "held", "held_next")
 
     def __init__(self) -> None:
         self.next_offset, self.window, self.planned = -1, 0, 0
+        self.planned_row: tuple | None = None  # (stream, band generation, row of chunks) whose every chunk the window asked for
         self.bands: dict = {}
         self.spare: list = []
         self.held: dict = {}  # chunks its sequential reads used and have not passed, and where they end (spares.py)
@@ -106,6 +107,7 @@ class Prefetch:
             window = min(max(window * 2, least), self.prefetch_max_bytes)
         else:
             window, planned = 0, 0
+            state.planned_row = None  # what it asked for behind or ahead may be gone: ask again
         end = offset + size
         # Only the part of the window not planned by an earlier read is planned now (whole
         # shards: the read's own part too).
@@ -122,6 +124,13 @@ class Prefetch:
                 and math.prod(meta.chunk_shape) * meta.dtype.itemsize > window):
             stream = stream.for_reads()
             meta = stream.meta
+        # A window that grows inside a row of chunks a whole row of which it already covered
+        # asks for no chunk that was not asked for (unless cached chunks were dropped since):
+        # the plan of its new part is skipped (a 1 MiB read of the reference array plans 16).
+        last = stream.last_chunk_row(start, stop)
+        if last is not None and last[1] and state.planned_row == (stream, self.band_generation, last[0]):
+            return
+        state.planned_row = (stream, self.band_generation, last[0]) if last is not None and last[2] else None
         ahead = []
         for idx in stream.plan(start, stop - start).chunks:
             if self._key(meta, idx) not in self._inflight and not self._known(meta, idx):
