@@ -18,6 +18,7 @@ from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.store import Store
 from zarrfs.layouts import ArrayStream
+from zarrfs.selection import SliceStream, selection
 
 from corehelp import np_save_bytes
 
@@ -206,6 +207,24 @@ async def test_read_ahead_asks_for_a_row_of_chunks_again_after_cached_chunks_are
         assert engine.counters["prefetched"] == before + 4  # row of chunks 2, asked for again
         assert sum(k.startswith("a/2.") for k in store.gets) == 8
         n.cancel_scope.cancel()
+
+
+async def test_a_slice_view_read_sequentially_with_read_ahead(two_arrays):
+    """A slice view's stream read in small sequential reads, its read-ahead running (the window
+    past its first read): numpy's selection of zarr-python's values, byte for byte."""
+    store, engine, streams = setup(two_arrays)
+    meta = streams["a"].meta
+    s = SliceStream(meta, *selection("3:37, ::-1", meta.shape)[:1])
+    want = np_save_bytes(zarr.open_array(os.path.join(two_arrays, "a"), mode="r")[...][3:37, ::-1])
+    reader = ReadAhead()
+    got = b""
+    async with trio.open_nursery() as n:
+        await n.start(engine.run)
+        for off in range(0, s.size, 1000):
+            got += await engine.read(s, off, 1000, readahead=reader)
+        assert engine.counters["prefetched"] > 0
+        n.cancel_scope.cancel()
+    assert got == want
 
 
 async def test_sequential_reads_prefetch_and_seeks_reset(two_arrays):
