@@ -247,6 +247,11 @@ class Bench:
                 proc.kill()
             unmount(mnt)
 
+    def gathered(self, *arrays: Path) -> float:
+        """Seconds for a cold `cat` of each array's .npy at once from the gathering server
+        (`empty_server.py --array`)."""
+        return self.empty([], lambda m: cat(*(m / f"f{i}" for i in range(len(arrays)))), arrays=arrays)
+
 
 def cat(*paths: Path) -> float:
     """Seconds for `cat` of each path at once (one process each), after touching their total size."""
@@ -346,7 +351,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
     if "ceiling" in rows:
         ratio("ceiling", results["empty_cold"], results["none_cold"])
     if "bound" in rows or "gather" in rows:
-        t_g = b.empty([], lambda m: cat(m / "f0"), arrays=(none / "bench",))
+        t_g = b.gathered(none / "bench")
         if "bound" in rows:
             ratio("bound", results["empty_cold"], t_g)
         if "gather" in rows:
@@ -383,7 +388,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
             if of not in best:
                 touch_memory(b.nbytes)
                 best[of] = zarr_best(stores[of])
-            ratio(row, best[of], b.empty([], lambda m: cat(m / "f0"), arrays=(stores[of] / "bench",)))
+            ratio(row, best[of], b.gathered(stores[of] / "bench"))
     if "columns" in rows:
         store_now[0] = stores["columns"]
         ratio("columns", results["none_cold"], b.zarrfs(stores["columns"], npy_cold))
@@ -401,8 +406,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
         if "two" in rows:
             ratio("two", t_e, b.zarrfs(stores["two"], lambda m: cat(m / "bench.npy", m / "bench2.npy")))
         if "bound2" in rows:
-            arrays = (stores["two"] / "bench", stores["two"] / "bench2")
-            ratio("bound2", t_e, b.empty([], lambda m: cat(m / "f0", m / "f1"), arrays=arrays))
+            ratio("bound2", t_e, b.gathered(stores["two"] / "bench", stores["two"] / "bench2"))
     return ratios
 
 

@@ -28,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def child(side: str, store: Path) -> dict[str, float]:
 
     async def timed(read, size: int) -> None:
         bench.touch_memory(size)
-        me = str(__import__("threading").get_native_id())
+        me = str(threading.get_native_id())
         before, t0 = _threads_cpu(), time.perf_counter()
         for off in range(0, size, READ):
             await read(off)

@@ -9,6 +9,7 @@ reads from the same store.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
@@ -28,34 +29,30 @@ import mounted
 SERVER = Path(__file__).resolve().parent.parent / "scripts" / "empty_server.py"
 
 
+@contextlib.contextmanager
 def _serve(mnt: Path, options: list[str], sizes: tuple[int, ...] = ()):
-    """Start the server on MNT (a context: stopped and unmounted afterwards, whatever happens)."""
-    class Served:
-        def __enter__(self):
-            problem = mounted.check_fuse_available()
-            if problem:
-                pytest.fail(f"this test mounts: {problem}", pytrace=False)
-            mnt.mkdir(exist_ok=True)
-            self.proc = subprocess.Popen([sys.executable, os.fspath(SERVER), *options, os.fspath(mnt),
-                                          *map(str, sizes)],
-                                         stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            if not mounted.wait_until(lambda: mounted.is_mounted(mnt) or self.proc.poll() is not None,
-                                      mounted.MOUNT_TIMEOUT_S) or not mounted.is_mounted(mnt):
-                self.__exit__(None, None, None)
-                pytest.fail(f"empty_server.py did not mount: {self.proc.stderr.read()}")
-            return self
-
-        def __exit__(self, *exc):
-            self.proc.terminate()
-            try:
-                self.proc.wait(mounted.EXIT_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            if mounted.is_mounted(mnt):
-                mounted.unmount(mnt)
-            return False
-    return Served()
+    """The server mounted on MNT for the block: stopped and unmounted afterwards, whatever happens."""
+    problem = mounted.check_fuse_available()
+    if problem:
+        pytest.fail(f"this test mounts: {problem}", pytrace=False)
+    mnt.mkdir(exist_ok=True)
+    proc = subprocess.Popen([sys.executable, os.fspath(SERVER), *options, os.fspath(mnt), *map(str, sizes)],
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        mounted.wait_until(lambda: mounted.is_mounted(mnt) or proc.poll() is not None, mounted.MOUNT_TIMEOUT_S)
+        if not mounted.is_mounted(mnt):
+            proc.terminate()
+            pytest.fail(f"empty_server.py did not mount: {proc.communicate(timeout=mounted.EXIT_TIMEOUT_S)[1]}")
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(mounted.EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if mounted.is_mounted(mnt):
+            mounted.unmount(mnt)
 
 
 def _npy(values: np.ndarray) -> bytes:

@@ -161,7 +161,7 @@ class ArrayStream:
         row_bytes = self._shape[1] * self.dtype.itemsize
         if row_bytes == 0:
             return None
-        h, band = len(self.header), self._chunks[0] * row_bytes
+        h, band = len(self.header), self.chunk_row_bytes()
         k = (stop - 1 - h) // band
         lo = max(offset - h, k * band)  # its part, from the header's end
         return k, offset - h >= k * band, -(-lo // row_bytes) * row_bytes + row_bytes <= stop - h
