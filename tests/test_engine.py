@@ -10,10 +10,11 @@ import warnings
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import zarr
 
 from zarrfs.cache import ChunkCache
-from zarrfs.engine import Engine, ReadAhead
+from zarrfs.engine import DECODE_THREADS, Engine, ReadAhead
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.store import Store
@@ -183,6 +184,95 @@ def test_decode_runs_in_threads_off_the_loop(two_arrays):
 
     trio.run(main)
     assert len(ticks) == 5
+
+
+async def test_decoding_threads_take_their_next_call_while_the_trio_thread_is_busy(two_arrays):
+    """Calls queued for the decoding threads run one after another without the trio thread: with
+    it busy (blocked, as when it replies to the kernel), every queued call still ends; under a
+    limiter of trio.to_thread calls only the first call of each thread would."""
+    store, engine, streams = setup(two_arrays)
+    calls = 3 * DECODE_THREADS
+    ran = {}
+
+    def work(i):
+        ran[i] = (time.perf_counter(), threading.get_ident())
+        time.sleep(0.05)
+        return i * i
+
+    results, asked = [], []
+
+    async def call(i):
+        asked.append(i)
+        results.append(await engine.run_cpu(work, i))
+
+    async with trio.open_nursery() as n:
+        for i in range(calls):
+            n.start_soon(call, i)
+        await trio.testing.wait_all_tasks_blocked()
+        time.sleep(calls * 0.05 / DECODE_THREADS + 0.5)  # the trio thread, busy
+        blocked_until = time.perf_counter()
+    assert sorted(results) == [i * i for i in range(calls)]
+    assert all(t < blocked_until for t, _ in ran.values())
+    assert len({ident for _, ident in ran.values()}) == DECODE_THREADS
+    assert sorted(sorted(ran, key=lambda i: ran[i][0])[:DECODE_THREADS]) == sorted(asked[:DECODE_THREADS])
+
+
+async def test_a_cancelled_call_not_started_is_dropped_and_a_running_one_waited_for(two_arrays):
+    store, engine, streams = setup(two_arrays)
+    release = threading.Event()
+    ran = []
+
+    def work(i):
+        ran.append(i)
+        release.wait(10)
+        return i
+
+    got, asked = [], []
+
+    async def call(i):
+        asked.append(i)
+        got.append(await engine.run_cpu(work, i))
+        await trio.sleep(0)  # the cancellation reaches a call waited for here
+
+    with trio.move_on_after(0.3):
+        async with trio.open_nursery() as n:
+            for i in range(DECODE_THREADS + 1):  # the last one waits for a thread
+                n.start_soon(call, i)
+            await trio.sleep(0.2)
+            threading.Timer(0.5, release.set).start()
+    first = sorted(asked[:DECODE_THREADS])
+    assert sorted(ran) == first
+    assert sorted(got) == first  # waited for: their threads ran to the end
+    await trio.sleep(0.1)
+    assert sorted(ran) == first  # the dropped call never ran
+    assert await engine.run_cpu(work, 7) == 7  # the threads are free again
+
+
+async def test_local_reads_stuck_past_the_timeout_hold_no_decoding_thread(tmp_path):
+    """A local chunk read and decoded in one call runs in a decoding thread: reads stuck in the
+    store fail with a timeout naming it (EIO) and their threads are replaced, so that other
+    chunks, more than there are decoding threads stuck, still decode."""
+    path = str(tmp_path / "s")
+    a = zarr.create_array(path, name="a", shape=(256, 512 * (DECODE_THREADS + 1)), chunks=(256, 512),
+                          dtype="<f4", compressors=[zarr.codecs.ZstdCodec(level=1)])  # 512 KiB chunks
+    a[:] = np.arange(a.size, dtype="<f4").reshape(a.shape)
+    stuck = [f"a/c/0/{j}" for j in range(DECODE_THREADS)]
+    store = CountingStore(path, slow=stuck)
+    engine = Engine(store, ChunkCache(1 << 26), timeout_s=0.5)
+    engine.recycle_enabled = True  # (a read-only mount of a local store)
+    s = ArrayStream(open_hierarchy_sync(store).node_sync("a"))
+    row = a.shape[1] * 4
+    try:
+        for j in range(DECODE_THREADS):
+            with trio.fail_after(5), pytest.raises(StoreError, match="timeout"):
+                await engine.read(s, len(s.header) + j * 2048, 4)
+        last = DECODE_THREADS * 2048  # the first element of the last chunk
+        with trio.fail_after(5):
+            got = await engine.read(s, len(s.header) + 5 * row + last, 2048)
+        assert np.array_equal(np.frombuffer(got, "<f4"), a[5, DECODE_THREADS * 512:])
+        assert f"a/c/0/{DECODE_THREADS}" in store.gets
+    finally:
+        store.release.set()
 
 
 async def test_read_ahead_asks_for_a_row_of_chunks_again_after_cached_chunks_are_dropped(two_arrays):

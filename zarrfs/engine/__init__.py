@@ -30,6 +30,7 @@ from .interrupts import Interrupts
 from .loads import Loads, _Load
 from .revalidate import Revalidation
 from .readahead import LOCAL_PREFETCH_MAX_BYTES, PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
+from .workers import Workers
 from .writeback import DIRTY_MAX_BYTES, WriteBack
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 Index = tuple[int, ...]
 
 # Concurrent store reads: enough to hide the latency of a remote store; local reads
-# gain nothing past a handful. Decoding is CPU-bound: one thread per core.
+# gain nothing past a handful. Decoding is CPU-bound: one thread per core (run_cpu).
 IO_THREADS_REMOTE = 16
 IO_THREADS_LOCAL = 4
 DECODE_THREADS = max(1, os.cpu_count() or 1)
@@ -78,7 +79,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         self.timeout_s = timeout_s  # the longest wait of one store call (the `timeout` option)
         self.cache = cache
         self.io_limiter = trio.CapacityLimiter(IO_THREADS_LOCAL if store.is_local else IO_THREADS_REMOTE)
-        self.cpu_limiter = trio.CapacityLimiter(DECODE_THREADS)
+        self._decoders = Workers(DECODE_THREADS, "zarrfs-decode")  # run_cpu
         self._inflight: dict[tuple[str, Index], _Load] = {}
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self.errors: collections.Counter[str] = collections.Counter()
@@ -131,12 +132,13 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             task_status.started()
             await trio.sleep_forever()
 
-    async def run_io(self, fn: Any, *args: Any, key: Any = None) -> Any:
+    async def run_io(self, fn: Any, *args: Any, key: Any = None, cpu: bool = False) -> Any:
         """Run a blocking store call in a worker thread under the I/O limiter, for at most
         `timeout_s` (waiting for a thread included); then StoreError (EIO). The caller stops
         waiting at once when cancelled or timed out: a thread stuck in the store is left behind
         (its backend's own timeouts end it) instead of holding the reader. With `key` (what the
-        call reads: a chunk, a listing), a call whose key just timed out does not wait again."""
+        call reads: a chunk, a listing), a call whose key just timed out does not wait again.
+        With `cpu`, the call also decodes: it runs in a decoding thread (run_cpu) instead."""
         if key is not None and key in self._stalled:
             self._after_stall(key, fn)
         outcome: list[str | None] = [None]  # written by the worker alone (one reference, no table)
@@ -150,6 +152,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
                 outcome[0] = outcome[0] or "failed"
 
         with trio.move_on_after(self.timeout_s) as scope:
+            if cpu:
+                return await self.run_cpu(call, abandon=True)
             return await trio.to_thread.run_sync(call, limiter=self.io_limiter, abandon_on_cancel=True)
         assert scope.cancelled_caught
         self.errors["timeout"] += 1
@@ -172,6 +176,36 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         state = "is still unanswered" if outcome[0] is None else "failed too"
         raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)}; "
                          f"not asked again: its request of {age:.1f} s ago {state})")
+
+    async def run_cpu(self, fn: Any, *args: Any, abandon: bool = False) -> Any:
+        """`fn(*args)` in a decoding thread (workers.py), calls taken in the order asked.
+
+        Cancelled, a call not started is dropped; a running one is waited for, as
+        trio.to_thread does (the cancellation reaches the caller at its next checkpoint), or
+        with ABANDON left to finish on its own, its result dropped, and its thread replaced.
+        """
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        def wake(_: Any) -> None:
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:  # abandoned when the engine stopped
+                pass
+
+        future = self._decoders.submit(fn, *args)
+        future.add_done_callback(wake)
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            if future.cancel():
+                raise
+            if abandon:
+                self._decoders.abandon(future)
+                raise
+            with trio.CancelScope(shield=True):
+                await done.wait()
+        return future.result()
 
     async def run_io_long(self, fn: Any, *args: Any) -> Any:
         """A store operation of many keys (commit, erase or move a node) that runs to its end:

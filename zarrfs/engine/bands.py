@@ -172,7 +172,7 @@ class BandReads:
                 self._read_ahead(stream, band.start, band.stop - band.start, state, True)
                 reader, plan = self._planner(stream, plan, band.start, band.stop - band.start)
                 chunks = await self.chunks(reader.meta, plan.chunks)
-                data = await trio.to_thread.run_sync(reader.assemble, plan, chunks, band.buf, limiter=self.cpu_limiter)
+                data = await self.run_cpu(reader.assemble, plan, chunks, band.buf)
                 if reader is stream:
                     del chunks  # this band's hold on them: those wholly in it or before are done
                     self.release_behind(stream, state, band.stop, plan.chunks)

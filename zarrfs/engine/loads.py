@@ -365,13 +365,13 @@ class Loads:
         began = revalidate.now()
         out = self.decode_buffer(meta)  # the chunk's bytes as stored, or what its codec decodes into
         into = out if out is not None and reads_into(meta.codec) else None
-        # A local chunk that decodes into OUT is read and decoded in one worker call, with a
-        # decoding thread's turn (read_decode_sync).
+        # A local chunk that decodes into OUT is read and decoded in one call, in a decoding
+        # thread (read_decode_sync).
         together = out is not None and into is None and self.store.is_local
         try:
             if together:
-                async with self.cpu_limiter:
-                    nbytes, arr, seconds = await self.run_io(read_decode_sync, meta, self.store, idx, key, out, key=key)
+                nbytes, arr, seconds = await self.run_io(read_decode_sync, meta, self.store, idx, key, out,
+                                                         key=key, cpu=True)
             else:
                 raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, into, key=key)
                 nbytes = None if raw is None else len(raw)
@@ -398,7 +398,7 @@ class Loads:
         """Decode encoded chunks (labelled for errors) in one worker thread (maybe into OUTS)."""
         t0 = time.perf_counter()
         try:
-            arrs = await trio.to_thread.run_sync(decode_chunks_sync, meta, pieces, outs, limiter=self.cpu_limiter)
+            arrs = await self.run_cpu(decode_chunks_sync, meta, pieces, outs)
         except ZarrfsError as e:
             if count_errors:
                 self._count_error(e, pieces[0][0])

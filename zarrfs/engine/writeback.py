@@ -210,8 +210,7 @@ class WriteBack:
                 if (changed is not None and self.store.is_local
                         and len(changed) < math.prod(meta.inner.source.per_shard) // 2):
                     old = await self.run_io(self.store.get_sync, store_key, meta.max_stored_nbytes)
-                data = await trio.to_thread.run_sync(encode_chunk_sync, meta, store_key, arr, old, changed,
-                                                     limiter=self.cpu_limiter)
+                data = await self.run_cpu(encode_chunk_sync, meta, store_key, arr, old, changed)
                 await self.run_io(chunksource.write_chunk_sync, meta, self.store, key[1], data)
             except ZarrfsError as e:
                 self.cache.discard(key)  # what the store holds is the truth again
