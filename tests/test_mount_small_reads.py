@@ -41,11 +41,18 @@ def test_small_reads_of_cached_chunks_are_exact(mount, tmp_path):
         # Datetimes: numpy cannot export their buffer (the bytes of a chunk are taken another way).
         "when": (rng.integers(0, 2**40, (30, 900)).astype("<M8[s]"), {"chunks": (7, 256)}),
         "line": (rng.integers(0, 2**60, 5000, dtype="<u8"), {"chunks": (600,)}),
+        # Chunks never written: their fill value (a cached chunk whose elements are one value).
+        "sparse": (np.full((90, 700), 2.5, "<f4"), {"chunks": (40, 300), "fill_value": 2.5}),
     }
     arrays["rec"][0]["a"] = rng.integers(0, 9, (40, 300))
+    arrays["sparse"][0][40:80, 300:600] = rng.standard_normal((40, 300))
     for name, (value, kw) in arrays.items():
-        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
-                          zarr_format=2, **kw)[...] = value
+        a = zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
+                              zarr_format=2, **kw)
+        if name == "sparse":
+            a[40:80, 300:600] = value[40:80, 300:600]  # one chunk of nine
+        else:
+            a[...] = value
     mnt = mount(root)
     for name in arrays:
         want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
@@ -85,6 +92,7 @@ def test_small_reads_across_the_end_of_a_row(mount, tmp_path):
     arrays = {
         "c": (rng.standard_normal((40, 1000)).astype("<f4"), {"chunks": (16, 300)}),
         "f": (rng.integers(-99, 99, (3, 20, 500)).astype(">i8"), {"chunks": (2, 8, 128), "order": "F"}),
+        "one": (rng.standard_normal((40, 300)).astype("<f8"), {"chunks": (16, 300)}),  # one chunk wide
     }
     for name, (value, kw) in arrays.items():
         zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
@@ -105,7 +113,12 @@ def test_small_reads_across_the_end_of_a_row(mount, tmp_path):
                 f.seek(at)
                 assert f.read(1700) == want[at:at + 1700], (name, end)
             assert stats(mnt)["small_reads"] - before == len(ends), name
+            for end in ends:  # from inside row END-1 to the end of row END
+                at = header + end * row - 24
+                f.seek(at)
+                assert f.read(24 + row) == want[at:at + 24 + row], (name, end)
+            assert stats(mnt)["small_reads"] - before == 2 * len(ends), name
             at = header + row - 5  # over rows 0, 1 and 2: the usual way
             f.seek(at)
             assert f.read(row + 10) == want[at:at + row + 10]
-            assert stats(mnt)["small_reads"] - before == len(ends), name
+            assert stats(mnt)["small_reads"] - before == 2 * len(ends), name

@@ -133,7 +133,11 @@ class ArrayStream:
         self._flip = flip
         self.chunk = chunk
         self._reads: ArrayStream | None = None
-        self._row_spans_ok: bool | None = None  # whether row_spans answers for this stream (worked out once)
+        # What a small read of a whole array's C-order elements in its own dtype needs
+        # (Engine._small_read): header bytes, item size, shape, chunk shape, stream size.
+        self.rows: tuple[int, int, Index, Index, int] | None = None
+        if not flip and chunk is None and self.dtype == meta.dtype and shape and not self.dtype.hasobject:
+            self.rows = (len(self.header), self.dtype.itemsize, tuple(shape), tuple(meta.chunk_shape), self.size)
 
     def chunk_end(self, idx: Index) -> int:
         """The stream offset just past chunk IDX's last element (IDX: grid position in the
@@ -180,31 +184,6 @@ class ArrayStream:
             fine._chunks = inner.chunk_shape[::-1] if self._flip else inner.chunk_shape
             self._reads = fine
         return self._reads
-
-    def row_spans(self, offset: int, size: int) -> tuple[list[tuple[int, int, int]], int, int] | None:
-        """A read that lies within one row of the array's last dimension, or runs from the end
-        of one row into the next (a random 4 KiB read of long rows): ([(the row's number, C
-        order of the other dimensions, first and stop column)] for each row, bytes of the first
-        element to skip, bytes to take), the rows' elements being consecutive in the stream;
-        None for any other read, or any other stream than a whole array's C-order elements in
-        its own dtype."""
-        ok = self._row_spans_ok
-        if ok is None:
-            ok = self._row_spans_ok = bool(not self._flip and self.chunk is None and self.dtype == self.meta.dtype
-                                           and self._shape)
-        if not ok:
-            return None
-        _, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
-        if take == 0 or offset < len(self.header):
-            return None
-        ncols = self._shape[-1]
-        first, c0 = divmod(e0, ncols)
-        last = (e1 - 1) // ncols
-        if last == first:
-            return [(first, c0, c0 + e1 - e0)], skip, take
-        if last - first > 1:
-            return None
-        return [(first, c0, ncols), (last, 0, e1 - last * ncols)], skip, take
 
     def _array_index(self, t_idx: Index) -> Index:
         """Grid position in the array of a chunk index in the stream's (maybe flipped) order."""

@@ -332,71 +332,72 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         """A read within one row of an array, or across the end of one row into the next, whose
         chunks are all at hand (held or cached and current), with no plan and no await: a view of
         the chunk's bytes when one chunk holds it, else its pieces copied into the reused reply
-        buffer; None sends it the usual way."""
-        if type(stream) is not ArrayStream:
+        buffer; None sends it the usual way (any other read, or stream than a whole array's
+        C-order elements in its own dtype: ArrayStream.rows).
+
+        Written out for the 20,000 random 4 KiB reads of bench.py (each across two chunks of
+        the reference array): 12.6-14.4 us a read in-process through the plan-free helpers it
+        replaced, 6.4-6.7 here."""
+        if type(stream) is not ArrayStream or stream.rows is None:
             return None
         meta = stream.meta
-        if meta.inner is not None or meta.dtype.hasobject or self._checked.get(meta.path, self._epoch) != self._epoch:
+        if meta.inner is not None or self._checked.get(meta.path, self._epoch) != self._epoch:
             return None
-        got = stream.row_spans(offset, size)
-        if got is None:
+        hlen, item, shape, chunks, total = stream.rows
+        d0, d1 = offset - hlen, min(offset + size, total) - hlen
+        if d0 < 0 or d1 <= d0:
             return None
-        spans, skip, take = got
-        rows = []
-        for row_number, c0, c1 in spans:
-            row = self._row_chunks(meta, row_number, c0, c1)
-            if row is None:
-                return None
-            rows.append(row)
-        item = meta.dtype.itemsize
-        if len(rows) == 1:
-            chunks, _, row_at = rows[0]
-            if len(chunks) == 1 and chunks[0].flags.c_contiguous:  # the bytes as they are, no copy
-                at = (row_at + spans[0][1] % meta.chunk_shape[-1]) * item + skip
-                return _flat_bytes(chunks[0])[at:at + take]
-        self._reply_room(sum(c1 - c0 for _, c0, c1 in spans) * item)
-        pos = 0
-        for (_, c0, c1), row in zip(spans, rows):
-            pos = self._copy_row(meta, c0, c1, row, pos)
-        return self._reply_view[skip:skip + take]
+        ncols, width = shape[-1], chunks[-1]
+        e0 = d0 // item
+        row, c0 = divmod(e0, ncols)
+        last, c1 = divmod(-(-d1 // item) - 1, ncols)
+        c1 += 1
+        if last == row:
+            spans: tuple = ((row, c0, c1),)
+        elif last == row + 1:
+            spans = ((row, c0, ncols), (last, 0, c1))
+        else:
+            return None
+        skip, take = d0 - e0 * item, d1 - d0
+        held = bool(self._dirty or self._storing)  # (written chunks the store may not have yet)
+        get, path = self.cache.get, meta.path
+        out, pos = None, 0
+        for r, a, b in spans:
+            if len(shape) == 2:  # (most arrays: grid.row_run written out)
+                p, i = divmod(r, chunks[0])
+                prefix, within, row_at = (p,), (i,), i * width
+            else:
+                prefix, within, _ = grid.row_run(r, shape, chunks)
+                row_at = grid.flat_row(within, chunks) * width
+            for k in range(a // width, (b - 1) // width + 1):
+                key = (path, (*prefix, k))
+                arr = self._held(key) if held else None
+                if arr is None:
+                    arr = get(key)
+                    if arr is None:
+                        return None
+                lo, hi = max(a, k * width), min(b, (k + 1) * width)
+                n = (hi - lo) * item
+                if arr.flags.c_contiguous:
+                    at = (row_at + lo - k * width) * item
+                    if len(spans) == 1 and n == (c1 - c0) * item:  # the read is in this one chunk: its bytes as they are
+                        return _flat_bytes(arr)[at + skip:at + skip + take]
+                    if out is None:
+                        out = self._reply_room(take + 2 * item)
+                    out[pos:pos + n] = _flat_bytes(arr)[at:at + n]
+                else:  # F-ordered chunks, fill values
+                    if out is None:
+                        out = self._reply_room(take + 2 * item)
+                    self._reply_buf[pos:pos + n].view(meta.dtype)[...] = arr[(*within, slice(lo - k * width, hi - k * width))]
+                pos += n
+        return out[skip:skip + take]
 
-    def _row_chunks(self, meta: ArrayMeta, row: int, c0: int, c1: int) -> tuple[list, Index, int] | None:
-        """The chunks holding columns [c0, c1) of row ROW (C order of the other dimensions), if
-        all are at hand: (those chunks in column order, the row's index within them in every
-        other dimension, its first element's position in a C-ordered chunk); None if one is not."""
-        cs = meta.chunk_shape
-        prefix, within, _ = grid.row_run(row, meta.shape, cs)
-        width = cs[-1]
-        chunks = []
-        for k in range(c0 // width, (c1 - 1) // width + 1):
-            arr = self._lookup(meta, (*prefix, k))
-            if arr is None:
-                return None
-            chunks.append(arr)
-        return chunks, within, grid.flat_row(within, cs) * width
-
-    def _copy_row(self, meta: ArrayMeta, c0: int, c1: int, row: tuple[list, Index, int], pos: int) -> int:
-        """Columns [c0, c1) of a row (its `_row_chunks`) copied into the reply buffer at POS; the position after them."""
-        chunks, within, row_at = row
-        item = meta.dtype.itemsize
-        width = meta.chunk_shape[-1]
-        out = self._reply_view
-        for k, arr in enumerate(chunks, c0 // width):
-            lo, hi = max(c0, k * width), min(c1, (k + 1) * width)
-            n = (hi - lo) * item
-            if arr.flags.c_contiguous:
-                at = (row_at + lo - k * width) * item
-                out[pos:pos + n] = _flat_bytes(arr)[at:at + n]
-            else:  # F-ordered chunks, regions of a decoded shard
-                self._reply_buf[pos:pos + n].view(meta.dtype)[...] = arr[(*within, slice(lo - k * width, hi - k * width))]
-            pos += n
-        return pos
-
-    def _reply_room(self, need: int) -> None:
-        """Make the reused reply buffer (and its flat view) hold at least NEED bytes."""
+    def _reply_room(self, need: int) -> memoryview:
+        """Make the reused reply buffer (and its flat view) hold at least NEED bytes; the view."""
         if len(self._reply_buf) < need:
             self._reply_buf = np.empty(max(need, REPLY_BUF_MIN), np.uint8)
             self._reply_view = memoryview(self._reply_buf)
+        return self._reply_view
 
     def _planner(self, stream: ArrayStream, plan: Any, offset: int, size: int) -> tuple[ArrayStream, Any]:
         """The stream to read bytes [offset, offset+size) over, and its plan of them (PLAN is the
