@@ -334,3 +334,23 @@ async def test_sequential_reads_prefetch_and_seeks_reset(two_arrays):
         await trio.sleep(0.1)
         assert engine.counters["prefetched"] == before
         n.cancel_scope.cancel()
+
+
+async def test_idle_decoding_threads_leave_and_come_back(two_arrays, monkeypatch):
+    """A decoding thread leaves after IDLE_S without a call (and with it its scratch buffer);
+    the next call starts one again."""
+    from zarrfs.engine import workers
+
+    monkeypatch.setattr(workers, "IDLE_S", 0.2)
+    store, engine, streams = setup(two_arrays)
+    engine._decoders = workers.Workers(DECODE_THREADS, "zarrfs-test-idle")
+
+    def alive():
+        return sum(t.name == "zarrfs-test-idle" for t in threading.enumerate())
+
+    assert await engine.run_cpu(threading.get_ident) != threading.get_ident()
+    assert alive() >= 1
+    await trio.sleep(1.0)
+    assert alive() == 0
+    assert await engine.run_cpu(lambda: 42) == 42
+    assert alive() >= 1

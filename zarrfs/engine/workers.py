@@ -7,9 +7,10 @@ kept them waiting (in-process sequential reads of the 1 GiB zstd array: the two 
 threads were busy 1.57 of 2). Here a thread takes the next call itself, and only its result
 goes through the trio thread (Engine.run_cpu; 1.81-1.83 of 2, 0.91-1.14 s -> 0.83-0.90 s).
 
-The threads are daemon threads, started when first needed: a call stuck in a store never
-keeps the process from exiting. A call its caller gave up on while it runs (`abandon`) is
-replaced by a new thread, so that calls stuck in a store hold no decoding thread.
+The threads are daemon threads, started when first needed and leaving after IDLE_S without a
+call (with what they keep: a decoding thread's scratch buffer, loads.py): a call stuck in a
+store never keeps the process from exiting. A call its caller gave up on while it runs
+(`abandon`) is replaced by a new thread, so that calls stuck in a store hold no decoding thread.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import concurrent.futures
 import queue
 import threading
 from typing import Any
+
+IDLE_S = 10.0  # as trio's own worker threads
 
 
 class Workers:
@@ -33,7 +36,8 @@ class Workers:
     def submit(self, fn: Any, *args: Any) -> concurrent.futures.Future:
         """Queue `fn(*args)`; its Future is settled in a worker thread (cancel() drops it if not started)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((future, fn, args))
+        with self._lock:  # (a thread leaving when idle sees it: `_work`)
+            self._queue.put((future, fn, args))
         self._start()
         return future
 
@@ -56,7 +60,14 @@ class Workers:
 
     def _work(self) -> None:
         while True:
-            future, fn, args = self._queue.get()
+            try:
+                future, fn, args = self._queue.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():  # (else a call came in meanwhile: take it)
+                        self._counted -= 1
+                        return
+                continue
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))
