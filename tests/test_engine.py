@@ -336,6 +336,34 @@ async def test_sequential_reads_prefetch_and_seeks_reset(two_arrays):
         n.cancel_scope.cancel()
 
 
+def test_decode_buffers_of_two_mib_or_more_are_backed_by_huge_pages():
+    """private_buffer: a buffer of 2 MiB or more starts on a huge page boundary and, where the
+    kernel gives huge pages to those who ask (transparent_hugepage `madvise` or `always`), is
+    backed by them once touched, as /proc/self/smaps tells; a small one is an ordinary mapping."""
+    from zarrfs.engine.spares import private_buffer
+
+    buf = private_buffer(5 << 20)
+    assert buf.nbytes == 5 << 20 and buf.ctypes.data % (2 << 20) == 0
+    buf[:] = 7
+    assert int(buf[::4096].sum()) == 7 * len(buf[::4096])
+    small = private_buffer(300_000)
+    assert small.nbytes == 300_000
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        mode = f.read().split("[")[1].split("]")[0]
+    if mode == "never":
+        return
+    huge_kib = 0
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            if "-" in line.split()[0] and not line.startswith(("AnonHuge", "Size")):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                inside = lo <= buf.ctypes.data < hi
+            elif inside and line.startswith("AnonHugePages:"):
+                huge_kib = int(line.split()[1])
+    assert huge_kib >= 4096  # (the two whole huge pages of its 5 MiB, at least)
+
+
 async def test_idle_decoding_threads_leave_and_come_back(two_arrays, monkeypatch):
     """A decoding thread leaves after IDLE_S without a call (and with it its scratch buffer);
     the next call starts one again."""
