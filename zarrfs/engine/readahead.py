@@ -21,13 +21,16 @@ Index = tuple[int, ...]
 # share of the cache so that prefetched chunks are not evicted before they are read.
 PREFETCH_MAX_BYTES = 256 << 20
 PREFETCH_CACHE_SHARE = 4
-# A local store's reads take no round trip: a window of one chunk row of the reference array
-# (1024 x 16384 float32) keeps every decoding thread busy. The remote window held four such rows
-# decoded at once, each into fresh memory: on a cold `cat` of the blosc array, 130k page faults
-# and a peak RSS of 480 MiB; with this window and private decode buffers (spares.py), 80-100k
-# and 250 MiB, and 6 interleaved pairs 0.99-1.31 s against 1.02-1.64 s (zstd, bound by
-# decoding: unchanged).
-LOCAL_PREFETCH_MAX_BYTES = 64 << 20
+# A local store's reads take no round trip: a window of two chunk rows of the reference array
+# (1024 x 16384 float32 each). The remote window held four such rows decoded at once, each into
+# fresh memory: on a cold `cat` of the blosc array, 130k page faults and a peak RSS of 480 MiB;
+# with one row and private decode buffers (spares.py), 80-100k and 250 MiB. But with one row,
+# the next row's chunks were asked for only once the reader was in the row before, whose
+# every chunk a 1 MiB read needs: the decoding threads waited at the end of each row
+# (in-process, busy 1.78 of 2, against 1.90 with two rows). Cold `cat` of the zstd array,
+# 4 interleaved pairs: 1.13-1.42 -> 1.08-1.14 s; blosc 0.72-0.88 -> 0.66-0.77 s; peak RSS
+# +62 MiB (187 -> 250 MiB).
+LOCAL_PREFETCH_MAX_BYTES = 128 << 20
 # A reader's first read, at offset 0, of at least this many bytes starts a sequential read
 # (of a remote sharded array: whole shards at once, `_sequential_start`). The kernel sizes
 # its first read-ahead from the application's request (mm/readahead.c get_init_ra_size:
