@@ -52,6 +52,10 @@ def test_uncompressed_arrays_are_read_from_their_files(mount, tmp_path):
     s = stats(mnt2)
     assert s["direct_reads"] > 0 and s["direct_bytes"] >= 2 * data.nbytes
     assert s["bytes_decoded"] == 0  # no chunk went through the chunk cache
+    for i, j in ((0, 0), (2, 1), (4, 1)):  # one chunk's file: a stream of its own grid, placed in the array's
+        want = npy_bytes(data[i * 200:(i + 1) * 200, j * 500:(j + 1) * 500])
+        assert (mnt2 / VIEWS / "chunks" / "a" / f"{i}.{j}.npy").read_bytes() == want, (i, j)
+    assert stats(mnt2)["direct_reads"] > s["direct_reads"]
     mnt3 = mount(v3)
     check_reads(mnt3, v3, "a")
     assert stats(mnt3)["bytes_decoded"] == 0
