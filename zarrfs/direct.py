@@ -215,8 +215,6 @@ class _Run:
         self.flags = os.RWF_NOWAIT if nowait and not reads.in_memory else 0
         self.files = reads._files if nowait else reads._worker_files()
         self.view = memoryview(out).cast("B")
-        # A whole array's stream in its own order: a chunk's place in the stream's grid is its index.
-        self.plain = not stream._flip and not any(stream.origin)
 
     def chunk_part(self, lead: Index, j: int, q: int, m: int, lo: int, hi: int, at: int) -> None:
         """Rows Q.. Q+M-1 of chunk column J's file (columns LO.. of the first row, ..HI of the
@@ -241,7 +239,7 @@ class _Run:
             if c1 - c0 < self.width:  # an edge chunk: its rows' padding lies between them
                 pad = self.reads._junk((self.width - c1 + c0) * item)
                 iov = [v for part in iov for v in (part, pad)][:-1]
-        self._read(lead + (j,) if self.plain else self.stream._array_index(lead + (j,)), iov, start * item)
+        self._read(self.stream._array_index(lead + (j,)), iov, start * item)
 
     def whole_rows(self, lead: Index, q: int, m: int, lo: int, hi: int, at: int) -> None:
         """A run of narrow rows: rows Q.. Q+M-1 of every chunk column's file read whole into
@@ -256,8 +254,7 @@ class _Run:
             scratch = np.empty(need, np.uint8)
         sv = memoryview(scratch)
         for j in range(nj):
-            self._read(lead + (j,) if self.plain else self.stream._array_index(lead + (j,)),
-                       [sv[j * span:(j + 1) * span]], q * cr)
+            self._read(self.stream._array_index(lead + (j,)), [sv[j * span:(j + 1) * span]], q * cr)
         rows = scratch[:nj * span].reshape(nj, m, cr)
         nfull, edge = divmod(ncols * item, cr)  # whole chunk columns, and the edge one's bytes
         t0, t1 = (0 if lo == 0 else 1), (m if hi == ncols else m - 1)  # the rows needed whole

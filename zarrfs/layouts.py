@@ -133,11 +133,12 @@ class ArrayStream:
         self._flip = flip
         self.chunk = chunk
         self._reads: ArrayStream | None = None
-        # What a small read of a whole array's C-order elements in its own dtype needs
-        # (Engine._small_read): header bytes, item size, shape, chunk shape, stream size.
-        self.rows: tuple[int, int, Index, Index, int] | None = None
-        if not flip and chunk is None and self.dtype == meta.dtype and shape and not self.dtype.hasobject:
-            self.rows = (len(self.header), self.dtype.itemsize, tuple(shape), tuple(meta.chunk_shape), self.size)
+        # The stream's chunk grid is the array's: a chunk's index in stream order is its index.
+        self._grid_order = not flip and not any(self.origin)
+        # A whole array's C-order elements in its own dtype, not read through shards: its reads
+        # within a row or two can be served from cached chunks without a plan (Engine._small_read).
+        self.row_reads = bool(not flip and chunk is None and self.dtype == meta.dtype and shape
+                              and not self.dtype.hasobject and meta.inner is None)
 
     def chunk_end(self, idx: Index) -> int:
         """The stream offset just past chunk IDX's last element (IDX: grid position in the
@@ -187,6 +188,8 @@ class ArrayStream:
 
     def _array_index(self, t_idx: Index) -> Index:
         """Grid position in the array of a chunk index in the stream's (maybe flipped) order."""
+        if self._grid_order:
+            return t_idx
         idx = t_idx[::-1] if self._flip else t_idx
         return tuple(o + i for o, i in zip(self.origin, idx))
 
@@ -196,9 +199,8 @@ class ArrayStream:
             return ReadPlan(header_part, 0, 0, 0, 0, (), ())
         boxes = tuple(grid.flat_boxes(self._shape, e0, e1))
         needed: dict[Index, None] = {}
-        same = not self._flip and not any(self.origin)  # stream order is grid order (most streams)
         for start, box in boxes:
-            if same:
+            if self._grid_order:  # (most streams)
                 needed.update(dict.fromkeys(grid.chunks_in_box(start, box, self._chunks)))
                 continue
             for t_idx in grid.chunks_in_box(start, box, self._chunks):

@@ -7,6 +7,8 @@ kept them waiting (in-process sequential reads of the 1 GiB zstd array: the two 
 threads were busy 1.57 of 2). Here a thread takes the next call itself, and only its result
 goes through the trio thread (Engine.run_cpu; 1.81-1.83 of 2, 0.91-1.14 s -> 0.83-0.90 s).
 
+(concurrent.futures.ThreadPoolExecutor has the queue, but joins its threads at exit, a
+thread stuck in a store included, keeps idle ones for good, and cannot replace one.)
 The threads are daemon threads, started when first needed and leaving after IDLE_S without a
 call (with what they keep: a decoding thread's scratch buffer, loads.py): a call stuck in a
 store never keeps the process from exiting. A call its caller gave up on while it runs
