@@ -48,9 +48,12 @@ def np_save(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def read(reads: direct.DirectReads, stream: ArrayStream, off: int, n: int) -> bytes:
+def read(reads: direct.DirectReads, stream: ArrayStream, off: int, n: int, out: np.ndarray | None = None) -> bytes:
+    """Bytes [off, off+n) of STREAM read directly, into OUT (the engine reuses one buffer for
+    every read of the trio thread: the reads' recipes are kept for it) or a fresh buffer."""
     plan = stream.plan(off, n)
-    out = np.empty(stream.element_bytes(plan), np.uint8)
+    if out is None:
+        out = np.empty(stream.element_bytes(plan), np.uint8)
     try:
         got = reads.read_sync(stream, plan, out, nowait=True)
     except direct.WouldBlock:
@@ -87,10 +90,16 @@ def test_npy_and_raw_bytes_equal_np_save(way, case, data):
             for stream, want in ((ArrayStream(meta), np_save(arr)), (ArrayStream(meta, with_header=False), arr.tobytes())):
                 assert direct.eligible(stream)
                 assert read(reads, stream, 0, stream.size) == want
+                reused = np.empty(stream.size + 2 * arr.dtype.itemsize, np.uint8)
+                row = arr.shape[-1] * arr.dtype.itemsize
                 for _ in range(4):
                     off = data.draw(st.integers(0, stream.size))
                     n = data.draw(st.integers(0, stream.size + 3))
                     assert read(reads, stream, off, n) == want[off:off + n]
+                    # into one buffer, as the engine reads: the same read and reads whole rows
+                    # further, alike but in other rows of chunk files or other rows of chunks
+                    for at in (off, off, off + row, off + 2 * row, off + 7 * row):
+                        assert read(reads, stream, at, n, reused) == want[at:at + n]
         finally:
             reads.close()
 
