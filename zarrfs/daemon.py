@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import logging
 import logging.handlers
 import os
@@ -403,6 +404,10 @@ async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
 def serve(ops: ZarrOperations, mountpoint: str) -> None:
     """Run the main loop until unmounted or signalled, then unmount."""
     _raise_open_file_limit()
+    # What exists now (modules, the tree's root, the options: some 42,000 objects) lives as long
+    # as the mount; out of the collector's sight, a collection of every generation (one per GiB
+    # or so of sequential reads) no longer walks it: 16 ms each in-process, 1 ms after.
+    gc.freeze()
     try:
         trio.run(_serve, ops, mountpoint)
     finally:
