@@ -104,6 +104,24 @@ def test_npy_and_raw_bytes_equal_np_save(way, case, data):
             reads.close()
 
 
+def test_the_recipes_kept_are_bounded_and_each_reads_its_own_bytes(tmp_path):
+    """Reads of every shape into one buffer, two streams in turn: at most RECIPES kept, and
+    a recipe dropped and made again reads the same bytes."""
+    arr = np.random.default_rng(2).integers(0, 1 << 16, (40, 24), dtype="<u2")
+    meta = write_store(str(tmp_path), arr, (7, 5))
+    reads = direct.DirectReads(Store(str(tmp_path)))
+    streams = [(ArrayStream(meta), np_save(arr)), (ArrayStream(meta, with_header=False), arr.tobytes())]
+    reused = np.empty(len(streams[0][1]) + 4, np.uint8)
+    rng = np.random.default_rng(3)
+    with mock.patch.object(direct, "ROW_MIN_BYTES", 0), mock.patch.object(direct, "RECIPES", 8):
+        for _ in range(300):
+            stream, want = streams[rng.integers(2)]
+            off, n = (int(x) for x in rng.integers(0, stream.size, 2))
+            assert read(reads, stream, off, n, reused) == want[off:off + n]
+            assert len(reads._recipes) <= 8
+    reads.close()
+
+
 def test_chunk_file_views_equal_the_chunks_np_save(tmp_path):
     arr = np.arange(7 * 5, dtype="<i2").reshape(7, 5)
     meta = write_store(str(tmp_path), arr, (3, 2))

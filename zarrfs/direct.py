@@ -34,8 +34,9 @@ from .store import LOCAL_OPEN_FLAGS
 # Open chunk files kept: a 1 MiB read of a wide array touches a row of chunks; a few rows of
 # them open cost nothing, while reopening per read costs a path lookup per chunk per read.
 OPEN_FILES = 256
-# Recipes of runs the trio thread keeps (_Run.chunk_parts): of so many streams, so many each.
-RECIPE_STREAMS = 16
+# Recipes of runs the trio thread keeps (_Run.chunk_parts). A recipe has a view per row part of
+# a read of at most 1 MiB (the kernel's largest): at most 256 of 4 KiB (narrower rows are read
+# into scratch), some 100 KB of objects.
 RECIPES = 64
 # The most buffers one preadv takes (Linux's UIO_MAXIOV), and the least row read into place
 # by one of them: narrower rows are read whole into scratch and copied into place. The 1 GiB
@@ -115,7 +116,7 @@ class DirectReads:
         self._buf = np.empty(0, np.uint8)  # see _scratch
         self._pad = memoryview(bytearray(0))  # see _junk
         self._files = _OpenFiles()  # the trio thread's
-        # The trio thread's recipes (_Run.chunk_parts): stream -> (the buffer they read into, {run: recipe}).
+        # The trio thread's recipes (_Run.chunk_parts): (stream, run) -> (the buffer it reads into, recipe).
         self._recipes: dict = {}
         self._local = threading.local()  # each worker thread's own (`_worker_files`)
         self._generation = 0  # of the worker threads' tables: older ones are dropped at their next use
@@ -220,28 +221,23 @@ class _Run:
         self.flags = os.RWF_NOWAIT if nowait and not reads.in_memory else 0
         self.files = reads._files if nowait else reads._worker_files()
         self.view = memoryview(out).cast("B")
-        self.recipes: dict | None = None
-        if nowait:  # the trio thread, whose reads reuse one buffer: its recipes are kept
-            kept = reads._recipes.get(stream)
-            if kept is None or kept[0] is not out:
-                if len(reads._recipes) >= RECIPE_STREAMS:
-                    reads._recipes.clear()
-                kept = reads._recipes[stream] = (out, {})
-            self.recipes = kept[1]
+        # the trio thread, whose reads reuse one buffer: its recipes are kept
+        self.recipes: dict | None = reads._recipes if nowait else None
 
     def chunk_parts(self, lead: Index, q: int, m: int, lo: int, hi: int, at: int) -> None:
         """Rows Q.. Q+M-1 of the chunk files of row of chunks LEAD (columns LO.. of the first
         row, ..HI of the last) read into OUT, the first row's column 0 being at AT: a preadv
         per chunk, by the run's recipe."""
-        key = (m, lo, hi, at)
-        recipes = self.recipes
-        recipe = recipes.get(key) if recipes is not None else None
-        if recipe is None:
+        recipes, key = self.recipes, (self.stream, m, lo, hi, at)
+        kept = recipes.get(key) if recipes is not None else None
+        if kept is not None and kept[0] is self.out:
+            recipe = kept[1]
+        else:
             recipe = self._recipe(m, lo, hi, at)
             if recipes is not None:
                 if len(recipes) >= RECIPES:
                     recipes.clear()
-                recipes[key] = recipe
+                recipes[key] = (self.out, recipe)
         stream, row_at = self.stream, q * self.chunk_row  # (the run's first row in the chunk files)
         for j, start, parts in recipe:
             self._read(stream._array_index(lead + (j,)), parts, row_at + start)
