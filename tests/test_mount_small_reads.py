@@ -1,6 +1,7 @@
 """Mounted: small reads within one row of an array, or across one row's end, whose chunks are
 cached are served from the chunks without a plan (Engine._small_read: a view of one chunk's
-bytes, or pieces copied); their bytes equal np.save's of what zarr-python reads, in 1-d and n-d arrays with F-ordered
+bytes, or pieces copied), and so are reads of many rows in one row of chunks (Engine._rows_read);
+their bytes equal np.save's of what zarr-python reads, in 1-d and n-d arrays with F-ordered
 chunks, edge chunks, structured and datetime elements, and they see a write that the store
 does not hold yet."""
 
@@ -20,12 +21,12 @@ def stats(mnt):
     return json.loads((mnt / VIEWS / "stats.json").read_bytes())
 
 
-def random_reads(path, want, n=400, most=9000, seed=0):
+def random_reads(path, want, n=400, most=9000, seed=0, least=1):
     rng = random.Random(seed)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)  # every read reaches the daemon at its own size
     with open(fd, "rb", buffering=0) as f:
         for _ in range(n):
-            off, size = rng.randrange(len(want)), rng.randrange(1, most)
+            off, size = rng.randrange(len(want)), rng.randrange(least, most)
             f.seek(off)
             assert f.read(size) == want[off:off + size], (path, off, size)
 
@@ -62,6 +63,36 @@ def test_small_reads_of_cached_chunks_are_exact(mount, tmp_path):
         assert stats(mnt)["small_reads"] > before, name
 
 
+def test_reads_of_many_rows_of_cached_chunks_are_exact(mount, tmp_path):
+    """Reads of 64 KiB to 400 KiB (many rows; most in one row of chunks, some across two, which
+    take the usual way) of arrays whose chunks are cached: C- and F-ordered chunks, 2-d and 3-d,
+    an edge column of chunks, chunks never written."""
+    root = tmp_path / "m.zarr"
+    zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
+    rng = np.random.default_rng(11)
+    arrays = {
+        "c2d": (rng.standard_normal((600, 2000)), {"chunks": (100, 500)}),
+        "f3d": (rng.integers(-999, 999, (4, 60, 3000)).astype(">i2"), {"chunks": (3, 40, 1500), "order": "F"}),
+        "edge": (rng.standard_normal((300, 2100)).astype("<f4"), {"chunks": (128, 1000)}),
+        "sparse": (np.full((400, 3000), -1, "<i8"), {"chunks": (150, 1000), "fill_value": -1}),
+    }
+    arrays["sparse"][0][150:300, 1000:2000] = rng.integers(0, 99, (150, 1000))
+    for name, (value, kw) in arrays.items():
+        a = zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
+                              zarr_format=2, **kw)
+        if name == "sparse":
+            a[150:300, 1000:2000] = value[150:300, 1000:2000]  # one chunk of nine
+        else:
+            a[...] = value
+    mnt = mount(root)
+    for name in arrays:
+        want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
+        assert (mnt / f"{name}.npy").read_bytes() == want  # every chunk cached
+        before = stats(mnt)["row_reads"]
+        random_reads(mnt / f"{name}.npy", want, n=150, least=64 << 10, most=400 << 10)
+        assert stats(mnt)["row_reads"] > before, name
+
+
 def test_small_reads_see_written_chunks(mount, tmp_path):
     root = tmp_path / "w.zarr"
     value = np.arange(200 * 3000, dtype="<i4").reshape(200, 3000)
@@ -80,6 +111,8 @@ def test_small_reads_see_written_chunks(mount, tmp_path):
         with open(fd, "rb", buffering=0) as g:
             g.seek(header + (120 * 3000 + 980) * 4)
             assert g.read(200) == value[120, 980:1030].tobytes()
+            g.seek(header + 110 * 3000 * 4)  # many rows, the written one among them (the usual way while written)
+            assert g.read(20 * 3000 * 4) == value[110:130].tobytes()
     assert stats(mnt)["small_reads"] > 0
 
 

@@ -23,8 +23,8 @@ from .. import direct, grid
 from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..store import Store
-from ..layouts import ArrayStream
-from .bands import BandReads
+from ..layouts import ArrayStream, copy_elements
+from .bands import BAND_MAX_PIECE_BYTES, BandReads
 from .spares import Spares
 from .interrupts import Interrupts
 from .loads import Loads, _Load
@@ -61,7 +61,7 @@ DEFAULT_TIMEOUT_S = 30.0
 STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
             "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads",
-            "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads", "bands_assembled", "small_reads", "buffers_reused")
+            "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads", "bands_assembled", "small_reads", "row_reads", "buffers_reused")
 
 __all__ = ["Engine", "ReadAhead"]
 
@@ -314,19 +314,76 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
 
     def read_now(self, stream: ArrayStream, offset: int, size: int,
                  readahead: ReadAhead | None = None) -> memoryview | None:
-        """A FUSE read served at once, with no await (so no wait to interrupt): a small read
-        whose chunks are at hand, as a view of the reused reply buffer; None: `read` it."""
-        if size >= SMALL_READ_BYTES:
+        """A FUSE read served at once, with no await (so no wait to interrupt): a small read, or
+        one of many rows in one row of chunks, whose chunks are at hand, as a view of the reused
+        reply buffer (or of a chunk); None: `read` it."""
+        if size < SMALL_READ_BYTES:
+            data, used = self._small_read(stream, offset, size), None
+        else:
+            data, used = self._rows_read(stream, offset, size, readahead)
+        if data is None:
             return None
-        data = self._small_read(stream, offset, size)
-        if data is not None:
-            if readahead is not None:
-                if offset == readahead.next_offset:  # a sequential reader's window still grows
-                    self._read_ahead(stream, offset, size, readahead, True)
-                readahead.next_offset = offset + size
-            self.counters["reads"] += 1
-            self.counters["small_reads"] += 1
+        if readahead is not None:
+            if offset == readahead.next_offset:  # a sequential reader's window still grows
+                self._read_ahead(stream, offset, size, readahead, True)
+                if used is not None:
+                    self.release_behind(stream, readahead, offset, used)
+            readahead.next_offset = offset + size
+        self.counters["reads"] += 1
+        self.counters["small_reads" if used is None else "row_reads"] += 1
         return data
+
+    def _rows_read(self, stream: ArrayStream, offset: int, size: int,
+                   readahead: ReadAhead | None) -> tuple[memoryview | None, list | None]:
+        """A read of many rows of an array in one row of chunks (the run of rows `grid.row_run`
+        gives), whose chunks are all at hand: the whole rows copied into the reused reply
+        buffer, a copy per chunk, with no plan and no await; the bytes, and the chunks used.
+        (None, None) sends it the usual way: another stream (ArrayStream.row_reads), a read
+        across rows of chunks, a chunk not at hand, or chunks so narrow that bands serve them.
+
+        What `cat` of a decoded array asks 63 times in 64 (1 MiB reads of the reference array,
+        whose rows of chunks are 64 MiB): 16 copies of 17 rows. Through the planner, the loads'
+        bookkeeping and a cancel scope, each such read took some 150 us of Python in the trio
+        thread, which replies to every read of every reader."""
+        if type(stream) is not ArrayStream or not stream.row_reads or (readahead is not None and readahead.bands):
+            return None, None
+        meta = stream.meta
+        if self._checked.get(meta.path, self._epoch) != self._epoch:
+            return None, None
+        hlen, item, shape, chunks = len(stream.header), stream.dtype.itemsize, meta.shape, meta.chunk_shape
+        d0, d1 = offset - hlen, min(offset + size, stream.size) - hlen
+        if d0 < 0 or d1 <= d0:
+            return None, None
+        ncols, width = shape[-1], chunks[-1]
+        rb = ncols * item
+        if len(shape) < 2 or rb > size:  # (rows longer than the read: copied whole, more than it)
+            return None, None
+        row, last = d0 // rb, (-(-d1 // item) - 1) // ncols
+        prefix, within, run = grid.row_run(row, shape, chunks)
+        nk = -(-ncols // width)
+        if last - row >= run or nk * BAND_MAX_PIECE_BYTES > size:
+            return None, None
+        held = bool(self._dirty or self._storing)
+        get, path = self.cache.get, meta.path
+        used = [(*prefix, k) for k in range(nk)]
+        arrs = []
+        for idx in used:
+            arr = self._held((path, idx)) if held else None
+            if arr is None:
+                arr = get((path, idx))
+                if arr is None:
+                    return None, None
+            arrs.append(arr)
+        m = last - row + 1
+        self._reply_room(m * rb)
+        buf, lead = self._reply_buf, within[:-1]
+        rows = slice(within[-1], within[-1] + m)
+        for k, arr in enumerate(arrs):
+            n = min(width, ncols - k * width)
+            dst = np.ndarray((m, n), meta.dtype, buf, k * width * item, (rb, item))
+            copy_elements(dst, arr[(*lead, rows, slice(0, n))])
+        skip = d0 - row * rb
+        return self._reply_view[skip:skip + d1 - d0], used
 
     def _small_read(self, stream: ArrayStream, offset: int, size: int) -> memoryview | None:
         """A read within one row of an array, or across the end of one row into the next, whose
