@@ -338,8 +338,9 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         """A read of many rows of an array in one row of chunks (the run of rows `grid.row_run`
         gives), whose chunks are all at hand: the whole rows copied into the reused reply
         buffer, a copy per chunk, with no plan and no await; the bytes, and the chunks used.
-        (None, None) sends it the usual way: another stream (ArrayStream.row_reads), a read
-        across rows of chunks, a chunk not at hand, or chunks so narrow that bands serve them.
+        (None, None) sends it the usual way: another stream (ArrayStream.row_reads), a 1-d
+        array, rows longer than the read (it would copy more than it needs), a read across rows
+        of chunks, a chunk not at hand, or chunks so narrow that bands serve them.
 
         What `cat` of a decoded array asks 63 times in 64 (1 MiB reads of the reference array,
         whose rows of chunks are 64 MiB): 16 copies of 17 rows. Through the planner, the loads'
