@@ -136,7 +136,8 @@ class ArrayStream:
         # The stream's chunk grid is the array's: a chunk's index in stream order is its index.
         self._grid_order = not flip and not any(self.origin)
         # A whole array's C-order elements in its own dtype, not read through shards: its reads
-        # within a row or two can be served from cached chunks without a plan (Engine._small_read).
+        # within a row or two, or of many rows in one row of chunks, can be served from cached
+        # chunks without a plan (Engine._small_read, Engine._rows_read).
         self.row_reads = bool(not flip and chunk is None and self.dtype == meta.dtype and shape
                               and not self.dtype.hasobject and meta.inner is None)
 
