@@ -336,6 +336,34 @@ async def test_sequential_reads_prefetch_and_seeks_reset(two_arrays):
         n.cancel_scope.cancel()
 
 
+async def test_a_large_read_of_cached_chunks_elsewhere_starts_the_window_again(tmp_path):
+    """A seek back to cached chunks, read at once (read_now: many rows of one row of chunks),
+    resets the reader's window as a read through `read` does, and its bytes are zarr-python's
+    values: the window is not left planned far ahead of where the reader now is."""
+    path = str(tmp_path / "s")
+    value = np.arange(600 * 1000, dtype="<f8").reshape(600, 1000)
+    zarr.create_array(store=path, name="a", shape=value.shape, chunks=(100, 250), dtype="<f8",
+                      zarr_format=2)[...] = value
+    zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
+    store, engine, streams = setup(path, cache_bytes=64 << 20)
+    s = streams["a"]
+    row, size = 1000 * 8, 20 * 1000 * 8  # reads of 20 rows (bands would take narrower chunks)
+    engine.prefetch_max_bytes = 200 * row
+    reader = ReadAhead()
+    async with trio.open_nursery() as n:
+        await n.start(engine.run)
+        for i in range(0, 320, 20):  # sequential: the window grows to 200 rows past the reader
+            await engine.read(s, len(s.header) + i * row, size, readahead=reader)
+            await trio.sleep(0.01)
+        assert reader.planned >= len(s.header) + 400 * row
+        at = len(s.header) + 20 * row  # back into row of chunks 0, cached
+        got = engine.read_now(s, at, size, reader)
+        assert got is not None and bytes(got) == value[20:40].tobytes()
+        assert engine.counters["row_reads"] == 1
+        assert reader.planned <= at + size and reader.window == 0
+        n.cancel_scope.cancel()
+
+
 def test_decode_buffers_of_two_mib_or_more_are_backed_by_huge_pages():
     """private_buffer: a buffer of 2 MiB or more starts on a huge page boundary and, where the
     kernel gives huge pages to those who ask (transparent_hugepage `madvise` or `always`), is

@@ -328,6 +328,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
                 self._read_ahead(stream, offset, size, readahead, True)
                 if used is not None:
                     self.release_behind(stream, readahead, offset, used)
+            elif used is not None:  # a large read elsewhere: the window starts again, as in `read`
+                self._read_ahead(stream, offset, size, readahead, False)
             readahead.next_offset = offset + size
         self.counters["reads"] += 1
         self.counters["small_reads" if used is None else "row_reads"] += 1
