@@ -31,6 +31,29 @@ def random_reads(path, want, n=400, most=9000, seed=0, least=1):
             assert f.read(size) == want[off:off + size], (path, off, size)
 
 
+def write_arrays(root, arrays, written):
+    """ARRAYS (name: (value, create_array's keywords)) in the v2 group ROOT: every element, but
+    of "sparse" only the region WRITTEN (one chunk: the others are never written)."""
+    for name, (value, kw) in arrays.items():
+        a = zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
+                              zarr_format=2, **kw)
+        if name == "sparse":
+            a[written] = value[written]
+        else:
+            a[...] = value
+
+
+def reads_are_exact(mnt, root, arrays, counter, **reads):
+    """Each array read whole (every chunk cached), then at random (`random_reads` with READS):
+    np.save's bytes of zarr-python's values, some of the reads counted in COUNTER."""
+    for name in arrays:
+        want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
+        assert (mnt / f"{name}.npy").read_bytes() == want
+        before = stats(mnt)[counter]
+        random_reads(mnt / f"{name}.npy", want, **reads)
+        assert stats(mnt)[counter] > before, name
+
+
 def test_small_reads_of_cached_chunks_are_exact(mount, tmp_path):
     root = tmp_path / "s.zarr"
     zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
@@ -47,20 +70,8 @@ def test_small_reads_of_cached_chunks_are_exact(mount, tmp_path):
     }
     arrays["rec"][0]["a"] = rng.integers(0, 9, (40, 300))
     arrays["sparse"][0][40:80, 300:600] = rng.standard_normal((40, 300))
-    for name, (value, kw) in arrays.items():
-        a = zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
-                              zarr_format=2, **kw)
-        if name == "sparse":
-            a[40:80, 300:600] = value[40:80, 300:600]  # one chunk of nine
-        else:
-            a[...] = value
-    mnt = mount(root)
-    for name in arrays:
-        want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
-        assert (mnt / f"{name}.npy").read_bytes() == want  # every chunk cached
-        before = stats(mnt)["small_reads"]
-        random_reads(mnt / f"{name}.npy", want)
-        assert stats(mnt)["small_reads"] > before, name
+    write_arrays(root, arrays, np.s_[40:80, 300:600])
+    reads_are_exact(mount(root), root, arrays, "small_reads")
 
 
 def test_reads_of_many_rows_of_cached_chunks_are_exact(mount, tmp_path):
@@ -77,20 +88,8 @@ def test_reads_of_many_rows_of_cached_chunks_are_exact(mount, tmp_path):
         "sparse": (np.full((400, 3000), -1, "<i8"), {"chunks": (150, 1000), "fill_value": -1}),
     }
     arrays["sparse"][0][150:300, 1000:2000] = rng.integers(0, 99, (150, 1000))
-    for name, (value, kw) in arrays.items():
-        a = zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
-                              zarr_format=2, **kw)
-        if name == "sparse":
-            a[150:300, 1000:2000] = value[150:300, 1000:2000]  # one chunk of nine
-        else:
-            a[...] = value
-    mnt = mount(root)
-    for name in arrays:
-        want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
-        assert (mnt / f"{name}.npy").read_bytes() == want  # every chunk cached
-        before = stats(mnt)["row_reads"]
-        random_reads(mnt / f"{name}.npy", want, n=150, least=64 << 10, most=400 << 10)
-        assert stats(mnt)["row_reads"] > before, name
+    write_arrays(root, arrays, np.s_[150:300, 1000:2000])
+    reads_are_exact(mount(root), root, arrays, "row_reads", n=150, least=64 << 10, most=400 << 10)
 
 
 def test_small_reads_see_written_chunks(mount, tmp_path):
