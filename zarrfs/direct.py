@@ -289,7 +289,7 @@ class _Run:
             scratch = np.empty(need, np.uint8)
         sv = memoryview(scratch)
         for j in range(nj):
-            self._read(self.stream._array_index(lead + (j,)), [([sv[j * span:(j + 1) * span]], span)], q * cr)
+            self._read(self.stream._array_index(lead + (j,)), _parts([sv[j * span:(j + 1) * span]]), q * cr)
         rows = scratch[:nj * span].reshape(nj, m, cr)
         nfull, edge = divmod(ncols * item, cr)  # whole chunk columns, and the edge one's bytes
         t0, t1 = (0 if lo == 0 else 1), (m if hi == ncols else m - 1)  # the rows needed whole

@@ -335,6 +335,19 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         self.counters["small_reads" if used is None else "row_reads"] += 1
         return data
 
+    def _row_span(self, stream: ArrayStream, offset: int, size: int) -> tuple[ArrayMeta, int, int] | None:
+        """For `_small_read` and `_rows_read`: the array and the data bytes [d0, d1) of a read of
+        a stream whose reads may be served from its chunks (ArrayStream.row_reads, its chunks
+        current), inside the data and not empty; None for any other."""
+        if type(stream) is not ArrayStream or not stream.row_reads:
+            return None
+        meta = stream.meta
+        if self._checked.get(meta.path, self._epoch) != self._epoch:
+            return None
+        hlen = len(stream.header)
+        d0, d1 = offset - hlen, min(offset + size, stream.size) - hlen
+        return (meta, d0, d1) if 0 <= d0 < d1 else None
+
     def _rows_read(self, stream: ArrayStream, offset: int, size: int,
                    readahead: ReadAhead | None) -> tuple[memoryview | None, list | None]:
         """A read of many rows of an array in one row of chunks (the run of rows `grid.row_run`
@@ -348,15 +361,11 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         whose rows of chunks are 64 MiB): 16 copies of 17 rows. Through the planner, the loads'
         bookkeeping and a cancel scope, each such read took some 150 us of Python in the trio
         thread, which replies to every read of every reader."""
-        if type(stream) is not ArrayStream or not stream.row_reads or (readahead is not None and readahead.bands):
+        span = self._row_span(stream, offset, size)
+        if span is None or (readahead is not None and readahead.bands):
             return None, None
-        meta = stream.meta
-        if self._checked.get(meta.path, self._epoch) != self._epoch:
-            return None, None
-        hlen, item, shape, chunks = len(stream.header), stream.dtype.itemsize, meta.shape, meta.chunk_shape
-        d0, d1 = offset - hlen, min(offset + size, stream.size) - hlen
-        if d0 < 0 or d1 <= d0:
-            return None, None
+        meta, d0, d1 = span
+        item, shape, chunks = stream.dtype.itemsize, meta.shape, meta.chunk_shape
         ncols, width = shape[-1], chunks[-1]
         rb = ncols * item
         if len(shape) < 2 or rb > size:  # (rows longer than the read: copied whole, more than it)
@@ -366,17 +375,10 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         nk = -(-ncols // width)
         if last - row >= run or nk * BAND_MAX_PIECE_BYTES > size:
             return None, None
-        held = bool(self._dirty or self._storing)
-        get, path = self.cache.get, meta.path
         used = [(*prefix, k) for k in range(nk)]
-        arrs = []
-        for idx in used:
-            arr = self._held((path, idx)) if held else None
-            if arr is None:
-                arr = get((path, idx))
-                if arr is None:
-                    return None, None
-            arrs.append(arr)
+        arrs = [self._lookup(meta, idx) for idx in used]  # (held by a writer, or cached)
+        if any(arr is None for arr in arrs):
+            return None, None
         m = last - row + 1
         self._reply_room(m * rb)
         buf, lead = self._reply_buf, within[:-1]
@@ -398,15 +400,11 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         Written out for the 20,000 random 4 KiB reads of bench.py (each across two chunks of
         the reference array): 12.6-14.4 us a read in-process through the plan-free helpers it
         replaced, 6.4-6.7 here."""
-        if type(stream) is not ArrayStream or not stream.row_reads:
+        span = self._row_span(stream, offset, size)
+        if span is None:
             return None
-        meta = stream.meta
-        if self._checked.get(meta.path, self._epoch) != self._epoch:
-            return None
-        hlen, item, shape, chunks = len(stream.header), stream.dtype.itemsize, meta.shape, meta.chunk_shape
-        d0, d1 = offset - hlen, min(offset + size, stream.size) - hlen
-        if d0 < 0 or d1 <= d0:
-            return None
+        meta, d0, d1 = span
+        item, shape, chunks = stream.dtype.itemsize, meta.shape, meta.chunk_shape
         ncols, width = shape[-1], chunks[-1]
         e0 = d0 // item
         row, c0 = divmod(e0, ncols)
