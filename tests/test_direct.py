@@ -23,10 +23,11 @@ DTYPES = ["|u1", "<i2", "<f8", "|S3", [("a", "<i2"), ("b", "|u1")]]
 ROOTS = ["/dev/shm", None]
 
 
-def write_store(root: str, arr: np.ndarray, chunks: tuple, missing: frozenset = frozenset()) -> ArrayMeta:
-    """Chunk files of ARR as a v2 writer lays them out (C order, edge chunks padded with junk)."""
-    meta = ArrayMeta(path="a", shape=arr.shape, dtype=arr.dtype, chunk_shape=chunks,
-                     fill_value=np.zeros((), arr.dtype), codec=CodecChain(array_bytes=BytesLayout(endian=None)),
+def write_store(root: str, arr: np.ndarray, chunks: tuple, missing: frozenset = frozenset(),
+                order: str = "C") -> ArrayMeta:
+    """Chunk files of ARR as a v2 writer lays them out (ORDER, edge chunks padded with junk)."""
+    meta = ArrayMeta(path="a", shape=arr.shape, dtype=arr.dtype, chunk_shape=chunks, fill_value=np.zeros((), arr.dtype),
+                     codec=CodecChain(array_bytes=BytesLayout(endian=None, order=order)),
                      keys=ChunkKeys("a"), attributes={}, format="v2", metadata_key="a/.zarray")
     os.makedirs(os.path.join(root, "a"), exist_ok=True)
     rng = np.random.default_rng(1)
@@ -38,7 +39,7 @@ def write_store(root: str, arr: np.ndarray, chunks: tuple, missing: frozenset = 
         sl = grid.chunk_slices(idx, arr.shape, chunks)
         full[tuple(slice(0, s.stop - s.start) for s in sl)] = arr[sl]
         with open(os.path.join(root, meta.chunk_key(idx)), "wb") as f:
-            f.write(full.tobytes())
+            f.write(full.tobytes(order=order))
     return meta
 
 
@@ -161,6 +162,68 @@ def test_streams_that_are_not_a_copy_of_the_file_are_not_eligible(chain, order, 
                      fill_value=np.zeros((), "<i4"), codec=chain, keys=ChunkKeys("a"), attributes={},
                      format="v2", metadata_key="a/.zarray")
     assert not direct.eligible(ArrayStream(meta, order=order)), why
+
+
+@st.composite
+def transposed_cases(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 30), min_size=2, max_size=2)))
+    chunks = tuple(draw(st.lists(st.integers(1, 9), min_size=2, max_size=2)))
+    d = draw(st.sampled_from(DTYPES))
+    dtype = np.dtype([tuple(f) for f in d] if isinstance(d, list) else d)
+    seed = draw(st.integers(0, 2**32 - 1))
+    raw = np.random.default_rng(seed).integers(0, 256, int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+    return raw.view(dtype).reshape(shape), chunks, draw(st.sampled_from(["C", "F"]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=transposed_cases(), data=st.data())
+def test_rows_of_chunks_read_transposed_equal_numpy_s_bytes(case, data):
+    """The F view of C-ordered chunks, and the .npy of F-ordered ones: any rows of the stream's
+    chunks, read from the files through a stage of a few file rows (2 here, so that the stage
+    is refilled and cut short at edge chunks), equal numpy's bytes of those rows."""
+    arr, chunks, chunk_order = case
+    view = "F" if chunk_order == "C" else "C"
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp, \
+            mock.patch.multiple(direct, TRANSPOSE_ROWS=2, TRANSPOSE_STAGE_BYTES=0):
+        meta = write_store(tmp, arr, chunks, order=chunk_order)
+        reads = direct.DirectReads(Store(tmp))
+        stream = ArrayStream(meta, order=view)
+        assert direct.transposed(stream) and not direct.eligible(stream)
+        want = arr.tobytes(order=view)  # the stream's elements
+        (s0, s1), a = stream._shape, stream._chunks[0]
+        row = a * s1 * arr.dtype.itemsize  # bytes of a whole row of the stream's chunks
+        k = data.draw(st.integers(0, -(-s0 // a) - 1))
+        count = data.draw(st.integers(1, 3))
+        out = np.full(count * row + 5, 7, np.uint8)
+        got = reads.transposed_rows_sync(stream, k, count, out)
+        assert bytes(got) == want[k * row:(k + count) * row]
+        assert bytes(out[len(got):]) == b"\7" * (len(out) - len(got))  # nothing written past them
+        reads.close()
+
+
+@pytest.mark.parametrize("shape,chain,order,why", [
+    ((4, 4), CodecChain(array_bytes=BytesLayout(endian=None)), "C", "the file's own order"),
+    ((4, 4), CodecChain(array_bytes=BytesLayout(endian=None, order="F")), "F", "the file's own order"),
+    ((4, 4), CodecChain(array_bytes=BytesLayout(endian="big")), "F", "bytes stored big-endian"),
+    ((4, 4, 4), CodecChain(array_bytes=BytesLayout(endian=None)), "F", "three dimensions"),
+])
+def test_streams_that_are_not_a_transposed_copy_of_the_files(shape, chain, order, why):
+    meta = ArrayMeta(path="a", shape=shape, dtype=np.dtype("<i4"), chunk_shape=(2,) * len(shape),
+                     fill_value=np.zeros((), "<i4"), codec=chain, keys=ChunkKeys("a"), attributes={},
+                     format="v2", metadata_key="a/.zarray")
+    assert not direct.transposed(ArrayStream(meta, order=order)), why
+
+
+def test_rows_of_chunks_read_transposed_fall_back_without_a_chunk_file(tmp_path):
+    arr = np.arange(6 * 6, dtype="<i4").reshape(6, 6)
+    meta = write_store(str(tmp_path), arr, (3, 3), missing=frozenset({(1, 0)}))
+    reads = direct.DirectReads(Store(str(tmp_path)))
+    stream = ArrayStream(meta, order="F")
+    out = np.empty(6 * 6 * 4, np.uint8)
+    assert bytes(reads.transposed_rows_sync(stream, 1, 1, out)) == arr.tobytes(order="F")[3 * 6 * 4:]
+    with pytest.raises(direct.Fallback):
+        reads.transposed_rows_sync(stream, 0, 1, out)  # its columns 0-2: chunk (1, 0) is not stored
+    reads.close()
 
 
 def test_worker_threads_keep_their_files_until_a_refresh_or_their_end(tmp_path):

@@ -91,10 +91,11 @@ def test_readers_at_once_never_see_a_reused_buffer(mount, tmp_path):
 
 def test_uncompressed_chunks_are_read_into_given_back_buffers(mount, tmp_path):
     """Chunks stored as their bytes (read straight from their files in C order) are loaded for
-    the F view, whose copies transpose: they are read into buffers given back."""
+    the F view of a 3-d array, whose copies transpose: they are read into buffers given back.
+    (A 2-d array's F view copies them from their files into its bands, test_mount_bands.py.)"""
     root = tmp_path / "u.zarr"
-    value = np.random.default_rng(9).standard_normal((1536, 1024)).astype("<f4")
-    zarr.create_array(store=os.fspath(root), name="u", shape=value.shape, dtype=value.dtype, chunks=(256, 256),
+    value = np.random.default_rng(9).standard_normal((6, 256, 1024)).astype("<f4")
+    zarr.create_array(store=os.fspath(root), name="u", shape=value.shape, dtype=value.dtype, chunks=(1, 256, 256),
                       compressors=None)[...] = value
     mnt = mount(root, SMALL_CACHE)
     for _ in range(2):  # the second pass loads its chunks again, into the buffers the first gave back

@@ -52,6 +52,10 @@ ROW_MIN_BYTES = 4096
 # against 2.1-2.8 s).
 PIECE_MIN_BYTES = 4096
 LOAD_MAX_RATIO = 16
+# A transposing copy out of chunk files (transposed_rows_sync) goes through a stage of this
+# many file rows at least, and of at least this many bytes (fewer preadv calls for short rows).
+TRANSPOSE_ROWS = 16
+TRANSPOSE_STAGE_BYTES = 64 << 10
 
 Index = tuple[int, ...]
 
@@ -95,6 +99,22 @@ def eligible(stream: ArrayStream) -> bool:
             and chain.array_bytes.stored_dtype(meta.dtype) == meta.dtype == stream.dtype
             and meta.source is None and stream.order == "C" and meta.dtype.itemsize > 0
             and not meta.dtype.hasobject and len(meta.shape) > 0 and all(meta.chunk_shape))
+
+
+def transposed(stream: ArrayStream) -> bool:
+    """Whether a 2-d array's stream reads its chunk files across their memory order, with
+    nothing else between them (the F view of uncompressed C-ordered chunks, or the .npy of
+    F-ordered ones): each file row holds a column of the stream's chunk, so a row of the
+    stream's chunks (`ArrayStream.chunk_row_bytes`) is its chunk files' rows, copied
+    transposed (`DirectReads.transposed_rows_sync`)."""
+    if type(stream) is not ArrayStream or stream.chunk is not None or len(stream.meta.shape) != 2:
+        return False
+    meta = stream.meta
+    chain = meta.codec
+    return (reads_into(chain) and chain.array_bytes.order != stream.order
+            and chain.array_bytes.stored_dtype(meta.dtype) == meta.dtype == stream.dtype
+            and meta.source is None and meta.dtype.itemsize > 0 and not meta.dtype.hasobject
+            and all(meta.chunk_shape))
 
 
 def worth(stream: ArrayStream, plan: ReadPlan, nbytes: int) -> bool:
@@ -193,6 +213,42 @@ class DirectReads:
                 run.chunk_parts(lead, q, m, lo, hi, at)
             row += m
         return plan_bytes(plan, out)
+
+    def transposed_rows_sync(self, stream: ArrayStream, k: int, count: int, out: np.ndarray) -> memoryview:
+        """The bytes of rows K.. K+COUNT-1 of a `transposed` stream's chunks (as many of them as
+        there are), assembled in OUT from their chunk files: a few file rows at a time
+        (TRANSPOSE_ROWS, or TRANSPOSE_STAGE_BYTES of them) read into a small stage, then copied
+        transposed into place. A worker thread (files of its own); Fallback for a chunk that
+        is absent, short, or not a regular file.
+
+        The stage keeps the transposing copy in the CPU's caches: it reads 16 pages, and writes
+        whole 64-byte lines of OUT. The F view of the reference array (chunks 1024 x 1024):
+        0.39-0.51 s per GiB of copies so, against 0.79-0.86 s staging 128 file rows at a time."""
+        meta, item = stream.meta, stream.dtype.itemsize
+        (s0, s1), (a, b) = stream._shape, stream._chunks
+        per = max(TRANSPOSE_ROWS, TRANSPOSE_STAGE_BYTES // (a * item))
+        local = self._local
+        stage = getattr(local, "stage", None)
+        if stage is None or len(stage) < per * a * item:
+            stage = local.stage = np.empty(per * a * item, np.uint8)
+        file_rows = stage[:per * a * item].view(stream.dtype).reshape(per, a)
+        flat = memoryview(stage)
+        files = self._worker_files()
+        at = 0
+        for i in range(k, min(k + count, -(-s0 // a))):
+            rows = min(a, s0 - i * a)
+            band = np.ndarray((rows, s1), stream.dtype, out, at)
+            for m in range(-(-s1 // b)):
+                idx = stream._array_index((i, m))
+                fd = self._file(meta, idx, meta.chunk_nbytes, files)
+                c0, cols = m * b, min(b, s1 - m * b)
+                for r in range(0, cols, per):
+                    n = min(per, cols - r)
+                    if os.preadv(fd, [flat[:n * a * item]], r * a * item) != n * a * item:
+                        raise Fallback(meta.chunk_key(idx))  # cut short meanwhile
+                    band[:, c0 + r:c0 + r + n] = file_rows[:n, :rows].T
+            at += rows * s1 * item
+        return memoryview(out)[:at]
 
     def _scratch(self, nbytes: int) -> np.ndarray:
         """A buffer of at least NBYTES for the trio thread's reads, reused (no fresh memory per read)."""

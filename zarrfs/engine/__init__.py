@@ -278,6 +278,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         fewer, larger copies). A sequential reader of a remote store takes them from whole
         shards, each read in one request (readahead.py `_whole_shards`).
         """
+        if reply and readahead is not None:
+            self.bands_first(stream, offset, size, readahead)
         if reply and readahead is not None and readahead.bands:
             data = await self.band_read(stream, offset, size, readahead)
             if data is not None:
