@@ -410,3 +410,41 @@ async def test_idle_decoding_threads_leave_and_come_back(two_arrays, monkeypatch
     assert alive() == 0
     assert await engine.run_cpu(lambda: 42) == 42
     assert alive() >= 1
+
+
+@pytest.mark.parametrize("dtype", ["<f8", "<i2"])
+@pytest.mark.parametrize("compressor", ["blosc", "zstd"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, order, compressor, dtype):
+    """decoded_rows_sync (bands of the F view of C-ordered chunks, or of the .npy of F-ordered
+    ones, that decode into a buffer): any rows of the stream's chunks, in any share of their
+    chunk columns, equal numpy's bytes of zarr-python's values; a chunk not stored gives its
+    fill value."""
+    import numcodecs
+
+    from zarrfs.engine.bands import decoded_rows_sync, decoded_transposed
+
+    value = (np.arange(37 * 29) * 3 % 1000).astype(dtype).reshape(37, 29)
+    path = tmp_path / "s"
+    codec = numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE) if compressor == "blosc" else numcodecs.Zstd(level=1)
+    arr = zarr.create_array(os.fspath(path), shape=value.shape, chunks=(8, 5), dtype=dtype, zarr_format=2,
+                            order=order, compressors=codec, fill_value=7)
+    arr[...] = value
+    os.unlink(path / "2.3")
+    value = arr[...]  # what zarr-python reads back: the fill value where the chunk went
+    store = Store(os.fspath(path))
+    view = "F" if order == "C" else "C"
+    stream = ArrayStream(open_hierarchy_sync(store).node_sync(""), order=view)
+    assert decoded_transposed(stream)
+    want = value.tobytes(order=view)
+    a = stream._chunks[0]
+    row = a * stream._shape[1] * value.itemsize  # bytes of a whole row of the stream's chunks
+    nrows = -(-stream._shape[0] // a)
+    for count in (1, 2):
+        for k in range(nrows):
+            for parts in (1, 2, 3):
+                out = np.full(count * row + 8, 5, np.uint8)
+                for part in range(parts):
+                    got = decoded_rows_sync(stream, store, k, count, out, part, parts)[0]
+                assert bytes(got) == want[k * row:(k + count) * row], (k, count, parts)
+                assert bytes(out[len(got):]) == b"\5" * (len(out) - len(got))

@@ -4,6 +4,7 @@ C and F views, for uncompressed, compressed and sharded arrays with edge chunks;
 never lets an assembled band serve bytes of chunks rewritten since; band buffers stay within
 their budget with many readers and are freed when the files close."""
 
+import errno
 import json
 import os
 import threading
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import zarr
 
+import mounted
 from mounted import npy_bytes, npy_f_bytes
 
 VIEWS = ".zarrfs"
@@ -132,6 +134,52 @@ def test_transposing_views_of_uncompressed_local_chunks_are_read_from_their_file
     (mnt / VIEWS / "refresh").read_bytes()
     assert read_sequentially(views["c"], direct=True) == npy_f_bytes(value + 1)
     assert stats(mnt)["band_bytes"] == 0  # every file is closed: the buffers went with their readers
+
+
+@pytest.mark.log_errors_expected
+def test_transposing_views_of_compressed_local_chunks_are_decoded_into_their_bands(mount, tmp_path):
+    """The F view of blosc and zstd C-ordered chunks, and the .npy of F-ordered ones, of a local
+    store: bands of whole rows of the stream's chunks, each chunk read and decoded once by a
+    worker thread and copied transposed into its band, none loaded through the cache. A chunk
+    not stored gives its fill value there; a corrupt chunk fails only the reads of its band
+    (EIO, the usual path), with its key in the log, and the bands before it serve their bytes."""
+    import numcodecs
+
+    value = np.random.default_rng(6).standard_normal((2500, 2150)).astype("<f4")  # 21.5 MB: 3 bands
+    root = tmp_path / "z.zarr"
+    zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
+    blosc, zstd = numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE), numcodecs.Zstd(level=1)
+    for name, order, codec in (("cz", "C", zstd), ("fb", "F", blosc), ("hz", "C", zstd), ("bad", "C", zstd)):
+        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype, chunks=(300, 256),
+                          zarr_format=2, order=order, compressors=codec, fill_value=-1.5)[...] = value
+    os.unlink(root / "hz" / "4.3")  # a chunk of the F view's second band
+    (root / "bad" / "4.3").write_bytes(b"not zstd at all")
+    mnt = mount(root)
+    views = {"cz": mnt / VIEWS / "npy-f" / "cz.npy", "fb": mnt / "fb.npy", "hz": mnt / VIEWS / "npy-f" / "hz.npy"}
+    read_back = {name: zarr.open_array(os.fspath(root / name), mode="r")[...] for name in views}
+    wants = {"cz": npy_f_bytes(read_back["cz"]), "fb": npy_bytes(read_back["fb"]), "hz": npy_f_bytes(read_back["hz"])}
+    for path in views.values():
+        path.stat()  # (the array's metadata read)
+    for name, path in views.items():
+        stored = len([f for f in os.listdir(root / name) if not f.startswith(".")])
+        before = stats(mnt)
+        assert read_sequentially(path) == wants[name], name
+        after = stats(mnt)
+        assert after["cache_misses"] == before["cache_misses"], name  # no chunk through the cache
+        assert after["store_gets"] - before["store_gets"] == stored, name  # each chunk read once
+        assert after["bands_assembled"] - before["bands_assembled"] == 3, name
+        assert read_sequentially(path, size=3 * MIB + 4096, direct=True) == wants[name], name
+    bad = mnt / VIEWS / "npy-f" / "bad.npy"
+    good = npy_f_bytes(value)
+    second = len(good) - value.nbytes + 3 * 256 * 2500 * 4  # where the second band begins (3 rows of chunks)
+    got = []
+    with open(bad, "rb", buffering=0) as f, pytest.raises(OSError) as failed:
+        while part := f.read(MIB):  # (the kernel returns what it has before the page that fails)
+            got.append(part)
+    assert failed.value.errno == errno.EIO
+    got = b"".join(got)
+    assert second <= len(got) < second + 1200 * 4 and got == good[:len(got)]  # up to row 1200 of column 768
+    assert mounted.log_lines_naming(mount.log_text(mnt), "bad/4.3")
 
 
 @pytest.mark.parametrize("compressors", [[zarr.codecs.ZstdCodec(level=1)], None], ids=["zstd", "uncompressed"])

@@ -12,11 +12,13 @@ copied straight from their files), and every read inside a ready band is a view 
 plan, no copy, no await in the trio thread. A read that is not inside a ready band takes the
 usual path, which also reports any error (a band that failed is only not used).
 
-The F view of uncompressed C-ordered chunks of a local store (and the .npy of F-ordered ones)
-has bands of whole rows of its chunks instead, from the header's end (`band_span`): each is
-copied transposed straight from the chunk files by a worker thread, without the chunk cache,
-so every file byte is read once. Their reads are started before the reader's first read (which
-waits for them), and a read across two bands is put together from both.
+The F view of a 2-d array's C-ordered chunks of a local store (and the .npy of F-ordered
+ones), uncompressed or of a lone blosc or zstd compressor, has bands of whole rows of its
+chunks instead, from the header's end (`band_span`): each is copied transposed straight from
+the chunk files by a worker thread, or from each chunk as it decodes in one decoding thread
+per core (`decoded_rows_sync`), without the chunk cache, so every chunk is read once. They
+are started before the reader's first read (which waits for them), and a read across two
+bands is put together from both.
 
 Memory: each reader holds at most BANDS_PER_READER buffers, and all readers together at most
 BAND_BUDGET_BYTES (past it, readers take the usual path). Bands are only made on read-only
@@ -27,15 +29,20 @@ hold bytes older than the chunks a read would load. Mixed into Engine (docs/CONC
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import weakref
 
 import numpy as np
 import trio
 
 from .. import direct
+from ..codecs import decodes_into
 from ..errors import ZarrfsError
 from ..layouts import ArrayStream
+from .loads import read_decode_sync
 from .readahead import ReadAhead
+from .spares import private_buffer
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +53,15 @@ BAND_BYTES = 8 << 20
 BANDS_AHEAD = 2
 BANDS_PER_READER = BANDS_AHEAD + 2  # and the band being read, and one that the reader just left
 BAND_BUDGET_BYTES = 192 << 20  # all readers' band buffers together: three of ROW_BAND_MAX_BYTES
-# A `direct.transposed` stream's bands are its rows of chunks (`band_span`: their bytes read
-# straight from the chunk files, one transposing copy, no chunk cache), when a row takes at most
-# this: a reader then holds three (the one it reads, the next, and the one after, or for its
-# first reads in a band the one just left). The F view of the reference array (rows of chunks
-# of 64 MiB), cold cats: 0.84-1.01 s, against 1.25-1.32 s in 8 MiB bands of cached chunks (whose
-# loads copied every chunk file into memory, and whose bands copied each chunk 8 times).
+# A transposing stream's bands are its rows of chunks (`band_span`: read straight from the
+# chunk files or decoded, one transposing copy, no chunk cache), when a row takes at most this:
+# a reader then holds three (the one it reads, the next, and the one after, or for its first
+# reads in a band the one just left). The F view of the reference array (rows of chunks of
+# 64 MiB), cold cats: uncompressed 0.84-1.01 s, blosc 0.92-1.12 s, zstd 1.20-1.38 s, against
+# 1.25-1.32, 1.17-1.78 and 1.52-1.92 s in 8 MiB bands of cached chunks (whose loads copied or
+# decoded every chunk into memory, and whose bands copied an eighth of each chunk 8 times).
 ROW_BAND_MAX_BYTES = 64 << 20
+DECODE_PARTS = max(1, os.cpu_count() or 1)  # a band of chunks that decode is filled by one thread per core
 # The band just left stays until the reader is this far into the next (for the kernel's reads
 # of it still under way: a few of 1 MiB at most).
 ROW_BAND_KEEP_BYTES = 4 << 20
@@ -70,12 +79,26 @@ BAND_MAX_PIECE_BYTES = 32 << 10
 BAND_MIN_READ_BYTES = 64 << 10
 
 
-def band_span(stream: ArrayStream, direct_reads: bool) -> tuple[int, int, int]:
+def decoded_transposed(stream: ArrayStream) -> bool:
+    """Whether a 2-d array's stream is its chunks copied across their memory order (the F view
+    of C-ordered chunks, or the .npy of F-ordered ones) as they decode into a buffer given for
+    them (a lone blosc or zstd compressor: `decodes_into`), in the array's own dtype."""
+    if type(stream) is not ArrayStream or stream.chunk is not None or len(stream.meta.shape) != 2:
+        return False
+    meta = stream.meta
+    chain = meta.codec
+    return (decodes_into(chain) and chain.array_bytes.order != stream.order and stream.dtype == meta.dtype
+            and meta.source is None and meta.dtype.itemsize > 0 and not meta.dtype.hasobject
+            and all(meta.chunk_shape))
+
+
+def band_span(stream: ArrayStream, local: bool) -> tuple[int, int, int]:
     """Where a stream's band 0 starts, how many bytes each band spans, and how many rows of
-    chunks: for a stream whose rows of chunks are read straight from the chunk files
-    (`direct.transposed`, DIRECT_READS: a local store), from the header's end, a row of chunks
-    (or as many as BAND_BYTES holds); else BAND_BYTES from the file's start, and 0."""
-    if direct_reads and direct.transposed(stream):
+    chunks: for a transposing stream of a LOCAL store whose rows of chunks are copied straight
+    from the chunk files (`direct.transposed`) or from each chunk as it decodes
+    (`decoded_transposed`), from the header's end, a row of chunks (or as many as BAND_BYTES
+    holds); else BAND_BYTES from the file's start, and 0."""
+    if local and (direct.transposed(stream) or decoded_transposed(stream)):
         row = stream.chunk_row_bytes()
         if 0 < row <= ROW_BAND_MAX_BYTES:
             rows = max(1, BAND_BYTES // row)
@@ -118,7 +141,7 @@ class BandReads:
         self.band_generation += 1
 
     def _span(self, stream: ArrayStream) -> tuple[int, int, int]:
-        return band_span(stream, self.direct is not None)
+        return band_span(stream, self.direct is not None)  # (a local store)
 
     async def band_read(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> memoryview | None:
         """The bytes of a read inside one band of this reader, or across two (or the header and
@@ -232,6 +255,32 @@ class BandReads:
         band = state.bands[n] = Band(stream, n, start, stop, buf, self.band_generation)
         self._nursery.start_soon(self._fill_band, band, state)
 
+    async def _decode_rows(self, stream: ArrayStream, k: int, count: int, out: np.ndarray) -> memoryview:
+        """`decoded_rows_sync` in as many parts as there are decoding threads, each a share of
+        the chunk columns, at once: decoding is what such a band waits for. A part's error is
+        raised once every part has ended."""
+        parts = DECODE_PARTS
+        done: list = [None] * parts
+
+        async def part(p: int) -> None:
+            try:
+                done[p] = await self.run_io(decoded_rows_sync, stream, self.store, k, count, out, p, parts, cpu=True)
+            except (ZarrfsError, direct.Fallback) as e:
+                done[p] = e
+
+        async with trio.open_nursery() as nursery:
+            for p in range(parts):
+                nursery.start_soon(part, p)
+        for result in done:
+            if isinstance(result, BaseException):
+                raise result
+        for _, gets, stored, seconds in done:
+            self.counters["store_gets"] += gets
+            self.counters["store_bytes"] += stored
+            self.counters["bytes_decoded"] += gets * stream.meta.chunk_nbytes
+            self.counters["decode_seconds"] += seconds
+        return done[0][0]
+
     def _band_freed(self, nbytes: int) -> None:
         self.band_bytes -= nbytes
 
@@ -240,10 +289,13 @@ class BandReads:
         try:
             data = None
             rows = self._span(stream)[2]
-            if rows:  # rows of chunks, from their files
+            if rows:  # rows of chunks, from their files or as they decode
                 try:
-                    data = await self.run_io(self.direct.transposed_rows_sync, stream, band.number * rows, rows,
-                                             band.buf)
+                    if direct.transposed(stream):
+                        data = await self.run_io(self.direct.transposed_rows_sync, stream, band.number * rows, rows,
+                                                 band.buf)
+                    else:
+                        data = await self._decode_rows(stream, band.number * rows, rows, band.buf)
                 except direct.Fallback:
                     return  # (a chunk not stored: its fill value, which the usual path gives)
                 except ZarrfsError:
@@ -279,3 +331,43 @@ class BandReads:
             band.done.set()
             if state.bands.get(band.number) is not band and band.buf is not None:  # dropped while assembled
                 state.spare.append(band.buf)
+
+
+_decoded = threading.local()  # .buf: a worker thread's buffer for the chunk it decodes (decoded_rows_sync)
+
+
+def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.ndarray, part: int = 0,
+                      parts: int = 1) -> tuple[memoryview, int, int, float]:
+    """The bytes of rows K.. K+COUNT-1 of a `decoded_transposed` stream's chunks (as many as
+    there are), assembled in OUT (of their chunk columns, share PART of PARTS): each chunk read
+    and decoded into this worker thread's own buffer (a chunk not stored: its fill value), then
+    copied transposed into place a few of its rows at a time (direct.TRANSPOSE_ROWS); and the
+    chunks read, their stored bytes and the seconds spent decoding. A chunk that cannot be
+    read or decoded raises its error."""
+    meta, item = stream.meta, stream.dtype.itemsize
+    (s0, s1), (a, b) = stream._shape, stream._chunks
+    buf = getattr(_decoded, "buf", None)
+    if buf is None or len(buf) != meta.chunk_nbytes:
+        _decoded.buf = None  # the old one freed first
+        buf = _decoded.buf = private_buffer(meta.chunk_nbytes)
+    per = direct.TRANSPOSE_ROWS
+    gets = stored = 0
+    seconds = 0.0
+    at = 0
+    for i in range(k, min(k + count, -(-s0 // a))):
+        rows = min(a, s0 - i * a)
+        band = np.ndarray((rows, s1), stream.dtype, out, at)
+        columns = -(-s1 // b)
+        for m in range(part * columns // parts, (part + 1) * columns // parts):
+            idx = stream._array_index((i, m))
+            c0, cols = m * b, min(b, s1 - m * b)
+            nbytes, arr, took = read_decode_sync(meta, store, idx, meta.chunk_key(idx), buf)
+            if arr is None:
+                band[:, c0:c0 + cols] = meta.fill_value
+                continue
+            gets, stored, seconds = gets + 1, stored + nbytes, seconds + took
+            chunk = arr.T if stream.order == "F" else arr  # in the stream's order, its memory across it
+            for r in range(0, cols, per):
+                band[:, c0 + r:c0 + min(r + per, cols)] = chunk[:rows, r:min(r + per, cols)]
+        at += rows * s1 * item
+    return memoryview(out)[:at], gets, stored, seconds
