@@ -428,7 +428,8 @@ def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, order,
 
     value = (np.arange(37 * 29) * 3 % 1000).astype(dtype).reshape(37, 29)
     path = tmp_path / "s"
-    codec = numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE) if compressor == "blosc" else numcodecs.Zstd(level=1)
+    codec = (numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE) if compressor == "blosc"
+             else numcodecs.Zstd(level=1))
     arr = zarr.create_array(os.fspath(path), shape=value.shape, chunks=(8, 5), dtype=dtype, zarr_format=2,
                             order=order, compressors=codec, fill_value=7)
     arr[...] = value

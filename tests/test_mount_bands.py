@@ -94,11 +94,11 @@ def test_the_f_view_of_wide_c_chunks_is_served_from_bands(mount, tmp_path):
 
 def test_transposing_views_of_uncompressed_local_chunks_are_read_from_their_files(mount, tmp_path):
     """The F views (.npy and raw) of uncompressed C-ordered chunks, and the .npy of F-ordered
-    ones, of a local store: bands of whole rows of the stream's chunks, copied transposed straight from the
-    chunk files, with no chunk loaded through the cache. Edge chunks both ways; reads across
-    two bands, and across the header and the first; a chunk not stored (its fill value) sends
-    its band's reads the usual way; after another writer rewrites every chunk, a refresh
-    gives the new bytes."""
+    ones, of a local store: bands of whole rows of the stream's chunks, copied transposed
+    straight from the chunk files, with no chunk loaded through the cache. Edge chunks both
+    ways; reads across two bands, and across the header and the first; a chunk not stored
+    (its fill value) sends its band's reads the usual way; after another writer rewrites
+    every chunk, a refresh gives the new bytes."""
     value = np.random.default_rng(5).standard_normal((2500, 2150)).astype("<f4")  # 21.5 MB: 3 bands
     root = tmp_path / "t.zarr"
     zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
