@@ -258,14 +258,15 @@ class BandReads:
     async def _decode_rows(self, stream: ArrayStream, k: int, count: int, out: np.ndarray) -> memoryview:
         """`decoded_rows_sync` in as many parts as there are decoding threads, each a share of
         the chunk columns, at once: decoding is what such a band waits for. A part's error is
-        raised once every part has ended."""
+        raised once every part has ended (none is cancelled: its thread would go on writing in
+        OUT, which another band may then take)."""
         parts = DECODE_PARTS
         done: list = [None] * parts
 
         async def part(p: int) -> None:
             try:
                 done[p] = await self.run_io(decoded_rows_sync, stream, self.store, k, count, out, p, parts, cpu=True)
-            except (ZarrfsError, direct.Fallback) as e:
+            except Exception as e:  # raised below, once the others have ended
                 done[p] = e
 
         async with trio.open_nursery() as nursery:
