@@ -424,7 +424,8 @@ def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, order,
     fill value."""
     import numcodecs
 
-    from zarrfs.engine.bands import decoded_rows_sync, decoded_transposed
+    from zarrfs import direct
+    from zarrfs.engine.bands import decoded_rows_sync
 
     value = (np.arange(37 * 29) * 3 % 1000).astype(dtype).reshape(37, 29)
     path = tmp_path / "s"
@@ -438,7 +439,7 @@ def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, order,
     store = Store(os.fspath(path))
     view = "F" if order == "C" else "C"
     stream = ArrayStream(open_hierarchy_sync(store).node_sync(""), order=view)
-    assert decoded_transposed(stream)
+    assert direct.transposed(stream, decoded=True)
     want = value.tobytes(order=view)
     a = stream._chunks[0]
     row = a * stream._shape[1] * value.itemsize  # bytes of a whole row of the stream's chunks

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import grid
-from .codecs import reads_into
+from .codecs import decodes_into, reads_into
 from .layouts import ArrayStream, ReadPlan, plan_bytes
 from .store import LOCAL_OPEN_FLAGS
 
@@ -101,20 +101,45 @@ def eligible(stream: ArrayStream) -> bool:
             and not meta.dtype.hasobject and len(meta.shape) > 0 and all(meta.chunk_shape))
 
 
-def transposed(stream: ArrayStream) -> bool:
-    """Whether a 2-d array's stream reads its chunk files across their memory order, with
-    nothing else between them (the F view of uncompressed C-ordered chunks, or the .npy of
-    F-ordered ones): each file row holds a column of the stream's chunk, so a row of the
-    stream's chunks (`ArrayStream.chunk_row_bytes`) is its chunk files' rows, copied
-    transposed (`DirectReads.transposed_rows_sync`)."""
+def transposed(stream: ArrayStream, decoded: bool = False) -> bool:
+    """Whether a whole 2-d array's stream, in the array's own dtype, reads its chunks across
+    their memory order (the F view of C-ordered chunks, or the .npy of F-ordered ones), each
+    chunk its file's bytes (DECODED: decoded into a buffer given for it instead, a lone blosc or
+    zstd compressor): each row of a chunk in memory holds a column of the stream's chunk, so a
+    row of the stream's chunks (`ArrayStream.chunk_row_bytes`) is copied transposed from them
+    (`transposed_chunks`)."""
     if type(stream) is not ArrayStream or stream.chunk is not None or len(stream.meta.shape) != 2:
         return False
     meta = stream.meta
     chain = meta.codec
-    return (reads_into(chain) and chain.array_bytes.order != stream.order
-            and chain.array_bytes.stored_dtype(meta.dtype) == meta.dtype == stream.dtype
-            and meta.source is None and meta.dtype.itemsize > 0 and not meta.dtype.hasobject
-            and all(meta.chunk_shape))
+    if decoded:
+        if not decodes_into(chain):
+            return False
+    elif not reads_into(chain) or chain.array_bytes.stored_dtype(meta.dtype) != meta.dtype:
+        return False
+    return (chain.array_bytes.order != stream.order and stream.dtype == meta.dtype and meta.source is None
+            and meta.dtype.itemsize > 0 and not meta.dtype.hasobject and all(meta.chunk_shape))
+
+
+def transposed_chunks(stream: ArrayStream, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1):
+    """For rows K.. K+COUNT-1 of a `transposed` stream's chunks (as many as there are), laid
+    out in OUT as the stream's bytes: each chunk of share PART of PARTS of their chunk columns,
+    as (its grid position in the array, the view of OUT it fills: the stream's rows by the
+    chunk's columns there, edge chunks clipped)."""
+    (s0, s1), (a, b) = stream._shape, stream._chunks
+    columns = -(-s1 // b)
+    at = 0
+    for i in range(k, min(k + count, -(-s0 // a))):
+        rows = np.ndarray((min(a, s0 - i * a), s1), stream.dtype, out, at)
+        for m in range(part * columns // parts, (part + 1) * columns // parts):
+            yield stream._array_index((i, m)), rows[:, m * b:(m + 1) * b]
+        at += rows.nbytes
+
+
+def transposed_bytes(stream: ArrayStream, k: int, count: int) -> int:
+    """Bytes of the stream that rows K.. K+COUNT-1 of its chunks hold (as many as there are)."""
+    (s0, s1), a = stream._shape, stream._chunks[0]
+    return max(0, min((k + count) * a, s0) - k * a) * s1 * stream.dtype.itemsize
 
 
 def worth(stream: ArrayStream, plan: ReadPlan, nbytes: int) -> bool:
@@ -224,8 +249,7 @@ class DirectReads:
         The stage keeps the transposing copy in the CPU's caches: it reads 16 pages, and writes
         whole 64-byte lines of OUT. The F view of the reference array (chunks 1024 x 1024):
         0.39-0.51 s per GiB of copies so, against 0.79-0.86 s staging 128 file rows at a time."""
-        meta, item = stream.meta, stream.dtype.itemsize
-        (s0, s1), (a, b) = stream._shape, stream._chunks
+        meta, item, a = stream.meta, stream.dtype.itemsize, stream._chunks[0]
         per = max(TRANSPOSE_ROWS, TRANSPOSE_STAGE_BYTES // (a * item))
         local = self._local
         stage = getattr(local, "stage", None)
@@ -234,21 +258,15 @@ class DirectReads:
         file_rows = stage[:per * a * item].view(stream.dtype).reshape(per, a)
         flat = memoryview(stage)
         files = self._worker_files()
-        at = 0
-        for i in range(k, min(k + count, -(-s0 // a))):
-            rows = min(a, s0 - i * a)
-            band = np.ndarray((rows, s1), stream.dtype, out, at)
-            for m in range(-(-s1 // b)):
-                idx = stream._array_index((i, m))
-                fd = self._file(meta, idx, meta.chunk_nbytes, files)
-                c0, cols = m * b, min(b, s1 - m * b)
-                for r in range(0, cols, per):
-                    n = min(per, cols - r)
-                    if os.preadv(fd, [flat[:n * a * item]], r * a * item) != n * a * item:
-                        raise Fallback(meta.chunk_key(idx))  # cut short meanwhile
-                    band[:, c0 + r:c0 + r + n] = file_rows[:n, :rows].T
-            at += rows * s1 * item
-        return memoryview(out)[:at]
+        for idx, dst in transposed_chunks(stream, k, count, out):
+            fd = self._file(meta, idx, meta.chunk_nbytes, files)
+            rows, cols = dst.shape
+            for r in range(0, cols, per):
+                n = min(per, cols - r)
+                if os.preadv(fd, [flat[:n * a * item]], r * a * item) != n * a * item:
+                    raise Fallback(meta.chunk_key(idx))  # cut short meanwhile
+                dst[:, r:r + n] = file_rows[:n, :rows].T
+        return memoryview(out)[:transposed_bytes(stream, k, count)]
 
     def _scratch(self, nbytes: int) -> np.ndarray:
         """A buffer of at least NBYTES for the trio thread's reads, reused (no fresh memory per read)."""

@@ -280,8 +280,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         """
         if reply and readahead is not None:
             self.bands_first(stream, offset, size, readahead)
-        if reply and readahead is not None and readahead.bands:
-            data = await self.band_read(stream, offset, size, readahead)
+            data = await self.band_read(stream, offset, size, readahead) if readahead.bands else None
             if data is not None:
                 readahead.next_offset = offset + size
                 self.counters["reads"] += 1

@@ -29,7 +29,6 @@ hold bytes older than the chunks a read would load. Mixed into Engine (docs/CONC
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 
@@ -37,7 +36,6 @@ import numpy as np
 import trio
 
 from .. import direct
-from ..codecs import decodes_into
 from ..errors import ZarrfsError
 from ..layouts import ArrayStream
 from .loads import read_decode_sync
@@ -61,7 +59,6 @@ BAND_BUDGET_BYTES = 192 << 20  # all readers' band buffers together: three of RO
 # 1.25-1.32, 1.17-1.78 and 1.52-1.92 s in 8 MiB bands of cached chunks (whose loads copied or
 # decoded every chunk into memory, and whose bands copied an eighth of each chunk 8 times).
 ROW_BAND_MAX_BYTES = 64 << 20
-DECODE_PARTS = max(1, os.cpu_count() or 1)  # a band of chunks that decode is filled by one thread per core
 # The band just left stays until the reader is this far into the next (for the kernel's reads
 # of it still under way: a few of 1 MiB at most).
 ROW_BAND_KEEP_BYTES = 4 << 20
@@ -79,26 +76,13 @@ BAND_MAX_PIECE_BYTES = 32 << 10
 BAND_MIN_READ_BYTES = 64 << 10
 
 
-def decoded_transposed(stream: ArrayStream) -> bool:
-    """Whether a 2-d array's stream is its chunks copied across their memory order (the F view
-    of C-ordered chunks, or the .npy of F-ordered ones) as they decode into a buffer given for
-    them (a lone blosc or zstd compressor: `decodes_into`), in the array's own dtype."""
-    if type(stream) is not ArrayStream or stream.chunk is not None or len(stream.meta.shape) != 2:
-        return False
-    meta = stream.meta
-    chain = meta.codec
-    return (decodes_into(chain) and chain.array_bytes.order != stream.order and stream.dtype == meta.dtype
-            and meta.source is None and meta.dtype.itemsize > 0 and not meta.dtype.hasobject
-            and all(meta.chunk_shape))
-
-
 def band_span(stream: ArrayStream, local: bool) -> tuple[int, int, int]:
     """Where a stream's band 0 starts, how many bytes each band spans, and how many rows of
     chunks: for a transposing stream of a LOCAL store whose rows of chunks are copied straight
-    from the chunk files (`direct.transposed`) or from each chunk as it decodes
-    (`decoded_transposed`), from the header's end, a row of chunks (or as many as BAND_BYTES
+    from the chunk files or from each chunk as it decodes (`direct.transposed`), from the
+    header's end, a row of chunks (or as many as BAND_BYTES
     holds); else BAND_BYTES from the file's start, and 0."""
-    if local and (direct.transposed(stream) or decoded_transposed(stream)):
+    if local and (direct.transposed(stream) or direct.transposed(stream, decoded=True)):
         row = stream.chunk_row_bytes()
         if 0 < row <= ROW_BAND_MAX_BYTES:
             rows = max(1, BAND_BYTES // row)
@@ -260,7 +244,7 @@ class BandReads:
         the chunk columns, at once: decoding is what such a band waits for. A part's error is
         raised once every part has ended (none is cancelled: its thread would go on writing in
         OUT, which another band may then take)."""
-        parts = DECODE_PARTS
+        parts = self._decoders.threads
         done: list = [None] * parts
 
         async def part(p: int) -> None:
@@ -339,36 +323,27 @@ _decoded = threading.local()  # .buf: a worker thread's buffer for the chunk it 
 
 def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.ndarray, part: int = 0,
                       parts: int = 1) -> tuple[memoryview, int, int, float]:
-    """The bytes of rows K.. K+COUNT-1 of a `decoded_transposed` stream's chunks (as many as
-    there are), assembled in OUT (of their chunk columns, share PART of PARTS): each chunk read
-    and decoded into this worker thread's own buffer (a chunk not stored: its fill value), then
-    copied transposed into place a few of its rows at a time (direct.TRANSPOSE_ROWS); and the
-    chunks read, their stored bytes and the seconds spent decoding. A chunk that cannot be
-    read or decoded raises its error."""
-    meta, item = stream.meta, stream.dtype.itemsize
-    (s0, s1), (a, b) = stream._shape, stream._chunks
+    """The bytes of rows K.. K+COUNT-1 of a `direct.transposed(decoded=True)` stream's chunks
+    (as many as there are), assembled in OUT (of their chunk columns, share PART of PARTS):
+    each chunk read and decoded into this worker thread's own buffer (a chunk not stored: its
+    fill value), then copied transposed into place a few of its rows at a time
+    (direct.TRANSPOSE_ROWS); and the chunks read, their stored bytes and the seconds spent
+    decoding. A chunk that cannot be read or decoded raises its error."""
+    meta, per = stream.meta, direct.TRANSPOSE_ROWS
     buf = getattr(_decoded, "buf", None)
     if buf is None or len(buf) != meta.chunk_nbytes:
         _decoded.buf = None  # the old one freed first
         buf = _decoded.buf = private_buffer(meta.chunk_nbytes)
-    per = direct.TRANSPOSE_ROWS
     gets = stored = 0
     seconds = 0.0
-    at = 0
-    for i in range(k, min(k + count, -(-s0 // a))):
-        rows = min(a, s0 - i * a)
-        band = np.ndarray((rows, s1), stream.dtype, out, at)
-        columns = -(-s1 // b)
-        for m in range(part * columns // parts, (part + 1) * columns // parts):
-            idx = stream._array_index((i, m))
-            c0, cols = m * b, min(b, s1 - m * b)
-            nbytes, arr, took = read_decode_sync(meta, store, idx, meta.chunk_key(idx), buf)
-            if arr is None:
-                band[:, c0:c0 + cols] = meta.fill_value
-                continue
-            gets, stored, seconds = gets + 1, stored + nbytes, seconds + took
-            chunk = arr.T if stream.order == "F" else arr  # in the stream's order, its memory across it
-            for r in range(0, cols, per):
-                band[:, c0 + r:c0 + min(r + per, cols)] = chunk[:rows, r:min(r + per, cols)]
-        at += rows * s1 * item
-    return memoryview(out)[:at], gets, stored, seconds
+    for idx, dst in direct.transposed_chunks(stream, k, count, out, part, parts):
+        nbytes, arr, took = read_decode_sync(meta, store, idx, meta.chunk_key(idx), buf)
+        if arr is None:
+            dst[...] = meta.fill_value
+            continue
+        gets, stored, seconds = gets + 1, stored + nbytes, seconds + took
+        chunk = arr.T if stream.order == "F" else arr  # in the stream's order, its memory across it
+        rows, cols = dst.shape
+        for r in range(0, cols, per):
+            dst[:, r:r + per] = chunk[:rows, r:min(r + per, cols)]
+    return memoryview(out)[:direct.transposed_bytes(stream, k, count)], gets, stored, seconds
