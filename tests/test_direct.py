@@ -184,7 +184,8 @@ def test_rows_of_chunks_read_transposed_equal_numpy_s_bytes(case, data):
     arr, chunks, chunk_order = case
     view = "F" if chunk_order == "C" else "C"
     with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp, \
-            mock.patch.multiple(direct, TRANSPOSE_ROWS=2, TRANSPOSE_STAGE_BYTES=0):
+            mock.patch.multiple(direct, TRANSPOSE_MIN_ROWS=2, TRANSPOSE_STAGE_BYTES=0,
+                                TRANSPOSE_BLOCK_BYTES=24):
         meta = write_store(tmp, arr, chunks, order=chunk_order)
         reads = direct.DirectReads(Store(tmp))
         stream = ArrayStream(meta, order=view)

@@ -327,9 +327,10 @@ def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.nd
     (as many as there are), assembled in OUT (of their chunk columns, share PART of PARTS):
     each chunk read and decoded into this worker thread's own buffer (a chunk not stored: its
     fill value), then copied transposed into place a few of its rows at a time
-    (direct.TRANSPOSE_ROWS); and the chunks read, their stored bytes and the seconds spent
+    (direct.stage_rows, direct.copy_transposed); and the chunks read, their stored bytes and the seconds spent
     decoding. A chunk that cannot be read or decoded raises its error."""
-    meta, per = stream.meta, direct.TRANSPOSE_ROWS
+    meta = stream.meta
+    per = direct.stage_rows(meta.chunk_shape[-1 if stream.order == "F" else 0] * meta.dtype.itemsize)
     buf = getattr(_decoded, "buf", None)
     if buf is None or len(buf) != meta.chunk_nbytes:
         _decoded.buf = None  # the old one freed first
@@ -342,8 +343,8 @@ def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.nd
             dst[...] = meta.fill_value
             continue
         gets, stored, seconds = gets + 1, stored + nbytes, seconds + took
-        chunk = arr.T if stream.order == "F" else arr  # in the stream's order, its memory across it
         rows, cols = dst.shape
+        mem = arr if stream.order == "F" else arr.T  # the chunk in its memory order, across the stream
         for r in range(0, cols, per):
-            dst[:, r:r + per] = chunk[:rows, r:min(r + per, cols)]
+            direct.copy_transposed(dst[:, r:r + per], mem[r:min(r + per, cols), :rows])
     return memoryview(out)[:direct.transposed_bytes(stream, k, count)], gets, stored, seconds
