@@ -52,9 +52,9 @@ ROW_MIN_BYTES = 4096
 # against 2.1-2.8 s).
 PIECE_MIN_BYTES = 4096
 LOAD_MAX_RATIO = 16
-# A transposing copy takes a chunk's rows this many bytes of them at a time, and at least this
-# many (`stage_rows`: 128 rows of 4 KiB), and copies them transposed a block of their columns
-# of this many bytes at a time (`copy_transposed`).
+# A transposing copy takes a chunk's rows TRANSPOSE_STAGE_BYTES of them at a time, at least
+# TRANSPOSE_MIN_ROWS (`stage_rows`: 128 rows of 4 KiB), and copies them a block of
+# TRANSPOSE_BLOCK_BYTES of their columns at a time (`copy_transposed`).
 TRANSPOSE_STAGE_BYTES = 512 << 10
 TRANSPOSE_MIN_ROWS = 16
 TRANSPOSE_BLOCK_BYTES = 128 << 10
@@ -149,10 +149,11 @@ def copy_transposed(dst: np.ndarray, src: np.ndarray) -> None:
     at a time: each block (TRANSPOSE_BLOCK_BYTES) stays in the CPU's caches while it is read
     across, and each of DST's rows gets SRC's rows' count of elements in one run.
 
-    The length of those runs is numpy's inner loop: runs of 16 elements (a stage of 16 rows)
-    cost 0.96-1.58 s per GiB of the reference array's F view on this machine's Xeon, 128 rows
-    in blocks of 256 columns 0.58-0.76 (and 128 rows whole, 0.63-0.75: a block only keeps
-    the rows read across in a smaller cache)."""
+    Those runs are numpy's inner loop, and short ones cost: copying the reference array's F
+    view in-process on a 2-core Xeon VM took 0.96-1.58 s per GiB 16 rows at a time, 0.58-0.76
+    s 128 rows at a time in blocks of 256 columns, 0.63-0.75 s 128 whole rows at a time. (The
+    machine of an earlier session found 128 whole rows twice as slow as 16: the blocks keep
+    what is read across as small as 16 rows of 4 KiB.)"""
     n = src.shape[0]
     step = max(1, TRANSPOSE_BLOCK_BYTES // max(1, n * src.itemsize))
     for c in range(0, src.shape[1], step):

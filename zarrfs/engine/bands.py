@@ -327,8 +327,8 @@ def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.nd
     (as many as there are), assembled in OUT (of their chunk columns, share PART of PARTS):
     each chunk read and decoded into this worker thread's own buffer (a chunk not stored: its
     fill value), then copied transposed into place a few of its rows at a time
-    (direct.stage_rows, direct.copy_transposed); and the chunks read, their stored bytes and the seconds spent
-    decoding. A chunk that cannot be read or decoded raises its error."""
+    (direct.stage_rows, direct.copy_transposed); and the chunks read, their stored bytes and
+    the seconds spent decoding. A chunk that cannot be read or decoded raises its error."""
     meta = stream.meta
     per = direct.stage_rows(meta.chunk_shape[-1 if stream.order == "F" else 0] * meta.dtype.itemsize)
     buf = getattr(_decoded, "buf", None)
