@@ -80,8 +80,8 @@ def band_span(stream: ArrayStream, local: bool) -> tuple[int, int, int]:
     """Where a stream's band 0 starts, how many bytes each band spans, and how many rows of
     chunks: for a transposing stream of a LOCAL store whose rows of chunks are copied straight
     from the chunk files or from each chunk as it decodes (`direct.transposed`), from the
-    header's end, a row of chunks (or as many as BAND_BYTES
-    holds); else BAND_BYTES from the file's start, and 0."""
+    header's end, a row of chunks (or as many as BAND_BYTES holds); else BAND_BYTES from the
+    file's start, and 0."""
     if local and (direct.transposed(stream) or direct.transposed(stream, decoded=True)):
         row = stream.chunk_row_bytes()
         if 0 < row <= ROW_BAND_MAX_BYTES:
@@ -119,13 +119,19 @@ class BandReads:
         self.band_generation = 0  # bumped when cached chunks are dropped: older bands are not used
         self.band_bytes = 0  # buffers of every reader's bands
         self.band_bytes_peak = 0
+        # Each stream's band_span, fixed for the stream (its array's metadata is): asked on
+        # every read of a reader with bands, and before every large read (`bands_first`).
+        self._spans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def drop_bands(self) -> None:
         """Bands assembled so far are not used again (their chunks may have changed)."""
         self.band_generation += 1
 
     def _span(self, stream: ArrayStream) -> tuple[int, int, int]:
-        return band_span(stream, self.direct is not None)  # (a local store)
+        span = self._spans.get(stream)
+        if span is None:
+            span = self._spans[stream] = band_span(stream, self.direct is not None)  # (a local store)
+        return span
 
     async def band_read(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> memoryview | None:
         """The bytes of a read inside one band of this reader, or across two (or the header and
@@ -330,7 +336,7 @@ def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.nd
     (direct.stage_rows, direct.copy_transposed); and the chunks read, their stored bytes and
     the seconds spent decoding. A chunk that cannot be read or decoded raises its error."""
     meta = stream.meta
-    per = direct.stage_rows(meta.chunk_shape[-1 if stream.order == "F" else 0] * meta.dtype.itemsize)
+    per = direct.stage_rows(stream._chunks[0] * stream.dtype.itemsize)  # (a chunk's rows in memory)
     buf = getattr(_decoded, "buf", None)
     if buf is None or len(buf) != meta.chunk_nbytes:
         _decoded.buf = None  # the old one freed first
