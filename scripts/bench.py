@@ -41,6 +41,10 @@ each ratio (the numerator is the peer's, or zarrfs's own reference read; rand4k:
            big-endian after a header) / the ``.npy`` cold cat
   memory   the daemons' peak RSS (VmHWM) over the run minus cache_size, MiB (no ratio)
 
+The column "least" repeats, beside a target row, the median of the row that bounds it when both
+ran (ceiling: bound, none: gnone, blosc: gblosc, zstd: gzstd, warm: boundwarm, two: bound2):
+what a server doing nothing but that read's least work reaches on this machine.
+
 Before every timed read a buffer of the read's size is written and freed: memory left free
 for ~2 s goes back to the host and the first touch afterwards is up to 10x slower (FACTS.md).
 Run it as root with the venv's Python: ``.venv/bin/python scripts/bench.py --size-mib 256``.
@@ -75,6 +79,8 @@ HERE = Path(__file__).resolve().parent
 ROWS = ("ceiling", "bound", "gather", "none", "blosc", "zstd", "zstd2", "gzip", "gnone", "gblosc", "gzstd",
         "columns", "fview", "rand4k", "warm", "boundwarm", "two", "bound2", "netcdf")
 GATHERED = {"gnone": "none", "gblosc": "blosc", "gzstd": "zstd"}  # row: the row it bounds
+# target row: the row of the least work that reading takes (the table's "least" column)
+LEAST = {"ceiling": "bound", "two": "bound2", "warm": "boundwarm", **{of: row for row, of in GATHERED.items()}}
 TARGETS = {"ceiling": ">= 0.80", "bound": "-", "boundwarm": "-", "gather": "-", "bound2": "-", "gnone": "-", "gblosc": "-", "gzstd": "-",
            "none": ">= 0.75", "blosc": ">= 0.75", "zstd": ">= 1.0", "zstd2": ">= 1.0",
            "gzip": ">= 1.3", "columns": ">= 0.5", "fview": ">= 0.7", "rand4k": ">= 0.80", "warm": ">= 0.90",
@@ -471,11 +477,13 @@ def main(argv=None) -> int:
 
     print(f"\narray {nrows}x{COLS} float32 ({b.nbytes / MIB:.0f} MiB), cache_size {args.cache_mib} MiB, "
           f"{args.reps} pairs; ratio = median of per-pair ratios [min-max]")
-    print(f"{'row':8} {'target':8} {'ratio':>6}  {'spread':13}  seconds, median [min-max]: numerator / denominator")
+    print(f"{'row':8} {'target':8} {'ratio':>6}  {'spread':13}  {'least':>5}  "
+          "seconds, median [min-max]: numerator / denominator")
     for r in rows:
         v = per_row[r]
         num, den = zip(*seconds[r])
-        print(f"{r:8} {TARGETS[r]:8} {ratio_cells(v)}  "
+        least = per_row.get(LEAST.get(r, ""))
+        print(f"{r:8} {TARGETS[r]:8} {ratio_cells(v)}  {f'{statistics.median(least):.2f}' if least else '':>5}  "
               f"{_spread(num)} / {_spread(den)}")
     print(f"{'memory':8} {'<= +150':8} {(b.peak_rss >> 20) - args.cache_mib:+6d}  MiB over cache_size "
           f"(peak VmHWM {b.peak_rss >> 20} MiB)")
