@@ -64,17 +64,50 @@ def _run(cmd: list[str], limit_s: float, sigint_after_s: float | None = None) ->
     its start or from the SIGINT sent `sigint_after_s` after it; stderr)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stuck = ""
     if sigint_after_s is not None:
         time.sleep(sigint_after_s)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
+        stuck = wait_or_describe(proc, STUCK_AFTER_S)
     try:
         _, err = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return None, time.monotonic() - t0, ""
-    return proc.returncode, time.monotonic() - t0, err.decode()
+        return None, time.monotonic() - t0, stuck
+    return proc.returncode, time.monotonic() - t0, err.decode() + stuck
+
+
+# How long a reader may take to end after its SIGINT before wait_or_describe reads where it waits.
+STUCK_AFTER_S = 2.0
+
+
+def wait_or_describe(proc: subprocess.Popen, seconds: float) -> str:
+    """"" if PROC ends within SECONDS, else where each of its tasks (and of the group it leads)
+    waits in the kernel (/proc: its stack, wchan and pending signals), read while it still waits:
+    what a test that failed on a reader ending late shows (a wait in the daemon, or in the kernel)."""
+    try:
+        proc.wait(seconds)
+        return ""
+    except subprocess.TimeoutExpired:
+        pass
+    lines = [f"\nstill running {seconds:g} s after the signal:"]
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if int(d.name) != proc.pid and os.getpgid(int(d.name)) != proc.pid:  # it, or the group it leads
+                continue
+            for task in (d / "task").iterdir():
+                status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+                lines.append(f"task {d.name}/{task.name} {(d / 'comm').read_text().strip()}: state{status['State']}, "
+                             f"SigPnd{status['SigPnd']}, ShdPnd{status['ShdPnd']}, "
+                             f"syscall {(task / 'syscall').read_text().strip()}, wchan {(task / 'wchan').read_text()}")
+                lines.append((task / "stack").read_text().rstrip())
+        except (OSError, KeyError):
+            continue
+    return "\n".join(lines)
 
 
 def _read(path: Path, limit_s: float) -> tuple[int | None, float, str]:

@@ -11,7 +11,8 @@ import time
 
 
 import mounted
-from test_mount_remote import BUCKET, _options, _put_v3, _recovers, _run, _serving, proxy  # noqa: F401  (fixtures)
+from test_mount_remote import (BUCKET, STUCK_AFTER_S, _options, _put_v3, _recovers, _run, _serving,  # noqa: F401
+                               proxy, wait_or_describe)  # noqa: F401  (proxy: a fixture)
 from test_mount_s3 import s3  # noqa: F401
 
 # The `timeout` these tests mount with, and what a reader may wait past it: the bound is
@@ -40,12 +41,14 @@ def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path
 # `timeout` far longer, so that a wait that ends only at the timeout cannot pass.
 PROMPT_S = 2.0
 LONG_TIMEOUT_S = 20
+LOG_TAIL = 6000  # of the daemon's debug log, in the message of a reader that ended late
 
 
 def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, mount):  # noqa: F811
     _, fs = s3
     values = _put_v3(fs, tmp_path, "sigint.zarr", 4, 2, consolidated=False)
-    mnt = mount(f"s3://{BUCKET}/sigint.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf"))
+    mnt = mount(f"s3://{BUCKET}/sigint.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf",
+                                                        "log_level=debug"))
     for g in ("g0", "g1"):
         assert sorted(p.name for p in (mnt / g).iterdir()) == ["a0.npy", "a1.npy"]
     proxy.set_mode("silent")
@@ -59,7 +62,8 @@ def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, moun
     for what, cmd in readers.items():
         code, seconds, err = _run(cmd, LONG_TIMEOUT_S + 10, sigint_after_s=1.5)
         assert code is not None and code != 0, (what, code, err)
-        assert seconds <= PROMPT_S, f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+        assert seconds <= PROMPT_S, (f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+                                     f"{err}\nlog:\n{mount.log_text()[-LOG_TAIL:]}")
     proxy.set_mode("pass")
     assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
     assert (mnt / "g2" / "a1.npy").read_bytes() == mounted.npy_bytes(values["g2/a1"])
@@ -83,7 +87,8 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
 def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, tmp_path, mount):  # noqa: F811
     _, fs = s3
     values = _put_v3(fs, tmp_path, "sigchild.zarr", 1, 2, consolidated=True)
-    mnt = mount(f"s3://{BUCKET}/sigchild.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf"))
+    mnt = mount(f"s3://{BUCKET}/sigchild.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf",
+                                                          "log_level=debug"))
     assert sorted(p.name for p in (mnt / "g0").iterdir()) == ["a0.npy", "a1.npy"]
     proxy.set_mode("silent")
     readers = {
@@ -96,6 +101,7 @@ def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, 
         time.sleep(1.5)
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: to the whole foreground group
+        stuck = wait_or_describe(proc, STUCK_AFTER_S)
         try:
             proc.communicate(timeout=LONG_TIMEOUT_S + 10)
         except subprocess.TimeoutExpired:
@@ -103,7 +109,8 @@ def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, 
             proc.communicate()
         seconds = time.monotonic() - t0
         assert proc.returncode != 0, what
-        assert seconds <= PROMPT_S, f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+        assert seconds <= PROMPT_S, (f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+                                     f"{stuck}\nlog:\n{mount.log_text()[-LOG_TAIL:]}")
     proxy.set_mode("pass")
     assert mounted.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
     assert (mnt / "g0" / "a1.npy").read_bytes() == mounted.npy_bytes(values["g0/a1"])
