@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 import mounted
 from test_mount_remote import (BUCKET, STUCK_AFTER_S, _options, _put_v3, _recovers, _run, _serving,  # noqa: F401
@@ -44,7 +45,18 @@ LONG_TIMEOUT_S = 20
 LOG_TAIL = 6000  # of the daemon's debug log, in the message of a reader that ended late
 
 
-def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, mount):  # noqa: F811
+@pytest.fixture
+def sigint_taken():
+    """The readers a test starts take SIGINT as a terminal's foreground job does. A suite started
+    in the background by a shell without job control (`nohup scripts/test.sh &`) runs with SIGINT
+    ignored, which every child inherits: cat would then never see its Ctrl-C. A handler in this
+    process is reset to the default action in each child's exec."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, mount, sigint_taken):  # noqa: F811
     _, fs = s3
     values = _put_v3(fs, tmp_path, "sigint.zarr", 4, 2, consolidated=False)
     mnt = mount(f"s3://{BUCKET}/sigint.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf",
@@ -84,7 +96,8 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
 """
 
 
-def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, tmp_path, mount,  # noqa: F811
+                                                                     sigint_taken):
     _, fs = s3
     values = _put_v3(fs, tmp_path, "sigchild.zarr", 1, 2, consolidated=True)
     mnt = mount(f"s3://{BUCKET}/sigchild.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf",
