@@ -43,7 +43,9 @@ each ratio (the numerator is the peer's, or zarrfs's own reference read; rand4k:
 
 The column "least" repeats, beside a target row, the median of the row that bounds it when both
 ran (ceiling: bound, none: gnone, blosc: gblosc, zstd: gzstd, warm: boundwarm, two: bound2):
-what a server doing nothing but that read's least work reaches on this machine.
+what a server doing nothing but that read's least work reaches on this machine. A last line
+names the rows during which the machine stalled (a side's slowest read over STALL_SPREAD times
+its fastest): their medians may be off.
 
 Before every timed read a buffer of the read's size is written and freed: memory left free
 for ~2 s goes back to the host and the first touch afterwards is up to 10x slower (FACTS.md).
@@ -79,6 +81,9 @@ HERE = Path(__file__).resolve().parent
 ROWS = ("ceiling", "bound", "gather", "none", "blosc", "zstd", "zstd2", "gzip", "gnone", "gblosc", "gzstd",
         "columns", "fview", "rand4k", "warm", "boundwarm", "two", "bound2", "netcdf")
 GATHERED = {"gnone": "none", "gblosc": "blosc", "gzstd": "zstd"}  # row: the row it bounds
+# A row whose reads on one side took over this many times their fastest ran while the machine
+# stalled (these VMs stop for seconds at times); the table names them below it.
+STALL_SPREAD = 2.0
 # target row: the row of the least work that reading takes (the table's "least" column)
 LEAST = {"ceiling": "bound", "two": "bound2", "warm": "boundwarm", **{of: row for row, of in GATHERED.items()}}
 TARGETS = {"ceiling": ">= 0.80", "bound": "-", "boundwarm": "-", "gather": "-", "bound2": "-", "gnone": "-", "gblosc": "-", "gzstd": "-",
@@ -487,6 +492,10 @@ def main(argv=None) -> int:
               f"{_spread(num)} / {_spread(den)}")
     print(f"{'memory':8} {'<= +150':8} {(b.peak_rss >> 20) - args.cache_mib:+6d}  MiB over cache_size "
           f"(peak VmHWM {b.peak_rss >> 20} MiB)")
+    stalled = [r for r in rows if any(max(side) > STALL_SPREAD * min(side) for side in zip(*seconds[r]))]
+    if stalled:
+        print(f"stalled: {', '.join(stalled)}: a side's slowest read took over {STALL_SPREAD:g}x its fastest "
+              "(the machine stopped for a while; these medians may be off: run again)")
     return 0
 
 
