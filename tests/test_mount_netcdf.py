@@ -137,3 +137,115 @@ def test_groups_listing_left_out_and_ncdump(mount, tmp_path):
     out = subprocess.run([ncdump, str(mnt / NETCDF / "sub.nc")], capture_output=True, text=True, check=True).stdout
     assert "double a(a_dim0, a_dim1)" in out and "a:_FillValue = 1.5" in out and "_, _, _" in out  # unwritten chunks: the fill value
     assert any("left out" in line for line in mounted.log_lines_naming(mount.log_text(mnt), "netcdf/"))
+
+
+# --- xarray's conventions: fill values per format, netCDF3's coercions (CDF-2) -----------
+
+def cf_dataset():
+    """A dataset as xarray users write them: daily time (int64 days since, first value 0),
+    lat/lon, a float32 variable with CF attributes and NaN rows, unsigned variables (one
+    with a fill value and values over the signed range), a small int64 variable."""
+    import pandas as pd
+    import xarray as xr
+
+    rng = np.random.default_rng(5)
+    t2m = (280 + rng.standard_normal((5, 3, 4))).astype("f4")
+    t2m[1] = t2m[3, 2] = np.nan
+    flag = rng.integers(0, 2**16 - 1, (5, 3, 4)).astype("u2")
+    flag[0, 0, 0] = 65535
+    return xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), t2m, {"units": "K", "standard_name": "air_temperature",
+                                                 "long_name": "2 m temperature", "cell_methods": "time: mean"}),
+         "count": (("time", "lat", "lon"), rng.integers(0, 256, (5, 3, 4)).astype("u1"), {"long_name": "count"}),
+         "flag": (("time", "lat", "lon"), flag),
+         "station": (("lat",), np.array([10, -7, 2**31 - 1], "i8"))},
+        coords={"time": pd.date_range("2000-01-01", periods=5, freq="D"),
+                "lat": ("lat", np.array([-30.0, 0.0, 30.0]), {"units": "degrees_north"}),
+                "lon": ("lon", np.arange(0, 360, 90, dtype="f4"), {"units": "degrees_east"})},
+        attrs={"title": "cf", "Conventions": "CF-1.8"})
+
+
+def wide_dataset():
+    """int64 values past int32: a variable netCDF3 cannot hold (CDF-5), beside a time coordinate."""
+    import pandas as pd
+    import xarray as xr
+
+    return xr.Dataset({"ticks": (("time",), np.array([0, 2**40, -2**35], "i8"), {"units": "ns"})},
+                      coords={"time": pd.date_range("2001-01-01", periods=3, freq="D")})
+
+
+@pytest.fixture(scope="module")
+def cf_mounts(module_mount, tmp_path_factory):
+    """{"v2": (store, mountpoint), "v3": ...}: group `cf` in each (and `wide` in v3), one mount per store."""
+    root = tmp_path_factory.mktemp("nc-cf")
+    out = {}
+    for fmt in (2, 3):
+        store = root / f"cf{fmt}.zarr"
+        cf_dataset().to_zarr(store, group="cf", zarr_format=fmt, consolidated=False,
+                             encoding={"flag": {"_FillValue": 65535}, "t2m": {"chunks": (2, 3, 4)}})
+        if fmt == 3:
+            wide_dataset().to_zarr(store, group="wide", zarr_format=fmt, consolidated=False, mode="a")
+        out[f"v{fmt}"] = (store, module_mount(store))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["v2", "v3"])
+def test_xarray_dataset_is_cdf2_read_alike_by_scipy_and_netcdf4(cf_mounts, fmt):
+    import xarray as xr
+
+    store, mnt = cf_mounts[fmt]
+    p = mnt / NETCDF / "cf.nc"
+    assert p.read_bytes()[:4] == b"CDF\x02"
+    want = xr.open_zarr(store, group="cf", consolidated=False).load()
+    assert want["time"].values[0] == np.datetime64("2000-01-01")
+    for engine in ("scipy", "netcdf4"):
+        with xr.open_dataset(p, engine=engine) as got:
+            got.load()
+            # values (NaN rows and the masked flag alike), decoded times, attributes
+            xr.testing.assert_identical(got, want)
+            assert got["time"].values[0] == np.datetime64("2000-01-01")
+            assert np.isnan(got["flag"].values[0, 0, 0]) and not np.isnan(got["flag"].values).all()
+            # dtypes too (assert_identical does not compare them), but for the int64 variable
+            # stored as int, which a netCDF3 file gives back as int32, as xarray's own writer
+            # makes it
+            for name in want.variables:
+                expected = np.dtype("i4") if name == "station" else want[name].dtype
+                assert got[name].dtype == expected, (engine, name, got[name].dtype)
+            assert got["flag"].encoding["_FillValue"] == -1 and got["count"].encoding["_Unsigned"] == "true"
+
+
+@pytest.mark.parametrize("fmt", ["v2", "v3"])
+def test_file_ncdump_and_netcdf4_see_cdf2_with_xarray_fill_values(cf_mounts, fmt):
+    import netCDF4
+
+    _, mnt = cf_mounts[fmt]
+    p = mnt / NETCDF / "cf.nc"
+    magic = subprocess.run(["file", "-b", str(p)], capture_output=True, text=True, check=True).stdout
+    assert magic.startswith("NetCDF Data Format data") and "64-bit offset" in magic, magic
+    header = subprocess.run(["ncdump", "-h", str(p)], capture_output=True, text=True, check=True).stdout
+    assert "int time(time)" in header and "time:_FillValue" not in header
+    assert 'short flag(time, lat, lon)' in header and "flag:_FillValue = -1s" in header
+    assert 'flag:_Unsigned = "true"' in header and 'count:_Unsigned = "true"' in header
+    assert "t2m:_FillValue = NaNf" in header and "int station(lat)" in header
+    with netCDF4.Dataset(p) as f:  # its own masking and _Unsigned decoding
+        time = f["time"][:]
+        assert not np.ma.is_masked(time) and list(time) == [0, 1, 2, 3, 4]
+        flag = f["flag"][:]
+        assert flag.dtype == np.dtype("u2") and flag.mask[0, 0, 0] and flag.mask.sum() == 1
+
+
+def test_int64_past_int32_stays_cdf5_beside_an_unmasked_time(cf_mounts):
+    import netCDF4
+    import xarray as xr
+
+    store, mnt = cf_mounts["v3"]
+    p = mnt / NETCDF / "wide.nc"
+    assert p.read_bytes()[:4] == b"CDF\x05"
+    with netCDF4.Dataset(p) as f:
+        assert f.data_model == "NETCDF3_64BIT_DATA"
+        assert f["ticks"].dtype == np.dtype("i8") and list(f["ticks"][:]) == [0, 2**40, -2**35]
+        assert not np.ma.is_masked(f["time"][:])
+    want = xr.open_zarr(store, group="wide", consolidated=False).load()
+    with xr.open_dataset(p, engine="netcdf4") as got:
+        xr.testing.assert_identical(got.load(), want)
+        assert got["ticks"].dtype == np.dtype("i8")

@@ -31,8 +31,10 @@ def file_bytes(nc: netcdf.NetcdfFile, chunks_by_var: dict) -> bytes:
             out.append(part)
         else:
             i, stream, off, n = part
-            plan = stream.plan(off, n)
-            out.append(bytes(stream.assemble(plan, {c: chunks_by_var[i][c] for c in plan.chunks})))
+            var = nc.variables[i]
+            plan = stream.plan(*var.source_range(off, n))
+            raw = bytes(stream.assemble(plan, {c: chunks_by_var[i][c] for c in plan.chunks}))
+            out.append(bytes(var.data_bytes(raw, off, n)))
     data = b"".join(out)
     assert len(data) == nc.size
     return data

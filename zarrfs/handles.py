@@ -134,8 +134,10 @@ class NetcdfHandle(Handle):
                 out.append(part)
             else:
                 i, stream, off, n = part
+                var = self.entry.stream.variables[i]
                 ahead = self.readaheads.setdefault(i, ReadAhead())
-                out.append(await self.ns.engine.read(stream, off, n, readahead=ahead))
+                raw = await self.ns.engine.read(stream, *var.source_range(off, n), readahead=ahead)
+                out.append(var.data_bytes(raw, off, n))
         return out[0] if len(out) == 1 else b"".join(out)
 
 

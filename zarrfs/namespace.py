@@ -514,11 +514,27 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
     async def _settle_netcdf(self, entry: Entry) -> None:
         """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""
         group = entry.node
-        nc = netcdf.group_file(group.attributes, await self.nodes_below(group.path))
+        children = await self.nodes_below(group.path)
+        fit = {meta.path for meta in netcdf.group_arrays(children)
+               if netcdf.scan_wanted(meta) and await self._fits_int32(meta)}
+        nc = netcdf.group_file(group.attributes, children, fit)
         if nc.left_out:
             log.warning("netcdf/%s: left out: %s", group.path or self.root_stem, "; ".join(nc.left_out))
         entry._stream = nc
         entry.size = entry.stored_bytes = nc.size
+
+    async def _fits_int32(self, meta: ArrayMeta) -> bool:
+        """Whether every value of a (small) 64-bit integer array fits netCDF's int; when its
+        chunks cannot be read, no (the variable stays 64-bit)."""
+        wanted = list(grid.all_chunks(meta.shape, meta.chunk_shape))
+        try:
+            chunks = await self.engine.chunks(meta, wanted)
+        except ZarrfsError as e:  # the engine logged the key
+            log.warning("netcdf: %s kept 64-bit (CDF-5): its values could not be read: %s", meta.path, e)
+            return False
+        return all(netcdf.fits_int32(chunks[idx][tuple(slice(0, n) for n in
+                                                        grid.data_shape(idx, meta.shape, meta.chunk_shape))])
+                   for idx in wanted)
 
     async def _chunk_stored_bytes(self, entry: Entry, sizes: dict[str, int | None]) -> int:
         stored = sizes.get(entry.node.chunk_key(entry.origin)) or 0
