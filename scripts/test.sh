@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ZARRFS_EXTRAS="test,http" source scripts/setup.sh
 # tests/test_ops.py copies a mount with rsync (file times across remounts); the image views'
-# tests open files with GDAL (gdalinfo) and ImageMagick (identify): 20 s each to install here.
-for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick; do
+# tests open files with GDAL (gdalinfo) and ImageMagick (identify): 20 s each to install here;
+# tests/test_mount_netcdf.py asks file(1) what the netCDF view is.
+for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick file:file; do
     if ! command -v "${tool%%:*}" >/dev/null; then
         sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
         pkg="${tool#*:}"

@@ -6,6 +6,7 @@ scipy reading the mounted file; ncdump (netcdf-bin) printing its header.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -249,3 +250,23 @@ def test_int64_past_int32_stays_cdf5_beside_an_unmasked_time(cf_mounts):
     with xr.open_dataset(p, engine="netcdf4") as got:
         xr.testing.assert_identical(got.load(), want)
         assert got["ticks"].dtype == np.dtype("i8")
+
+
+def test_a_value_written_past_int32_after_layout_reads_as_eio_never_wrapped(mount, tmp_path):
+    import xarray as xr
+
+    store = tmp_path / "w.zarr"
+    xr.Dataset({"n": (("x",), np.array([1, 2, 3], "i8"))}).to_zarr(store, zarr_format=2, consolidated=False)
+    mnt = mount(store, "writable")
+    fd = os.open(mnt / NETCDF / "w.nc", os.O_RDONLY)  # laid out now: n stored as int
+    try:
+        with open(mnt / "n.npy", "r+b") as f:
+            f.seek(-3 * 8, os.SEEK_END)  # the first of its 3 elements, after the NPY header
+            f.write(np.array([2**40], "<i8").tobytes())
+        assert np.load(mnt / "n.npy")[0] == 2**40
+        with pytest.raises(OSError) as e:
+            os.pread(fd, 12, 4096)  # n's data: the first variable's, on the first page after the header
+        assert e.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+    assert mounted.log_lines_naming(mount.log_text(mnt), "no longer fit")

@@ -1,11 +1,15 @@
 """netCDF classic files of groups (zarrfs.netcdf) read by scipy.io.netcdf_file and netCDF4-python."""
 
+import base64
 import io
+import struct
 
 import numpy as np
+import pytest
 
 from zarrfs import netcdf
 from zarrfs.codecs import CodecChain
+from zarrfs.errors import ZarrfsError
 from zarrfs.keys import ChunkKeys
 from zarrfs.model import ArrayMeta
 from test_layouts import make
@@ -14,11 +18,13 @@ import netCDF4  # noqa: E402
 from scipy.io import netcdf_file  # noqa: E402
 
 
-def array(name, value, chunks, attrs=None, dim_names=None, fill=True, order="C"):
+def array(name, value, chunks, attrs=None, dim_names=None, fill=True, order="C", fmt="v2", fill_value=None):
     meta, chunk_arrays = make(value, chunks, order)
+    if fill_value is None:
+        fill_value = -9 if value.dtype.kind in "if" else 0
     meta = ArrayMeta(path=f"g/{name}", shape=value.shape, dtype=value.dtype, chunk_shape=chunks,
-                     fill_value=np.array(-9, value.dtype) if value.dtype.kind in "if" else np.zeros((), value.dtype),
-                     codec=CodecChain(), keys=ChunkKeys(name), attributes=attrs or {}, format="v2",
+                     fill_value=np.array(fill_value, value.dtype),
+                     codec=CodecChain(), keys=ChunkKeys(name), attributes=attrs or {}, format=fmt,
                      metadata_key=f"g/{name}/.zarray", dimension_names=dim_names, erase_fill_chunks=fill)
     return meta, chunk_arrays
 
@@ -40,13 +46,13 @@ def file_bytes(nc: netcdf.NetcdfFile, chunks_by_var: dict) -> bytes:
     return data
 
 
-def build(specs, attrs=None, groups=()):
+def build(specs, attrs=None, groups=(), fit_int32=()):
     metas, chunks = [], []
     for spec in specs:
         m, c = array(*spec[:3], **spec[3] if len(spec) > 3 else {})
         metas.append(m)
         chunks.append(c)
-    nc = netcdf.NetcdfFile(attrs or {}, metas, list(groups))
+    nc = netcdf.NetcdfFile(attrs or {}, metas, list(groups), {f"g/{name}" for name in fit_int32})
     return nc, file_bytes(nc, {i: c for i, c in enumerate(chunks)})
 
 
@@ -129,3 +135,98 @@ def test_parts_of_any_range_are_the_whole_files_bytes():
     for off, n in [(0, 10), (len(nc.header) - 3, 50), (nc.size - 7, 100), (37, 333), (nc.size, 4)]:
         got = [p if isinstance(p, bytes) else (p[2], p[3]) for p in nc.parts(off, n)]
         assert sum(len(p) if isinstance(p, bytes) else p[1] for p in got) == max(0, min(n, nc.size - off))
+
+
+# --- xarray's conventions -------------------------------------------------------------
+
+NAN_B64 = base64.b64encode(struct.pack("<d", np.nan)).decode()  # as xarray writes a float _FillValue in v3
+
+
+def test_fill_values_as_xarray_reads_them_per_format():
+    ints = np.array([0, 1, 2], "<i8")
+    floats = np.array([0.0, np.nan, 2.0], "<f4")
+    nc, data = build([
+        ("v2", ints, (2,), {"fill_value": 0}),  # v2: the fill value is _FillValue
+        ("v2null", ints, (2,), {"fill": False}),
+        ("draft", ints, (2,), {"fill_value": 0, "fmt": "v3-draft"}),  # as xarray with zarr-python 2 read them
+        ("v1", ints, (2,), {"fill_value": 0, "fmt": "v1"}),
+        ("v3", ints, (2,), {"fill_value": 0, "fmt": "v3"}),  # v3: what unwritten chunks hold, not missing
+        ("v3attr", ints, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": 2}}),
+        ("v3nan", floats, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": NAN_B64}}),
+        ("v3named", floats, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": "-Infinity"}}),
+        ("v3bad", floats, (2,), {"fmt": "v3", "attrs": {"_FillValue": "not base64!"}}),
+    ])
+    with netCDF4.Dataset("mem.nc", memory=data) as f:
+        fills = {name: getattr(v, "_FillValue", None) for name, v in f.variables.items()}
+        left_out = f.getncattr(netcdf.LEFT_OUT_ATTR)
+    assert fills["v2"] == 0 and fills["draft"] == 0 and fills["v1"] == 0
+    assert fills["v2null"] is None and fills["v3"] is None and fills["v3bad"] is None
+    assert fills["v3attr"] == 2 and np.isnan(fills["v3nan"]) and fills["v3named"] == -np.inf
+    assert "v3bad: _FillValue" in left_out
+    nc, data = build([("v3big", np.array([1, 2], "u1"), (2,), {"fmt": "v3", "attrs": {"_FillValue": 256}})])
+    assert "v3big: _FillValue 256 is no uint8 value" in nc.left_out
+
+
+U1 = np.array([0, 127, 128, 255], "u1")
+U2 = np.array([1, 40000, 65535, 7], "<u2")
+U4 = np.array([2**32 - 1, 0, 2**31, 5], ">u4")
+I8 = np.array([-2**31, 0, 2**31 - 1, 9], "<i8")
+U8 = np.array([0, 2**31 - 1, 3, 4], ">u8")
+
+
+def unsigned_and_fitting():
+    return build([
+        ("u1", U1, (3,), {"dim_names": ("x",)}),
+        ("u2", U2, (3,), {"dim_names": ("x",), "fill_value": 65535}),
+        ("u4", U4, (3,), {"dim_names": ("x",)}),
+        ("i8", I8, (3,), {"dim_names": ("x",), "fill_value": 9}),
+        ("u8", U8, (3,), {"dim_names": ("x",), "fill": False}),
+    ], fit_int32=("i8", "u8"))
+
+
+def test_unsigned_as_signed_and_fitting_64_bit_as_int_make_cdf2():
+    nc, data = unsigned_and_fitting()
+    assert data[:4] == b"CDF\x02"
+    f = netcdf_file(io.BytesIO(data), mmap=False)  # the raw file: signed types, the same bytes
+    assert {k: v.typecode() for k, v in f.variables.items()} == {"u1": "b", "u2": "h", "u4": "i", "i8": "i", "u8": "i"}
+    np.testing.assert_array_equal(f.variables["u1"][:], U1.view("i1"))
+    np.testing.assert_array_equal(f.variables["u4"][:], U4.view(">i4"))
+    np.testing.assert_array_equal(f.variables["i8"][:], I8)
+    assert f.variables["u2"]._FillValue == -1 and f.variables["i8"]._FillValue == 9
+    assert all(f.variables[k]._Unsigned == b"true" for k in ("u1", "u2", "u4"))
+    assert not hasattr(f.variables["i8"], "_Unsigned")
+    f.close()
+    with netCDF4.Dataset("mem.nc", memory=data) as f:  # decodes _Unsigned itself
+        f.set_auto_mask(False)
+        np.testing.assert_array_equal(f["u1"][:], U1)
+        np.testing.assert_array_equal(f["u2"][:], U2)
+        np.testing.assert_array_equal(f["u4"][:], U4)
+        np.testing.assert_array_equal(f["u8"][:], U8)
+
+
+def test_a_fill_value_past_int32_keeps_the_variable_64_bit():
+    nc, data = build([("i8", I8, (3,), {"fill_value": 2**40})], fit_int32=("i8",))
+    assert data[:4] == b"CDF\x05"
+    with netCDF4.Dataset("mem.nc", memory=data) as f:
+        assert f["i8"].dtype == np.dtype("i8") and f["i8"]._FillValue == 2**40
+        np.testing.assert_array_equal(f["i8"][:], I8)
+
+
+def test_only_small_64_bit_integer_arrays_are_scanned():
+    small, _ = array("t", np.zeros(netcdf.SCAN_MAX_BYTES // 8, "i8"), (2**16,))
+    large, _ = array("t", np.zeros(netcdf.SCAN_MAX_BYTES // 8 + 1, "i8"), (2**16,))
+    many, _ = array("t", np.zeros(netcdf.SCAN_MAX_CHUNKS + 1, "i8"), (1,))
+    floats, _ = array("t", np.zeros(4, "f8"), (2,))
+    assert netcdf.scan_wanted(small)
+    assert not netcdf.scan_wanted(large) and not netcdf.scan_wanted(many) and not netcdf.scan_wanted(floats)
+
+
+def test_a_narrowed_value_that_no_longer_fits_is_an_error():
+    nc, _ = unsigned_and_fitting()
+    var = next(v for v in nc.variables if v.name == "i8")
+    off, n = var.source_range(5, 6)  # bytes 5..10 of the int data: elements 1..2
+    assert (off, n) == (8, 16)
+    fitting = np.array([0, 2**31 - 1], "<i8")
+    assert var.data_bytes(fitting.tobytes(), 5, 6) == fitting.astype(">i4").tobytes()[1:7]
+    with pytest.raises(ZarrfsError, match="g/i8"):
+        var.data_bytes(np.array([0, 2**31], "<i8").tobytes(), 5, 6)

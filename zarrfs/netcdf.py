@@ -43,9 +43,11 @@ TYPE_OF = {("i", 1): NC_BYTE, ("b", 1): NC_BYTE, ("i", 2): NC_SHORT, ("i", 4): N
 # same width, marked `_Unsigned = "true"` (the same bytes, read back as unsigned).
 SIGNED_OF = {NC_UBYTE: NC_BYTE, NC_USHORT: NC_SHORT, NC_UINT: NC_INT}
 # 64-bit integers whose values all fit are stored as int, as netCDF3 writers do; deciding
-# that reads the values, so only arrays whose decoded chunks take at most this many bytes are
-# scanned (coordinates such as time are small); larger ones stay 64-bit (CDF-5).
+# that reads the values, so only arrays whose decoded chunks take at most this many bytes, in
+# at most this many chunks (one store read each), are scanned (coordinates such as time are
+# small); larger ones stay 64-bit (CDF-5).
 SCAN_MAX_BYTES = 4 * 2**20
+SCAN_MAX_CHUNKS = 256
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 # CDF-2 counts (dimension lengths, vsize) are 32-bit: larger ones need CDF-5.
 CDF2_MAX_DIM = 2**31 - 1
@@ -107,7 +109,7 @@ class Variable:
             return raw
         values = np.frombuffer(raw, self.meta.dtype)
         if not fits_int32(values):
-            raise ZarrfsError(f"{self.meta.path}: values changed since its netCDF file was laid out "
+            raise ZarrfsError(f"{self.meta.path}: values written after its netCDF file was laid out "
                               f"no longer fit the file's int variable {self.name}")
         skip = offset % 4
         return values.astype(">i4").tobytes()[skip:skip + size]
@@ -120,8 +122,9 @@ def fits_int32(values: np.ndarray) -> bool:
 
 def scan_wanted(meta: ArrayMeta) -> bool:
     """Whether an array's values decide its netCDF type: 64-bit integers, small enough to scan."""
-    return (nc_type(meta.dtype) in (NC_INT64, NC_UINT64)
-            and grid.n_chunks(meta.shape, meta.chunk_shape) * meta.chunk_nbytes <= SCAN_MAX_BYTES)
+    chunks = grid.n_chunks(meta.shape, meta.chunk_shape)
+    return (nc_type(meta.dtype) in (NC_INT64, NC_UINT64) and chunks <= SCAN_MAX_CHUNKS
+            and chunks * meta.chunk_nbytes <= SCAN_MAX_BYTES)
 
 
 def storage_type(meta: ArrayMeta, fits: bool) -> int:
