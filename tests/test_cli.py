@@ -91,6 +91,20 @@ def test_two_mounts_of_one_store(mount, small_store):
     assert (a / "g" / "x.npy").read_bytes() == (b / "g" / "x.npy").read_bytes() == expected.npy
 
 
+def test_relative_source_shows_as_absolute_path(mount, small_store):
+    """mount(8) and df name the store by its absolute path, whatever directory SOURCE was typed in."""
+    store, expected = small_store
+    mnt, log = mount.new_mountpoint()
+    mount.adopt(mnt, log)
+    cmd = mount.command(store.name, mnt, log)
+    r = subprocess.run(cmd, cwd=store.parent, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=mounted.MOUNT_TIMEOUT_S)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (mnt / "g" / "x.npy").read_bytes() == expected.npy
+    source = next(row[0] for row in mounted.mount_table() if row[1] == os.fspath(mnt))
+    assert source == os.fspath(store)
+
+
 # --------------------------------------------------------------------------- foreground mode
 
 

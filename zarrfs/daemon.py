@@ -299,7 +299,13 @@ def check_store(store: Store, shown: str, timeout_s: float = START_TIMEOUT_S) ->
 
 def fsname(source: str, options: Options) -> str:
     """What mount(8) and df show as the source: fsname=, else SOURCE without credentials."""
-    name = options.fsname if options.fsname is not None else redact_url(source)
+    if options.fsname is not None:
+        name = options.fsname
+    elif "://" not in source and "::" not in source:
+        # A local path as typed is relative to a shell's directory that mount(8) and df know nothing of.
+        name = os.path.abspath(source)
+    else:
+        name = redact_url(source)
     # libfuse splits options at commas (a backslash escapes one); other characters pass as they are.
     return name.replace("\\", "\\\\").replace(",", "\\,")
 
