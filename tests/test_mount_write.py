@@ -793,6 +793,41 @@ def test_mv_onto_an_array_replaces_it(wstore, fmt):
     assert (mnt / "ns/mv_over_dst.npy").read_bytes() == mounted.npy_bytes(model)
 
 
+def _renameat2(src: Path, dst: Path, flags: int) -> int:
+    """renameat2(2) through libc: 0, or the errno it failed with."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd = -100
+    if libc.renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flags) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def test_mv_and_renameat2_flags(mount, tmp_path):
+    """mv (renameat2 with RENAME_NOREPLACE first) logs nothing; NOREPLACE refuses an existing
+    target with EEXIST; RENAME_EXCHANGE is refused with EINVAL, quietly."""
+    import zarr
+
+    root = tmp_path / "mv.zarr"
+    g = zarr.open_group(root, mode="w", zarr_format=3)
+    values = {name: np.arange(12, dtype="i2").reshape(3, 4) * (i + 1) for i, name in enumerate("ab")}
+    for name, value in values.items():
+        g.create_array(name, shape=value.shape, dtype=value.dtype, chunks=(2, 2))[...] = value
+    mnt = mount(root, "writable")
+    r = subprocess.run(["mv", os.fspath(mnt / "a.npy"), os.fspath(mnt / "c.npy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(mnt)) == ["b.npy", "c.npy"]
+    assert _renameat2(mnt / "c.npy", mnt / "b.npy", 1) == errno.EEXIST  # RENAME_NOREPLACE
+    assert np.load(mnt / "b.npy").tolist() == values["b"].tolist()
+    assert np.load(mnt / "c.npy").tolist() == values["a"].tolist()
+    assert _renameat2(mnt / "c.npy", mnt / "d.npy", 1) == 0
+    assert _renameat2(mnt / "d.npy", mnt / "b.npy", 2) == errno.EINVAL  # RENAME_EXCHANGE
+    assert sorted(os.listdir(mnt)) == ["b.npy", "d.npy"]
+    assert zarr.open_array(root / "d")[...].tolist() == values["a"].tolist()
+    assert [line for line in mount.log_text(mnt).splitlines() if "WARNING" in line] == []
+
+
 @FORMATS
 def test_mv_moves_a_group_with_everything_below(wstore, fmt):
     root, mnt = wstore(fmt)

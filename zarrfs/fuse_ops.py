@@ -52,6 +52,11 @@ def invalidate_data_sync(inodes: list[int]) -> None:
             pass
 
 
+# renameat2(2)'s flag that refuses to replace an existing target (linux/fs.h); the others are
+# RENAME_EXCHANGE (2) and RENAME_WHITEOUT (4).
+RENAME_NOREPLACE = 1
+
+
 def fuse_error(name: str, args: tuple, e: Exception) -> pyfuse3.FUSEError:
     """The FUSEError a handler's exception ends its request with (logged, unless it is one)."""
     if isinstance(e, pyfuse3.FUSEError):
@@ -352,9 +357,12 @@ class ZarrOperations(pyfuse3.Operations):
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
                      flags: int, ctx: Any) -> None:
         self._check_writable()
-        if flags:  # RENAME_NOREPLACE / RENAME_EXCHANGE
-            raise InvalidArgument("rename flags are not supported")
-        await self.ns.rename(parent_inode_old, fs_name(name_old), parent_inode_new, fs_name(name_new))
+        if flags & ~RENAME_NOREPLACE:
+            # RENAME_EXCHANGE / RENAME_WHITEOUT: callers such as mv fall back to a plain rename on EINVAL.
+            log.debug("rename %s: flags %#x are not supported", fs_name(name_old), flags)
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        await self.ns.rename(parent_inode_old, fs_name(name_old), parent_inode_new, fs_name(name_new),
+                             replace=not flags & RENAME_NOREPLACE)
 
     @boundary
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:

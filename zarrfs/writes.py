@@ -189,10 +189,16 @@ class NamespaceWrites(IncomingWrites):
         self._by_name.pop((parent_inode, name), None)
         self._invalidate()
 
-    async def rename(self: "Namespace", old_parent: int, old_name: str, new_parent: int, new_name: str) -> None:
+    async def rename(self: "Namespace", old_parent: int, old_name: str, new_parent: int, new_name: str,
+                     replace: bool = True) -> None:
+        """Move a node; with replace false an existing target is refused (EEXIST), as RENAME_NOREPLACE asks."""
         self._group_dir(old_parent)
         target_dir = self._group_dir(new_parent)
         entry = await self.lookup(old_parent, old_name)
+        if not replace:
+            other = await self.child(new_parent, new_name)
+            if other is not None and other.inode != entry.inode:
+                raise Exists(new_name)
         if entry.kind == "held":
             await self._rename_held(entry, new_parent, new_name)
             return
