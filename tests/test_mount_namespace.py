@@ -100,3 +100,36 @@ def test_writes_keep_working_across_forgets(mount, tmp_path):
     os.rename(mnt / "g" / ".tmp.part", mnt / "g" / "z.npy")
     np.testing.assert_array_equal(zarr.open_array(str(src / "g" / "z"))[...], value[:2])
     assert sorted(os.listdir(mnt / "g")) == ["z.npy"]
+
+
+def _ls_inodes(path) -> list[tuple[str, int]]:
+    """(name, inode) of every entry `ls -a1i` shows, in its order."""
+    r = subprocess.run(["ls", "-a1iU", os.fspath(path)], capture_output=True, text=True, check=True)
+    return [(name, int(ino)) for ino, name in (line.split(None, 1) for line in r.stdout.splitlines())]
+
+
+def test_dot_and_dotdot_are_listed_with_their_inodes(mount, tmp_path):
+    src = tmp_path / "dots.zarr"
+    root = zarr.open_group(str(src), mode="w", zarr_format=3)
+    root.create_group("g").create_group("h")
+    # 3,000 chunk files: a listing that takes many readdir requests, each resuming at an offset.
+    root.create_array("g/x", shape=(60, 50), chunks=(1, 1), dtype="u1", fill_value=3)
+    mnt = mount(src, "show_views")
+    top = dict(_ls_inodes(mnt))
+    # (ls shows the root's `..` as the directory the mountpoint is in, whatever the mount answers)
+    assert top["."] == os.stat(mnt).st_ino and {".", "..", "g", VIEWS} <= set(top)
+    g = dict(_ls_inodes(mnt / "g"))
+    assert g["."] == top["g"] == os.stat(mnt / "g").st_ino and g[".."] == top["."]
+    assert dict(_ls_inodes(mnt / "g" / "h"))[".."] == g["."]
+    chunks = _ls_inodes(mnt / VIEWS / "chunks" / "g" / "x")
+    names = [name for name, _ in chunks]
+    assert names[:2] == [".", ".."] and len(names) == len(set(names)) == 3000 + 2
+    assert chunks[1][1] == os.stat(mnt / VIEWS / "chunks" / "g").st_ino
+    # os.listdir and the walkers skip the two themselves
+    assert "." not in os.listdir(mnt) and ".." not in os.listdir(mnt / "g")
+    r = subprocess.run(["find", os.fspath(mnt)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    found = r.stdout.splitlines()
+    assert len(found) == len(set(found)) and os.fspath(mnt / "g" / "h") in found
+    walked = sum(len(dirs) + len(files) for _, dirs, files in os.walk(mnt)) + 1
+    assert len(found) == walked

@@ -242,14 +242,22 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        while batch := await self._watched(self._dir_openers.get(fh), self.ns.dir_items(fh, start_id, READDIR_BATCH)):
+        # Offsets 1 and 2 are `.` and `..` (as ls -a, find and file managers expect); the kernel
+        # takes no reference on either, so they are not remembered.
+        dots = ((b".", self.ns.get(fh)), (b"..", self.ns.parent_dir(fh)))
+        for i in range(start_id, len(dots)):
+            if not pyfuse3.readdir_reply(token, dots[i][0], self.attributes(dots[i][1]), i + 1):
+                return
+        start = max(start_id - len(dots), 0)
+        while batch := await self._watched(self._dir_openers.get(fh), self.ns.dir_items(fh, start, READDIR_BATCH)):
             await self._watched(self._dir_openers.get(fh), self._resolve_mtimes([entry for _, entry in batch]))
             for i, (name, entry) in enumerate(batch):
-                if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(entry), start_id + i + 1):
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(entry),
+                                             len(dots) + start + i + 1):
                     self.ns.drop_unused([e for _, e in batch[i:]])  # not sent: no reference taken
                     return
                 self.ns.remember(entry)
-            start_id += len(batch)
+            start += len(batch)
 
     async def releasedir(self, fh: int) -> None:
         self._dir_openers.pop(fh, None)

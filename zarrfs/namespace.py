@@ -218,6 +218,13 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         except KeyError:
             raise NotFound(f"no inode {inode}") from None
 
+    def parent_dir(self, inode: int) -> Entry:
+        """The directory holding directory `inode` (the root's is the root): what `..` names."""
+        entry = self.get(inode)
+        if entry.name_key is None:
+            return entry
+        return self._entries.get(entry.name_key[0], entry)
+
     @property
     def entry_count(self) -> int:
         return len(self._entries)
