@@ -73,7 +73,8 @@ def test_plain_venv_runs_its_own_copy(plain_venv, tmp_path):
 
 
 def test_plain_install_reads_crc32c_arrays(plain_venv, crc_store, tmp_path):
-    """Mounted with the plain venv's zarrfs, both arrays read as np.save of zarr-python's values; no warning logged."""
+    """Mounted with the plain venv's zarrfs, both arrays read as np.save of zarr-python's values, previews
+    are there; no warning logged."""
     problem = mounted.check_fuse_available()
     if problem:
         pytest.fail(f"mounted tests need FUSE: {problem}", pytrace=False)
@@ -88,6 +89,12 @@ def test_plain_install_reads_crc32c_arrays(plain_venv, crc_store, tmp_path):
                 pytest.fail(f"reading {spec.path}.npy: {e}\nlog:\n{mounter.log_text(mnt)}")
             mounted.assert_same_array(np.load(io.BytesIO(got)), mounted.zarr_value(crc_store, spec.path), spec.path)
             assert got == want.npy, f"{spec.path}.npy differs from np.save of zarr-python's value"
+        # previews come with a plain install (Pillow is a dependency, not an extra)
+        from PIL import Image
+
+        assert os.listdir(mnt / ".zarrfs" / "preview" / "g") == ["crc32c.png"]
+        with Image.open(mnt / ".zarrfs" / "preview" / "g" / "crc32c.png") as im:
+            assert (im.format, im.size) == ("PNG", (20, 30))
         mounted.unmount_and_wait(mounter, mnt)
         log = mounter.log_text(mnt)
         bad = [ln for ln in log.splitlines() if any(f" {lv} " in ln for lv in ("WARNING", "ERROR", "CRITICAL"))]

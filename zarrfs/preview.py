@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import logging
 import math
 import warnings
 
@@ -34,31 +33,10 @@ LOW_PCT, HIGH_PCT = 1.0, 99.0
 BATCH = 8
 
 
-class PreviewUnavailable(RuntimeError):
-    """Pillow is missing."""
-
-
-_pillow: bool | None = None
-
-
-def available() -> bool:
-    """Whether Pillow can be imported (said once in the log when it cannot: no previews are listed)."""
-    global _pillow
-    if _pillow is None:
-        try:
-            import PIL.Image  # noqa: F401
-            _pillow = True
-        except ImportError:
-            _pillow = False
-            logging.getLogger(__name__).warning(
-                ".zarrfs/preview/ lists no pictures: Pillow is not installed (pip install 'zarrfs[preview]')")
-    return _pillow
-
-
 def supported(meta: ArrayMeta) -> bool:
-    """2+ dimensions, none empty, a numeric or bool type, and Pillow present."""
+    """2+ dimensions, none empty, a numeric or bool type."""
     return (len(meta.shape) >= 2 and all(n > 0 for n in meta.shape) and meta.dtype.fields is None
-            and meta.dtype.subdtype is None and meta.dtype.kind in "biufc" and available())
+            and meta.dtype.subdtype is None and meta.dtype.kind in "biufc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,10 +140,7 @@ def scale(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
 
 def png(values: np.ndarray) -> bytes:
     """The PNG of a preview's values (grey, or grey and alpha)."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise PreviewUnavailable("previews need Pillow: pip install 'zarrfs[preview]'") from None
+    from PIL import Image  # a dependency; imported when the first preview is drawn, not at start-up
     grey, alpha = scale(values)
     image = Image.fromarray(grey, "L") if alpha is None else Image.fromarray(np.dstack([grey, alpha]), "LA")
     buf = io.BytesIO()
