@@ -101,6 +101,31 @@ def test_man_page_lists_every_option():
         assert o.spelling in text, o.spelling
 
 
+def _readme_sections() -> set[str]:
+    """README headings as a reader would cite them: without backticks, with or without a closing (...)."""
+    out = set()
+    for line in README.read_text().splitlines():
+        if m := re.match(r"#+ (.*)", line):
+            title = m.group(1).replace("`", "").strip()
+            out |= {title, re.sub(r" \(.*\)$", "", title)}
+    return out
+
+
+def test_help_and_man_show_the_tree_and_cite_readme_sections_that_exist():
+    help_text = subprocess.run([sys.executable, "-m", "zarrfs", "--help"], capture_output=True, text=True,
+                               timeout=60).stdout
+    man = subprocess.run([sys.executable, "-m", "zarrfs", "--man"], capture_output=True, text=True, timeout=60).stdout
+    man = re.sub(r"\\f[BRI]", "", man).replace("\\-", "-").replace("\\&", "")
+    sections = _readme_sections()
+    for name, text in (("--help", help_text), ("zarrfs.1", man)):
+        for view in ("npy-f/PATH.npy", "raw/PATH.raw", "raw/PATH.hdr", "gdal/PATH.vrt", "tiff/PATH.tif",
+                     "preview/PATH.png", "netcdf/PATH.nc", "stats.json"):
+            assert view in text, f"{name} does not show {view} in its tree"
+        cited = re.findall(r"README: ([A-Z][A-Za-z ]*[a-z])", text) + re.findall(r"\(see ([A-Z][A-Za-z ]*)\)", text)
+        assert cited, name
+        assert [c for c in cited if c not in sections] == [], f"{name} cites README sections that do not exist"
+
+
 def test_fstab_only_options_are_ignored():
     o = build_options(split_o("x-systemd.automount,x-systemd.idle-timeout=60,comment=x,_netdev,nofail,allow_other"))
     assert o.fuse_options == ("allow_other",)

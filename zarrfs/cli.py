@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .errors import UserError
-from .options import build_options, options_help, options_man, split_o
+from .options import TREE, build_options, options_help, options_man, split_o
 
 USAGE = "zarrfs SOURCE MOUNTPOINT [-f] [-o OPTION[,OPTION...]] [--OPTION[=VALUE] ...]"
 
@@ -33,7 +33,8 @@ def parse(argv: list[str]) -> tuple[str, str, list[str], bool]:
     parser = _Parser(
         prog="zarrfs", usage=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount a Zarr hierarchy: groups as directories, arrays as .npy files.",
-        epilog="mount options (-o NAME[=VALUE] or --NAME[=VALUE]):\n" + options_help() + "\n\n"
+        epilog="the tree of a mount (README: The tree):\n" + TREE + "\n\n"
+               "mount options (-o NAME[=VALUE] or --NAME[=VALUE]):\n" + options_help() + "\n\n"
                "signals: SIGTERM/SIGINT unmount; SIGUSR1 switches debug logging on and off.\n"
                "unmount with: fusermount3 -u MOUNTPOINT (or umount as root)")
     parser.add_argument("source", metavar="SOURCE", help="local path or fsspec URL of the store")

@@ -42,9 +42,9 @@ class OptionDoc:
 # checks it is the generated text) and `zarrfs --man` are all made from it, and build_options
 # refuses a name that is not in it, so an option cannot exist undocumented.
 OPTION_TABLE: tuple[OptionDoc, ...] = (
-    OptionDoc("writable", "allow writes (see Writes); refused for read-only stores such as HTTP", "off"),
+    OptionDoc("writable", "allow writes (README: Writes); refused for read-only stores such as HTTP", "off"),
     OptionDoc("cache_size=SIZE", "budget of the decoded-chunk cache (`512M`, `2G`); chunks larger than the "
-              "budget are kept apart (see Memory)", "`512M`"),
+              "budget are kept apart (README: Memory)", "`512M`"),
     OptionDoc("format=auto|v1|v2|v3|v3-draft", "skip detection", "`auto`"),
     OptionDoc("v1_order=spec|writer", "how v1 `order: F` chunks are laid out: `spec` as the v1 specification "
               "says (F order); `writer` as zarr 1.1.0, the one real v1 writer, stored them (F order only with "
@@ -57,7 +57,7 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
               "used when this is not given. Merged under `storage_options`", "none"),
     OptionDoc("timeout=SECONDS", "longest wait on the store for one operation (a chunk, a listing, a "
               "metadata document), retries included; then the caller gets EIO and the log says why "
-              "(see Remote stores)", "`30`"),
+              "(README: Remote stores)", "`30`"),
     OptionDoc("metadata_ttl=SECONDS", "how long listings, metadata documents and the validity of cached "
               "chunks are trusted before they are checked against the store again; `0` checks every time, "
               "`inf` never (`cat MOUNT/.zarrfs/refresh`, or `touch` on a writable mount, drops them at once)",
@@ -87,6 +87,29 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("subtype=NAME", "the type `mount` shows after `fuse.`", "`zarrfs`"),
 )
 OPTION_NAMES = frozenset(o.name for o in OPTION_TABLE) | {"foreground", "f"}
+
+
+# The tree of a mount, short, for `zarrfs --help` and zarrfs(1); the README's "The tree" says more.
+TREE = """\
+MOUNT/
+  GROUP/                a group
+    ARRAY.npy           an array: NPY header, elements in C order
+  .zarrfs/              views (listed with show_views, reachable always)
+    npy-f/PATH.npy      the array as a Fortran-order NPY file
+    raw/PATH.raw        element bytes in C order, no header
+    raw/PATH.hdr        its ENVI header: GDAL and ENVI open PATH.raw
+    raw-f/PATH.raw      element bytes in Fortran order, no header
+    chunks/PATH/I.J.npy one decoded chunk per grid position
+    store/KEY           the store's own keys, byte for byte
+    info/PATH.json      shape, dtype, chunks, codecs, attributes
+    netcdf/PATH.nc      a group as a netCDF classic file
+    slice/PATH[SEL].npy a numpy selection (looked up, never listed)
+    tiff/PATH.tif       arrays of 2+ dimensions as (multi-page) TIFF
+    gdal/PATH.vrt       GDAL VRT over the .npy (2-D and 3-D arrays)
+    preview/PATH.png    a small grey picture
+    stats.json          counters since mount
+    refresh             cat or touch it: drop cached listings, metadata
+PATH: a node's path in the hierarchy; a root array is MOUNT/NAME.npy."""
 
 
 def options_markdown() -> str:
@@ -128,6 +151,8 @@ def options_man(version: str) -> str:
              _roff("Groups of the Zarr hierarchy at SOURCE (a local directory or an fsspec URL) become "
                    "directories; arrays become `.npy` files. Without `-f` the command returns once the mount "
                    "is live. Unmount with `fusermount3 -u MOUNTPOINT` or `umount`."),
+             ".SH FILES", _roff("The tree of a mount (README: The tree):"), ".PP", ".nf",
+             *_roff(TREE).splitlines(), ".fi",
              ".SH OPTIONS", "Every option is given as \\fB\\-o name[=value]\\fR or \\fB\\-\\-name[=value]\\fR.",
              ".TP", ".B \\-f", "stay in the foreground (under systemd: Type=notify readiness)"]
     for o in OPTION_TABLE:
