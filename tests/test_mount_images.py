@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -253,3 +254,53 @@ def test_preview_of_a_large_array_reads_a_bounded_strided_subset(mount, tmp_path
     budget = 64 << 20  # zarrfs.preview.MAX_DECODED_BYTES, the bound the README states
     assert 0 < after["preview_decoded_bytes"] - before.get("preview_decoded_bytes", 0) <= budget
     assert after["store_gets"] - before["store_gets"] <= budget // (1000 * 1000 * 4)
+
+
+# --------------------------------------------------------------------------- the README's commands
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_commands() -> list[str]:
+    """The GDAL and ImageMagick commands of the README's table (`display` needs a screen)."""
+    rows = re.findall(r"^\| (?:GDAL|ImageMagick) \| (.*?) \| .* \|$", README.read_text(), re.M)
+    return [c for row in rows for c in re.findall(r"`([^`]+)`", row) if not c.startswith("display ")]
+
+
+@pytest.fixture(scope="module")
+def readme_store(tmp_path_factory):
+    """The README's example: g/img (2-D) and g/stack (3-D float32, values up to 100)."""
+    root = tmp_path_factory.mktemp("readme") / "readme.zarr"
+    rng = np.random.default_rng(9)
+    g = zarr.open_group(root, mode="w", zarr_format=3)
+    stack = (rng.random((4, 64, 48)) * 100).astype("f4")
+    g.create_array("g/stack", shape=stack.shape, dtype=stack.dtype, chunks=(1, 32, 32))[...] = stack
+    img = rng.integers(0, 60000, (40, 30), dtype="u2")
+    g.create_array("g/img", shape=img.shape, dtype=img.dtype, chunks=(16, 16))[...] = img
+    return root
+
+
+def test_readme_commands_run_cleanly_and_stretch_pages(module_mount, readme_store, tmp_path):
+    """Every GDAL and ImageMagick command the README shows runs on a read-only mount without an
+    ERROR or Warning line, in the user's environment; its page pictures map min..max to 0..255."""
+    need("gdalinfo")
+    need("convert")
+    mnt = module_mount(readme_store)
+    page = zarr.open_array(readme_store / "g" / "stack")[2].astype("f8")
+    commands = readme_commands()
+    assert len(commands) >= 6, commands
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GDAL_", "CPL_"))}
+    for command in commands:
+        command = (command.replace("MNT", os.fspath(mnt))
+                   .replace("LO", repr(float(page.min()))).replace("HI", repr(float(page.max()))))
+        r = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+        noise = [ln for ln in (r.stdout + r.stderr).splitlines() if re.search(r"\b(ERROR|Warning)\b", ln)]
+        assert r.returncode == 0 and not noise, f"{command}: exit {r.returncode}\n{r.stderr}\n{noise}"
+    want = (page - page.min()) / (page.max() - page.min()) * 255
+    for name in ("page2.png", "page3.png"):
+        with Image.open(tmp_path / name) as im:
+            got = np.asarray(im).astype("f8")
+        got = got / 257 if got.max() > 255 else got  # a 16-bit PNG
+        assert got.shape == page.shape, name
+        assert np.abs(got - want).max() <= 2, f"{name} is not the page stretched from its min to its max"
+        assert (got >= 255).mean() < 0.01, f"{name} clips {(got >= 255).mean():.0%} of its pixels to white"
