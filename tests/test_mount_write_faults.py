@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -231,3 +232,141 @@ def test_sigkill_in_the_middle_of_a_large_copy_leaves_the_store_without_it(mount
     source = np.load(src, mmap_mode="r")
     assert_same_array(arr[:100], np.asarray(source[:100]), "zarr-python reads the second copy")
     assert_same_array(arr[-100:], np.asarray(source[-100:]), "zarr-python reads the second copy")
+
+# --------------------------------------------------------------------------- staging a killed writer left
+
+NEW = ArraySpec("g/a", "float64", (64, 48), (8, 8), "zstd")  # 48 chunks: half a copy stores many
+
+
+def _kill_mid_copy(mounter: mounted.Mounter, mnt: Path, name: str, data: bytes) -> int:
+    """Write the first half of DATA to MNT/g/NAME, fsync it (its chunks are then in the store,
+    staged), kill -9 the daemon and clean up the dead mount; returns the pid killed."""
+    pids = mounted.pids_serving(mnt)
+    assert len(pids) == 1, pids
+    fd = os.open(mnt / "g" / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    mounted.pwrite_all(fd, data[:len(data) // 2], 0)
+    os.fsync(fd)
+    os.kill(pids[0], signal.SIGKILL)
+    assert mounted.wait_until(lambda: not mounted._pid_alive(pids[0]), 10)
+    try:
+        os.close(fd)
+    except OSError:
+        pass  # the daemon is gone: ENOTCONN or ECONNABORTED
+    r = subprocess.run(["fusermount3", "-uz", os.fspath(mnt)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert mounted.wait_until(lambda: not mounted.is_mounted(mnt), 5)
+    return pids[0]
+
+
+def _swept(mounter: mounted.Mounter, mnt: Path) -> str:
+    """The log of a writable mount once it has looked for staging of writers that died."""
+    assert mounted.wait_until(lambda: "staging check done" in mounter.log_text(mnt), 30), mounter.log_text(mnt)
+    return mounter.log_text(mnt)
+
+
+def _staged(root: Path) -> dict[str, list[str]]:
+    """Staging areas in the store (read from the disk) and the keys in each."""
+    out: dict[str, list[str]] = {}
+    for key in mounted.store_keys(root):
+        parts = key.split("/")
+        at = next((i for i, p in enumerate(parts) if p.startswith(".zarrfs-new-")), None)
+        if at is not None:
+            out.setdefault("/".join(parts[:at + 1]), []).append(key)
+    return out
+
+
+@FORMATS
+def test_a_writable_mount_removes_the_staging_a_killed_writer_left(mount, tmp_path, fmt):
+    root = tmp_path / "kill.zarr"
+    mounted.create_array(root, NEW, fmt, np.random.default_rng(31))
+    old = mounted.zarr_value(root, "g/a")
+    x = mounted.sample_data(np.dtype("<f8"), NEW.shape, np.random.default_rng(32))
+    pid = _kill_mid_copy(mount, mount(root, "writable", "chunks=8:8"), "a.npy", mounted.npy_bytes(x))
+    staged = _staged(root)
+    assert len(staged) == 1, staged
+    (area, keys), = staged.items()
+    assert area.startswith("g/.zarrfs-new-") and len(keys) > 1, keys
+    leases = [k for k in os.listdir(root) if k.startswith(".zarrfs-lease-")]
+    assert len(leases) == 1, os.listdir(root)
+    assert_same_array(mounted.zarr_value(root, "g/a"), old, "zarr-python after the kill")
+
+    again = mount(root, "writable")
+    log = _swept(mount, again)
+    assert _staged(root) == {}, "the dead writer's staging is still in the store"
+    assert not [k for k in os.listdir(root) if k.startswith(".zarrfs-lease-")], "its lease is still there"
+    said = mounted.log_lines_naming(log, area)
+    assert len(said) == 1 and f"{len(keys)} keys" in said[0] and f"pid {pid}" in said[0], log
+    assert f"host {os.uname().nodename}" in said[0], said
+    assert_same_array(mounted.zarr_value(root, "g/a"), old, "zarr-python after the clean-up")
+    assert (again / "g" / "a.npy").read_bytes() == mounted.npy_bytes(old)
+
+
+# Copy file argv[1] to argv[2]: the first half, fsync, "half" on stdout, then the rest once a
+# line arrives on stdin.
+HALF_THEN_REST = """
+import os, sys
+data = open(sys.argv[1], "rb").read()
+fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+at = 0
+for end in (len(data) // 2, len(data)):
+    while at < end:
+        at += os.write(fd, data[at:end])
+    if end < len(data):
+        os.fsync(fd)
+        print("half", flush=True)
+        sys.stdin.readline()
+os.close(fd)
+"""
+
+
+def _plant(root: Path, area: str, age_s: float = 0.0) -> None:
+    """A staging area of one chunk-like key, last written AGE_S seconds ago."""
+    (root / area).mkdir(parents=True)
+    (root / area / "0.0").write_bytes(b"\x01" * 100)
+    when = time.time() - age_s
+    os.utime(root / area / "0.0", (when, when))
+
+
+def test_staging_of_writers_still_at_work_is_kept(mount, tmp_path):
+    import json
+
+    root = tmp_path / "live.zarr"
+    mounted.create_array(root, NEW, 2, np.random.default_rng(33))
+    writer = mount(root, "writable")
+    assert "0 kept" in _swept(mount, writer)
+    # another machine's writer whose lease was refreshed a minute ago
+    lease = {"writer": "feedfacecafe", "host": "elsewhere.example", "boot_id": "x", "pid_namespace": "y",
+             "pid": 1, "pid_start_ticks": 1, "mounted": time.time() - 600, "refreshed": time.time() - 60}
+    (root / ".zarrfs-lease-feedfacecafe").write_text(json.dumps(lease))
+    _plant(root, "g/.zarrfs-new-feedfacecafe-0011223344556677")
+    # staging with no lease (older daemons): kept while recent, removed after two hours untouched
+    _plant(root, "g/.zarrfs-new-00112233445566aa")
+    _plant(root, "g/.zarrfs-new-00112233445566bb", age_s=7200)
+    planted = set(_staged(root))
+    # a writer of this machine at work: a copy into the first mount, stopped halfway with its
+    # chunks fsynced. It runs in a process of its own: a descriptor of ours would be closed in
+    # every child the next mount forks, and the mount takes that close (a FUSE flush) for the end.
+    x = mounted.sample_data(np.dtype("<i4"), (40, 40), np.random.default_rng(34))
+    np.save(tmp_path / "b.npy", x)
+    copy = subprocess.Popen([sys.executable, "-c", HALF_THEN_REST, os.fspath(tmp_path / "b.npy"),
+                             os.fspath(writer / "g" / "b.npy")], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert copy.stdout.readline() == b"half\n"
+        live = sorted(set(_staged(root)) - planted)
+        assert len(live) == 1, _staged(root)
+
+        other = mount(root, "writable")
+        log = _swept(mount, other)
+        assert set(_staged(root)) == {"g/.zarrfs-new-feedfacecafe-0011223344556677",
+                                      "g/.zarrfs-new-00112233445566aa", *live}, log
+        removed = mounted.log_lines_naming(log, "g/.zarrfs-new-00112233445566bb")
+        assert len(removed) == 1 and "1 keys, 100 bytes" in removed[0] and "no lease" in removed[0], log
+        assert (root / ".zarrfs-lease-feedfacecafe").exists()
+    finally:
+        copy.communicate(b"go on\n", timeout=30)
+    assert copy.returncode == 0
+    assert_same_array(mounted.zarr_value(root, "g/b"), x, "zarr-python after the copy completed")
+    assert live[0] not in _staged(root)
+    mounted.unmount_and_wait(mount, writer)
+    assert sorted(k for k in os.listdir(root) if k.startswith(".zarrfs")) == [".zarrfs-lease-feedfacecafe"], \
+        "the writer's lease outlived its unmount"

@@ -24,7 +24,7 @@ import threading
 import pyfuse3
 import trio
 
-from . import __version__, formats
+from . import __version__, formats, staging
 from .cache import ChunkCache
 from .direct import DirectReads
 from .engine import Engine
@@ -396,6 +396,8 @@ async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
 
         nursery.start_soon(on_signals)
         nursery.start_soon(ready)
+        if ops.options.writable:
+            nursery.start_soon(_tend_staging, ops)
         nursery.start_soon(trio.to_thread.run_sync, _tune_read_ahead_sync, mountpoint)
         await pyfuse3.main()
         notify_systemd("STOPPING=1")
@@ -404,7 +406,18 @@ async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
             await ops.engine.flush()  # anything still dirty reaches the store before we exit
         except ZarrfsError as e:
             log.error("chunks written before unmount could not be stored: %s", e)
+        await ops.ns.renew_lease()  # erased once nothing is staged
         nursery.cancel_scope.cancel()
+
+
+async def _tend_staging(ops: ZarrOperations) -> None:
+    """Writable mounts, in the background: remove what writers that died left staged (a walk of
+    every group, which a big remote hierarchy makes long), then keep this daemon's lease fresh."""
+    await trio.to_thread.run_sync(staging.sweep_sync, ops.ns.hierarchy, ops.ns.lease.writer,
+                                  abandon_on_cancel=True)
+    while True:
+        await trio.sleep(staging.LEASE_REFRESH_S)
+        await ops.ns.renew_lease(refresh=True)
 
 
 def serve(ops: ZarrOperations, mountpoint: str) -> None:

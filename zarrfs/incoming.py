@@ -220,13 +220,14 @@ class IncomingWrites:
         shape, fortran, dtype, hlen = parsed
         path = w.replacing.path if w.replacing is not None else entry.key
         try:  # every check of the format (data type, codec, chunks) before the store changes
-            w.staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype))
+            w.staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype), self.lease.writer)
         except ZarrfsError as e:
             raise w.reject(type(e)(f"{self._name_of(entry)}: {e}")) from None
         w.stream = ArrayStream(w.staged.meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
         w.received = Coverage()
         w.pending = None
         rest = bytes(buf[hlen:])
+        await self._claim_staging(w.staged.staging)
         if rest:
             if len(buf) > w.stream.size:
                 raise TooBig(f"{path}: {len(buf)} bytes written, more than the {w.stream.size} "
@@ -266,6 +267,7 @@ class IncomingWrites:
         # kernel may still hold: they show the new array.
         await self._repoint(meta.path, meta.path, skip=entry.inode)
         self._invalidate()
+        await self._release_staging(staged.staging)
 
     async def _drop_staged(self: "Namespace", entry: "Entry") -> None:
         """Forget a staged array's chunks (held and stored): the old array, if any, stays."""
@@ -274,6 +276,28 @@ class IncomingWrites:
         w.staged, w.stream, w.received = None, None, None
         self.engine.discard(staged.meta.path)
         await self.engine.run_io_long(self.hierarchy.discard_staging_sync, staged)
+        await self._release_staging(staged.staging)
+
+    async def _claim_staging(self: "Namespace", staging: str) -> None:
+        """A staging area comes into use: this daemon's lease is in the store before its first key."""
+        self.lease.claim(staging)
+        await self.renew_lease()
+
+    async def _release_staging(self: "Namespace", staging: str) -> None:
+        """A staging area is committed or dropped: the lease goes once no other is in use."""
+        self.lease.release(staging)
+        await self.renew_lease()
+
+    async def renew_lease(self: "Namespace", refresh: bool = False) -> None:
+        """Bring this daemon's lease up to date (with REFRESH, rewrite it while staging: the
+        periodic renewal). One step at a time, so that a write and an erase never cross."""
+        async with self._lease_lock:
+            step = self.lease.due(refresh)
+            if step is not None:
+                try:
+                    await self.engine.run_io(step)
+                except ZarrfsError as e:
+                    self.lease.failed(e)
 
     async def _abandon(self: "Namespace", entry: "Entry") -> None:
         """A file that did not become an array: its staged chunks go; a replaced array stays
@@ -378,13 +402,17 @@ class IncomingWrites:
         if parsed is None:
             raise InvalidArgument(f"{label}: {npy.incomplete_reason(head)}")
         shape, fortran, dtype, hlen = parsed
-        staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype))
+        staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype), self.lease.writer)
         ingest = ArrayStream(staged.meta, "F" if fortran else "C", header=bytes(head[:hlen]), dtype=dtype)
         if entry.size != ingest.size:
             kind = Incomplete if entry.size < ingest.size else InvalidArgument
             raise kind(f"{label}: holds {entry.size - hlen} data bytes, its NPY header declares "
                        f"{ingest.size - hlen}; not renamed to {name}")
-        await self._store_held(entry, staged, ingest, old)
+        try:
+            await self._store_held(entry, staged, ingest, old)
+        except ZarrfsError:
+            await self.renew_lease()  # its staging dropped: the lease too, unless another is in use
+            raise
         self._unregister(entry, forget=False)
         entry.held.close()
         entry.held, entry.kind, entry.key = None, "array", path
@@ -395,11 +423,13 @@ class IncomingWrites:
         self._sizes.pop(path, None)
         await self._repoint(path, path, skip=entry.inode)
         self._invalidate()
+        await self.renew_lease()
 
     async def _store_held(self: "Namespace", entry: "Entry", staged: Any, ingest: ArrayStream,
                           old: Node | None) -> None:
         """Stream a held file's data into a staged array and commit it (nothing left on failure)."""
         try:
+            await self._claim_staging(staged.staging)
             for offset in range(len(ingest.header), ingest.size, ADOPT_BLOCK_BYTES):
                 block = await entry.held.read(offset, ADOPT_BLOCK_BYTES)
                 await self.engine.write(ingest, offset, block)
@@ -408,7 +438,9 @@ class IncomingWrites:
         except BaseException:
             self.engine.discard(staged.meta.path)
             await self.engine.run_io_shielded(self.hierarchy.discard_staging_sync, staged)
+            self.lease.release(staged.staging)  # the lease goes at the next renewal
             raise
+        self.lease.release(staged.staging)  # the lease goes at the end of the rename (_adopt)
         self.engine.discard(staged.meta.path)
         if old is not None:
             self.engine.discard(old.path)

@@ -23,6 +23,7 @@ from .dotzarrfs import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
 from .engine import Engine
 from .errors import NotFound, ZarrfsError
 from .formats.base import RESERVED_PREFIX, Hierarchy
+from .staging import LeaseKeeper
 from .layouts import ArrayStream, chunk_file_size
 from .model import ArrayMeta, BrokenNode, GroupMeta, Node
 from .freshness import REFRESH_FILE, NamespaceFreshness
@@ -175,6 +176,9 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         # Chunking and codec of arrays created through the mount (options chunks=, codec=)
         self.create_chunks = create_chunks
         self.create_codec = create_codec
+        # This daemon's claim on its staging areas (written only once it stages an array)
+        self.lease = LeaseKeeper(hierarchy.store)
+        self._lease_lock = engine.new_lock()
         # Told when a name disappears (the FUSE layer tells the kernel to drop its dentry)
         self.on_name_gone = on_name_gone or (lambda parent, name: None)
         self._entries: dict[int, Entry] = {}

@@ -117,8 +117,9 @@ def root_zarr_json_sync(store: Store) -> dict | None:
 
 
 def is_staging_key(key: str) -> bool:
-    """Whether a key lies in a staging area (of this daemon or of one that was killed)."""
-    return any(part.startswith(STAGING_PREFIX) for part in key.split("/"))
+    """Whether a key is the mount's own: in a staging area (of this daemon or of one that was
+    killed) or a writer's lease beside them."""
+    return any(part.startswith(RESERVED_PREFIX) for part in key.split("/"))
 
 
 class Hierarchy(abc.ABC):
@@ -214,15 +215,20 @@ class Hierarchy(abc.ABC):
 
     # --- staged arrays: all-or-nothing create and replace ----------------------------------
 
+    def staging_dir(self, group: str) -> str:
+        """The store prefix holding the staging areas of arrays written into `group`."""
+        return group
+
     def staging_prefix(self, path: str, token: str) -> str:
         """Where chunks of the array being written at `path` go until it is committed."""
-        parent = path.rpartition("/")[0]
-        return join(parent, STAGING_PREFIX + token)
+        return join(self.staging_dir(path.rpartition("/")[0]), STAGING_PREFIX + token)
 
-    def stage_array(self, path: str, new: NewArray) -> StagedArray:
-        """Plan a new array at `path` (pure: every check before the store changes)."""
+    def stage_array(self, path: str, new: NewArray, writer: str = "") -> StagedArray:
+        """Plan a new array at `path` (pure: every check before the store changes); the
+        staging area's name starts with WRITER, the id of the daemon's lease."""
         docs, final = self.array_docs(path, new)
-        staging = self.staging_prefix(path, secrets.token_hex(8))
+        token = secrets.token_hex(8)
+        staging = self.staging_prefix(path, f"{writer}-{token}" if writer else token)
         keys = dataclasses.replace(final.keys, prefix=staging)
         meta = dataclasses.replace(final, path=staging, keys=keys, inner=None, source=None)
         return StagedArray(final, meta, staging, docs)

@@ -12,7 +12,7 @@ from ...keys import join
 from ...model import ArrayMeta, GroupMeta, NewArray, Node
 from ...options import Options
 from ...store import Store
-from ..base import STAGING_PREFIX, Hierarchy, StagedArray, broken, json_object, root_zarr_json_sync
+from ..base import Hierarchy, StagedArray, broken, json_object, root_zarr_json_sync
 from .documents import parse_array, parse_group
 from .layout import Layout, entry_point_layout
 from .writing import core_array_doc, dump_doc, protocol_array_doc
@@ -181,10 +181,9 @@ class V3DraftHierarchy(Hierarchy):
         suffix = self.layout.suffix if self.layout is not None else ".json"
         return [name, f"{name}.array{suffix}", f"{name}.group{suffix}"]
 
-    def staging_prefix(self, path: str, token: str) -> str:
-        """Beside the array's chunks under `data/`: the drafts list nodes under `meta/` only."""
-        layout = self._writable_layout()
-        return join(layout.data, path.rpartition("/")[0], STAGING_PREFIX + token)
+    def staging_dir(self, group: str) -> str:
+        """Beside the arrays' chunks under `data/`: the drafts list nodes under `meta/` only."""
+        return join(self._writable_layout().data, group)
 
     def commit_array_sync(self, staged: StagedArray, old: Node | None) -> None:
         """On a local store: swap the chunk directories, then write the array document (the
