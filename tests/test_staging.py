@@ -165,3 +165,17 @@ def test_a_sweep_of_a_failing_store_stops_with_one_line(tmp_path, caplog):
     assert out["stopped"] and "access denied" in out["stopped"]
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "access denied" in warned[0]
+
+
+def test_a_sweep_of_an_object_store_removes_every_key_of_a_dead_writers_area():
+    store = Store("memory://staging-sweep")
+    store.set_sync(".zgroup", b'{"zarr_format": 2}')
+    store.set_sync("g/.zgroup", b'{"zarr_format": 2}')
+    dead = _lease(_dead_pid(), 1, writer="deaddeaddead")
+    store.set_sync(".zarrfs-lease-deaddeaddead", dead.to_bytes())
+    area = "g/.zarrfs-new-deaddeaddead-0011223344556677"
+    for key in ("0.0", "0.1", "1.0"):
+        store.set_sync(f"{area}/{key}", b"y" * 7)
+    out = sweep_sync(formats.open_hierarchy_sync(store), "0a0b0c0d0e0f", NOW)
+    assert (out["removed"], out["leases_removed"], out["stopped"]) == (1, 1, None)
+    assert sorted(store.sizes_below_sync("")) == [".zgroup", "g/.zgroup"]
