@@ -179,3 +179,19 @@ def test_a_sweep_of_an_object_store_removes_every_key_of_a_dead_writers_area():
     out = sweep_sync(formats.open_hierarchy_sync(store), "0a0b0c0d0e0f", NOW)
     assert (out["removed"], out["leases_removed"], out["stopped"]) == (1, 1, None)
     assert sorted(store.sizes_below_sync("")) == [".zgroup", "g/.zgroup"]
+
+
+def test_a_root_array_is_not_walked_for_groups(tmp_path):
+    import numpy as np
+    import zarr
+
+    root = tmp_path / "rootarray.zarr"
+    zarr.create_array(os.fspath(root), shape=(40, 4), chunks=(1, 4), dtype="i4", zarr_format=2,
+                      chunk_key_encoding={"name": "v2", "separator": "/"})[:] = np.arange(160).reshape(40, 4)
+    assert len([p for p in root.iterdir() if p.is_dir()]) == 40  # one directory per chunk row
+    h = _hierarchy(root)
+    listed = []
+    real = h.store.list_dir_sync
+    h.store.list_dir_sync = lambda prefix: listed.append(prefix) or real(prefix)
+    assert list(staging_dirs(h)) == [""]
+    assert listed == [], "the chunk directories of a root array were searched for groups"

@@ -195,6 +195,8 @@ def staging_dirs(hierarchy: Hierarchy, max_groups: int = SWEEP_MAX_GROUPS) -> It
         group = stack.pop()
         seen += 1
         yield hierarchy.staging_dir(group)
+        if not group and not isinstance(hierarchy.node_sync(""), GroupMeta):
+            break  # a root array (every v1 store): its directories are chunks, not groups
         stack.extend(sorted((c.path for c in hierarchy.children_sync(group) if isinstance(c, GroupMeta)),
                             reverse=True))
     if stack:
