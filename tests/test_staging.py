@@ -63,9 +63,11 @@ def test_a_lease_of_another_machine_is_gone_only_when_old():
 def test_a_lease_reads_back_and_garbage_is_no_lease():
     lease = _lease(12, 34)
     assert Lease.from_bytes(lease.to_bytes()) == lease
-    for raw in (None, b"", b"[]", b"{", b'{"writer": "x"}', b"\xff", json.dumps({**json.loads(lease.to_bytes()),
-                                                                                 "pid": "twelve"}).encode()):
-        assert Lease.from_bytes(raw) is None
+    doc = json.loads(lease.to_bytes())
+    changed = [json.dumps({**doc, "pid": "twelve"}).encode(), json.dumps({**doc, "refreshed": float("nan")}).encode(),
+               json.dumps({k: v for k, v in doc.items() if k != "host"}).encode()]
+    for raw in (None, b"", b"[]", b"{", b"\xff", *changed):
+        assert Lease.from_bytes(raw) is None, raw
 
 
 @pytest.mark.parametrize("name, writer", [(".zarrfs-new-0a0b0c0d0e0f-0011223344556677", "0a0b0c0d0e0f"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -78,12 +79,15 @@ def _when(epoch_s: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_s))
 
 
-def _size(nbytes: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+def _size(nbytes: float) -> str:
+    """NBYTES for a log line: bytes below 1 KiB, else KiB, MiB or GiB with one decimal."""
+    if nbytes < 1024:
+        return f"{int(nbytes)} bytes"
+    for unit in ("KiB", "MiB"):
         nbytes /= 1024
-    return ""
+        if nbytes < 1024:
+            return f"{nbytes:.1f} {unit}"
+    return f"{nbytes / 1024:.1f} GiB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +115,8 @@ class Lease:
             if not isinstance(doc, dict):
                 return None
             start = doc.get("pid_start_ticks")
+            if not all(math.isfinite(float(doc[k])) for k in ("mounted", "refreshed")):
+                return None
             return cls(str(doc["writer"]), Machine(str(doc["host"]), str(doc["boot_id"]), str(doc["pid_namespace"])),
                        int(doc["pid"]), None if start is None else int(start),
                        float(doc["mounted"]), float(doc["refreshed"]))
