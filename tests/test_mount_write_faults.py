@@ -225,6 +225,10 @@ def test_sigkill_in_the_middle_of_a_large_copy_leaves_the_store_without_it(mount
     assert leftovers, f"no chunk stored after {killed_at} of {size} bytes with fsync every {FSYNC_EVERY}"
     again = mount(root, "writable")
     assert os.listdir(again) == []
+    # the new mount removes them: their writer is gone
+    said = [ln for ln in mounted.log_lines_naming(_swept(mount, again), "of a writer that died")
+            if f"{len(leftovers)} keys" in ln]
+    assert len(said) == 1 and _staged(root) == {}, f"{len(leftovers)} keys staged before: {_staged(root)}"
     # the same copy made again, whole, over the leftover staging area
     shutil.copyfile(src, again / "big.npy")
     arr = mounted.open_zarr_array(root, "big")
