@@ -66,7 +66,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_options": "{}", "chunks": "4,4",
             "codec": "zstd:3", "log_level": "info", "log_file": "/tmp/x.log", "storage_options_file": "/x.json",
             "fsname": "data", "uid": "1", "gid": "2", "umask": "022", "subtype": "zarr",
-            "timeout": "5", "metadata_ttl": "0"}
+            "timeout": "5", "metadata_ttl": "0", "remote_protocol": "s3", "remote_options": '{"anon": true}'}
 
 
 def test_readme_option_table_is_generated():
@@ -124,6 +124,16 @@ def test_help_and_man_show_the_tree_and_cite_readme_sections_that_exist():
         cited = re.findall(r"README: ([A-Z][A-Za-z ]*[a-z])", text) + re.findall(r"\(see ([A-Z][A-Za-z ]*)\)", text)
         assert cited, name
         assert [c for c in cited if c not in sections] == [], f"{name} cites README sections that do not exist"
+
+
+def test_remote_options_of_references():
+    o = build_options(split_o('remote_protocol=s3,remote_options={"anon": true, "client_kwargs": {"a": 1}}'))
+    assert o.remote_protocol == "s3" and o.remote_options == {"anon": True, "client_kwargs": {"a": 1}}
+    assert build_options([]).remote_options is None
+    for bad, says in (("remote_options=[1]", "must be a JSON object"), ("remote_options={x", "not valid JSON"),
+                      ("remote_protocol=s3://b", "expected a protocol name")):
+        with pytest.raises(UserError, match=says):
+            build_options([bad])
 
 
 def test_fstab_only_options_are_ignored():

@@ -34,7 +34,8 @@ from .fuse_ops import ZarrOperations, invalidate_data_sync, invalidate_name
 from .namespace import Namespace
 from .model import BrokenNode
 from .options import Options, read_storage_options_file, redact_url, secrets_in
-from .remote import bound_retries, bounded_storage_options, default_metadata_ttl_s
+from .references import open_references_sync
+from .remote import bound_retries, bounded_storage_options, default_metadata_ttl_s, missing_backend
 from .store import Store
 
 log = logging.getLogger("zarrfs")
@@ -247,14 +248,14 @@ def storage_options_of(options: Options) -> dict:
 def build(source: str, options: Options) -> ZarrOperations:
     """Open the store and its hierarchy; everything that can be a user error happens here."""
     storage_options = storage_options_of(options)
-    register_secrets(secrets_in(storage_options, source))
+    register_secrets(secrets_in(storage_options, source) | secrets_in(options.remote_options))
     shown = redact_url(source)
-    store = Store(source, bounded_storage_options(source, storage_options, options.timeout_s))
-    bound_retries(store.fs)
+    store = open_store(source, storage_options, options, shown)
     check_store(store, shown, min(START_TIMEOUT_S, options.timeout_s))
     if options.writable and store.read_only:
         scheme = source.split("://", 1)[0] if "://" in source else "this protocol"
-        raise UserError(f"{shown}: {scheme} stores cannot be written; mount it without writable")
+        what = "references" if store.is_references else f"{scheme} stores"
+        raise UserError(f"{shown}: {what} cannot be written; mount it without writable")
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
     hierarchy = formats.open_hierarchy_sync(store, options.format, options)
@@ -271,9 +272,30 @@ def build(source: str, options: Options) -> ZarrOperations:
     namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
                           create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
                           on_data_stale_sync=invalidate_data_sync,
-                          metadata_ttl_s=default_metadata_ttl_s(source, options.metadata_ttl_s))
+                          metadata_ttl_s=default_metadata_ttl_s("reference://" if store.is_references else source,
+                                                                options.metadata_ttl_s))
     log.info("opened %s as %s (root: %s)", shown, hierarchy.name, root.kind)
     return ZarrOperations(namespace, engine, options)
+
+
+def open_store(source: str, storage_options: dict, options: Options, shown: str) -> Store:
+    """The store SOURCE names: a reference set (kerchunk, VirtualiZarr), or any fsspec URL; a
+    backend that is not installed is a one-line error naming the extra that brings it."""
+    try:
+        refs = open_references_sync(source, storage_options, options.remote_protocol, options.remote_options,
+                                    options.timeout_s, shown)
+        if refs is not None:
+            return Store(source, fs=refs)
+        if options.remote_protocol is not None or options.remote_options is not None:
+            raise UserError(f"{shown}: remote_protocol and remote_options are for references only")
+        store = Store(source, bounded_storage_options(source, storage_options, options.timeout_s))
+    except ImportError as e:
+        remedy = missing_backend(e)
+        if remedy is None:
+            raise
+        raise UserError(f"{shown}: {remedy}") from None
+    bound_retries(store.fs)
+    return store
 
 
 def check_store(store: Store, shown: str, timeout_s: float = START_TIMEOUT_S) -> None:

@@ -55,6 +55,11 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("storage_options_file=PATH", "the same as a JSON file; refused when group or others may read it "
               "(`chmod 600`). Under systemd a credential named `storage_options.json` (`LoadCredential=`) is "
               "used when this is not given. Merged under `storage_options`", "none"),
+    OptionDoc("remote_protocol=NAME", "references (README: References): the protocol of the data files they point "
+              "to (`s3`, `file`, ...)", "the protocol of the first data file's URL"),
+    OptionDoc("remote_options=JSON", "references: keyword arguments for the data files' fsspec file system "
+              "(`endpoint_url`, `anon`); as visible as `storage_options`",
+              "`storage_options` when the data files are on the reference file's protocol, else none"),
     OptionDoc("timeout=SECONDS", "longest wait on the store for one operation (a chunk, a listing, a "
               "metadata document), retries included; then the caller gets EIO and the log says why "
               "(README: Remote stores)", "`30`"),
@@ -273,6 +278,8 @@ class Options:
     log_level: str = "warning"
     log_file: str | None = None
     storage_options_file: str | None = None
+    remote_protocol: str | None = None
+    remote_options: dict[str, Any] | None = None
     fsname: str | None = None
     foreground: bool = False
     # Options handed to libfuse as they are (allow_other, uid=..., ...).
@@ -354,14 +361,19 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             if fmt not in FORMATS:
                 raise UserError(f"format={fmt}: expected one of {', '.join(FORMATS)}")
             kw["format"] = fmt
-        elif name == "storage_options":
+        elif name in ("storage_options", "remote_options"):
             try:
                 so = json.loads(_need(name, value))
             except json.JSONDecodeError as e:
-                raise UserError(f"storage_options is not valid JSON: {e.msg}") from None
+                raise UserError(f"{name} is not valid JSON: {e.msg}") from None
             if not isinstance(so, dict):
-                raise UserError("storage_options must be a JSON object")
-            kw["storage_options"] = so
+                raise UserError(f"{name} must be a JSON object")
+            kw[name] = so
+        elif name == "remote_protocol":
+            protocol = _need(name, value)
+            if not re.fullmatch(r"[a-z][a-z0-9+.-]*", protocol):
+                raise UserError(f"remote_protocol={protocol}: expected a protocol name such as s3 or file")
+            kw["remote_protocol"] = protocol
         elif name == "show_views":
             kw["show_views"] = _flag(name, value)
         elif name == "chunks":

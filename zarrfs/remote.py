@@ -35,6 +35,25 @@ POOL_CONNECTIONS = 64
 # 100 document GETs at once took 2.8-4.4 s against 0.1 s six at a time, and `ls -lR` of 2,000
 # arrays took 566 s.
 HTTP_CONNECTIONS = 6
+# The packages optional backends need, by top-level module, and the zarrfs extra that brings each.
+BACKEND_EXTRAS = {"aiohttp": "http", "requests": "http", "s3fs": "s3", "aiobotocore": "s3", "botocore": "s3",
+                  "gcsfs": "gcs", "pyarrow": "references", "pandas": "references"}
+
+
+def missing_backend(exc: BaseException) -> str | None:
+    """What to install when EXC (or what caused it) is a missing module of an optional backend:
+    one phrase naming the zarrfs extra; None for any other failure."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            module = exc.name.split(".", 1)[0]
+            extra = BACKEND_EXTRAS.get(module)
+            if extra is not None:
+                return (f"module {module} is not installed: pip install 'zarrfs[{extra}]' "
+                        f"(the system install: ZARRFS_EXTRAS={extra} scripts/install.sh)")
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def protocol_of(source: str) -> str:

@@ -22,6 +22,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .errors import StoreError, UserError, ZarrfsError
 from .keys import check_key, join
+from .remote import missing_backend
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +63,21 @@ LOCAL_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 class Store:
     """A Zarr store rooted at an fsspec URL or local path; keys are `/`-separated strings."""
 
-    def __init__(self, source: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, source: str, storage_options: dict[str, Any] | None = None,
+                 fs: fsspec.AbstractFileSystem | None = None) -> None:
+        """The store at SOURCE; or, given FS (a file system opened already), FS's keys from its
+        root, SOURCE being only what messages call it."""
         self.source = source
-        try:
-            # A fresh instance: fsspec's cached instances are not safe across fork().
-            self.fs, root = fsspec.core.url_to_fs(source, skip_instance_cache=True, **(storage_options or {}))
-        except (ValueError, ImportError, TypeError) as e:
-            raise UserError(f"cannot open {source}: {e}") from None
+        if fs is not None:
+            self.fs, root = fs, ""
+        else:
+            try:
+                # A fresh instance: fsspec's cached instances are not safe across fork().
+                self.fs, root = fsspec.core.url_to_fs(source, skip_instance_cache=True, **(storage_options or {}))
+            except ImportError as e:
+                raise UserError(f"cannot open {source}: {missing_backend(e) or e}") from None
+            except (ValueError, TypeError) as e:
+                raise UserError(f"cannot open {source}: {e}") from None
         self.root = root.rstrip("/") if root not in ("/", "") else root
         self.is_local = isinstance(self.fs, LocalFileSystem)
         # HTTP listings are links: names in them are percent-encoded.
@@ -76,12 +85,21 @@ class Store:
         protocol = self.fs.protocol
         protocols = {protocol} if isinstance(protocol, str) else set(protocol)
         self._quoted_names = bool({"http", "https"} & protocols)
-        self.read_only = self._quoted_names  # fsspec's HTTP file system cannot write
+        # A reference set (kerchunk, VirtualiZarr) describes byte ranges of other files: fsspec's
+        # reference file system would take a write into memory only, and lose it at unmount.
+        self.is_references = "reference" in protocols
+        self.read_only = self._quoted_names or self.is_references  # fsspec's HTTP file system cannot write
         # Set once a ranged read came back whole (a server that ignores Range): reading
         # parts of an object then costs the whole object each time, so callers read whole.
         self.ranges_ignored = False
         self._real_root = os.path.realpath(self.root) if self.is_local else None
         self._real_dirs: dict[str, str] = {}
+
+    def _below(self, base: str) -> str:
+        """What the names a listing gives below BASE (a path, without a trailing `/`) start with:
+        `BASE/`; nothing at a root fsspec spells `""` (the reference file system's names
+        have no leading `/`)."""
+        return base + "/" if base or self.root == "/" else ""
 
     def __repr__(self) -> str:
         return f"Store({self.source!r})"
@@ -213,11 +231,12 @@ class Store:
             raise StoreError(f"listing {prefix or '/'!r} failed: {describe_failure(e)}") from None
         files: dict[str, int | None] = {}
         dirs: set[str] = set()
+        below = self._below(base)
         for entry in entries:
             name = entry["name"].rstrip("/")
-            if not name.startswith(base + "/"):
+            if not name.startswith(below):
                 continue
-            leaf = name[len(base) + 1:]
+            leaf = name[len(below):]
             if self._quoted_names:
                 leaf = urllib.parse.unquote(leaf)
             if not leaf or "/" in leaf or leaf in (".", ".."):
@@ -225,17 +244,17 @@ class Store:
             if entry.get("type") == "directory":
                 dirs.add(leaf)
             else:
-                files[leaf] = entry.get("size")
+                files[leaf] = _size_of(entry)
         return dict(sorted(files.items())), sorted(dirs)
 
     def sizes_below_sync(self, prefix: str) -> dict[str, int | None]:
         """Every key below a prefix (recursively), relative to it, with its size if known."""
-        return {rel: info.get("size") for rel, info in self._infos_below_sync(prefix).items()}
+        return {rel: _size_of(info) for rel, info in self._infos_below_sync(prefix).items()}
 
     def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
         """Every key below a prefix (recursively), relative to it: (size, modification time in ns,
         ETag or generation) as far as one listing tells."""
-        return {rel: (info.get("size"), mtime_ns_of(info), _etag_of(info))
+        return {rel: (_size_of(info), mtime_ns_of(info), _etag_of(info))
                 for rel, info in self._infos_below_sync(prefix).items()}
 
     def _infos_below_sync(self, prefix: str) -> dict[str, dict[str, Any]]:
@@ -247,10 +266,11 @@ class Store:
         except Exception as e:
             raise StoreError(f"listing below {prefix or '/'!r} failed: {describe_failure(e)}") from None
         out = {}
+        below = self._below(base)
         for name, info in found.items():
             name = name.rstrip("/")
-            if name.startswith(base + "/"):
-                rel = name[len(base) + 1:]
+            if name.startswith(below) and name != base:
+                rel = name[len(below):]
                 out[urllib.parse.unquote(rel) if self._quoted_names else rel] = info
         return out
 
@@ -526,6 +546,12 @@ class Store:
         except OSError:
             return None
         return st.f_bavail * st.f_frsize
+
+
+def _size_of(info: dict[str, Any]) -> int | None:
+    """The size in an fsspec info() dict as a Python int (Parquet references give numpy integers)."""
+    size = info.get("size")
+    return None if size is None else int(size)
 
 
 def _etag_of(info: dict[str, Any]) -> str | None:
