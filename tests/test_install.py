@@ -102,3 +102,40 @@ def test_plain_install_reads_crc32c_arrays(plain_venv, crc_store, tmp_path):
     finally:
         problems = mounter.close()
     assert not problems, "\n\n".join(problems)
+
+
+def _references_on_s3(tmp_path):
+    """JSON references whose data file is on S3 (made by hand: only the start-up is tested)."""
+    refs = {"version": 1, "refs": {".zgroup": json.dumps({"zarr_format": 2}),
+                                   "a/.zarray": json.dumps({"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": "<f4",
+                                                            "compressor": None, "filters": None, "fill_value": 0,
+                                                            "order": "C"}),
+                                   "a/0": ["s3://no-bucket/t.nc", 0, 8]}}
+    return refs
+
+
+@pytest.mark.parametrize("source, extra", [
+    ("http://127.0.0.1:9/x.zarr", "http"),
+    ("s3://no-bucket/x.zarr", "s3"),
+    ("gs://no-bucket/x.zarr", "gcs"),
+    ("refs.json", "s3"),
+    ("refs.parq", "references"),
+])
+def test_missing_backend_is_one_line_naming_the_extra(plain_venv, tmp_path, source, extra):
+    """A plain install meeting a protocol whose backend it lacks (for the store, or for the data files
+    references point to) prints one line naming the extra to install, not an import error."""
+    import reference_files as rf
+
+    refs = _references_on_s3(tmp_path)
+    if source == "refs.json":
+        source = rf.write_json(refs, tmp_path / "refs.json")
+    elif source == "refs.parq":
+        source = rf.write_parquet(refs, str(tmp_path / "refs.parq"))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    code, stdout, stderr, was_mounted = mounted.run_expecting_failure(plain_venv.command([source, mnt]), mnt,
+                                                                       tmp_path)
+    assert not was_mounted and code == 1, stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"zarrfs: {source}: "), stderr
+    assert f"pip install 'zarrfs[{extra}]'" in lines[0] and f"ZARRFS_EXTRAS={extra} " in lines[0], lines[0]

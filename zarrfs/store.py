@@ -75,7 +75,9 @@ class Store:
                 # A fresh instance: fsspec's cached instances are not safe across fork().
                 self.fs, root = fsspec.core.url_to_fs(source, skip_instance_cache=True, **(storage_options or {}))
             except ImportError as e:
-                raise UserError(f"cannot open {source}: {missing_backend(e) or e}") from None
+                if missing_backend(e) is not None:
+                    raise  # the caller names the extra to install
+                raise UserError(f"cannot open {source}: {e}") from None
             except (ValueError, TypeError) as e:
                 raise UserError(f"cannot open {source}: {e}") from None
         self.root = root.rstrip("/") if root not in ("/", "") else root
