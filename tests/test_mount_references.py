@@ -6,6 +6,7 @@ equals np.save of what netCDF4 reads, masks and scales off.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -69,6 +70,22 @@ def test_chunks_left_out_read_as_fill_value(nc, tmp_path, mount, kind):
     want[16:32, 0:16] = -7.5
     assert (mnt / "chunked.npy").read_bytes() == mounted.npy_bytes(want)
     assert (mnt / "contig.npy").read_bytes() == mounted.npy_bytes(values["contig"])
+
+
+def test_a_data_file_gone_fails_its_reads_only(nc, tmp_path, mount):
+    """The archive removed under a mount: its chunks' reads fail with EIO and a log line naming the key
+    and the file; the inlined variable still reads, and the daemon serves on."""
+    d, path, values, refs = nc
+    data = tmp_path / "t.nc"
+    data.write_bytes(path.read_bytes())
+    mnt = mount(rf.write_json(rf.kerchunk_refs(data), tmp_path / "refs.json"))
+    data.unlink()
+    with pytest.raises(OSError) as e:
+        (mnt / "contig.npy").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert (mnt / "small.npy").read_bytes() == mounted.npy_bytes(values["small"])
+    lines = mounted.log_lines_naming(mount.log_text(mnt), "contig/0.0")
+    assert lines and all(f"data file {data}: FileNotFoundError" in ln for ln in lines), lines
 
 
 def test_writable_references_fail_at_start(nc, tmp_path):

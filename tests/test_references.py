@@ -109,6 +109,11 @@ def test_json_that_is_not_references_is_one_line(tmp_path, doc, says):
         _open(path)
 
 
+def test_a_netcdf_file_as_source_points_to_references(nc):
+    with pytest.raises(UserError, match="a netCDF4/HDF5 file, not a Zarr store: mount kerchunk's references"):
+        _open(nc[1])
+
+
 def test_relative_data_paths_are_refused(nc, tmp_path):
     """The daemon runs from `/`: a relative data path would fail every read, so it fails the mount."""
     refs = rf.kerchunk_refs(nc[1], url="t.nc")

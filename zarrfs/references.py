@@ -26,6 +26,8 @@ PARQUET_SUFFIXES = (".parq", ".parquet")
 # engine (fastparquet). Files either engine wrote read the same.
 PARQUET_ENGINE = "pyarrow"
 PARQUET_MODULES = ("pandas", PARQUET_ENGINE)
+# What netCDF4 and HDF5 files are called: mounted as SOURCE, they get a pointer to references.
+ARCHIVE_SUFFIXES = (".nc", ".nc4", ".h5", ".hdf5", ".he5")
 # Keys a Zarr hierarchy's references hold: a JSON object with none of them is not references.
 ZARR_DOCUMENTS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
 # Options of fsspec's reference file system that zarrfs sets itself from its own options.
@@ -63,6 +65,10 @@ def open_references_sync(source: str, storage_options: dict[str, Any], remote_pr
     else:
         kind = _named_kind_sync(source, storage_options, timeout_s, shown)
         if kind is None:
+            if protocol_of(source) == "file" and source.lower().endswith(ARCHIVE_SUFFIXES) and os.path.isfile(
+                    source.removeprefix("file://")):
+                raise UserError(f"{shown}: a netCDF4/HDF5 file, not a Zarr store: mount kerchunk's references "
+                                f"of it (README: References)")
             return None
         references = _read_sync(source, storage_options, kind, timeout_s, shown)
     target = _first_target(references)

@@ -19,6 +19,7 @@ from typing import Any
 import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.reference import ReferenceNotReachable
 
 from .errors import StoreError, UserError, ZarrfsError
 from .keys import check_key, join
@@ -608,6 +609,10 @@ def describe_failure(exc: BaseException) -> str:
     """One phrase naming why a store could not be reached or read, from any backend's exception."""
     import socket
 
+    if isinstance(exc, ReferenceNotReachable) and exc.__cause__ is not None:
+        # A reference set's data file failed: its own failure says why.
+        target = exc.target[0] if isinstance(exc.target, (list, tuple)) and exc.target else exc.target
+        return f"data file {target}: {describe_failure(exc.__cause__)}"
     chain = _chain(exc)
     text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
     low = text.lower()
