@@ -104,14 +104,12 @@ def test_plain_install_reads_crc32c_arrays(plain_venv, crc_store, tmp_path):
     assert not problems, "\n\n".join(problems)
 
 
-def _references_on_s3(tmp_path):
+def _references_on_s3() -> dict:
     """JSON references whose data file is on S3 (made by hand: only the start-up is tested)."""
-    refs = {"version": 1, "refs": {".zgroup": json.dumps({"zarr_format": 2}),
-                                   "a/.zarray": json.dumps({"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": "<f4",
-                                                            "compressor": None, "filters": None, "fill_value": 0,
-                                                            "order": "C"}),
+    zarray = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": "<f4", "compressor": None, "filters": None,
+              "fill_value": 0, "order": "C"}
+    return {"version": 1, "refs": {".zgroup": json.dumps({"zarr_format": 2}), "a/.zarray": json.dumps(zarray),
                                    "a/0": ["s3://no-bucket/t.nc", 0, 8]}}
-    return refs
 
 
 @pytest.mark.parametrize("source, extra", [
@@ -126,7 +124,7 @@ def test_missing_backend_is_one_line_naming_the_extra(plain_venv, tmp_path, sour
     references point to) prints one line naming the extra to install, not an import error."""
     import reference_files as rf
 
-    refs = _references_on_s3(tmp_path)
+    refs = _references_on_s3()
     if source == "refs.json":
         source = rf.write_json(refs, tmp_path / "refs.json")
     elif source == "refs.parq":

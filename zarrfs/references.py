@@ -58,19 +58,18 @@ def open_references_sync(source: str, storage_options: dict[str, Any], remote_pr
         if isinstance(fo, dict):
             references: Any = _checked(fo, shown)
         elif isinstance(fo, str):
-            references = _read_sync(fo, target_options, None, timeout_s, shown)
+            references = _read_sync(*_file_system(fo, target_options, timeout_s, shown), None, shown)
         else:
             raise UserError(f"{shown}: give the references as storage_options={{\"fo\": \"PATH or URL\"}}, "
                             f"or name the reference file as SOURCE")
     else:
-        kind = _named_kind_sync(source, storage_options, timeout_s, shown)
-        if kind is None:
-            if protocol_of(source) == "file" and source.lower().endswith(ARCHIVE_SUFFIXES) and os.path.isfile(
-                    source.removeprefix("file://")):
+        named = _named_sync(source, storage_options, timeout_s, shown)
+        if named is None:
+            if _local_archive(source):
                 raise UserError(f"{shown}: a netCDF4/HDF5 file, not a Zarr store: mount kerchunk's references "
                                 f"of it (README: References)")
             return None
-        references = _read_sync(source, storage_options, kind, timeout_s, shown)
+        references = _read_sync(*named, shown)
     target = _first_target(references)
     if target is not None and "://" not in target and not os.path.isabs(target):
         raise UserError(f"{shown}: the references name their data file by a relative path ({target}): "
@@ -88,9 +87,16 @@ def open_references_sync(source: str, storage_options: dict[str, Any], remote_pr
     return fs
 
 
-def _named_kind_sync(source: str, storage_options: dict[str, Any], timeout_s: float, shown: str) -> str | None:
-    """`json` or `parquet` when SOURCE names a reference file by its suffix (and is one), else None:
-    a directory called `x.json` and a Zarr store called `x.parq` stay stores."""
+def _local_archive(source: str) -> bool:
+    """Whether SOURCE is a local file named as netCDF4 and HDF5 files are."""
+    return (protocol_of(source) == "file" and source.lower().endswith(ARCHIVE_SUFFIXES)
+            and os.path.isfile(source.removeprefix("file://")))
+
+
+def _named_sync(source: str, storage_options: dict[str, Any], timeout_s: float,
+                shown: str) -> tuple[Any, str, str] | None:
+    """(file system, path, `json` or `parquet`) when SOURCE names a reference file by its suffix
+    (and is one), else None: a directory called `x.json` and a Zarr store called `x.parq` stay stores."""
     if "::" in source:
         return None
     name = source.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0].lower()
@@ -99,7 +105,7 @@ def _named_kind_sync(source: str, storage_options: dict[str, Any], timeout_s: fl
     fs, path = _file_system(source, storage_options, timeout_s, shown)
     try:
         if name.endswith(JSON_SUFFIX):
-            return "json" if fs.isfile(path) else None
+            return (fs, path, "json") if fs.isfile(path) else None
         if not fs.isdir(path):
             return None
         zmetadata = json.loads(fs.cat_file(path.rstrip("/") + "/.zmetadata"))
@@ -107,7 +113,7 @@ def _named_kind_sync(source: str, storage_options: dict[str, Any], timeout_s: fl
         return None
     except Exception as e:
         raise UserError(f"{shown}: {describe_failure(e)}") from None
-    return "parquet" if isinstance(zmetadata, dict) and "record_size" in zmetadata else None
+    return (fs, path, "parquet") if isinstance(zmetadata, dict) and "record_size" in zmetadata else None
 
 
 def _file_system(url: str, storage_options: dict[str, Any], timeout_s: float, shown: str) -> tuple[Any, str]:
@@ -121,17 +127,16 @@ def _file_system(url: str, storage_options: dict[str, Any], timeout_s: float, sh
         raise UserError(f"{shown}: cannot open the references: {e}") from None
 
 
-def _read_sync(url: str, storage_options: dict[str, Any], kind: str | None, timeout_s: float, shown: str) -> Any:
-    """The references at URL: a dict (JSON), or a lazy mapping of Parquet references (read as
-    keys are asked). KIND None: Parquet when URL is a directory, as fsspec decides."""
-    fs, path = _file_system(url, storage_options, timeout_s, shown)
+def _read_sync(fs: Any, path: str, kind: str | None, shown: str) -> Any:
+    """The references at PATH of FS: a dict (JSON), or a lazy mapping of Parquet references (read
+    as keys are asked). KIND None: Parquet when PATH is a directory, as fsspec decides."""
     try:
         if kind is None:
             kind = "parquet" if path.endswith(PARQUET_SUFFIXES) or fs.isdir(path) else "json"
         if kind == "parquet":
             for module in PARQUET_MODULES:
                 if find_spec(module) is None:
-                    raise UserError(f"{shown}: Parquet references need {missing_backend(ModuleNotFoundError(name=module))}")
+                    raise UserError(f"{shown}: {missing_backend(ModuleNotFoundError(name=module))}")
             mapper = ParquetReferences(path.rstrip("/"), fs=fs, engine=PARQUET_ENGINE)
             mapper.setup()  # reads .zmetadata now: a bad one is an error at start, not at a read
             return mapper
@@ -140,8 +145,8 @@ def _read_sync(url: str, storage_options: dict[str, Any], kind: str | None, time
         raise
     except FileNotFoundError:
         raise UserError(f"{shown}: no such reference file") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{shown}: not Parquet references ({type(e).__name__}: {e})") from None
+    except (ValueError, KeyError, TypeError) as e:  # a .zmetadata without kerchunk's fields
+        raise UserError(f"{shown}: not references ({type(e).__name__}: {e})") from None
     except Exception as e:
         raise UserError(f"{shown}: reading the references failed: {describe_failure(e)}") from None
     try:
