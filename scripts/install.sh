@@ -2,7 +2,8 @@
 # Install zarrfs for the whole system (run as root; idempotent, run it again to upgrade):
 #   - apt packages: fuse3 (mount.fuse3, fusermount3) and what building pyfuse3 needs;
 #   - a venv under $ZARRFS_PREFIX (/opt/zarrfs) holding zarrfs with the extras in
-#     $ZARRFS_EXTRAS (http,s3,gcs: every remote backend; empty for local stores only);
+#     $ZARRFS_EXTRAS (http,s3,gcs: every remote backend; empty for local stores only;
+#     add references for Parquet reference sets);
 #   - $ZARRFS_BINDIR/zarrfs (/usr/local/bin) linked to it: mount -t fuse.zarrfs, /etc/fstab
 #     and systemd find it there (mount.fuse3 runs the program without PATH);
 #   - the manual page zarrfs(1), the template unit zarrfs@.service in

@@ -38,6 +38,9 @@ HTTP_CONNECTIONS = 6
 # The packages optional backends need, by top-level module, and the zarrfs extra that brings each.
 BACKEND_EXTRAS = {"aiohttp": "http", "requests": "http", "s3fs": "s3", "aiobotocore": "s3", "botocore": "s3",
                   "gcsfs": "gcs", "pyarrow": "references", "pandas": "references"}
+# The extras scripts/install.sh installs by default: its venv is made again with exactly the extras
+# given, so the remedy names these beside the one missing.
+SYSTEM_EXTRAS = ("http", "s3", "gcs")
 
 
 def missing_backend(exc: BaseException) -> str | None:
@@ -50,8 +53,9 @@ def missing_backend(exc: BaseException) -> str | None:
             module = exc.name.split(".", 1)[0]
             extra = BACKEND_EXTRAS.get(module)
             if extra is not None:
+                extras = ",".join(dict.fromkeys((*SYSTEM_EXTRAS, extra)))
                 return (f"module {module} is not installed: pip install 'zarrfs[{extra}]' "
-                        f"(the system install: ZARRFS_EXTRAS={extra} scripts/install.sh)")
+                        f"(the system install: ZARRFS_EXTRAS={extras} scripts/install.sh)")
         exc = exc.__cause__ or exc.__context__
     return None
 
