@@ -88,10 +88,10 @@ class Store:
         protocol = self.fs.protocol
         protocols = {protocol} if isinstance(protocol, str) else set(protocol)
         self._quoted_names = bool({"http", "https"} & protocols)
-        # A reference set (kerchunk, VirtualiZarr) describes byte ranges of other files: fsspec's
-        # reference file system would take a write into memory only, and lose it at unmount.
+        # fsspec's HTTP file system cannot write; a reference set (kerchunk, VirtualiZarr) describes
+        # byte ranges of other files, and its file system would keep a write in memory only.
         self.is_references = "reference" in protocols
-        self.read_only = self._quoted_names or self.is_references  # fsspec's HTTP file system cannot write
+        self.read_only = self._quoted_names or self.is_references
         # Set once a ranged read came back whole (a server that ignores Range): reading
         # parts of an object then costs the whole object each time, so callers read whole.
         self.ranges_ignored = False
