@@ -384,3 +384,15 @@ print(repr(b[:, :2].tolist()))
     got_b = np.load(__import__("io").BytesIO(read_npy(str(tmp_path / "b"), "")))
     assert got_b.dtype == np.dtype("|S3") and got_b[:, :2].tolist() == __import__("ast").literal_eval(r.stdout)
     assert got_b[:, 2].tolist() == [b"", b""]
+
+
+def test_dimension_names_of_a_new_array_in_a_dataset():
+    from zarrfs.formats.datasets import dimension_names
+
+    dims = {"time": {3}, "y": {4}, "x": {5}, "a": {6}, "b": {6}, "dim_0_9": {2}}
+    # A length matching exactly one dimension takes its name, once per array; other
+    # lengths (none, or several matches) get generated names that clash with nothing.
+    assert dimension_names((4, 5, 5), dims) == ("y", "x", "dim_2_5")
+    assert dimension_names((6, 7), dims) == ("dim_0_6", "dim_1_7")
+    assert dimension_names((9,), dims) == ("dim_0_9_1",)
+    assert dimension_names((), dims) == ()

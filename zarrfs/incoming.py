@@ -20,6 +20,7 @@ import numpy as np
 from . import npy
 from .dtypes import check_fixed_size
 from .errors import Exists, Incomplete, InvalidArgument, NotFound, TooBig, Unsupported, ZarrfsError
+from .formats.datasets import in_dataset
 from .layouts import ArrayStream
 from .model import NewArray, Node
 
@@ -220,7 +221,7 @@ class IncomingWrites:
         shape, fortran, dtype, hlen = parsed
         path = w.replacing.path if w.replacing is not None else entry.key
         try:  # every check of the format (data type, codec, chunks) before the store changes
-            w.staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype), self.lease.writer)
+            w.staged = self.hierarchy.stage_array(path, await self._new_array(path, shape, dtype), self.lease.writer)
         except ZarrfsError as e:
             raise w.reject(type(e)(f"{self._name_of(entry)}: {e}")) from None
         w.stream = ArrayStream(w.staged.meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
@@ -236,9 +237,15 @@ class IncomingWrites:
             w.received.add(hlen, len(buf))
         return len(data)
 
-    def _new_array(self: "Namespace", shape: tuple[int, ...], dtype: np.dtype) -> NewArray:
+    async def _new_array(self: "Namespace", path: str, shape: tuple[int, ...], dtype: np.dtype) -> NewArray:
+        """The array a new NPY file at `path` makes: the mount's chunks and codec, and in an
+        xarray dataset the dimension names and fill value xarray reads as intended."""
         chunks = self.create_chunks if self.create_chunks and len(self.create_chunks) == len(shape) else None
-        return NewArray(shape, dtype, chunks, self.create_codec)
+        new = NewArray(shape, dtype, chunks, self.create_codec)
+        if self.hierarchy.name not in ("v2", "v3") or not path:
+            return new
+        siblings = await self.nodes_below(path.rpartition("/")[0])
+        return in_dataset(new, siblings, self.hierarchy.name)
 
     async def _commit(self: "Namespace", entry: "Entry") -> None:
         """A staged array that is complete becomes the node at its path (all-or-nothing)."""
@@ -402,7 +409,7 @@ class IncomingWrites:
         if parsed is None:
             raise InvalidArgument(f"{label}: {npy.incomplete_reason(head)}")
         shape, fortran, dtype, hlen = parsed
-        staged = self.hierarchy.stage_array(path, self._new_array(shape, dtype), self.lease.writer)
+        staged = self.hierarchy.stage_array(path, await self._new_array(path, shape, dtype), self.lease.writer)
         ingest = ArrayStream(staged.meta, "F" if fortran else "C", header=bytes(head[:hlen]), dtype=dtype)
         if entry.size != ingest.size:
             kind = Incomplete if entry.size < ingest.size else InvalidArgument

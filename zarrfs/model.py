@@ -144,6 +144,10 @@ class NewArray:
     chunks: tuple[int, ...] | None = None  # None: the format's usual guess
     codec: str | None = None  # the `codec=` option (NAME[:LEVEL]); None: the format's default
     fill_value: np.ndarray | None = None  # None: zeros
+    # v2 writes `fill_value: null` (no element reads as missing); v3, which needs one, zeros.
+    fill_null: bool = False
+    dimension_names: tuple[str, ...] | None = None  # v2 `_ARRAY_DIMENSIONS`, v3 `dimension_names`
+    attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def fill(self) -> np.ndarray:

@@ -16,6 +16,7 @@ from ..model import ArrayMeta, GroupMeta, NewArray, Node, ints
 from ..options import Options
 from ..store import Store
 from .base import NodeDocsHierarchy, consolidated_path, guess_chunks, json_object
+from .datasets import V2_DIMENSIONS_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,14 @@ class V2Hierarchy(NodeDocsHierarchy):
             "chunks": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize)),
             "dtype": dtypes.v2_dtype_json(new.dtype),
             "compressor": compressor_config(new.codec, "blosc", new.dtype.itemsize),
-            "fill_value": dtypes.fill_to_json(new.fill, new.dtype), "order": "C", "filters": None,
-            "dimension_separator": ".",
+            "fill_value": None if new.fill_null else dtypes.fill_to_json(new.fill, new.dtype),
+            "order": "C", "filters": None, "dimension_separator": ".",
         }
-        meta = parse_array(path, doc, {})
-        return self.dump_docs(path, {".zarray": doc}), meta
+        attrs = dict(new.attributes)
+        if new.dimension_names is not None:
+            attrs[V2_DIMENSIONS_ATTR] = list(new.dimension_names)
+        meta = parse_array(path, doc, attrs)
+        return self.dump_docs(path, {".zarray": doc, **({".zattrs": attrs} if attrs else {})}), meta
 
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         self.write_docs_sync(node.path, {".zattrs": attributes})

@@ -89,9 +89,12 @@ class V3Hierarchy(NodeDocsHierarchy):
             "chunk_grid": {"name": "regular", "configuration": {
                 "chunk_shape": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize))}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": dtypes.fill_to_json(new.fill, new.dtype), "codecs": codecs, "attributes": {},
+            "fill_value": dtypes.fill_to_json(new.fill, new.dtype), "codecs": codecs,
+            "attributes": dict(new.attributes),
         }
-        meta = parse_array(path, doc, {})
+        if new.dimension_names is not None:
+            doc["dimension_names"] = list(new.dimension_names)
+        meta = parse_array(path, doc, doc["attributes"])
         return self.dump_docs(path, {"zarr.json": doc}), meta
 
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
