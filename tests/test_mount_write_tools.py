@@ -76,3 +76,71 @@ def test_cp_into_an_xarray_dataset_keeps_it_a_dataset(mount, tmp_path, fmt):
     f = zarr.open_array(root / "other" / "f", mode="r")
     assert f.fill_value == 0
     assert "_ARRAY_DIMENSIONS" not in f.attrs and getattr(f.metadata, "dimension_names", None) is None
+
+
+# --------------------------------------------------------------------------- plain files
+
+
+def expect_oserror(code: int, fn, *args) -> None:
+    with pytest.raises(OSError) as exc:
+        fn(*args)
+    assert exc.value.errno == code, f"{fn.__name__}{args}: expected {errno.errorcode[code]}, got {exc.value!r}"
+
+
+@FORMATS
+def test_plain_files_are_kept_beside_the_hierarchy(mount, tmp_path, fmt):
+    import zarr
+
+    root = tmp_path / "ds.zarr"
+    write_dataset(root, fmt)
+    mnt = mount(root, "writable")
+    os.mkdir(mnt / "g")
+    subprocess.run(f"echo hi > '{mnt}/g/notes.txt'", shell=True, check=True)
+    big = np.random.default_rng(3).bytes(9 << 20)  # more than a plain file keeps in memory
+    (tmp_path / "big.bin").write_bytes(big)
+    shutil.copyfile(tmp_path / "big.bin", mnt / "big.bin")
+    (mnt / "draft.txt").write_bytes(b"first")
+    os.rename(mnt / "draft.txt", mnt / "g" / "moved.txt")
+    (mnt / "gone.txt").write_bytes(b"removed")
+    os.unlink(mnt / "gone.txt")
+    assert sorted(os.listdir(mnt / "g")) == ["moved.txt", "notes.txt"]
+    assert (mnt / "g" / "notes.txt").read_bytes() == b"hi\n"
+    assert (mnt / "big.bin").read_bytes() == big
+    # Names a reader could take for the format's own keys are refused at create.
+    for name in ([".zarray", ".zmetadata", "0.0"] if fmt == 2 else ["zarr.json", "c", "0"]):
+        expect_oserror(errno.EINVAL, open, mnt / "g" / name, "wb")
+    assert mounted.log_lines_naming(mount.log_text(mnt), "g/0")
+    mounted.unmount_and_wait(mount, mnt)
+
+    # In the store as keys of their own, beside nodes the readers still open.
+    assert (root / "g" / "notes.txt").read_bytes() == b"hi\n"
+    assert (root / "g" / "moved.txt").read_bytes() == b"first"
+    assert (root / "big.bin").read_bytes() == big
+    assert not (root / "gone.txt").exists() and not (root / "draft.txt").exists()
+    ds = open_dataset(root, fmt)
+    np.testing.assert_array_equal(ds["t"].values, np.arange(60, dtype="f4").reshape(3, 4, 5))
+    group = zarr.open_group(root, mode="r", zarr_format=fmt, use_consolidated=False)
+    assert sorted(k for k, _ in group.members()) == ["g", "t", "time", "x", "y"]
+
+    # After a remount: listed, readable, writable, renamable, removable.
+    mnt = mount(root, "writable")
+    assert sorted(os.listdir(mnt / "g")) == ["moved.txt", "notes.txt"]
+    assert os.stat(mnt / "big.bin").st_size == len(big)
+    assert (mnt / "big.bin").read_bytes() == big
+    with open(mnt / "g" / "notes.txt", "r+b") as f:
+        f.seek(1)
+        f.write(b"ey")
+    assert (mnt / "g" / "notes.txt").read_bytes() == b"hey"
+    os.rename(mnt / "g" / "moved.txt", mnt / "g" / "renamed.txt")
+    os.unlink(mnt / "big.bin")
+    expect_oserror(errno.ENOTEMPTY, os.rmdir, mnt / "g")
+    # A plain file that holds an NPY file becomes an array when renamed to NAME.npy.
+    x = np.arange(6, dtype="<i4").reshape(2, 3)
+    (mnt / "g" / "x.tmp").write_bytes(mounted.npy_bytes(x))
+    os.rename(mnt / "g" / "x.tmp", mnt / "g" / "x.npy")
+    mounted.unmount_and_wait(mount, mnt)
+    assert (root / "g" / "notes.txt").read_bytes() == b"hey"
+    assert (root / "g" / "renamed.txt").read_bytes() == b"first"
+    assert not (root / "g" / "moved.txt").exists() and not (root / "big.bin").exists()
+    assert not (root / "g" / "x.tmp").exists()
+    np.testing.assert_array_equal(zarr.open_array(root / "g" / "x", mode="r")[...], x)

@@ -151,6 +151,8 @@ class ZarrOperations(pyfuse3.Operations):
         that reads it does not return it through fsspec), doubling what `ls -l` of a group costs."""
         if entry.kind == "storekey":
             return entry.key
+        if entry.held is not None and entry.held.stored and self.engine.store.is_local:
+            return entry.held.key  # a kept plain file: its key's time
         node = entry.node
         if node is None:
             return None
@@ -161,6 +163,9 @@ class ZarrOperations(pyfuse3.Operations):
         return getattr(node, "metadata_key", None) or getattr(node, "key", None)
 
     def _mtime_ns(self, entry: Entry) -> int:
+        chosen = self.ns.time_of(entry)
+        if chosen is not None:
+            return chosen
         key = self._time_key(entry)
         if key is None:
             return self.mount_time_ns
@@ -191,6 +196,7 @@ class ZarrOperations(pyfuse3.Operations):
 
     def _touched(self, entry: Entry) -> None:
         """A write through the mount: the entry's time is now."""
+        self.ns.touched(entry)
         key = self._time_key(entry)
         if key is not None:
             self._mtimes[key] = time.time_ns()
@@ -343,7 +349,13 @@ class ZarrOperations(pyfuse3.Operations):
                 raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
         elif fields.update_mode or fields.update_uid or fields.update_gid:
             self._check_writable()
-        # Times and modes are not stored by Zarr: accepted (cp -p, touch) and not kept.
+        if fields.update_mtime:
+            self._check_writable()
+            await self.ns.set_times(entry, attr.st_mtime_ns)
+            key = self._time_key(entry)
+            if key is not None:
+                self._mtimes.pop(key, None)  # stat again: the store may have taken the time
+        # Modes, owners and access times are not stored by Zarr: accepted (cp -p, touch), not kept.
         return self.attributes(entry)
 
     @boundary

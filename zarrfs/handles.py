@@ -142,7 +142,8 @@ class NetcdfHandle(Handle):
 
 
 class HeldFileHandle(Handle):
-    """A file held aside under a temporary name: its bytes in the daemon."""
+    """A plain file (any name but NAME.npy): its bytes in the daemon while written, kept in
+    the store from each close and fsync on."""
 
     def _held(self):  # type: ignore[no-untyped-def]
         if self.entry.held is None:
@@ -154,6 +155,15 @@ class HeldFileHandle(Handle):
 
     async def write(self, offset: int, data: bytes) -> int:
         return await self._held().write(offset, data)
+
+    async def flush(self) -> None:
+        """The file is in the store when close returns (or close fails with EIO)."""
+        if self.ns.writes_allowed and self.entry.held is not None:
+            await self.ns.close(self.entry, last_handle=self.entry.opens <= 1)
+
+    async def fsync(self) -> None:
+        if self.ns.writes_allowed and self.entry.held is not None:
+            await self.ns.sync(self.entry)
 
 
 def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:

@@ -68,15 +68,40 @@ class Coverage:
 
 
 class HeldFile:
-    """The bytes of a file held aside: in memory up to HELD_MEMORY_BYTES, then in TMPDIR."""
+    """The bytes of a plain file (any name but NAME.npy): kept in the store under `key` at
+    close and fsync, between those in memory up to HELD_MEMORY_BYTES, then in TMPDIR.
 
-    def __init__(self, engine: Any) -> None:
+    A kept file nobody writes has no local copy: reads go to its key; the first write
+    copies it into the spool, block by block.
+    """
+
+    def __init__(self, engine: Any, key: str | None, size: int = 0, stored: bool = False) -> None:
         self._engine = engine
-        self._spool = tempfile.SpooledTemporaryFile(max_size=HELD_MEMORY_BYTES, prefix="zarrfs-held-")
+        self._spool: Any = None if stored else self._new_spool()
         self._lock = engine.new_lock()  # one seek-and-transfer at a time
-        self.size = 0
+        self.key = key  # where it is kept (None: the format keeps no plain files)
+        self.size = size
+        self.stored = stored  # the key holds it (as of the last close or fsync, if dirty)
+        self.dirty = not stored  # bytes the key does not hold yet (a new file counts, even empty)
+        self.mtime_ns: int | None = None  # set by the writer (utimensat), given to the key when kept
+
+    @staticmethod
+    def _new_spool() -> Any:
+        return tempfile.SpooledTemporaryFile(max_size=HELD_MEMORY_BYTES, prefix="zarrfs-held-")
+
+    @property
+    def needs_entry(self) -> bool:
+        """Whether its bytes exist only here (then its entry must stay)."""
+        return self.dirty
 
     async def read(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self.size - offset))
+        if self._spool is None:
+            if size == 0:
+                return b""
+            store, key = self._engine.store, self.key
+            return await self._engine.run_io(store.get_range_sync, key, offset, offset + size)
+
         def get() -> bytes:
             self._spool.seek(offset)
             return self._spool.read(size)
@@ -84,32 +109,75 @@ class HeldFile:
         async with self._lock:
             return await self._engine.run_io(get)
 
-    async def write(self, offset: int, data: bytes) -> int:
-        def put() -> int:
-            self._spool.seek(offset)
-            self._spool.write(data)
+    def _load_sync(self) -> None:
+        """Copy the kept bytes into a new spool (the first write to a kept file)."""
+        spool = self._new_spool()
+        try:
+            for start in range(0, self.size, ADOPT_BLOCK_BYTES):
+                spool.write(self._engine.store.get_range_sync(self.key, start, min(start + ADOPT_BLOCK_BYTES,
+                                                                                     self.size)))
+        except BaseException:
+            spool.close()
+            raise
+        self._spool = spool
+
+    async def _change(self, fn: Any) -> None:
+        def run() -> int:
+            if self._spool is None:
+                self._load_sync()
+            fn()
             self._spool.seek(0, os.SEEK_END)
             return self._spool.tell()
 
         async with self._lock:
-            self.size = await self._engine.run_io(put)
+            self.size = await self._engine.run_io(run)
+            self.dirty = True
+
+    async def write(self, offset: int, data: bytes) -> int:
+        def put() -> None:
+            self._spool.seek(offset)
+            self._spool.write(data)
+
+        await self._change(put)
         return len(data)
 
     async def resize(self, size: int) -> None:
-        def resize() -> int:
+        def resize() -> None:
             self._spool.seek(0, os.SEEK_END)
             end = self._spool.tell()
             if size < end:
                 self._spool.truncate(size)
             elif size > end:  # in memory, truncate does not extend: write the zeros
                 self._spool.write(bytes(size - end))
-            return size
+
+        await self._change(resize)
+
+    async def keep(self) -> None:
+        """Store what changed under `key` (streamed from the spool), with the writer's time."""
+        if self.key is None:
+            return
+
+        def put() -> None:
+            if self.dirty:
+                self._spool.seek(0)
+                self._engine.store.put_stream_sync(self.key, self._spool)
+            if self.mtime_ns is not None:
+                self._engine.store.set_mtime_sync(self.key, self.mtime_ns)
 
         async with self._lock:
-            self.size = await self._engine.run_io(resize)
+            await self._engine.run_io_long(put)
+            self.dirty, self.stored = False, True
+
+    def unload(self) -> None:
+        """Drop the local copy of a kept file (its last close): reads go to the store."""
+        if self.stored and not self.dirty and self._spool is not None:
+            self._spool.close()
+            self._spool = None
 
     def close(self) -> None:
-        self._spool.close()
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
 
 
 class Incoming:
@@ -125,6 +193,7 @@ class Incoming:
         self.stream: ArrayStream | None = None
         self.received: Coverage | None = None
         self.rejected: ZarrfsError | None = None
+        self.mtime_ns: int | None = None  # set by the writer before the commit (cp -p)
 
     @property
     def size(self) -> int | None:
@@ -270,6 +339,9 @@ class IncomingWrites:
             self.root_node = meta
         self._unregister(entry, keep_name=True)
         self._sizes.pop(meta.path, None)
+        self.times.pop(meta.path, None)
+        if w.mtime_ns is not None:
+            await self.set_times(entry, w.mtime_ns)
         # Views of an array replaced here, or removed and now created again, are names the
         # kernel may still hold: they show the new array.
         await self._repoint(meta.path, meta.path, skip=entry.inode)
@@ -326,7 +398,24 @@ class IncomingWrites:
             raise problem
         await self._flush_entry(entry)
 
+    async def _keep(self: "Namespace", entry: "Entry") -> None:
+        """A plain file's bytes and time into its store key; from then on the store lists it."""
+        held = entry.held
+        if held is None or not (held.dirty or held.mtime_ns is not None):
+            return
+        try:
+            await held.keep()
+        except ZarrfsError as e:
+            log.warning("%s: keeping it in the store failed: %s", self._name_of(entry), e)
+            raise
+        if held.stored:
+            self._unregister(entry, keep_name=True)
+            self._invalidate()
+
     async def _flush_entry(self: "Namespace", entry: "Entry") -> None:
+        if entry.kind == "held":
+            await self._keep(entry)
+            return
         w = entry.writing
         stream = w.stream if w is not None and w.staged is not None else entry.stream
         if stream is not None and entry.kind in ("array", "chunk"):
@@ -362,6 +451,8 @@ class IncomingWrites:
         """The last handle is gone: a file that never became an array is dropped (an empty
         NAME.npy stays, held aside); a committed writer's own layout is forgotten."""
         w = entry.writing
+        if entry.kind == "held" and entry.held is not None:
+            entry.held.unload()
         if entry.kind != "array" or w is None:
             return
         if w.staged is not None or w.rejected is not None:
@@ -379,9 +470,10 @@ class IncomingWrites:
             w = entry.writing
             try:
                 if entry.held is not None:
-                    name = self._name_of(entry)
-                    log.warning("%s: held-aside file (%d bytes) never renamed to NAME.npy; dropped at unmount",
-                                name, entry.size)
+                    if entry.held.dirty:
+                        name = self._name_of(entry)
+                        await self._keep(entry)
+                        log.info("%s: plain file stored at unmount", name)
                     entry.held.close()
                 elif w is not None and w.staged is not None:
                     name = self._name_of(entry)
@@ -420,7 +512,16 @@ class IncomingWrites:
         except ZarrfsError:
             await self.renew_lease()  # its staging dropped: the lease too, unless another is in use
             raise
+        if entry.held.stored:  # it was kept as a plain file: now it is the array
+            try:
+                await self.engine.run_io(self.hierarchy.store.erase_sync, entry.held.key)
+            except ZarrfsError as e:
+                log.warning("%s: became %s, but its plain key stays: %s", label, path, e)
+        old_name = entry.name_key
         self._unregister(entry, forget=False)
+        if old_name is not None and self._by_name.get(old_name) == entry.inode:
+            del self._by_name[old_name]
+        mtime_ns = entry.held.mtime_ns
         entry.held.close()
         entry.held, entry.kind, entry.key = None, "array", path
         entry.show(staged.final)
@@ -428,6 +529,9 @@ class IncomingWrites:
             self.root_node = staged.final
         self._name(parent_inode, name, entry)
         self._sizes.pop(path, None)
+        self.times.pop(path, None)
+        if mtime_ns is not None:  # rsync sets the time before renaming
+            await self.set_times(entry, mtime_ns)
         await self._repoint(path, path, skip=entry.inode)
         self._invalidate()
         await self.renew_lease()

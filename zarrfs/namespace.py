@@ -27,6 +27,7 @@ from .staging import LeaseKeeper
 from .layouts import ArrayStream, chunk_file_size
 from .model import ArrayMeta, BrokenNode, GroupMeta, Node
 from .freshness import REFRESH_FILE, NamespaceFreshness
+from .incoming import HeldFile
 from .writes import NamespaceWrites
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,9 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         self.previews = Previews(engine)
         # Files created and not yet arrays: (parent inode, name) -> inode
         self._pending_names: dict[tuple[int, str], int] = {}
+        # Modification times writers set (utimensat) on arrays, by hierarchy path: shown for the
+        # mount's life (a local store also keeps them as its metadata document's time).
+        self.times: dict[str, int] = {}
         self._new("group", "", root if isinstance(root, GroupMeta) else None)
 
     # --- entries and lookup counts ----------------------------------------------------
@@ -249,7 +253,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         the store does not (entries made for a reply that was never sent, or forgotten)."""
         for entry in entries:
             if (entry.lookups or entry.opens or entry.inode == ROOT_INODE or entry.writing is not None
-                    or entry.held is not None or self._entries.get(entry.inode) is not entry
+                    or (entry.held is not None and entry.held.needs_entry) or self._entries.get(entry.inode) is not entry
                     or any(parent == entry.inode for parent, _ in self._pending_names)):
                 continue  # a directory holding files apart keeps its inode: their names hang on it
             del self._entries[entry.inode]
@@ -344,7 +348,23 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             for name, make in self._node_entry(entry.view, node):
                 if name not in names and self._listable(name, _node_key(node)):
                     names[name] = make
+        if entry.view == "" and self.hierarchy.keeps_plain_files and isinstance(entry.node, GroupMeta):
+            await self._plain_files(entry.node.path, names)
         return names
+
+    async def _plain_files(self, path: str, names: dict[str, Maker]) -> None:
+        """Plain files kept in a group's directory: its keys that are no format's own."""
+        files, _ = await self.engine.run_io(self.hierarchy.store.list_dir_sync, path, key=("list", path))
+        for name, size in files.items():
+            key = f"{path}/{name}" if path else name
+            if name in names or self.hierarchy.plain_name_problem(name) is not None or not self._listable(name, key):
+                continue
+            names[name] = lambda key=key, name=name, size=size: self._plain_entry(key, name, size)
+
+    def _plain_entry(self, key: str, name: str, size: int | None) -> Entry:
+        entry = self._new("held", "", None, key=name)
+        entry.held = HeldFile(self.engine, key, size or 0, stored=True)
+        return entry
 
     def _listable(self, name: str, key: str) -> bool:
         """Whether `name` can be listed; if not, say so once (naming the key) and leave it out."""

@@ -8,6 +8,7 @@ nodes keep their inodes, removed ones answer ENOENT).
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .errors import Exists, InvalidArgument, IsADir, NotADir, NotEmpty, NotFound, NotPermitted
@@ -18,6 +19,8 @@ from . import grid
 
 if TYPE_CHECKING:
     from .namespace import Entry, Namespace
+
+log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
 
@@ -132,14 +135,27 @@ class NamespaceWrites(IncomingWrites):
         if name in names:
             raise Exists(name)
         if is_held_name(name):
+            key = self._plain_key(parent_inode, name)
             entry = self._new("held", "", None, key=name)
-            entry.held = HeldFile(self.engine)
+            entry.held = HeldFile(self.engine, key)
         else:
             path = await self._new_array_path(parent_inode, name, names)
             entry = self._new("array", "", None, key=path)
             entry.writing = Incoming(replacing=None)
         self._register(parent_inode, name, entry)
         return entry
+
+    def _plain_key(self: "Namespace", parent_inode: int, name: str) -> str:
+        """The store key a plain file `name` is kept under; refused (logged) when the format
+        keeps none or the name could be taken for one of the format's own keys."""
+        problem = self.hierarchy.plain_name_problem(name)
+        parent = self._group_dir(parent_inode)
+        key = join(parent.node.path if parent.node else "", name)
+        if problem is not None:
+            error = (InvalidArgument if self.hierarchy.keeps_plain_files else NotPermitted)(f"{key}: {problem}")
+            log.warning("%s; refused", error)
+            raise error
+        return key
 
     # --- groups and names ------------------------------------------------------------------
 
@@ -160,8 +176,9 @@ class NamespaceWrites(IncomingWrites):
         if entry.kind != "group" or entry.node is None:
             raise NotADir(name)
         self._below.pop(entry.node.path, None)
-        if await self.nodes_below(entry.node.path):
-            raise NotEmpty(name)
+        entry.listing = None
+        if await self.nodes_below(entry.node.path) or await self.children(entry.inode):
+            raise NotEmpty(name)  # arrays, groups or plain files
         await self.engine.run_io_long(self.hierarchy.erase_node_sync, entry.node)
         self._unname(entry.node.path)
         self._invalidate()
@@ -170,10 +187,12 @@ class NamespaceWrites(IncomingWrites):
         self._group_dir(parent_inode)
         entry = await self.lookup(parent_inode, name)
         if entry.kind == "held":
+            if entry.held is not None and entry.held.stored:
+                await self.engine.run_io(self.hierarchy.store.erase_sync, entry.held.key)
             self._unregister(entry)
-            entry.held.close()
-            entry.held = None
-            entry.error = NotFound(f"{name} was removed")
+            self._forget_held(entry, NotFound(f"{name} was removed"))
+            self._by_name.pop((parent_inode, name), None)
+            self._invalidate()
             return
         if entry.kind != "array":
             raise IsADir(name)
@@ -234,17 +253,74 @@ class NamespaceWrites(IncomingWrites):
         if not is_held_name(new_name):
             await self._adopt(entry, new_parent, new_name)
             return
+        key = self._plain_key(new_parent, new_name)
         other = await self.child(new_parent, new_name)
         if other is not None and other.inode != entry.inode:
             if other.kind != "held":
                 raise Exists(new_name)
+        held = entry.held
+        if held.stored and key != held.key:
+            await self.engine.run_io_long(self.hierarchy.store.move_sync, held.key, key)  # replaces `other`'s
+        elif other is not None and other.inode != entry.inode and other.held is not None and other.held.stored:
+            await self.engine.run_io(self.hierarchy.store.erase_sync, other.held.key)
+        if other is not None and other.inode != entry.inode:
             self._unregister(other, forget=False)
-            other.held.close()
-            other.held = None
-            other.error = NotFound(f"{new_name} was replaced")
+            self._forget_held(other, NotFound(f"{new_name} was replaced"))
+        old_key = entry.name_key
         self._unregister(entry, forget=False)
-        entry.key = new_name
-        self._register(new_parent, new_name, entry)
+        if old_key is not None and self._by_name.get(old_key) == entry.inode:
+            del self._by_name[old_key]
+        held.key, entry.key = key, new_name
+        if held.stored:  # listed from the store from now on
+            self._name(new_parent, new_name, entry)
+        else:
+            self._register(new_parent, new_name, entry)
+        self._invalidate()
+
+    def _forget_held(self: "Namespace", entry: "Entry", error: Exception) -> None:
+        """A plain file removed or replaced: open files on it get `error`."""
+        if entry.held is not None:
+            entry.held.close()
+        entry.held = None
+        entry.error = error
+
+    async def set_times(self: "Namespace", entry: "Entry", mtime_ns: int) -> None:
+        """utimensat: an array's or a plain file's modification time, kept where the store can
+        (a local store: the time of the metadata document or key) and for the mount's life."""
+        if entry.kind == "held":
+            if entry.held is None:
+                raise entry.error or NotFound("removed")
+            entry.held.mtime_ns = mtime_ns
+            if entry.held.stored and not entry.held.dirty:
+                await self.engine.run_io(self.hierarchy.store.set_mtime_sync, entry.held.key, mtime_ns)
+            return
+        if entry.kind != "array" or entry.view != "":
+            return  # views and chunk files show their array's time
+        w = entry.writing
+        if w is not None and (w.pending is not None or w.staged is not None):
+            w.mtime_ns = mtime_ns  # given to the array when it is committed
+            return
+        node = entry.node
+        if not isinstance(node, ArrayMeta):
+            return
+        self.times[node.path] = mtime_ns
+        if node.metadata_key:
+            await self.engine.run_io(self.hierarchy.store.set_mtime_sync, node.metadata_key, mtime_ns)
+
+    def time_of(self: "Namespace", entry: "Entry") -> int | None:
+        """The modification time a writer set on `entry` (None: the store's)."""
+        if entry.held is not None:
+            return entry.held.mtime_ns
+        if entry.kind == "array" and entry.view == "" and entry.node is not None:
+            return self.times.get(entry.node.path)
+        return None
+
+    def touched(self: "Namespace", entry: "Entry") -> None:
+        """A write: the time a writer set before is replaced by now."""
+        if entry.held is not None:
+            entry.held.mtime_ns = None
+        elif entry.node is not None:
+            self.times.pop(entry.node.path, None)
 
     async def set_attributes(self: "Namespace", entry: "Entry", value: bytes) -> None:
         try:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import secrets
 from typing import Any, ClassVar, Iterable
 
@@ -34,6 +35,10 @@ RESERVED_PREFIX = ".zarrfs"
 # Where the chunks of an array being created or replaced go until it is complete: a sibling
 # prefix with no metadata document, which no reader takes for a node.
 STAGING_PREFIX = RESERVED_PREFIX + "-new-"
+# Plain file names refused in a group's directory: what a reader could take for a chunk key
+# (v2 `0.1`, v3 `c`), and the temporary files Store.set_sync writes beside a key.
+CHUNK_KEY_NAME = re.compile(r"c|\d+(\.\d+)*")
+TEMPORARY_KEY_NAME = re.compile(r"\..*\.zarrfs-\d+-[0-9a-f]+\.tmp")
 # A key component longer than this cannot be a file name on common file systems (NAME_MAX).
 NAME_MAX_BYTES = 255
 
@@ -192,6 +197,13 @@ class Hierarchy(abc.ABC):
         if name in self.doc_names:
             return "the name of a metadata document"
         return None
+
+    #: whether files that are no arrays are kept as store keys in their group's directory
+    keeps_plain_files: ClassVar[bool] = False
+
+    def plain_name_problem(self, name: str) -> str | None:
+        """Why a plain file (not an array) may not be kept under `name` (None: it may)."""
+        return f"{self.name} hierarchies keep no files other than NAME.npy arrays"
 
     def stored_components(self, name: str) -> list[str]:
         """The key components a node called `name` is stored under (its directory, its documents)."""
@@ -358,6 +370,19 @@ class NodeDocsHierarchy(Hierarchy):
 
     def kind_of_doc(self, name: str) -> str:
         return "group"
+
+    keeps_plain_files = True
+
+    def plain_name_problem(self, name: str) -> str | None:
+        """Keys a reader could take for the format's own (documents, chunk keys) and the mount's
+        own names are refused; any other name is kept as a key beside the nodes."""
+        if name in self.doc_names or name == getattr(self, "consolidated_key", None):
+            return "the name of a metadata document"
+        if CHUNK_KEY_NAME.fullmatch(name):
+            return "a name a reader could take for a chunk key"
+        if name.startswith(RESERVED_PREFIX) or TEMPORARY_KEY_NAME.fullmatch(name):
+            return "a name zarrfs keeps for its own temporary keys"
+        return None
 
     def _parse(self, path: str, docs: dict[str, Any]) -> Node | None:
         try:
