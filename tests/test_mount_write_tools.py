@@ -144,3 +144,45 @@ def test_plain_files_are_kept_beside_the_hierarchy(mount, tmp_path, fmt):
     assert not (root / "g" / "moved.txt").exists() and not (root / "big.bin").exists()
     assert not (root / "g" / "x.tmp").exists()
     np.testing.assert_array_equal(zarr.open_array(root / "g" / "x", mode="r")[...], x)
+
+
+# --------------------------------------------------------------------------- times
+
+
+def rsync_stats(src: Path, dst: Path) -> dict[str, str]:
+    out = subprocess.run(["rsync", "-a", "--stats", os.fspath(src), os.fspath(dst)], check=True,
+                         capture_output=True, text=True).stdout
+    return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+
+
+@FORMATS
+def test_rsync_twice_transfers_nothing_the_second_time(mount, tmp_path, fmt):
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    zarr.open_group(root, mode="w", zarr_format=fmt).create_group("g")
+    src = tmp_path / "src"
+    src.mkdir()
+    x = np.arange(3000, dtype="<f8").reshape(60, 50)
+    np.save(src / "x.npy", x)
+    (src / "notes.txt").write_bytes(b"plain\n")
+    os.utime(src / "x.npy", ns=(1_500_000_000_123_456_789, 1_500_000_000_123_456_789))
+    mnt = mount(root, "writable")
+    first = rsync_stats(src / "x.npy", mnt / "g")
+    assert first["Number of regular files transferred"] == "1"
+    second = rsync_stats(src / "x.npy", mnt / "g")
+    assert second["Number of regular files transferred"] == "0"
+    assert second["Total transferred file size"] == "0 bytes"
+    assert os.stat(mnt / "g" / "x.npy").st_mtime_ns == os.stat(src / "x.npy").st_mtime_ns
+    # cp -p keeps times too, of arrays and of plain files; they are there after a remount.
+    np.save(src / "y.npy", x[:3])
+    os.utime(src / "y.npy", ns=(1_400_000_000_000_000_000, 1_400_000_000_000_000_000))
+    os.utime(src / "notes.txt", ns=(1_300_000_000_000_000_000, 1_300_000_000_000_000_000))
+    subprocess.run(["cp", "-p", src / "y.npy", src / "notes.txt", mnt / "g"], check=True)
+    mounted.unmount_and_wait(mount, mnt)
+    mnt = mount(root, "writable")
+    for name in ("x.npy", "y.npy", "notes.txt"):
+        assert os.stat(mnt / "g" / name).st_mtime_ns == os.stat(src / name).st_mtime_ns, name
+    np.testing.assert_array_equal(zarr.open_array(root / "g" / "x", mode="r")[...], x)
+    third = rsync_stats(src / "x.npy", mnt / "g")
+    assert third["Number of regular files transferred"] == "0"

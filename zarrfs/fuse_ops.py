@@ -349,8 +349,7 @@ class ZarrOperations(pyfuse3.Operations):
                 raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
         elif fields.update_mode or fields.update_uid or fields.update_gid:
             self._check_writable()
-        if fields.update_mtime:
-            self._check_writable()
+        if fields.update_mtime and self.options.writable:  # read-only: accepted, not kept (touch of refresh)
             await self.ns.set_times(entry, attr.st_mtime_ns)
             key = self._time_key(entry)
             if key is not None:
