@@ -107,7 +107,7 @@ def test_plain_files_are_kept_beside_the_hierarchy(mount, tmp_path, fmt):
     assert (mnt / "g" / "notes.txt").read_bytes() == b"hi\n"
     assert (mnt / "big.bin").read_bytes() == big
     # Names a reader could take for the format's own keys are refused at create.
-    for name in ([".zarray", ".zmetadata", "0.0"] if fmt == 2 else ["zarr.json", "c", "0"]):
+    for name in [".zarray", ".zmetadata", "zarr.json", "0.0"] if fmt == 2 else ["zarr.json", ".zgroup", "c", "0"]:
         expect_oserror(errno.EINVAL, open, mnt / "g" / name, "wb")
     assert mounted.log_lines_naming(mount.log_text(mnt), "g/0")
     mounted.unmount_and_wait(mount, mnt)
@@ -138,12 +138,19 @@ def test_plain_files_are_kept_beside_the_hierarchy(mount, tmp_path, fmt):
     x = np.arange(6, dtype="<i4").reshape(2, 3)
     (mnt / "g" / "x.tmp").write_bytes(mounted.npy_bytes(x))
     os.rename(mnt / "g" / "x.tmp", mnt / "g" / "x.npy")
+    # Plain files move with their group, even one open for writing.
+    with open(mnt / "g" / "open.txt", "wb") as f:
+        f.write(b"written ")
+        os.rename(mnt / "g", mnt / "h")
+        f.write(b"across a move")
+    assert (mnt / "h" / "notes.txt").read_bytes() == b"hey"
     mounted.unmount_and_wait(mount, mnt)
-    assert (root / "g" / "notes.txt").read_bytes() == b"hey"
-    assert (root / "g" / "renamed.txt").read_bytes() == b"first"
-    assert not (root / "g" / "moved.txt").exists() and not (root / "big.bin").exists()
-    assert not (root / "g" / "x.tmp").exists()
-    np.testing.assert_array_equal(zarr.open_array(root / "g" / "x", mode="r")[...], x)
+    assert (root / "h" / "notes.txt").read_bytes() == b"hey"
+    assert (root / "h" / "renamed.txt").read_bytes() == b"first"
+    assert (root / "h" / "open.txt").read_bytes() == b"written across a move"
+    assert not (root / "g").exists() and not (root / "big.bin").exists()
+    assert not (root / "h" / "x.tmp").exists()
+    np.testing.assert_array_equal(zarr.open_array(root / "h" / "x", mode="r")[...], x)
 
 
 # --------------------------------------------------------------------------- times

@@ -121,10 +121,13 @@ class HeldFile:
             raise
         self._spool = spool
 
-    async def _change(self, fn: Any) -> None:
+    async def _change(self, fn: Any, load: bool = True) -> None:
         def run() -> int:
             if self._spool is None:
-                self._load_sync()
+                if load:
+                    self._load_sync()
+                else:  # truncated to nothing: the kept bytes are not needed
+                    self._spool = self._new_spool()
             fn()
             self._spool.seek(0, os.SEEK_END)
             return self._spool.tell()
@@ -150,7 +153,7 @@ class HeldFile:
             elif size > end:  # in memory, truncate does not extend: write the zeros
                 self._spool.write(bytes(size - end))
 
-        await self._change(resize)
+        await self._change(resize, load=size > 0)
 
     async def keep(self) -> None:
         """Store what changed under `key` (streamed from the spool), with the writer's time."""

@@ -348,13 +348,20 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             for name, make in self._node_entry(entry.view, node):
                 if name not in names and self._listable(name, _node_key(node)):
                     names[name] = make
-        if entry.view == "" and self.hierarchy.keeps_plain_files and isinstance(entry.node, GroupMeta):
+        if entry.view == "" and self.hierarchy.keeps_plain_files and isinstance(entry.node, GroupMeta) and (
+                self.hierarchy.store.is_local or self.writes_allowed):
             await self._plain_files(entry.node.path, names)
         return names
 
     async def _plain_files(self, path: str, names: dict[str, Maker]) -> None:
-        """Plain files kept in a group's directory: its keys that are no format's own."""
-        files, _ = await self.engine.run_io(self.hierarchy.store.list_dir_sync, path, key=("list", path))
+        """Plain files kept in a group's directory: its keys that are no format's own. Remote
+        read-only mounts leave them out: a listing per group (consolidated metadata needs none),
+        and some servers (HTTP) cannot list."""
+        try:
+            files, _ = await self.engine.run_io(self.hierarchy.store.list_dir_sync, path, key=("list", path))
+        except ZarrfsError as e:
+            log.warning("plain files of %s not listed: %s", path or "/", e)
+            return
         for name, size in files.items():
             key = f"{path}/{name}" if path else name
             if name in names or self.hierarchy.plain_name_problem(name) is not None or not self._listable(name, key):

@@ -241,6 +241,10 @@ class NamespaceWrites(IncomingWrites):
         await self.engine.flush(node.path) if entry.kind == "array" else await self.engine.flush()
         await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path)
         self.engine.discard(node.path)
+        for other in self._entries.values():  # plain files moved with their group
+            if other.held is not None and other.held.key is not None and node.path and \
+                    other.held.key.startswith(node.path + "/"):
+                other.held.key = new_path + other.held.key[len(node.path):]
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.
         await self._repoint(node.path, new_path)

@@ -35,6 +35,9 @@ RESERVED_PREFIX = ".zarrfs"
 # Where the chunks of an array being created or replaced go until it is complete: a sibling
 # prefix with no metadata document, which no reader takes for a node.
 STAGING_PREFIX = RESERVED_PREFIX + "-new-"
+# Documents of every format with a document per node: a plain file under one of these names could
+# make a reader (or format detection) take the directory for a node of that format.
+FORMAT_DOCUMENT_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 # Plain file names refused in a group's directory: what a reader could take for a chunk key
 # (v2 `0.1`, v3 `c`), and the temporary files Store.set_sync writes beside a key.
 CHUNK_KEY_NAME = re.compile(r"c|\d+(\.\d+)*")
@@ -376,7 +379,7 @@ class NodeDocsHierarchy(Hierarchy):
     def plain_name_problem(self, name: str) -> str | None:
         """Keys a reader could take for the format's own (documents, chunk keys) and the mount's
         own names are refused; any other name is kept as a key beside the nodes."""
-        if name in self.doc_names or name == getattr(self, "consolidated_key", None):
+        if name in FORMAT_DOCUMENT_NAMES:
             return "the name of a metadata document"
         if CHUNK_KEY_NAME.fullmatch(name):
             return "a name a reader could take for a chunk key"
