@@ -1,8 +1,10 @@
-"""Files being written: an NPY file arriving under NAME.npy, and files held aside under other names.
+"""Files being written: an NPY file arriving under NAME.npy, and plain files under other names.
 
 An arriving file buffers its bytes until its NPY header is whole, then streams them into a
 staged array (Hierarchy.stage_array) that the close completing it commits, all or nothing.
-A file under any other name is held aside (memory, then TMPDIR) until renamed to NAME.npy.
+A file under any other name is a plain file: its bytes are held (memory, then TMPDIR) while
+written and kept as a store key of its own at each close; renamed to NAME.npy it becomes
+that array.
 The IncomingWrites mixin gives the Namespace these steps; no trio here (the engine runs
 threads and makes locks).
 """
@@ -39,8 +41,8 @@ ADOPT_BLOCK_BYTES = 1 << 20
 
 
 def is_held_name(name: str) -> bool:
-    """Names of files held aside (never stored): anything but NAME.npy, and hidden names
-    (`.x.npy.AbC123` of rsync, `.x.swp` of editors)."""
+    """Names of plain files (never arrays until renamed): anything but NAME.npy, and hidden
+    names (`.x.npy.AbC123` of rsync, `.x.swp` of editors)."""
     return name.startswith(".") or not name.endswith(NPY_SUFFIX) or name == NPY_SUFFIX
 
 

@@ -51,7 +51,8 @@ class Entry:
                  error: ZarrfsError | None = None, key: str | None = None, size: int = 0,
                  origin: tuple[int, ...] | None = None) -> None:
         self.inode = inode
-        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held | slice
+        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held (a plain
+        #       file) | slice
         #       | netcdf (a group's netCDF file) | tiff | text (ENVI/VRT) | preview (imageviews.py)
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
@@ -67,7 +68,7 @@ class Entry:
         self.lookups = 0  # references the kernel holds (lookup, create, mkdir, readdirplus)
         self.opens = 0  # open files (handles)
         self.writing: Any = None  # incoming.Incoming: an NPY file being written into an array
-        self.held: Any = None  # incoming.HeldFile: a file held aside under a temporary name
+        self.held: Any = None  # incoming.HeldFile: a plain file (any name but NAME.npy)
         self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
 
     @property
@@ -253,7 +254,8 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         the store does not (entries made for a reply that was never sent, or forgotten)."""
         for entry in entries:
             if (entry.lookups or entry.opens or entry.inode == ROOT_INODE or entry.writing is not None
-                    or (entry.held is not None and entry.held.needs_entry) or self._entries.get(entry.inode) is not entry
+                    or (entry.held is not None and entry.held.needs_entry)
+                    or self._entries.get(entry.inode) is not entry
                     or any(parent == entry.inode for parent, _ in self._pending_names)):
                 continue  # a directory holding files apart keeps its inode: their names hang on it
             del self._entries[entry.inode]
