@@ -396,3 +396,17 @@ def test_dimension_names_of_a_new_array_in_a_dataset():
     assert dimension_names((6, 7), dims) == ("dim_0_6", "dim_1_7")
     assert dimension_names((9,), dims) == ("dim_0_9_1",)
     assert dimension_names((), dims) == ()
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_plain_file_names_a_reader_could_take_for_its_own_keys_are_refused(tmp_path, fmt):
+    from zarrfs.formats import open_hierarchy_sync
+    from zarrfs.store import Store
+
+    zarr.open_group(tmp_path / "s.zarr", mode="w", zarr_format=fmt)
+    h = open_hierarchy_sync(Store(str(tmp_path / "s.zarr")))
+    for name in [".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json", "0", "0.1.2", "c",
+                 ".zarrfs-new-00", ".notes.txt.zarrfs-12-7f3a.tmp"]:
+        assert h.plain_name_problem(name) is not None, name
+    for name in ["notes.txt", ".x.npy.AbC123", "c0", "1a", "README", ".zattrs.bak"]:
+        assert h.plain_name_problem(name) is None, name

@@ -157,3 +157,20 @@ def test_a_value_that_fits_a_buffer_is_read_into_it(tmp_path):
     assert store.get_sync("absent", None, buf) is None
     with pytest.raises(StoreError, match="more than"):
         store.get_sync("k", 1000, buf)
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_value_streamed_in_and_a_time_set_where_the_store_can(tmp_path, where):
+    import io
+    import uuid
+
+    s = Store(str(tmp_path) if where == "local" else f"memory://{uuid.uuid4().hex}")
+    data = os.urandom(3 << 20)
+    s.put_stream_sync("g/notes.bin", io.BytesIO(data), block_bytes=1 << 20)
+    assert s.get_sync("g/notes.bin", None) == data
+    if where == "local":
+        assert s.set_mtime_sync("g/notes.bin", 1_234_567_890_123_456_789)
+        assert os.stat(tmp_path / "g" / "notes.bin").st_mtime_ns == 1_234_567_890_123_456_789
+        assert not [n for n in os.listdir(tmp_path / "g") if n != "notes.bin"]  # no temporary left
+    else:
+        assert not s.set_mtime_sync("g/notes.bin", 1_234_567_890_123_456_789)
