@@ -66,6 +66,13 @@ def test_cp_into_an_xarray_dataset_keeps_it_a_dataset(mount, tmp_path, fmt):
     np.testing.assert_array_equal(ds["i"].values, new_i)
     assert ds["i"].dtype == np.dtype("i2")
     np.testing.assert_array_equal(ds["t"].values, np.arange(60, dtype="f4").reshape(3, 4, 5))
+    # The netCDF view maps fill values as xarray does: the zeros stay zeros there too.
+    import xarray as xr
+
+    with xr.open_dataset(mnt / ".zarrfs" / "netcdf" / "ds.nc", engine="scipy") as nc:
+        assert nc["f"].dims == ("y", "x")
+        np.testing.assert_array_equal(nc["f"].values, new_f)
+        np.testing.assert_array_equal(nc["i"].values, new_i)
     # A second array of a generated length takes the name the first one made.
     np.save(tmp_path / "j.npy", np.ones(7, "u1"))
     shutil.copyfile(tmp_path / "j.npy", mnt / "j.npy")
