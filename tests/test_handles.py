@@ -106,6 +106,30 @@ async def test_a_new_file_is_read_as_written_and_committed_at_close(store_dir):
     np.testing.assert_array_equal(zarr.open_array(str(store_dir / "c"))[...], value)
 
 
+async def test_a_flush_before_the_file_is_complete_leaves_it_to_the_last_close(store_dir):
+    """FUSE flushes at every close(2) of a descriptor, a forked child's too: a flush of a file
+    short of its header or data neither fails nor ends it; its release decides."""
+    ns = make_ns(store_dir, writable=True)
+    value = np.arange(600, dtype="<f8").reshape(20, 30)
+    data = npy_bytes(value)
+    hlen = len(data) - value.nbytes
+    _, handle = await ns.create_file(ROOT_INODE, "c.npy")
+    done = 0
+    for end in (hlen // 2, hlen + value.nbytes // 2, len(data)):
+        await handle.write(done, data[done:end])
+        done = end
+        await handle.flush()  # a child's close: in the header, in the data, then complete
+    await handle.release()
+    np.testing.assert_array_equal(zarr.open_array(str(store_dir / "c"))[...], value)
+    _, short = await ns.create_file(ROOT_INODE, "d.npy")
+    await short.write(0, data[:hlen + 8])
+    await short.flush()
+    assert "d.npy" in await ns.children(ROOT_INODE)
+    await short.release()
+    assert "d.npy" not in await ns.children(ROOT_INODE)
+    assert not (store_dir / "d").exists()
+
+
 async def test_held_files_read_write_truncate_and_vanish(store_dir):
     ns = make_ns(store_dir, writable=True)
     entry, handle = await ns.create_file(ROOT_INODE, "notes.txt")

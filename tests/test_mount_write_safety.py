@@ -1,6 +1,6 @@
 """Mounted writes that must not lose data (issue 8): a replace is all-or-nothing, a copy that
-stops short (no whole NPY header, or fewer data bytes than the header declares) fails at
-close and stores nothing, big NPY headers go back in, names are checked per format before
+stops short (no whole NPY header, or fewer data bytes than the header declares) stores
+nothing after its last close, big NPY headers go back in, names are checked per format before
 anything is written, and files under temporary names are held aside until renamed to
 NAME.npy (rsync, numpy users, editors).
 
@@ -127,9 +127,15 @@ def test_a_replace_is_invisible_to_peers_until_complete(mount, tmp_path, fmt):
     assert (mnt / "g" / "a.npy").read_bytes() == data
 
 
+def wait_for_warning(mount, mnt: Path, *needles: str) -> None:
+    """The last close's verdict is logged at the release, which the kernel sends after close(2)
+    returned: wait for its line."""
+    assert mounted.wait_until(lambda: warnings_naming(mount, mnt, *needles), 10), mount.log_text(mnt)[-2000:]
+
+
 @FORMATS
 @pytest.mark.parametrize("target", ["over_an_array", "new_name"])
-def test_a_copy_that_stops_short_fails_at_close_and_stores_nothing(mount, tmp_path, fmt, target):
+def test_a_copy_that_stops_short_stores_nothing_after_its_last_close(mount, tmp_path, fmt, target):
     root, old = store_with_old(tmp_path, fmt)
     before = snapshot(root)
     mnt = mount(root, "writable")
@@ -140,16 +146,17 @@ def test_a_copy_that_stops_short_fails_at_close_and_stores_nothing(mount, tmp_pa
     first = hlen + x.nbytes // 2
     fd = os.open(mnt / "g" / f"{name}.npy", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     mounted.pwrite_all(fd, data[:first], 0)
-    expect_oserror(errno.EIO, os.close, fd)
+    os.close(fd)  # a flush cannot tell the last close from a forked child's: no error here
+    wait_for_warning(mount, mnt, f"g/{name}.npy", f"received {first - hlen} of {x.nbytes} data bytes")
     assert snapshot(root) == before, "a short copy changed the store"
     assert_same_array(mounted.zarr_value(root, "g/a"), old, "zarr-python after the short copy")
     assert sorted(os.listdir(mnt / "g")) == ["a.npy"]
     assert_same_array(np.load(mnt / "g" / "a.npy"), old, "the mount after the short copy")
-    assert warnings_naming(mount, mnt, f"g/{name}.npy", f"received {first - hlen} of {x.nbytes} data bytes")
+    assert len(warnings_naming(mount, mnt, f"g/{name}.npy")) == 1, "one line says it"
 
 
 @pytest.mark.parametrize("case", ["5_bytes", "50_bytes", "length_claims_2GiB"])
-def test_a_header_that_never_completes_fails_at_fsync_and_close(mount, tmp_path, case):
+def test_a_header_that_never_completes_fails_at_fsync_and_is_dropped(mount, tmp_path, case):
     root, _ = store_with_old(tmp_path, 3)
     before = snapshot(root)
     mnt = mount(root, "writable")
@@ -170,12 +177,9 @@ def test_a_header_that_never_completes_fails_at_fsync_and_close(mount, tmp_path,
         else:
             expect_oserror(errno.EINVAL, os.fsync, fd)
     finally:
-        if case != "length_claims_2GiB":
-            expect_oserror(errno.EINVAL, os.close, fd)
-        else:
-            os.close(fd)
+        os.close(fd)
+    wait_for_warning(mount, mnt, "g/h.npy", reason)
     assert not warnings_naming(mount, mnt, "Traceback")
-    assert warnings_naming(mount, mnt, "g/h.npy", reason), mount.log_text(mnt)[-2000:]
     assert "h.npy" not in os.listdir(mnt / "g")
     assert snapshot(root) == before
 

@@ -107,10 +107,10 @@ class ArrayHandle(Handle):
 
     async def flush(self) -> None:
         """The written chunks are in the store when it returns (or it fails with EIO); a new
-        array completed by this close is committed, one left incomplete at its last close
-        fails (EINVAL: no whole NPY header; EIO: data missing) and is dropped."""
+        array completed by this close is committed. One still incomplete is left to the last
+        close (release): FUSE flushes at the close of every descriptor, a forked child's too."""
         if self.ns.writes_allowed:
-            await self.ns.close(self.entry, last_handle=self.entry.opens <= 1)
+            await self.ns.close(self.entry)
 
     async def fsync(self) -> None:
         if self.ns.writes_allowed:

@@ -222,6 +222,12 @@ class Incoming:
         """(data bytes received, data bytes its header declares) of a staged file."""
         return self.received.covered, self.stream.size - len(self.stream.header)
 
+    @property
+    def complete(self) -> bool:
+        """Every data byte its header declares arrived (a staged file)."""
+        got, want = self.missing()
+        return got == want
+
 
 def parse_npy_header(head: bytes, label: str) -> tuple[Any, ...] | None:
     """(shape, fortran, dtype, header length) of a whole NPY header, None when incomplete;
@@ -330,9 +336,9 @@ class IncomingWrites:
             await self.engine.run_io_long(self.hierarchy.commit_array_sync, staged, old)
         except ZarrfsError as e:
             what = "the old array is kept" if old is not None else "nothing was created"
-            log.warning("%s: storing the new array failed (%s); %s", self._name_of(entry), e, what)
+            name = self._name_of(entry)
             await self._abandon(entry)
-            raise
+            raise type(e)(f"{name}: storing the new array failed ({e}); {what}") from None
         self.engine.discard(staged.meta.path)
         if old is not None:
             self.engine.discard(old.path)
@@ -428,50 +434,66 @@ class IncomingWrites:
             self._sizes.pop(stream.meta.path, None)
             entry.stored_bytes = None
 
-    async def close(self: "Namespace", entry: "Entry", last_handle: bool) -> None:
-        """close(2): store what was written; a new array complete now is committed; one whose
-        header or data stopped short fails here (EINVAL, EIO) and, at its last close, is dropped."""
+    async def close(self: "Namespace", entry: "Entry") -> None:
+        """close(2) of one descriptor: what was written is stored, and a new array complete now is
+        committed. One still short of its header or data stays as it is: the close of every
+        descriptor sharing the open file (a forked child's, a dup's) comes here, while others
+        may still write, so only the last close (`release`) ends it."""
         w = entry.writing
-        problem = w.header_problem(self._name_of(entry)) if w is not None else None
-        if problem is not None:
-            if last_handle:
-                await self._abandon(entry)
-                problem = InvalidArgument(f"{problem}; {'the old array is kept' if entry.node else 'not stored'}")
-            raise problem
-        if w is None or w.staged is None:
-            await self._flush_entry(entry)
-            return
-        got, want = w.missing()
-        if got == want:
+        if w is not None and w.staged is not None and w.complete:
             await self._commit(entry)
-        elif last_handle:
-            what = "the old array is kept" if w.replacing is not None else "not stored"
-            name = self._name_of(entry)
-            await self._abandon(entry)
-            raise Incomplete(f"{name}: received {got} of {want} data bytes its NPY header declares; {what}")
-        else:
-            await self._flush_entry(entry)
+            return
+        if w is not None and (w.staged is not None or w.pending):
+            log.debug("%s: a descriptor closed before the file was complete; its last close decides",
+                      self._name_of(entry))
+        await self._flush_entry(entry)
 
     async def release(self: "Namespace", entry: "Entry") -> None:
-        """The last handle is gone: a file that never became an array is dropped (an empty
-        NAME.npy stays, held aside); a committed writer's own layout is forgotten."""
+        """The last close: a new array complete now is committed (unless a close did); one short
+        of its NPY header or data is dropped with a WARNING, the old array staying (an empty
+        NAME.npy stays, held aside); a committed writer's own layout is forgotten. Nothing here
+        reaches the closing process (close(2) has returned): the log line says it."""
         w = entry.writing
         if entry.kind == "held" and entry.held is not None:
             entry.held.unload()
         if entry.kind != "array" or w is None:
             return
-        if w.staged is not None or w.rejected is not None:
+        if w.rejected is not None:  # its write failed with the reason already
             log.warning("%s: closed before it was a complete array; dropped", self._name_of(entry))
             await self._abandon(entry)
-        elif w.pending is not None and w.replacing is not None and not w.pending:
-            entry.writing = None  # truncated, never rewritten: the old array stays
-        elif w.pending is None:
-            entry.writing = None
+            return
+        try:
+            await self._finish(entry, "at its last close")
+        except ZarrfsError as e:
+            log.warning("%s", e)
+            return
+        if entry.writing is not None and (entry.writing.pending is None or entry.writing.replacing is not None):
+            entry.writing = None  # committed, or truncated and never rewritten: the old array stays
+
+    async def _finish(self: "Namespace", entry: "Entry", when: str) -> bool:
+        """End a file being written that nobody writes any more: complete, it is committed (True);
+        short of its NPY header or data, it is dropped (the old array stays) with a WARNING naming
+        it and what arrived. An empty file stays as it is (False)."""
+        w = entry.writing
+        name = self._name_of(entry)
+        if w.staged is not None:
+            got, want = w.missing()
+            if got == want:
+                await self._commit(entry)
+                return True
+            reason = f"received {got} of {want} data bytes its NPY header declares"
+        elif w.pending:
+            reason = npy.incomplete_reason(w.pending)
+        else:
+            return False
+        what = "the old array is kept" if w.replacing is not None else "not stored"
+        await self._abandon(entry)
+        log.warning("%s: %s %s; %s", name, reason, when, what)
+        return False
 
     async def shutdown(self: "Namespace") -> None:
         """Unmount: complete staged arrays are committed, the rest dropped, each with a log line."""
         for entry in list(self._entries.values()):
-            name = None
             w = entry.writing
             try:
                 if entry.held is not None:
@@ -480,10 +502,10 @@ class IncomingWrites:
                         await self._keep(entry)
                         log.info("%s: plain file stored at unmount", name)
                     entry.held.close()
-                elif w is not None and w.staged is not None:
+                elif w is not None and (w.staged is not None or w.pending):
                     name = self._name_of(entry)
-                    await self.close(entry, last_handle=True)
-                    log.info("%s: complete at unmount; stored", name)
+                    if await self._finish(entry, "at unmount"):
+                        log.info("%s: complete at unmount; stored", name)
                 elif w is not None and w.pending is not None and entry.node is None:
                     log.info("%s: empty file, never an array; dropped at unmount", self._name_of(entry))
             except ZarrfsError as e:
