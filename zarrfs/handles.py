@@ -159,7 +159,7 @@ class HeldFileHandle(Handle):
     async def flush(self) -> None:
         """The file is in the store when close returns (or close fails with EIO)."""
         if self.ns.writes_allowed and self.entry.held is not None:
-            await self.ns.close(self.entry, last_handle=self.entry.opens <= 1)
+            await self.ns.close(self.entry)
 
     async def fsync(self) -> None:
         if self.ns.writes_allowed and self.entry.held is not None:
