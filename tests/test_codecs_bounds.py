@@ -157,3 +157,24 @@ def test_only_a_lone_blosc_or_zstd_compressor_decodes_into_a_buffer():
     assert not codecs.decodes_into(v2_chain(None, None, "C", "test"))
     assert not codecs.decodes_into(v3_chain([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"},
                                              {"name": "crc32c"}], 2, "test"))
+
+
+def test_gzip_chunks_that_are_zlib_streams_decode_bounded_and_are_said_once(caplog):
+    """An early writer stored zlib streams under the id `gzip`: each such chunk reads as zlib
+    (zlib's own header detection agrees), its bomb is refused as a zlib bomb is, the array's
+    document is named once in the log, and what is written is real gzip again."""
+    value = np.random.default_rng(6).integers(0, 50, SHAPE).astype(DTYPE)
+    raw = value.tobytes()
+    chain = v2_chain({"id": "gzip", "level": 1}, None, "C", "a/.zarray")
+    with caplog.at_level("WARNING", logger="zarrfs.codecs"):
+        for level in (1, 6, 9, 0):  # headers 78 01, 78 9c, 78 da, 78 01
+            data = zlib.compress(raw, level)
+            assert zlib.decompressobj(32 + zlib.MAX_WBITS).decompress(data) == raw
+            assert chain.decode(data, SHAPE, DTYPE, FILL).tobytes() == raw
+    said = [r.getMessage() for r in caplog.records if "zlib" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("a/.zarray: "), said
+    assert chain.bytes_bytes[0].decode(zlib.compress(raw)) == raw  # the unbounded path (vlen scans)
+    assert gzip.decompress(chain.encode(value, FILL)) == raw
+    out, peak = _decode_peak(chain, bombs.bomb("zlib"))
+    assert isinstance(out, CorruptChunk) and "more than the 8192 expected" in str(out), out
+    assert peak < PEAK_MAX_BYTES

@@ -175,11 +175,11 @@ def v2_chain(compressor: Any, filters: Any, order: str, where: str) -> CodecChai
     for f in filters or []:
         if not isinstance(f, dict) or "id" not in f:
             raise MetadataError(f"bad filter {f!r} in {where}")
-        steps.append(BytesBytes(numcodecs_codec(f, where), f["id"]))
+        steps.append(BytesBytes(numcodecs_codec(f, where), f["id"], where))
     if compressor is not None:
         if not isinstance(compressor, dict) or "id" not in compressor:
             raise MetadataError(f"bad compressor {compressor!r} in {where}")
-        steps.append(BytesBytes(numcodecs_codec(compressor, where), compressor["id"]))
+        steps.append(BytesBytes(numcodecs_codec(compressor, where), compressor["id"], where))
     if order not in ("C", "F"):
         raise MetadataError(f"bad order {order!r} in {where}")
     return CodecChain((), BytesLayout(None, order), tuple(steps))

@@ -290,7 +290,7 @@ def _stage(name: str, config: dict, ndim: int, where: str) -> Any:
         return NumcodecsArray(codec, name)
     if short in ARRAY_BYTES_IDS:
         return NumcodecsArrayBytes(codec, name)
-    return BytesBytes(codec, name)
+    return BytesBytes(codec, name, where)
 
 
 def v3_chain(codecs: Any, ndim: int, where: str) -> CodecChain:

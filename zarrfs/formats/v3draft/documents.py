@@ -255,7 +255,7 @@ def bytes_codec(entry: Any, where: str) -> BytesBytes:
         codec = numcodecs_codec(conf, where)
     except UnknownCodec:
         raise UnknownCodec(f"{where}: unknown or invalid codec {name} {config!r}") from None
-    return BytesBytes(codec, name)
+    return BytesBytes(codec, name, where)
 
 
 def v2_filters(filters: Any, where: str) -> list[BytesBytes]:
@@ -266,7 +266,7 @@ def v2_filters(filters: Any, where: str) -> list[BytesBytes]:
     for f in filters:
         if not isinstance(f, dict) or not isinstance(f.get("id"), str):
             raise MetadataError(f"{where}: bad filter {f!r} in attributes.filters")
-        out.append(BytesBytes(numcodecs_codec(f, where), f["id"]))
+        out.append(BytesBytes(numcodecs_codec(f, where), f["id"], where))
     return out
 
 
