@@ -9,6 +9,8 @@ class ZarrfsError(Exception):
     """Base class: a problem with a message and the errno a file operation reports."""
 
     errno: int = errno.EIO
+    #: set once the failure was logged with the key it names (by the engine, which limits repeats)
+    logged: bool = False
 
 
 class UserError(ZarrfsError):

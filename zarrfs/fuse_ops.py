@@ -63,7 +63,7 @@ def fuse_error(name: str, args: tuple, e: Exception) -> pyfuse3.FUSEError:
         return e
     if isinstance(e, ZarrfsError):
         level = logging.WARNING if e.errno in (errno.EIO, errno.EOPNOTSUPP, errno.EINVAL, errno.EFBIG) \
-            else logging.DEBUG
+            and not e.logged else logging.DEBUG
         log.log(level, "%s: %s", name, e)
         return pyfuse3.FUSEError(e.errno)
     if isinstance(e, OSError):

@@ -22,6 +22,7 @@ import trio
 from .. import direct, grid
 from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
+from ..repeats import RepeatedFailures
 from ..store import Store
 from ..layouts import ArrayStream, copy_elements
 from .bands import BAND_MAX_PIECE_BYTES, BandReads
@@ -83,6 +84,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         self._inflight: dict[tuple[str, Index], _Load] = {}
         self.counters: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self.errors: collections.Counter[str] = collections.Counter()
+        self.failures = RepeatedFailures()  # which failure lines reach the log; failures by key
         self.decode_seconds = 0.0
         self.started = time.time()
         self._nursery: trio.Nursery | None = None
@@ -260,9 +262,13 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             flight.done.set()
 
     def _count_error(self, error: ZarrfsError, key: str) -> None:
+        """Count a failure of KEY and log it, unless the same was logged within the minute."""
         self.errors[type(error).__name__] += 1
         text = str(error)
-        log.warning("%s", text if key in text else f"{key}: {text}")
+        line = self.failures.line(key, text if key in text else f"{key}: {text}")
+        if line is not None:
+            log.warning("%s", line)
+        error.logged = True  # the FUSE layer does not log it again for each request it fails
 
     async def read(self, stream: ArrayStream, offset: int, size: int,
                    readahead: ReadAhead | None = None, reply: bool = False) -> bytes | memoryview:
@@ -515,6 +521,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             "decode_seconds": round(self.decode_seconds, 6),
             "band_bytes": self.band_bytes, "band_bytes_peak": self.band_bytes_peak,
             "errors": dict(self.errors),
+            **self.failures.stats(),
         }
 
 
