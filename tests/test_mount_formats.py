@@ -168,20 +168,35 @@ def test_v3_root_group_that_must_be_understood_refuses_the_mount(tmp_path):
 
 @FORMATS
 def test_fill_value_the_type_cannot_hold_fails_the_array_alone(mount, tmp_path, fmt):
-    """`"false"` for a bool, 1.5 for an integer type: that array fails (EIO), the log names its document."""
+    """A fill value no zarr-python reads ("forty-two" for an integer type, 1.5 in a v3 document):
+    the chunks not stored fail (EIO), the log names the document; the array is listed with its
+    size. What zarr-python does read is read as it reads it: `"false"` for a bool is True, and
+    1.5 in a v2 document is 1 (zarr-python 2 cuts the fraction off)."""
+    import warnings
+
     import zarr
 
     root = tmp_path / "store.zarr"
     zarr.open_group(os.fspath(root), mode="w", zarr_format=fmt)
     rng = np.random.default_rng(3)
-    for name, dtype, bad in (("flag", "bool", "false"), ("count", "int32", 1.5), ("ok", "int16", None)):
+    arrays = (("flag", "bool", "false"), ("count", "int32", 1.5), ("bad", "int32", "forty-two"), ("ok", "int16", None))
+    for name, dtype, bad in arrays:
         mounted.create_array(root, mounted.ArraySpec(name, dtype, (6,), (4,), "zstd", write="none"), fmt, rng)
         if bad is not None:
             doc_key = f"{name}/.zarray" if fmt == 2 else f"{name}/zarr.json"
             doc = json.loads((root / doc_key).read_text())
             (root / doc_key).write_text(json.dumps({**doc, "fill_value": bad}))
     mnt = mount(root)
-    for name in ("flag", "count"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flag = zarr.open_array(os.fspath(root / "flag"), mode="r")[...]
+    assert flag.tolist() == [True] * 6
+    assert (mnt / "flag.npy").read_bytes() == mounted.npy_bytes(flag)
+    failing = ["bad"] if fmt == 2 else ["bad", "count"]
+    if fmt == 2:
+        assert (mnt / "count.npy").read_bytes() == mounted.npy_bytes(np.full(6, 1, "<i4"))
+    for name in failing:
+        assert (mnt / f"{name}.npy").stat().st_size == len(mounted.npy_bytes(np.zeros(6, "<i4")))
         with pytest.raises(OSError) as exc:
             (mnt / f"{name}.npy").read_bytes()
         assert exc.value.errno == errno.EIO, name

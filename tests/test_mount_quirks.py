@@ -1,8 +1,9 @@
 """Other writers' quirks through a real mount, and a failing key's place in the log.
 
 One store, written by hand as those writers wrote it, mounted once for the module:
-`gzip` chunks that are zlib streams (an early C++ writer), fill values old zarr-python 2
-releases wrote for bytes arrays, and a corrupt chunk read many times.
+`gzip` chunks that are zlib streams (an early C++ writer), `fill_value: 0` that old
+zarr-python 2 releases wrote for bytes arrays, a fill value nothing can read, and a corrupt
+chunk read many times.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import mounted
 
 pytestmark = pytest.mark.log_errors_expected  # the corrupt chunk's read fails on purpose
 
-ZARR218_PYTHON = Path("/work/main/.venv-zarr218/bin/python")
+ZARR218_PYTHON = Path(os.environ.get("ZARR218_PYTHON", Path(__file__).parent.parent / ".venv-zarr218/bin/python"))
 
 # A (6, 5) int32 array in (2, 5) chunks: row 0 is zlib at level 1 (header 78 01), row 1 zlib
 # at the default level (78 9c), row 2 zlib at level 9 (78 da); row 3 the writer left out.
@@ -58,6 +59,18 @@ def build_store(root: Path) -> dict:
     _write_v2(root, "mixed_gzip", "<f8", (4, 5), (2, 5), 0.0, {"id": "gzip", "level": 5},
               {"0.0": gzip.compress(mixed[:2].tobytes()), "1.0": zlib.compress(mixed[2:].tobytes())})
     want["mixed_gzip"] = mixed
+
+    # Old zarr-python 2 releases: `S` arrays with `fill_value: 0`. One with every chunk stored
+    # (the fill value is never used), one with a chunk left out (zarr 2.18 reads it as b"0").
+    text = np.array([b"a", b"b", b"c", b"d", b"e", b"f"], dtype="|S1")
+    _write_v2(root, "bytes_fill0", "|S1", (6,), (3,), 0, None, {"0": text[:3].tobytes(), "1": text[3:].tobytes()})
+    want["bytes_fill0"] = text
+    _write_v2(root, "bytes_fill0_sparse", "|S1", (6,), (3,), 0, None, {"0": text[:3].tobytes()})
+
+    # A fill value no reader can read: the array is listed, sized and its stored chunk read.
+    ints = np.arange(4, dtype="<i4") + 40
+    _write_v2(root, "unreadable_fill", "<i4", (8,), (4,), "forty-two", None, {"0": ints.tobytes()})
+    want["unreadable_fill/0"] = ints
 
     corrupt = np.arange(8, dtype="<f4")
     _write_v2(root, "corrupt", "<f4", (8,), (4,), 0.0, {"id": "zlib", "level": 1},
@@ -115,3 +128,44 @@ def test_failing_key_logged_once_and_counted(quirks, module_mount):
     # The healthy chunk beside it still reads.
     with open(mnt / ".zarrfs/chunks/corrupt/0.npy", "rb") as f:
         assert f.read() == mounted.npy_bytes(np.arange(4, dtype="<f4"))
+
+
+def test_bytes_fill_value_0_with_every_chunk_stored(quirks):
+    root, mnt, want = quirks
+    assert (mnt / "bytes_fill0.npy").stat().st_size == len(mounted.npy_bytes(want["bytes_fill0"]))
+    assert _read(mnt / "bytes_fill0.npy") == mounted.npy_bytes(want["bytes_fill0"])
+    info = json.loads(_read(mnt / ".zarrfs/info/bytes_fill0.json"))
+    assert info["fill_value"] == "0" or info["fill_value"] == "MA==", info["fill_value"]
+
+
+def test_bytes_fill_value_0_reads_as_zarr_2_18_reads_it(quirks):
+    root, mnt, want = quirks
+    script = (f"import zarr; a = zarr.open_array({str(root / 'bytes_fill0_sparse')!r}, mode='r'); "
+              f"print(a[...].tobytes().hex())")
+    r = subprocess.run([str(ZARR218_PYTHON), "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    oracle = np.frombuffer(bytes.fromhex(r.stdout.strip()), dtype="|S1")
+    assert oracle.tolist() == [b"a", b"b", b"c", b"0", b"0", b"0"]
+    assert _read(mnt / "bytes_fill0_sparse.npy") == mounted.npy_bytes(oracle)
+
+
+def test_unreadable_fill_value_fails_only_the_chunks_not_stored(quirks, module_mount):
+    root, mnt, want = quirks
+    assert "unreadable_fill.npy" in os.listdir(mnt)
+    header = len(mounted.npy_bytes(np.zeros(8, "<i4"))) - 32
+    assert (mnt / "unreadable_fill.npy").stat().st_size == header + 32
+    fd = os.open(mnt / "unreadable_fill.npy", os.O_RDONLY | os.O_DIRECT)  # no page: the read asked alone
+    try:
+        assert os.pread(fd, 16, header) == want["unreadable_fill/0"].tobytes()  # the stored chunk
+    finally:
+        os.close(fd)
+    assert _read(mnt / ".zarrfs/chunks/unreadable_fill/0.npy") == mounted.npy_bytes(want["unreadable_fill/0"])
+    for _ in range(3):
+        with pytest.raises(OSError) as e:
+            _read(mnt / ".zarrfs/chunks/unreadable_fill/1.npy")
+        assert e.value.errno == 5
+    info = json.loads(_read(mnt / ".zarrfs/info/unreadable_fill.json"))
+    assert info["fill_value"] is None and "forty-two" in info["fill_value_error"]
+    assert info["shape"] == [8] and info["chunks_stored"] == 1
+    lines = mounted.log_lines_naming(module_mount.log_text(mnt), "unreadable_fill")
+    assert len(lines) == 1 and "unreadable_fill/.zarray" in lines[0] and "forty-two" in lines[0], lines

@@ -87,6 +87,8 @@ def info_json(node: Node, sizes: dict[str, int | None] | None) -> bytes:
             chunks_stored=len(sizes) if sizes is not None else None,
             logical_bytes=node.nbytes,
             stored_bytes=sum(s or 0 for s in sizes.values()) if sizes is not None else None)
+        if node.fill_error is not None:
+            info.update(fill_value=None, fill_value_error=node.fill_error)
     elif isinstance(node, GroupMeta):
         info.update(format=node.format, attributes=node.attributes, metadata_key=node.metadata_key,
                     implicit=node.metadata_key is None)

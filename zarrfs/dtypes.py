@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -96,9 +97,10 @@ def v3_dtype(spec: Any) -> np.dtype:
 
 
 def _float_token(value: Any, dtype: np.dtype) -> Any:
-    """A float fill value: number, NaN/Infinity tokens, or `0x` hex bit patterns."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
+    """A float fill value: a number (or boolean), NaN/Infinity tokens, `0x` hex bit patterns,
+    or a number written as text (zarr-python 2 and 3 both read "1.5")."""
+    if isinstance(value, (int, float)):
+        return float(value) if isinstance(value, bool) else value
     if isinstance(value, str):
         v = value.strip()
         if v in ("NaN", "nan"):
@@ -110,84 +112,134 @@ def _float_token(value: Any, dtype: np.dtype) -> Any:
         if v[:2] in ("0x", "0b"):
             bits = int(v, 16 if v[:2] == "0x" else 2)
             return np.array(bits, dtype=f"<u{dtype.itemsize}").view(dtype.newbyteorder("<"))[()]
+        try:
+            return float(v)
+        except ValueError:
+            pass
     raise MetadataError(f"bad fill value {value!r} for {dtype}")
+
+
+def _base64(value: str, padded: bool) -> bytes:
+    """Bytes of base64 text as zarr-python decodes it (characters outside the alphabet are
+    skipped); unless `padded`, missing `=` padding is tolerated (a writer of the drafts left it out)."""
+    if not padded:
+        value += "=" * (-len(_NOT_BASE64.sub("", value)) % 4)
+    return base64.b64decode(value)  # binascii.Error when it is not base64
+
+
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/]")
 
 
 def _bytes_value(value: Any) -> bytes:
     """Bytes of a fill value given as base64 text (padded or not) or a list of byte values."""
-    if isinstance(value, list) and all(isinstance(b, int) for b in value):
+    if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
         return bytes(value)
     if isinstance(value, str):
         try:
-            return base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
+            return _base64(value, padded=False)
         except (binascii.Error, ValueError):
             raise MetadataError(f"fill value {value!r} is not base64") from None
     raise MetadataError(f"bad fill value {value!r} for a bytes type")
 
 
+def _legacy_bytes(value: Any, dtype: np.dtype) -> bytes:
+    """An `S` fill value as zarr-python 2 reads v2 documents: base64 text, else the text itself
+    (old releases wrote plain text, and numbers: `0` reads as b"0"), a number in its decimal form."""
+    if isinstance(value, str):
+        try:
+            return _base64(value, padded=True)
+        except (binascii.Error, ValueError):
+            return value.encode("ascii")
+    if isinstance(value, (bool, int, float)):
+        return bytes(np.array(value, dtype=dtype)[()])
+    return _bytes_value(value)
+
+
 def _bool_value(value: Any) -> bool:
-    """A boolean fill value: JSON `true`/`false` (what v1, v2 and v3 writers store), or 0/1."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
+    """A boolean fill value: JSON `true`/`false`, or anything else as zarr-python 2 and 3 read it
+    (a number: not zero; a string: not empty, so "false" is True)."""
+    if isinstance(value, (bool, int, float, str)):
         return bool(value)
-    raise MetadataError(f"bad fill value {value!r} for bool: expected true or false")
+    raise MetadataError(f"bad fill value {value!r} for bool")
 
 
-def _integer_value(value: Any, dtype: np.dtype) -> int:
-    """An integer fill value: a JSON number with no fraction (or a `0x`/`0b` string) within range."""
+def _integer_value(value: Any, dtype: np.dtype, legacy: bool = False) -> int:
+    """An integer fill value: a JSON number with no fraction, a boolean, or a number as text, within
+    range. `legacy` (zarr-python 2 over numpy 1): a fraction is cut off, out of range wraps around."""
     if isinstance(value, bool):
-        raise MetadataError(f"bad fill value {value!r} for {dtype}: a boolean, not an integer")
-    if isinstance(value, float):
-        if not value.is_integer():
+        value = int(value)
+    elif isinstance(value, float):
+        if not value.is_integer() and not (legacy and math.isfinite(value)):
             raise MetadataError(f"bad fill value {value!r} for {dtype}: not an integer")
         value = int(value)
     elif isinstance(value, str):
         try:
-            value = int(value, 0)
+            value = int(value, 10 if value.strip().lstrip("+-").isdigit() else 0)
         except ValueError:
             raise MetadataError(f"bad fill value {value!r} for {dtype}: not an integer") from None
     if not isinstance(value, int):
         raise MetadataError(f"bad fill value {value!r} for {dtype}: not an integer")
     info = np.iinfo(dtype)
+    if legacy and not info.min <= value <= info.max and -2**63 <= value < 2**64:
+        value = np.array(value % 2**info.bits, dtype=f"u{dtype.itemsize}").view(dtype.newbyteorder("="))[()]
+        return int(value)
     if not info.min <= value <= info.max:
         raise MetadataError(f"fill value {value} is out of the range of {dtype} ({info.min}..{info.max})")
     return value
 
 
-def _time_value(value: Any, dtype: np.dtype) -> np.ndarray:
-    """A datetime64/timedelta64 fill value: the int64 count of units, or "NaT"."""
+def _time_value(value: Any, dtype: np.dtype, legacy: bool = False) -> np.ndarray:
+    """A datetime64/timedelta64 fill value: the int64 count of units, or "NaT"; `legacy`: also
+    text numpy parses (zarr-python 2: "" is NaT, "2020-01-01" a date)."""
     if isinstance(value, str) and value == "NaT":
         return np.array("NaT", dtype=dtype)
+    if legacy and isinstance(value, str):
+        try:
+            return np.array(value, dtype=dtype)
+        except ValueError:
+            raise MetadataError(f"bad fill value {value!r} for {dtype}") from None
     count = _integer_value(value, np.dtype("<i8"))
     return np.array(count, dtype="<i8").view(dtype.newbyteorder("<")).astype(dtype)
 
 
-def fill_value(value: Any, dtype: np.dtype, bytes_as_text: bool = False) -> np.ndarray:
+def fill_value(value: Any, dtype: np.dtype, bytes_as_text: bool = False, legacy: bool = False) -> np.ndarray:
     """The fill value from JSON as a 0-d array of `dtype`; null means zeros.
 
+    Values are read as zarr-python reads them: `legacy` as zarr-python 2 reads v1 and v2
+    documents (numpy's conversions), else as zarr-python 3 reads v3 ones; both accept more
+    than their specs (booleans for numbers, numbers as text, any string for a bool).
     Fixed-size bytes (`S`) are base64 in v2 and v3; v1 writers stored them as plain text.
-    What a type cannot hold is a MetadataError: a string or a number other than 0/1 for a
-    bool, a fraction or an out-of-range number for an integer type.
+    What cannot be read so is a MetadataError (the format module decides what it costs).
     """
     out = np.zeros((), dtype=dtype)
     if value is None:
         return out
     kind = dtype.kind
+    if isinstance(value, list) and kind not in "cV" and (legacy or kind != "S"):
+        # zarr-python broadcasts a list along the chunk's last axis: one element is a fill value,
+        # more are not (a v3 `S` list is its bytes, below)
+        if len(value) != 1:
+            raise MetadataError(f"bad fill value {value!r} for {dtype}: a list, not one value")
+        value = value[0]
     try:
         if dtype.fields is not None or kind == "V":
             raw = _bytes_value(value)
             out = np.frombuffer(raw.ljust(dtype.itemsize, b"\0")[: dtype.itemsize], dtype=dtype)[0]
             return np.array(out, dtype=dtype)
         if kind == "S":
-            raw = value.encode("latin1") if bytes_as_text and isinstance(value, str) else _bytes_value(value)
+            if bytes_as_text and isinstance(value, str):
+                raw = value.encode("latin1")
+            else:
+                raw = _legacy_bytes(value, dtype) if legacy else _bytes_value(value)
             out[()] = raw[: dtype.itemsize]
         elif kind == "U":
-            out[()] = str(value)
+            if not isinstance(value, (str, bool, int, float)):
+                raise MetadataError(f"bad fill value {value!r} for {dtype}")
+            out[()] = value
         elif kind == "b":
             out[()] = _bool_value(value)
         elif kind in "iu":
-            out[()] = _integer_value(value, dtype)
+            out[()] = _integer_value(value, dtype, legacy)
         elif kind == "f":
             out[()] = _float_token(value, dtype)
         elif kind == "c":
@@ -199,10 +251,10 @@ def fill_value(value: Any, dtype: np.dtype, bytes_as_text: bool = False) -> np.n
             else:
                 raise MetadataError(f"bad complex fill value {value!r}")
         elif kind in "mM":
-            out[()] = _time_value(value, dtype)
+            out[()] = _time_value(value, dtype, legacy)
         else:
             raise Unsupported(f"fill value for data type {dtype}")
-    except (TypeError, ValueError, OverflowError) as e:
+    except (TypeError, ValueError, OverflowError, UnicodeError) as e:
         raise MetadataError(f"bad fill value {value!r} for {dtype}: {e}") from None
     return out
 

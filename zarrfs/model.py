@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, Union
 
 import numpy as np
@@ -51,6 +52,9 @@ class ArrayMeta:
     #: why writes into this array are refused (a representation that cannot be written
     #: back, such as variable-length strings shown as fixed width); None: writable
     read_only: str | None = None
+    #: why the metadata's fill value cannot be read (zeros stand in for it where nothing is
+    #: read: sizes, listings); chunks that are not stored then fail to read (fill_fields)
+    fill_error: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.shape) != len(self.chunk_shape):
@@ -105,6 +109,22 @@ class ArrayMeta:
     def with_inner_reads(self) -> ArrayMeta:
         """This array with `inner` set when its chunks are shards that can be read in part."""
         return chunksource.with_inner_reads(self)
+
+
+def fill_fields(value: Any, dtype: np.dtype, read: Callable[[Any, np.dtype], np.ndarray]) -> dict[str, Any]:
+    """ArrayMeta's fill value fields from a document's `fill_value`, as `read` reads it.
+
+    A fill value that cannot be read costs only what needs it: the array is listed, sized
+    and its stored chunks read; chunks not stored fail (EIO, naming the document and the
+    reason), nothing is erased as fill and nothing can be written.
+    """
+    try:
+        fill = read(value, dtype)
+    except MetadataError as e:
+        reason = f"its fill value cannot be read: {e}"
+        return {"fill_value": np.zeros((), dtype), "fill_error": reason, "erase_fill_chunks": False,
+                "read_only": reason}
+    return {"fill_value": fill, "erase_fill_chunks": value is not None}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

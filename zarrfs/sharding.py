@@ -143,11 +143,16 @@ class ShardingIndexed:
         return (math.prod(per_shard) * self.inner.max_encoded_nbytes(self.inner_chunks, dtype)
                 + self.layout.nbytes(per_shard))
 
-    def decode(self, data: Any, shape: Index, dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+    def decode(self, data: Any, shape: Index, dtype: np.dtype, fill: np.ndarray | None) -> np.ndarray:
+        """The shard's elements; inner chunks not stored are FILL (None: the fill value cannot be
+        read, and such a shard cannot be either)."""
         per_shard = self.per_shard(shape)
         out = np.empty(shape, dtype=dtype)
         for pos, raw in self.layout.inner_chunks(data, per_shard, "").items():
             region = grid.chunk_slices(pos, shape, self.inner_chunks)
+            if raw is None and fill is None:
+                raise MetadataError(f"inner chunk {'.'.join(map(str, pos))} is not stored, and the fill value "
+                                    f"cannot be read")
             out[region] = fill if raw is None else self.inner.decode(raw, self.inner_chunks, dtype, fill)
         return out
 

@@ -346,6 +346,8 @@ def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.nd
     for idx, dst in direct.transposed_chunks(stream, k, count, out, part, parts):
         nbytes, arr, took = read_decode_sync(meta, store, idx, meta.chunk_key(idx), buf)
         if arr is None:
+            if meta.fill_error is not None:  # the usual path fails that chunk's reads
+                raise direct.Fallback(meta.fill_error)
             dst[...] = meta.fill_value
             continue
         gets, stored, seconds = gets + 1, stored + nbytes, seconds + took

@@ -20,7 +20,7 @@ import trio
 
 from .. import chunksource
 from ..codecs import reads_into
-from ..errors import CorruptChunk, StoreError, ZarrfsError
+from ..errors import CorruptChunk, MetadataError, StoreError, ZarrfsError
 from ..model import ArrayMeta
 from . import revalidate
 from .readahead import PREFETCH_CACHE_SHARE
@@ -55,10 +55,11 @@ def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes, out: np.ndarray | N
     """Decode one stored chunk (maybe into OUT: see CodecChain.decode); any failure becomes a
     CorruptChunk naming the key."""
     try:
+        fill = None if meta.fill_error is not None else meta.fill_value  # (inner chunks of a shard not stored)
         if out is None:
-            arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, meta.fill_value)
+            arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, fill)
         else:
-            arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, meta.fill_value, out=out)
+            arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, fill, out=out)
     except ZarrfsError as e:
         raise type(e)(f"chunk {key}: {e}") from None
     except Exception as e:  # numcodecs raises many types for corrupt input
@@ -382,8 +383,7 @@ class Loads:
         if not _partial(meta):
             self.note_fetch(meta, idx, key, began, nbytes)
         if nbytes is None:
-            self.counters["fill_chunks"] += 1
-            return np.broadcast_to(meta.fill_value, meta.chunk_shape)
+            return self._fill_chunk(meta)
         self.counters["store_bytes"] += nbytes
         if together:
             self._decoded([arr], seconds)
@@ -392,6 +392,16 @@ class Loads:
         if out is not None and arr.base is out:
             arr.flags.writeable = False  # a cached chunk is never changed by a reader
         return arr
+
+    def _fill_chunk(self, meta: ArrayMeta) -> np.ndarray:
+        """A chunk that is not stored: the fill value throughout (MetadataError, logged under the
+        array's document, when the document's fill value cannot be read)."""
+        if meta.fill_error is not None:
+            error = MetadataError(f"{meta.metadata_key}: a chunk that is not stored cannot be read: {meta.fill_error}")
+            self._count_error(error, meta.metadata_key)
+            raise error
+        self.counters["fill_chunks"] += 1
+        return np.broadcast_to(meta.fill_value, meta.chunk_shape)
 
     async def _decode(self, meta: ArrayMeta, pieces: list[tuple[str, Any]],
                       count_errors: bool = True, outs: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
@@ -484,8 +494,7 @@ class Loads:
         for idx in batch:
             found = src.entry(index, idx)
             if found is None:
-                self.counters["fill_chunks"] += 1
-                out[idx] = np.broadcast_to(meta.fill_value, meta.chunk_shape)
+                out[idx] = self._fill_chunk(meta)
                 continue
             offset, nbytes = found
             if nbytes > limit:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from typing import Any
@@ -12,7 +13,7 @@ from .. import dtypes
 from ..codecs import UnusableChain, compressor_config
 from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..keys import ChunkKeys
-from ..model import ArrayMeta, NewArray, Node, ints
+from ..model import ArrayMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
 from ..store import Store
 from .base import Hierarchy, broken, guess_chunks, json_object
@@ -156,6 +157,6 @@ def parse_array(doc: dict[str, Any], attrs: dict[str, Any], v1_order: str) -> Ar
                               layout_order=stored_order if stored_order in ("C", "F") else "C")
     return ArrayMeta(
         path="", shape=shape, dtype=dtype, chunk_shape=chunks,
-        fill_value=dtypes.fill_value(doc.get("fill_value"), dtype, bytes_as_text=True), codec=codec,
-        keys=ChunkKeys("", ".", "", ZERO_D_KEY), attributes=attrs, format="v1", metadata_key=META_KEY,
-        erase_fill_chunks=doc.get("fill_value") is not None)
+        codec=codec, keys=ChunkKeys("", ".", "", ZERO_D_KEY), attributes=attrs, format="v1", metadata_key=META_KEY,
+        **fill_fields(doc.get("fill_value"), dtype,
+                      functools.partial(dtypes.fill_value, bytes_as_text=True, legacy=True)))

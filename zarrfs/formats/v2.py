@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from typing import Any
@@ -12,7 +13,7 @@ from .. import dtypes, vlen
 from ..codecs import BytesBytes, BytesLayout, CodecChain, UnusableChain, compressor_config, numcodecs_codec
 from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..keys import ChunkKeys, join
-from ..model import ArrayMeta, GroupMeta, NewArray, Node, ints
+from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
 from ..store import Store
 from .base import NodeDocsHierarchy, consolidated_path, guess_chunks, json_object
@@ -135,9 +136,8 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
                               layout_order=order if order in ("C", "F") else "C")
     return ArrayMeta(
         path=path, shape=shape, dtype=dtype, chunk_shape=chunks,
-        fill_value=dtypes.fill_value(doc.get("fill_value"), dtype), codec=codec,
-        keys=ChunkKeys(path, sep, "", "0"), attributes=attrs, format="v2", metadata_key=key,
-        erase_fill_chunks=doc.get("fill_value") is not None)
+        codec=codec, keys=ChunkKeys(path, sep, "", "0"), attributes=attrs, format="v2", metadata_key=key,
+        **fill_fields(doc.get("fill_value"), dtype, functools.partial(dtypes.fill_value, legacy=True)))
 
 
 def _separator(doc: dict[str, Any], key: str) -> str:

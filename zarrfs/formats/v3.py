@@ -14,7 +14,7 @@ from ..codecs import (BLOSC_SHUFFLE_NAMES, BytesBytes, BytesLayout, CodecChain, 
 from ..sharding import ShardingIndexed
 from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
 from ..keys import ChunkKeys, join
-from ..model import ArrayMeta, GroupMeta, NewArray, Node, ints
+from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
 from ..store import Store
 from .base import NodeDocsHierarchy, consolidated_path, guess_chunks, json_object, root_zarr_json_sync
@@ -200,12 +200,12 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
             codec = v3_chain(doc["codecs"], len(shape), key)
         except UnknownCodec as e:  # listed with its metadata; reads fail with this error
             codec = UnusableChain(error=e, description=tuple(doc["codecs"]))
-        fill = dtypes.fill_value(doc["fill_value"], dtype)
+        fill = fill_fields(doc["fill_value"], dtype, dtypes.fill_value)
     except KeyError as e:
         raise MetadataError(f"{key}: missing field {e}") from None
     names = doc.get("dimension_names")
     return ArrayMeta(
-        path=path, shape=shape, dtype=dtype, chunk_shape=chunks, fill_value=fill, codec=codec,
+        path=path, shape=shape, dtype=dtype, chunk_shape=chunks, codec=codec, **fill,
         keys=chunk_keys(path, doc.get("chunk_key_encoding"), key), attributes=attrs, format="v3",
         metadata_key=key, dimension_names=tuple(names) if isinstance(names, list) else None,
     ).with_inner_reads()

@@ -14,7 +14,7 @@ from ...chunksource import ShardedChunks
 from ...codecs import BytesBytes, BytesLayout, CodecChain, Transpose, blosc_shuffle, numcodecs_codec, transpose_order
 from ...errors import MetadataError, UnknownCodec, Unsupported, ZarrfsError
 from ...keys import ChunkKeys, join
-from ...model import ArrayMeta, GroupMeta, ints
+from ...model import ArrayMeta, GroupMeta, fill_fields, ints
 from .layout import _CODEC_RE, _CORE_RE, _PROTOCOL_RE, _SHARDING_RE, Layout, unknown_extensions
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def parse_array(path: str, doc: dict[str, Any], key: str, layout: Layout,
         shape = ints(doc["shape"], "shape", key)
         dtype = draft_dtype(doc["data_type"], key, warn)
         grid = doc["chunk_grid"]
-        fill = draft_fill_value(doc["fill_value"], dtype, key)
+        fill = fill_fields(doc["fill_value"], dtype, lambda value, dt: draft_fill_value(value, dt, key))
         if doc["fill_value"] is None and layout.family == "core" and not isinstance(doc["data_type"], dict):
             # "For any data type, the fill_value is required. The literal null is not
             # permitted" (May 2022); an extension data type interprets its own fill value.
@@ -131,9 +131,8 @@ def parse_array(path: str, doc: dict[str, Any], key: str, layout: Layout,
         raise MetadataError(f"{key}: bad chunk_grid separator {sep!r}")
     keys = ChunkKeys(join(layout.data, path), sep, head, zero_d)
     source = storage_transformers(doc.get("storage_transformers"), keys, len(shape), key)
-    return ArrayMeta(path=path, shape=shape, dtype=dtype, chunk_shape=chunks, fill_value=fill, codec=codec,
-                     keys=keys, attributes=attrs, format="v3-draft", metadata_key=key, source=source,
-                     erase_fill_chunks=doc["fill_value"] is not None)
+    return ArrayMeta(path=path, shape=shape, dtype=dtype, chunk_shape=chunks, codec=codec, **fill,
+                     keys=keys, attributes=attrs, format="v3-draft", metadata_key=key, source=source)
 
 
 def storage_transformers(value: Any, keys: ChunkKeys, ndim: int, key: str) -> ShardedChunks | None:
