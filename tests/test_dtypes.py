@@ -153,6 +153,8 @@ V3_NAMES = {"|S1": {"name": "null_terminated_bytes", "configuration": {"length_b
             "<M8[s]": {"name": "numpy.datetime64", "configuration": {"unit": "s", "scale_factor": 1}},
             "<m8[s]": {"name": "numpy.timedelta64", "configuration": {"unit": "s", "scale_factor": 1}}}
 V3_STRUCT = {"name": "structured", "configuration": {"fields": [["a", "int16"], ["b", V3_NAMES["|S1"]]]}}
+
+
 # What zarrfs refuses although zarr-python reads something: a list numpy broadcasts along the
 # chunk's last axis (each element a different value), a dict as text, a date as a complex.
 def _diverges(value, dtype):

@@ -184,6 +184,31 @@ def test_v3_hex_fill_value(tmp_path):
     assert got.view("<u4").tolist() == [0x7FC00001] * 4
 
 
+@pytest.mark.parametrize("partial", [True, False], ids=["inner-reads", "whole-shards"])
+def test_unreadable_fill_value_fails_only_the_chunks_not_stored(tmp_path, partial):
+    """A v3 fill value no reader can read: a whole shard stored reads, and so do stored inner
+    chunks read alone; an inner chunk that is not stored fails (MetadataError naming the document)."""
+    from zarrfs.errors import MetadataError
+
+    path = tmp_path / "s"
+    inner = [zc.BytesCodec()] if partial else [zc.BytesCodec(), zc.ZstdCodec(level=1)]
+    arr = zarr.create_array(str(path), name="a", shape=(8,), chunks=(4,), dtype="<i2", fill_value=0,
+                            serializer=zc.ShardingCodec(chunk_shape=(2,), codecs=inner),
+                            compressors=None if partial else zc.ZstdCodec(level=1))
+    arr[0:4] = np.arange(4, dtype="<i2") + 10  # shard 0 whole
+    arr[4:6] = [7, 8]  # shard 1: its inner chunk 1 is not stored
+    doc = json.loads((path / "a" / "zarr.json").read_text())
+    (path / "a" / "zarr.json").write_text(json.dumps({**doc, "fill_value": "forty-two"}))
+    header = len(np_save_bytes(np.zeros(8, "<i2"))) - 16
+    got = read_npy(str(path), "a", ranges=[(header, 8)])[0]
+    assert np.frombuffer(got, "<i2").tolist() == [10, 11, 12, 13]
+    if partial:  # an inner chunk is read alone; a shard decoded whole needs every inner chunk
+        got = read_npy(str(path), "a", ranges=[(header + 8, 4)])[0]
+        assert np.frombuffer(got, "<i2").tolist() == [7, 8]
+    with pytest.raises(MetadataError, match="a/zarr.json.*forty-two"):
+        read_npy(str(path), "a")
+
+
 def test_hierarchy_nodes(tmp_path):
     for fmt in (2, 3):
         path = str(tmp_path / f"h{fmt}")

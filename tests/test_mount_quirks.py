@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.log_errors_expected  # the corrupt chunk's read fails o
 
 ZARR218_PYTHON = Path(os.environ.get("ZARR218_PYTHON", Path(__file__).parent.parent / ".venv-zarr218/bin/python"))
 
-# A (6, 5) int32 array in (2, 5) chunks: row 0 is zlib at level 1 (header 78 01), row 1 zlib
+# An (8, 5) int32 array in (2, 5) chunks: row 0 is zlib at level 1 (header 78 01), row 1 zlib
 # at the default level (78 9c), row 2 zlib at level 9 (78 da); row 3 the writer left out.
 GZ_SHAPE, GZ_CHUNKS = (8, 5), (2, 5)
 GZ_STREAMS = {0: lambda b: zlib.compress(b, 1), 1: lambda b: zlib.compress(b), 2: lambda b: zlib.compress(b, 9)}

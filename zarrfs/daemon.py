@@ -453,7 +453,9 @@ def serve(ops: ZarrOperations, mountpoint: str) -> None:
         trio.run(_serve, ops, mountpoint)
     finally:
         pyfuse3.close(unmount=True)
-        lifecycle.info("unmounted %s; %s", mountpoint, ops.engine.stats())
+        stats = ops.engine.stats()
+        stats["errors_by_key"] = len(stats["errors_by_key"])  # how many keys failed: stats.json names them
+        lifecycle.info("unmounted %s; %s", mountpoint, stats)
 
 
 def _raise_open_file_limit() -> None:

@@ -151,8 +151,7 @@ class ShardingIndexed:
         for pos, raw in self.layout.inner_chunks(data, per_shard, "").items():
             region = grid.chunk_slices(pos, shape, self.inner_chunks)
             if raw is None and fill is None:
-                raise MetadataError(f"inner chunk {'.'.join(map(str, pos))} is not stored, and the fill value "
-                                    f"cannot be read")
+                raise MetadataError(f"inner chunk {'.'.join(map(str, pos))} is not stored")
             out[region] = fill if raw is None else self.inner.decode(raw, self.inner_chunks, dtype, fill)
         return out
 

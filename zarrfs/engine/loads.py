@@ -54,14 +54,15 @@ _scratch = threading.local()  # .buf: this worker thread's scratch buffer
 def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes, out: np.ndarray | None = None) -> np.ndarray:
     """Decode one stored chunk (maybe into OUT: see CodecChain.decode); any failure becomes a
     CorruptChunk naming the key."""
+    fill = None if meta.fill_error is not None else meta.fill_value  # None: a shard's missing inner chunk fails
     try:
-        fill = None if meta.fill_error is not None else meta.fill_value  # (inner chunks of a shard not stored)
         if out is None:
             arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, fill)
         else:
             arr = meta.codec.decode(raw, meta.chunk_shape, meta.dtype, fill, out=out)
     except ZarrfsError as e:
-        raise type(e)(f"chunk {key}: {e}") from None
+        why = f" ({meta.metadata_key}: {meta.fill_error})" if fill is None and isinstance(e, MetadataError) else ""
+        raise type(e)(f"chunk {key}: {e}{why}") from None
     except Exception as e:  # numcodecs raises many types for corrupt input
         raise CorruptChunk(f"chunk {key}: cannot decode: {type(e).__name__}: {e}") from None
     if arr.shape != meta.chunk_shape or arr.dtype != meta.dtype:
