@@ -71,6 +71,9 @@ def build_store(root: Path) -> dict:
     _write_v2(root, "unreadable_fill", "<i4", (8,), (4,), "forty-two", None, {"0": ints.tobytes()})
     want["unreadable_fill/0"] = ints
 
+    (root / "broken").mkdir()
+    (root / "broken" / ".zarray").write_text('{"zarr_format": 2, "shape": [4], "chunks": [')  # cut short
+
     corrupt = np.arange(8, dtype="<f4")
     _write_v2(root, "corrupt", "<f4", (8,), (4,), 0.0, {"id": "zlib", "level": 1},
               {"0": zlib.compress(corrupt[:4].tobytes()), "1": b"\x78\x9cnot a zlib stream at all"})
@@ -168,3 +171,15 @@ def test_unreadable_fill_value_fails_only_the_chunks_not_stored(quirks, module_m
     assert info["shape"] == [8] and info["chunks_stored"] == 1
     lines = mounted.log_lines_naming(module_mount.log_text(mnt), "unreadable_fill")
     assert len(lines) == 1 and "unreadable_fill/.zarray" in lines[0] and "forty-two" in lines[0], lines
+
+
+def test_broken_node_opened_many_times_logged_once(quirks, module_mount):
+    root, mnt, want = quirks
+    for _ in range(20):
+        with pytest.raises(OSError) as e:
+            _read(mnt / "broken.npy")
+        assert e.value.errno == 5
+    lines = mounted.log_lines_naming(module_mount.log_text(mnt), "broken")
+    assert len(lines) == 1 and "broken/.zarray" in lines[0], lines
+    stats = json.loads(_read(mnt / ".zarrfs/stats.json"))
+    assert stats["errors_by_key"]["broken/.zarray"] >= 20

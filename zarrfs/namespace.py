@@ -282,7 +282,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
                 raise
             for node in nodes:
                 if isinstance(node, BrokenNode):
-                    log.warning("%s: %s", node.key, node.error)
+                    self.engine.note_failure(node.error, node.key)
             self._below[path] = nodes
         return nodes
 

@@ -261,6 +261,11 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
             del self._flights[key]
             flight.done.set()
 
+    def note_failure(self, error: ZarrfsError, key: str) -> None:
+        """Count a failure of KEY (a node's document, a chunk) found outside the engine, and log it
+        as the engine's own: once, then at most once a minute."""
+        self._count_error(error, key)
+
     def _count_error(self, error: ZarrfsError, key: str) -> None:
         """Count a failure of KEY and log it, unless the same was logged within the minute."""
         self.errors[type(error).__name__] += 1
