@@ -7,11 +7,10 @@ from collections.abc import Hashable
 
 import numpy as np
 
-# Chunks larger than the whole budget are kept apart, at most this many (the most recently
-# used): one for a sequential reader and one for the chunk its read-ahead decodes next, or
-# two readers of two such chunks at once. Without it every read of such a chunk decodes it
-# again; with more, a mount could hold several chunks of any size.
-OVERSIZE_SLOTS = 2
+# Chunks larger than the whole budget that are decoded whole (their codecs cannot be decoded a
+# range at a time: engine/streamed.py) are kept apart, at most this many: the one being read, so
+# that a sequential pass decodes it once. More would let a mount hold several chunks of any size.
+OVERSIZE_SLOTS = 1
 
 
 class ChunkCache:

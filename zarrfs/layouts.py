@@ -222,6 +222,19 @@ class ArrayStream:
                 yield self._array_index(t_idx), tuple(src), pos, box, tuple(dst)
             pos += n
 
+    def chunk_regions(self, plan: ReadPlan, out: np.ndarray) -> dict[Index, list[tuple[tuple[slice, ...], np.ndarray]]]:
+        """For each chunk a plan needs: the regions of it (slices in the array's dimension
+        order) and where each goes, a view of OUT (uint8, `element_bytes(plan)`) of the
+        region's shape; what `assemble` copies, for a caller that has no whole chunks."""
+        buf = out[:self.element_bytes(plan)].view(self.dtype)
+        regions: dict[Index, list] = {}
+        for idx, src, pos, box, dst in self._pieces(plan):
+            target = buf[pos:pos + math.prod(box)].reshape(box)[(*dst, ...)]
+            if self._flip:
+                src, target = src[::-1], target.T
+            regions.setdefault(idx, []).append((src, target))
+        return regions
+
     def coverage(self, plan: ReadPlan) -> dict[Index, int]:
         """How many elements of each chunk a plan touches."""
         out: dict[Index, int] = dict.fromkeys(plan.chunks, 0)

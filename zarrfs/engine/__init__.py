@@ -27,6 +27,7 @@ from ..store import Store
 from ..layouts import ArrayStream, copy_elements
 from .bands import BAND_MAX_PIECE_BYTES, BandReads
 from .spares import Spares
+from .streamed import StreamedReads
 from .interrupts import Interrupts
 from .loads import Loads, _Load
 from .revalidate import Revalidation
@@ -72,7 +73,7 @@ def _call_name(fn: Any) -> str:
     return getattr(fn, "__name__", "store call").removesuffix("_sync").replace("_", " ")
 
 
-class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
+class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, StreamedReads):
     """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
 
     def __init__(self, store: Store, cache: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -93,6 +94,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         self._init_revalidation()
         self._init_bands()
         self._init_spares()
+        self._init_streamed()
         # Reads of uncompressed chunks straight from a local store's files (set by the daemon
         # on read-only mounts: no written chunk can be newer than its file).
         self.direct: direct.DirectReads | None = None
@@ -224,6 +226,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         needed); written chunks not yet stored stay in the dirty set, where reads find them first."""
         self.cache.discard_prefix("")
         self.drop_bands()
+        self.drop_streams()
         if self.direct is not None:
             self.direct.close()
 
@@ -289,6 +292,10 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares):
         fewer, larger copies). A sequential reader of a remote store takes them from whole
         shards, each read in one request (readahead.py `_whole_shards`).
         """
+        if self.streamed(stream):  # chunks larger than the cache: never decoded whole
+            if readahead is not None:
+                readahead.next_offset = offset + size
+            return await self.read_streamed(stream, offset, size)
         if reply and readahead is not None:
             self.bands_first(stream, offset, size, readahead)
             data = await self.band_read(stream, offset, size, readahead) if readahead.bands else None

@@ -309,7 +309,8 @@ class Loads:
             if meta.path not in self._oversize_told:
                 self._oversize_told.add(meta.path)
                 log.warning("%s: chunk %s decodes to %d bytes, more than cache_size (%d): such chunks are "
-                            "kept beside the cache, the %d most recently read, and decoded one at a time. "
+                            "decoded whole (their codecs cannot be decoded a range at a time), one at a time, and "
+                            "the last %d kept beside the cache. "
                             "Give a cache_size of at least %d bytes (four chunks: read-ahead, a quarter of the "
                             "cache, then spans one), or rechunk the array in smaller chunks",
                             meta.path or "/", meta.chunk_key(idx), meta.chunk_nbytes, self.cache.max_bytes,

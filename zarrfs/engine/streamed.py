@@ -1,0 +1,217 @@
+"""Reads of chunks larger than the cache: only the bytes a read needs are decoded (rangedecode.py), never a whole chunk.
+
+A read of an array whose chunks are larger than the cache budget, of a codec chain that can
+be decoded a range at a time (a lone stream compressor or blosc over the plain bytes layout),
+copies each chunk's part of it straight out of a decoder of that chunk: a stream is decoded
+from its start up to the read's last byte, blosc only in the blocks the read touches. The
+decoders are kept, at most STREAMS_MAX for the whole daemon, so that a sequential reader
+continues its chunk's stream where its last read left it: each chunk decoded once. Memory
+is then bounded by the decoders' windows, whatever the chunk's size, decoded or encoded.
+Mixed into Engine (docs/CONCURRENCY.md: the decoder pool).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+import trio
+
+from .. import rangedecode
+from ..errors import CorruptChunk, ZarrfsError
+from ..layouts import ArrayStream, plan_bytes
+from ..model import ArrayMeta
+
+log = logging.getLogger(__name__)
+
+Index = tuple[int, ...]
+
+# Decoders kept or in use at once, across every reader: each holds a window of
+# rangedecode.WINDOW_BYTES and its decompressor's state (zstd's window: a few MiB at the
+# levels writers use). Four readers of one array, or one reader of a row of four chunks.
+STREAMS_MAX = 6
+# Decoded bytes of one worker call: a read that needs a long stream prefix is decoded in
+# steps, each bounded by the `timeout` like any store call, and interruptible between them.
+STEP_DECODE_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(eq=False)
+class _Slot:
+    """One chunk's decoder and what it was made for. Used by one task (and its worker
+    thread) at a time: it is taken out of the pool while used."""
+
+    path: str
+    idx: Index
+    generation: int  # the engine's band_generation: a refresh or the TTL makes it stale
+    version: int  # the chunk's write version
+    dec: Any = None  # made in the worker thread by its first call
+    absent: bool = False  # the chunk is not stored
+    reach: int = 0  # while in use: the byte it decodes up to
+    released: Any = None  # while in use: set when it is given back
+
+
+def fill_chunk_sync(slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: list,
+                    targets: list[np.ndarray], start: int, budget: int) -> int:
+    """A chunk's pieces from START decoded into TARGETS (rangedecode.fill_sync), its decoder
+    made first if the slot has none; -1 when the chunk is not stored."""
+    if slot.dec is None and not slot.absent:
+        size = store.size_sync(key)
+        if size is None:
+            slot.absent = True
+        else:
+            if size > meta.max_stored_nbytes:
+                raise CorruptChunk(f"chunk {key}: holds {size} bytes, more than the {meta.max_stored_nbytes} "
+                                   f"it can legitimately take")
+
+            def fetch(a: int, b: int) -> bytes:
+                b = min(b, size)
+                return store.get_range_sync(key, a, b) if a < b else b""
+
+            slot.dec = rangedecode.decoder(meta.codec, meta.chunk_nbytes, fetch, f"chunk {key}")
+    if slot.absent:
+        return -1
+    stored = meta.codec.array_bytes.stored_dtype(meta.dtype)
+    return rangedecode.fill_sync(slot.dec, pieces, targets, stored, start, budget)
+
+
+class StreamedReads:
+    """Reads of arrays whose chunks are larger than the cache (mixed into Engine)."""
+
+    def _init_streamed(self) -> None:
+        self._idle: list[_Slot] = []  # decoders not in use, least recently used first
+        self._busy: dict[tuple[str, Index], list[_Slot]] = {}  # decoders in use, by chunk
+        self._in_use = 0  # decoders in use
+        self._freed = trio.Event()  # set (and replaced) when one is given back
+        self._streamed_told: set[str] = set()  # arrays whose first such read was logged
+
+    def streamed(self, stream: Any) -> bool:
+        """Whether reads of STREAM decode ranges of its chunks instead of whole chunks: an
+        array's own byte stream (any view of it, or one chunk), its chunks larger than the
+        cache and stored one key each, of a chain that can be decoded a range at a time."""
+        if type(stream) is not ArrayStream:
+            return False
+        meta = stream.meta
+        if meta.chunk_nbytes <= self.cache.max_bytes or meta.source is not None or meta.dtype.hasobject:
+            return False
+        return rangedecode.supported(meta.codec)
+
+    async def read_streamed(self, stream: ArrayStream, offset: int, size: int) -> bytes | memoryview:
+        """Bytes [offset, offset+size) of a `streamed` stream."""
+        plan = stream.plan(offset, size)
+        self.counters["reads"] += 1
+        if plan.take_bytes == 0:
+            return plan.header_part
+        meta = stream.meta
+        if meta.path not in self._streamed_told:
+            self._streamed_told.add(meta.path)
+            log.info("%s: chunks decode to %d bytes, more than cache_size (%d): reads decode only the "
+                     "bytes they need, never a whole chunk", meta.path or "/", meta.chunk_nbytes,
+                     self.cache.max_bytes)
+        await self.check_cached(meta)
+        out = np.empty(stream.element_bytes(plan), np.uint8)
+        errors: list[ZarrfsError] = []
+
+        async def one(idx: Index, parts: list) -> None:
+            try:
+                await self._fill_chunk(meta, idx, parts)
+            except ZarrfsError as e:
+                errors.append(e)
+
+        async with trio.open_nursery() as nursery:
+            for idx, parts in stream.chunk_regions(plan, out).items():
+                nursery.start_soon(one, idx, parts)
+        if errors:
+            raise errors[0]
+        return plan_bytes(plan, out)
+
+    async def _fill_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> None:
+        """Copy regions of one chunk into their targets: from the chunk itself when it is held
+        by a writer or cached, else decoded by a decoder of the chunk."""
+        whole = self._lookup(meta, idx)
+        if whole is not None:
+            for region, target in parts:
+                target[...] = whole[region]
+            return
+        key = meta.chunk_key(idx)
+        order = meta.codec.array_bytes.order
+        stored = meta.codec.array_bytes.stored_dtype(meta.dtype)
+        pieces = rangedecode.chunk_pieces(meta.chunk_shape, stored, order, [region for region, _ in parts])
+        targets = [target for _, target in parts]
+        lo = pieces[0][0]
+        while True:  # (no await between the last check and the slot's registration)
+            ahead = self._busy_ahead(meta, idx, lo)
+            if ahead is not None:
+                await ahead.released.wait()  # then continue its stream instead of starting another
+            elif self._in_use >= STREAMS_MAX:
+                await self._freed.wait()
+            else:
+                break
+        slot = self._take_slot(meta, idx, lo)
+        slot.reach, slot.released = max(p[1] for p in pieces), trio.Event()
+        busy = self._busy.setdefault((meta.path, idx), [])
+        busy.append(slot)
+        self._in_use += 1
+        ok = False
+        try:
+            k = 0
+            while 0 <= k < len(pieces):
+                before = 0 if slot.dec is None else slot.dec.decoded
+                k = await self.run_io(fill_chunk_sync, slot, meta, self.store, key, pieces, targets, k,
+                                      STEP_DECODE_BYTES, key=key, cpu=True)
+                self.counters["bytes_decoded"] += 0 if slot.dec is None else slot.dec.decoded - before
+            self.counters["store_gets"] += 1
+            ok = True
+        except ZarrfsError as e:
+            self._count_error(e, key)
+            raise
+        finally:
+            busy.remove(slot)
+            if not busy:
+                del self._busy[(meta.path, idx)]
+            self._in_use -= 1
+            slot.released.set()
+            self._freed.set()
+            self._freed = trio.Event()
+            if ok:  # (else it may still be in use by an abandoned worker, or broken)
+                self._idle.append(slot)
+        if k < 0:
+            self.counters["fill_chunks"] += 1
+            for _, target in parts:
+                target[...] = meta.fill_value
+
+    def _busy_ahead(self, meta: ArrayMeta, idx: Index, lo: int) -> _Slot | None:
+        """A stream decoder of this chunk in use by another read that will then reach byte LO
+        without starting again: a reader following another (or the kernel's reads of one file
+        arriving together) waits for it rather than decoding the same prefix again."""
+        if not rangedecode.is_stream(meta.codec):
+            return None  # (blosc decodes only the blocks it needs: nothing to continue)
+        for slot in self._busy.get((meta.path, idx), ()):
+            if not slot.absent and lo >= slot.reach - rangedecode.BACK_BYTES:  # (its window keeps that)
+                return slot
+        return None
+
+    def _take_slot(self, meta: ArrayMeta, idx: Index, lo: int) -> _Slot:
+        """The idle decoder of this chunk that reaches byte LO with the least work, if one does
+        without starting again (another reader's may be far ahead); else a new one (the least recently used idle one dropped
+        when STREAMS_MAX are kept)."""
+        version = self._versions.get(self._write_unit(meta, idx), 0)
+        self._idle = [s for s in self._idle if s.generation == self.band_generation
+                      and s.version == self._versions.get((s.path, s.idx), 0)]
+        best, cost = None, None
+        for slot in self._idle:
+            if slot.path == meta.path and slot.idx == idx and (slot.absent or slot.dec is not None):
+                c = 0 if slot.absent else slot.dec.cost(lo)
+                if c is not None and (cost is None or c < cost):
+                    best, cost = slot, c
+        if best is not None:
+            self._idle.remove(best)
+            return best
+        while self._idle and len(self._idle) + self._in_use >= STREAMS_MAX:
+            self._idle.pop(0)
+        return _Slot(meta.path, idx, self.band_generation, version)
+
+    def drop_streams(self) -> None:
+        """Forget every idle decoder (their chunks may have changed)."""
+        self._idle.clear()
