@@ -270,10 +270,21 @@ class BloscBlocks(RangeDecoder):
             self.decoded += hi - lo
             return memoryview(data)
         first, last = lo // self.blocksize, (hi - 1) // self.blocksize
-        if first == last == self.nblocks - 1 and first > 0:
+        kept_end = self.kept_at + len(self.kept)
+        if self.kept_at <= lo < kept_end:  # its first blocks are the last decoded: the others only
+            out = np.empty(hi - lo, np.uint8)
+            out[:kept_end - lo] = self.kept[lo - self.kept_at:]
+            self._keep(kept_end // self.blocksize, last)
+            out[kept_end - lo:] = self.kept[kept_end - self.kept_at:hi - self.kept_at]
+            return memoryview(out)
+        self._keep(first, last)
+        return memoryview(self.kept)[lo - self.kept_at:hi - self.kept_at]
+
+    def _keep(self, first: int, last: int) -> None:
+        """Blocks FIRST..LAST decoded and kept (one more before them where blosc needs it)."""
+        if first == last == self.nblocks - 1 and first > 0 and self.nbytes % self.blocksize:
             first -= 1  # (blosc refuses a chunk of one block shorter than its blocksize)
         self.kept_at, self.kept = first * self.blocksize, self._blocks(first, last)
-        return memoryview(self.kept)[lo - self.kept_at:hi - self.kept_at]
 
     def _table(self) -> np.ndarray:
         """Each block's start and end in the encoded chunk (blocks compressed by several threads

@@ -1,0 +1,216 @@
+"""Byte ranges of a chunk decoded without decoding all of it (rangedecode.py), and reads of
+chunks larger than the cache through the engine (engine/streamed.py).
+
+Chunks are encoded by numcodecs and zarr-python; the values expected are numpy's."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+
+import numcodecs
+import numpy as np
+import pytest
+import trio
+import zarr
+
+from zarrfs import rangedecode
+from zarrfs.cache import ChunkCache
+from zarrfs.codecs import BytesBytes, BytesLayout, CodecChain
+from zarrfs.engine import Engine
+from zarrfs.errors import CorruptChunk
+from zarrfs.formats import open_hierarchy_sync
+from zarrfs.layouts import ArrayStream
+from zarrfs.store import Store
+
+from corehelp import np_save_bytes
+
+CODECS = {
+    "zstd": {"id": "zstd", "level": 1},
+    "zlib": {"id": "zlib", "level": 1},
+    "gzip": {"id": "gzip", "level": 1},
+    "bz2": {"id": "bz2", "level": 1},
+    "lzma": {"id": "lzma", "preset": 1},
+    "blosc-lz4": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0},
+    "blosc-zstd-bitshuffle": {"id": "blosc", "cname": "zstd", "clevel": 1, "shuffle": 2, "blocksize": 4096},
+    "blosc-stored": {"id": "blosc", "cname": "lz4", "clevel": 0, "shuffle": 0},
+}
+
+
+def chain_of(config: dict, order: str = "C") -> CodecChain:
+    codec = numcodecs.get_codec(config)
+    return CodecChain(array_bytes=BytesLayout(None, order), bytes_bytes=(BytesBytes(codec, config["id"]),))
+
+
+class Fetches:
+    """A chunk's encoded bytes, counting what was read of them."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw, self.nbytes = raw, 0
+
+    def __call__(self, a: int, b: int) -> bytes:
+        data = self.raw[a:b]
+        self.nbytes += len(data)
+        return data
+
+
+def copy_box(dec, shape, dtype, order, box) -> np.ndarray:
+    target = np.zeros(tuple(b.stop - b.start for b in box), dtype)
+    pieces = rangedecode.chunk_pieces(shape, dtype, order, [box])
+    k = 0
+    while k < len(pieces):
+        k = rangedecode.fill_sync(dec, pieces, [target], dtype, k, 1 << 16)
+    return target
+
+
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("dtype,order", [("<u2", "C"), (">f8", "F"), ("u1", "C")])
+def test_boxes_of_a_chunk_equal_numpy_s(name, dtype, order):
+    """Random boxes of a 3-d chunk, in any order (decoders started again, or continued), C or F
+    layout, any byte order: the values numpy holds."""
+    rng = np.random.default_rng(1)
+    shape = (300, 70, 9)
+    values = ((np.arange(np.prod(shape)) % 251) + rng.integers(0, 3, np.prod(shape))).astype(dtype).reshape(shape)
+    chain = chain_of(CODECS[name])
+    raw = bytes(chain.bytes_bytes[0].codec.encode(np.ravel(values, order=order)))
+    assert rangedecode.supported(chain)
+    dec = rangedecode.decoder(chain, values.nbytes, Fetches(raw), "k")
+    for _ in range(12):
+        box = tuple(slice(int(a), int(a) + int(rng.integers(1, n - a + 1))) for n in shape
+                    for a in [rng.integers(0, n)])
+        assert (copy_box(dec, shape, values.dtype, order, box) == values[box]).all(), box
+
+
+def test_pieces_cover_a_box_once_within_the_span():
+    """`regions` cuts a large box into pieces of at most SPAN_BYTES that cover it exactly."""
+    shape, box = (64, 3000, 40), (slice(3, 61), slice(10, 2990), slice(1, 39))
+    for order in "CF":
+        seen = np.zeros(tuple(b.stop - b.start for b in box), np.int64)
+        pieces = rangedecode.regions(shape, 8, order, box)
+        assert len(pieces) > 1 and [p[0] for p in pieces] == sorted(p[0] for p in pieces)
+        for lo, hi, pshape, _, part in pieces:
+            assert hi - lo <= rangedecode.SPAN_BYTES
+            seen[part] += 1
+        assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("name", ["zstd", "zlib", "gzip", "bz2", "lzma"])
+def test_a_small_read_decodes_only_the_stream_up_to_it(name):
+    """4 KiB at 3 MiB of an 8 MiB chunk decodes its stream up to there (and a step), not the
+    rest; a sequential reader after it continues the stream, each byte decoded once."""
+    nbytes = 8 << 20
+    values = np.resize(np.arange(251, dtype=np.uint8), nbytes)
+    chain = chain_of(CODECS[name])
+    dec = rangedecode.decoder(chain, nbytes, Fetches(bytes(chain.bytes_bytes[0].codec.encode(values))), "k")
+    at = 3 << 20
+    got = copy_box(dec, (nbytes,), np.dtype("u1"), "C", (slice(at, at + 4096),))
+    assert (got == values[at:at + 4096]).all()
+    assert at + 4096 <= dec.decoded <= at + 4096 + rangedecode.OUT_STEP_BYTES
+    for a in range(at + 4096, at + (4 << 20), 1 << 20):
+        assert (copy_box(dec, (nbytes,), np.dtype("u1"), "C", (slice(a, a + (1 << 20)),)) == values[a:a + (1 << 20)]).all()
+    assert dec.decoded <= at + (4 << 20) + rangedecode.OUT_STEP_BYTES
+
+
+def test_a_small_read_of_blosc_decodes_only_its_blocks():
+    """4 KiB at 40 MiB of a 64 MiB blosc chunk reads and decodes only the block holding it (and
+    reads the table of block starts), not the chunk."""
+    nbytes = 64 << 20
+    rng = np.random.default_rng(2)
+    values = rng.integers(0, 4, nbytes, dtype=np.uint8)  # (blocks of real size when compressed)
+    codec = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=0, blocksize=1 << 20)
+    raw = bytes(codec.encode(values))
+    fetch = Fetches(raw)
+    dec = rangedecode.decoder(chain_of(codec.get_config()), nbytes, fetch, "k")
+    at = 40 << 20
+    got = copy_box(dec, (nbytes,), np.dtype("u1"), "C", (slice(at + 100, at + 100 + 4096),))
+    assert (got == values[at + 100:at + 100 + 4096]).all()
+    assert dec.nblocks >= 64 and dec.decoded == dec.blocksize
+    table = 16 + 4 * dec.nblocks
+    assert fetch.nbytes <= table + 2 * len(raw) // dec.nblocks
+
+
+def test_concatenated_gzip_members_and_a_truncated_stream():
+    """gzip and bz2 streams one after another decode as the one-shot functions do; a stream cut
+    short is a CorruptChunk naming the chunk."""
+    values = np.arange(1 << 16, dtype="<u4")
+    data = values.tobytes()
+    half = len(data) // 2
+    for config, raw in [(CODECS["gzip"], gzip.compress(data[:half]) + gzip.compress(data[half:])),
+                        (CODECS["bz2"], bz2.compress(data[:half]) + bz2.compress(data[half:]))]:
+        dec = rangedecode.decoder(chain_of(config), len(data), Fetches(raw), "chunk a/0")
+        assert (copy_box(dec, values.shape, values.dtype, "C", (slice(0, len(values)),)) == values).all()
+        cut = rangedecode.decoder(chain_of(config), len(data), Fetches(raw[:len(raw) // 4]), "chunk a/0")
+        with pytest.raises(CorruptChunk, match="chunk a/0"):
+            copy_box(cut, values.shape, values.dtype, "C", (slice(0, len(values)),))
+
+
+def test_chains_that_cannot_be_decoded_a_range_at_a_time():
+    assert not rangedecode.supported(chain_of({"id": "lz4"}))
+    two = CodecChain(bytes_bytes=(BytesBytes(numcodecs.Shuffle(4), "shuffle"), BytesBytes(numcodecs.Zstd(), "zstd")))
+    assert not rangedecode.supported(two)
+
+
+@pytest.mark.parametrize("compressor", [numcodecs.Zstd(level=1), numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1)])
+@pytest.mark.parametrize("order", ["C", "F"])
+async def test_reads_of_chunks_larger_than_the_cache_decode_ranges(tmp_path, compressor, order):
+    """Through the engine, an array of chunks larger than the cache (narrower than the array,
+    so each read touches several): reads of the .npy and of the F view equal np.save's bytes, a
+    4 KiB read decodes at most its stream prefix (zstd) or its blocks (blosc), no chunk is
+    decoded whole, and nothing enters the cache."""
+    path = str(tmp_path / "s")
+    values = (np.arange(512 * 8192, dtype="<i4") % 1009).reshape(512, 8192)
+    arr = zarr.create_array(store=path, zarr_format=2, shape=values.shape, chunks=(256, 2048), dtype="<i4",
+                            compressors=compressor, order=order, fill_value=0)
+    arr[:] = values
+    arr[:, 6144:] = 0  # (the last column of chunks: not stored)
+    values[:, 6144:] = 0
+    meta = open_hierarchy_sync(Store(path)).node_sync("")
+    engine = Engine(Store(path), ChunkCache(64 << 10))
+    chunk_nbytes = 256 * 2048 * 4
+    for view in ("C", "F"):
+        stream = ArrayStream(meta, order=view)
+        assert engine.streamed(stream)
+        want = np_save_bytes(np.asfortranarray(values) if view == "F" else values)
+        got = bytearray()
+        for at in range(0, stream.size, 1 << 20):
+            got += await engine.read(stream, at, 1 << 20)
+        assert bytes(got) == want
+    engine = Engine(Store(path), ChunkCache(64 << 10))  # (no decoder left by the reads above)
+    stream = ArrayStream(meta)
+    at = len(stream.header) + (256 + 20) * 8192 * 4 + 4 * 10  # row 276, column 10: chunk (1, 0), its row 20
+    assert bytes(await engine.read(stream, at, 4096)) == values.tobytes()[at - len(stream.header):][:4096]
+    decoded = engine.counters["bytes_decoded"]
+    if order == "C":
+        assert 0 < decoded <= (20 * 2048 + 10) * 4 + 4096 + rangedecode.OUT_STEP_BYTES
+        assert decoded < chunk_nbytes // 2
+    else:
+        assert 0 < decoded <= chunk_nbytes
+    assert engine.counters["oversize_loads"] == 0 and engine.cache.used_bytes == 0
+    assert engine.cache.oversize_held == 0
+
+
+async def test_readers_of_one_chunk_at_once_share_its_stream(tmp_path):
+    """Four readers of a chunk larger than the cache reading it sequentially at once get its
+    bytes, and its stream is decoded about once, not once per reader (a reader following
+    another continues its stream)."""
+    path = str(tmp_path / "s")
+    values = np.resize(np.arange(251, dtype=np.uint8), 1 << 24).reshape(1024, 16384)
+    arr = zarr.create_array(store=path, zarr_format=2, shape=values.shape, chunks=values.shape, dtype="u1",
+                            compressors=numcodecs.Zstd(level=1))
+    arr[:] = values
+    meta = open_hierarchy_sync(Store(path)).node_sync("")
+    engine = Engine(Store(path), ChunkCache(1 << 20))
+    stream = ArrayStream(meta)
+    want = np_save_bytes(values)
+    got = [bytearray() for _ in range(4)]
+    step = 1 << 20
+
+    async def reader(i: int) -> None:
+        for at in range(0, stream.size, step):
+            got[i] += await engine.read(stream, at, step)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(4):
+            nursery.start_soon(reader, i)
+    assert all(bytes(g) == want for g in got)
+    assert engine.counters["bytes_decoded"] <= 2 * values.nbytes
