@@ -44,7 +44,7 @@ class OptionDoc:
 OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("writable", "allow writes (README: Writes); refused for read-only stores such as HTTP", "off"),
     OptionDoc("cache_size=SIZE", "budget of the decoded-chunk cache (`512M`, `2G`); chunks larger than the "
-              "budget are kept apart (README: Memory)", "`512M`"),
+              "budget are decoded only as far as each read needs, or kept apart (README: Memory)", "`512M`"),
     OptionDoc("format=auto|v1|v2|v3|v3-draft", "skip detection", "`auto`"),
     OptionDoc("v1_order=spec|writer", "how v1 `order: F` chunks are laid out: `spec` as the v1 specification "
               "says (F order); `writer` as zarr 1.1.0, the one real v1 writer, stored them (F order only with "
