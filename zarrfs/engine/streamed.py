@@ -73,7 +73,12 @@ def fill_chunk_sync(slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: 
     if slot.absent:
         return -1
     stored = meta.codec.array_bytes.stored_dtype(meta.dtype)
-    return rangedecode.fill_sync(slot.dec, pieces, targets, stored, start, budget)
+    try:
+        return rangedecode.fill_sync(slot.dec, pieces, targets, stored, start, budget)
+    except ZarrfsError:
+        raise
+    except Exception as e:  # the decompressors raise many types for corrupt input
+        raise CorruptChunk(f"chunk {key}: cannot decode: {type(e).__name__}: {e}") from None
 
 
 class StreamedReads:
@@ -129,7 +134,7 @@ class StreamedReads:
     async def _fill_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> None:
         """Copy regions of one chunk into their targets: from the chunk itself when it is held
         by a writer or cached, else decoded by a decoder of the chunk."""
-        whole = self._lookup(meta, idx)
+        whole = self._lookup(meta, idx, count=False)
         if whole is not None:
             for region, target in parts:
                 target[...] = whole[region]
