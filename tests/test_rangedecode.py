@@ -214,3 +214,26 @@ async def test_readers_of_one_chunk_at_once_share_its_stream(tmp_path):
             nursery.start_soon(reader, i)
     assert all(bytes(g) == want for g in got)
     assert engine.counters["bytes_decoded"] <= 2 * values.nbytes
+
+
+@pytest.mark.parametrize("compressor", ["gzip", "blosc"])
+async def test_v3_chunks_larger_than_the_cache_big_endian(tmp_path, compressor):
+    """A v3 array (big-endian `bytes`, then gzip or blosc, as zarr-python writes them) of chunks
+    larger than the cache reads equal to np.save's bytes, a range at a time."""
+    from zarr.codecs import BloscCodec, BytesCodec, GzipCodec
+
+    path = str(tmp_path / "s")
+    values = (np.arange(300 * 500, dtype=">i8") % 977).reshape(300, 500)
+    codec = GzipCodec(level=1) if compressor == "gzip" else BloscCodec(cname="lz4", clevel=0, shuffle="shuffle")
+    arr = zarr.create_array(store=path, zarr_format=3, shape=values.shape, chunks=(200, 200), dtype=">i8",
+                            serializer=BytesCodec(endian="big"), compressors=codec)
+    arr[:] = values
+    meta = open_hierarchy_sync(Store(path)).node_sync("")
+    engine = Engine(Store(path), ChunkCache(64 << 10))
+    stream = ArrayStream(meta)
+    assert engine.streamed(stream)
+    got = bytearray()
+    for at in range(0, stream.size, 65536):
+        got += await engine.read(stream, at, 65536)
+    assert bytes(got) == np_save_bytes(values.astype(meta.dtype))
+    assert engine.cache.oversize_held == 0
