@@ -237,3 +237,26 @@ async def test_v3_chunks_larger_than_the_cache_big_endian(tmp_path, compressor):
         got += await engine.read(stream, at, 65536)
     assert bytes(got) == np_save_bytes(values.astype(meta.dtype))
     assert engine.cache.oversize_held == 0
+
+
+@pytest.mark.parametrize("compressor", [numcodecs.Zstd(level=1), numcodecs.GZip(level=1), numcodecs.Blosc()])
+async def test_a_damaged_chunk_larger_than_the_cache_fails_only_its_reads(tmp_path, compressor):
+    """A chunk cut short, or of bytes that are no stream, fails the reads that need it with a
+    CorruptChunk naming its key; the other chunk stays readable."""
+    path = tmp_path / "s"
+    values = (np.arange(256 * 512, dtype="<i4") % 1013).reshape(256, 512)
+    arr = zarr.create_array(store=str(path), zarr_format=2, shape=values.shape, chunks=(128, 512), dtype="<i4",
+                            compressors=compressor)
+    arr[:] = values
+    raw = (path / "0.0").read_bytes()
+    meta = open_hierarchy_sync(Store(str(path))).node_sync("")
+    stream = ArrayStream(meta)
+    row = 128 * 512 * 4
+    for damaged in (raw[:len(raw) // 2], raw[:16] + bytes(range(256)) * 4):
+        (path / "0.0").write_bytes(damaged)
+        engine = Engine(Store(str(path)), ChunkCache(64 << 10))
+        assert engine.streamed(stream)
+        with pytest.raises(CorruptChunk, match="0.0"):
+            await engine.read(stream, len(stream.header) + row - 8192, 4096)
+        got = await engine.read(stream, len(stream.header) + row, 4096)
+        assert bytes(got) == values.tobytes()[row:row + 4096]
