@@ -260,3 +260,22 @@ async def test_a_damaged_chunk_larger_than_the_cache_fails_only_its_reads(tmp_pa
             await engine.read(stream, len(stream.header) + row - 8192, 4096)
         got = await engine.read(stream, len(stream.header) + row, 4096)
         assert bytes(got) == values.tobytes()[row:row + 4096]
+
+
+async def test_a_reader_of_a_wide_row_of_chunks_continues_every_stream(tmp_path):
+    """An array whose row of chunks holds 12 chunks larger than the cache, read sequentially in
+    reads that touch every one of them: each chunk's stream is continued, not started again at
+    every read (the array decoded about once, not once per read)."""
+    path = str(tmp_path / "s")
+    values = (np.arange(512 * 12 * 1024, dtype=np.int64) % 253).astype(np.uint8).reshape(512, 12 * 1024)
+    arr = zarr.create_array(store=path, zarr_format=2, shape=values.shape, chunks=(512, 1024), dtype="u1",
+                            compressors=numcodecs.Zstd(level=1))
+    arr[:] = values
+    meta = open_hierarchy_sync(Store(path)).node_sync("")
+    engine = Engine(Store(path), ChunkCache(64 << 10))
+    stream = ArrayStream(meta)
+    got = bytearray()
+    for at in range(0, stream.size, 65536):
+        got += await engine.read(stream, at, 65536)
+    assert bytes(got) == np_save_bytes(values)
+    assert engine.counters["bytes_decoded"] <= values.nbytes * 1.25

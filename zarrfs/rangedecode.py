@@ -33,11 +33,12 @@ ENCODED_STEP_BYTES = 1 << 20
 # out of one decoded range (a read's region of a chunk is cut into such ranges).
 OUT_STEP_BYTES = 1 << 20
 SPAN_BYTES = 2 << 20
-# What a stream decoder keeps of what it decoded last: the range being copied, a step, and
-# room for a read of the kernel that arrives a little behind the one before (concurrent
-# read-ahead) without decoding the stream again from its start.
+# What a stream decoder keeps of what it decoded last (by default): the range being copied, a
+# step, and room for a read of the kernel that arrives a little behind the one before
+# (concurrent read-ahead) without decoding the stream again from its start. A decoder with a
+# smaller window copies and decodes in steps of a quarter of it.
 WINDOW_BYTES = 8 << 20
-BACK_BYTES = WINDOW_BYTES // 2  # kept behind the last byte decoded, at least (so a shift moves at most this)
+MIN_WINDOW_BYTES = 1 << 20
 # zstd frames whose window needs more are refused (the library's own default limit): a frame
 # written at the highest levels fits, a hostile one does not make us allocate gigabytes.
 ZSTD_MAX_WINDOW_BYTES = 1 << 27
@@ -72,22 +73,34 @@ def is_stream(chain: CodecChain) -> bool:
     return chain.bytes_bytes[0].codec.codec_id != "blosc"
 
 
-def decoder(chain: CodecChain, nbytes: int, fetch: Fetch, name: str) -> "RangeDecoder":
+def decoder(chain: CodecChain, nbytes: int, fetch: Fetch, name: str,
+            window_bytes: int = WINDOW_BYTES) -> "RangeDecoder":
     """A decoder of the chunk whose encoded bytes FETCH reads, of NBYTES decoded bytes (a
-    `supported` chain); NAME labels its errors."""
+    `supported` chain), keeping WINDOW_BYTES of what it decoded last; NAME labels its errors."""
     codec = chain.bytes_bytes[0].codec
     if codec.codec_id == "blosc":
         return BloscBlocks(nbytes, fetch, name)
-    return StreamDecoder(codec, nbytes, fetch, name)
+    return StreamDecoder(codec, nbytes, fetch, name, window_bytes)
+
+
+def span_of(window_bytes: int) -> int:
+    """The most bytes of one piece (`regions`) a decoder with this window is asked for."""
+    return min(SPAN_BYTES, window_bytes // 4)
+
+
+def back_of(window_bytes: int) -> int:
+    """What a stream decoder with this window keeps behind the last byte it decoded, at least."""
+    return window_bytes // 2
 
 
 class RangeDecoder:
-    """Decoded bytes [lo, hi) of one chunk (hi - lo at most SPAN_BYTES), in increasing order
+    """Decoded bytes [lo, hi) of one chunk (hi - lo at most `span`), in increasing order
     for the least work; `decoded` counts the bytes decoded so far."""
 
     nbytes: int
     decoded: int
     name: str
+    span: int = SPAN_BYTES
 
     def cost(self, lo: int) -> int | None:
         """Bytes to decode before byte LO can be had (ranks decoders of one chunk); None when
@@ -102,43 +115,46 @@ class RangeDecoder:
         raise NotImplementedError
 
     def _check(self, lo: int, hi: int) -> None:
-        if not 0 <= lo < hi <= self.nbytes or hi - lo > SPAN_BYTES:
+        if not 0 <= lo < hi <= self.nbytes or hi - lo > self.span:
             raise ValueError(f"range {lo}:{hi} of a {self.nbytes}-byte chunk")
 
 
 class _Source:
     """A chunk's encoded bytes, read from the store a step at a time (file-like for zstandard)."""
 
-    def __init__(self, fetch: Fetch) -> None:
-        self.fetch = fetch
+    def __init__(self, fetch: Fetch, step: int) -> None:
+        self.fetch, self.step = fetch, step
         self.at = 0
 
-    def read(self, n: int = ENCODED_STEP_BYTES) -> bytes:
-        data = self.fetch(self.at, self.at + max(1, min(n, ENCODED_STEP_BYTES)))
+    def read(self, n: int = -1) -> bytes:
+        data = self.fetch(self.at, self.at + (self.step if n < 0 else max(1, min(n, self.step))))
         self.at += len(data)
         return data
 
 
 class StreamDecoder(RangeDecoder):
-    """A compressed stream decoded from its start, the last WINDOW_BYTES of its output kept."""
+    """A compressed stream decoded from its start, the last bytes of its output kept (a window)."""
 
-    def __init__(self, codec: Any, nbytes: int, fetch: Fetch, name: str) -> None:
+    def __init__(self, codec: Any, nbytes: int, fetch: Fetch, name: str, window_bytes: int = WINDOW_BYTES) -> None:
         self.codec, self.nbytes, self.fetch, self.name = codec, nbytes, fetch, name
-        self.window = np.empty(WINDOW_BYTES, np.uint8)
+        self.window = np.empty(max(window_bytes, MIN_WINDOW_BYTES), np.uint8)
+        self.span = span_of(len(self.window))
+        self.out_step = min(OUT_STEP_BYTES, len(self.window) // 4)
+        self.back = back_of(len(self.window))
         self.decoded = 0  # every byte decoded, restarts included
         self._restart()
 
     def _restart(self) -> None:
         self.pos = 0  # the stream's next decoded byte
         self.held = 0  # window[:held] is decoded bytes [pos - held, pos)
-        self.source = _Source(self.fetch)
+        self.source = _Source(self.fetch, min(ENCODED_STEP_BYTES, len(self.window) // 4))
         self.pending = b""  # encoded bytes read and not yet given to the decompressor
         self.ended = False
         self.reader = None
         cid = self.codec.codec_id
         if cid == "zstd":
             dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES)
-            self.reader = dctx.stream_reader(self.source, read_size=ENCODED_STEP_BYTES, read_across_frames=True)
+            self.reader = dctx.stream_reader(self.source, read_size=self.source.step, read_across_frames=True)
         else:
             self.obj = self._new()
 
@@ -202,7 +218,7 @@ class StreamDecoder(RangeDecoder):
             self._restart()
         spent = 0
         while self.pos < lo and spent < budget:
-            spent += self._step(min(OUT_STEP_BYTES, max(1, lo - self.pos)), lo)
+            spent += self._step(min(self.out_step, max(1, lo - self.pos)), lo)
         return self.pos >= lo
 
     def _step(self, n: int, keep_from: int) -> int:
@@ -214,8 +230,8 @@ class StreamDecoder(RangeDecoder):
         k = len(out)
         if self.pos + k > self.nbytes:
             raise CorruptChunk(f"{self.name}: decodes to more than the {self.nbytes} bytes expected")
-        if self.held + k > WINDOW_BYTES:  # keep the last half (or from KEEP_FROM, if more)
-            keep = min(WINDOW_BYTES - k, self.held, max(BACK_BYTES, self.pos - keep_from))
+        if self.held + k > len(self.window):  # keep the last half (or from KEEP_FROM, if more)
+            keep = min(len(self.window) - k, self.held, max(self.back, self.pos - keep_from))
             self.window[:keep] = self.window[self.held - keep:self.held]
             self.held = keep
         self.window[self.held:self.held + k] = np.frombuffer(out, np.uint8)
@@ -228,7 +244,7 @@ class StreamDecoder(RangeDecoder):
         self._check(lo, hi)
         self.advance(lo, self.nbytes)
         while self.pos < hi:
-            self._step(min(OUT_STEP_BYTES, hi - self.pos), lo)
+            self._step(min(self.out_step, hi - self.pos), lo)
         start = self.held - (self.pos - lo)
         return memoryview(self.window)[start:start + hi - lo]
 
@@ -346,40 +362,51 @@ class BloscBlocks(RangeDecoder):
         return out
 
 
-def regions(shape: tuple[int, ...], itemsize: int, order: str, box: tuple[slice, ...]
-            ) -> list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[slice, ...]]]:
-    """A box of a chunk (SHAPE, elements of ITEMSIZE in ORDER) cut into pieces whose bytes lie
-    within SPAN_BYTES, in increasing order of their bytes: (first byte, stop byte, shape, strides
-    of the piece's elements from its first byte, the piece's part of the box as slices of it)."""
-    ndim = len(shape)
-    strides = [0] * ndim
+def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> list[int]:
+    strides = [0] * len(shape)
     step = itemsize
-    for d in (range(ndim - 1, -1, -1) if order == "C" else range(ndim)):
+    for d in (range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape))):
         strides[d] = step
         step *= shape[d]
+    return strides
+
+
+def first_byte(shape: tuple[int, ...], itemsize: int, order: str, boxes: list[tuple[slice, ...]]) -> int:
+    """The first byte in a chunk of any of its BOXES' elements."""
+    strides = _strides(shape, itemsize, order)
+    return min(sum(b.start * s for b, s in zip(box, strides)) for box in boxes)
+
+
+def regions(shape: tuple[int, ...], itemsize: int, order: str, box: tuple[slice, ...], span: int = SPAN_BYTES
+            ) -> list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[slice, ...]]]:
+    """A box of a chunk (SHAPE, elements of ITEMSIZE in ORDER) cut into pieces whose bytes lie
+    within SPAN, in increasing order of their bytes: (first byte, stop byte, shape, strides
+    of the piece's elements from its first byte, the piece's part of the box as slices of it)."""
+    ndim = len(shape)
+    strides = _strides(shape, itemsize, order)
     axes = sorted(range(ndim), key=lambda d: -strides[d])  # slowest first
     out: list = []
 
-    def span(lo_idx: list[int], hi_idx: list[int]) -> tuple[int, int]:
+    def extent(lo_idx: list[int], hi_idx: list[int]) -> tuple[int, int]:
         lo = sum(i * s for i, s in zip(lo_idx, strides))
         return lo, sum((i - 1) * s for i, s in zip(hi_idx, strides)) + itemsize
 
     def emit(lo_idx: list[int], hi_idx: list[int]) -> None:
-        lo, hi = span(lo_idx, hi_idx)
+        lo, hi = extent(lo_idx, hi_idx)
         out.append((lo, hi, tuple(h - l for l, h in zip(lo_idx, hi_idx)), tuple(strides),
                     tuple(slice(l - b.start, h - b.start) for l, h, b in zip(lo_idx, hi_idx, box))))
 
     def cut(lo_idx: list[int], hi_idx: list[int], level: int) -> None:
-        lo, hi = span(lo_idx, hi_idx)
-        if hi - lo <= SPAN_BYTES or level >= ndim:
+        lo, hi = extent(lo_idx, hi_idx)
+        if hi - lo <= span or level >= ndim:
             emit(lo_idx, hi_idx)
             return
         d = axes[level]
         one_hi = list(hi_idx)
         one_hi[d] = lo_idx[d] + 1
-        a, b = span(lo_idx, one_hi)
+        a, b = extent(lo_idx, one_hi)
         one = b - a  # the bytes of one index along D
-        per = 1 if one > SPAN_BYTES else max(1, (SPAN_BYTES - one) // strides[d] + 1)
+        per = 1 if one > span else max(1, (span - one) // strides[d] + 1)
         for at in range(lo_idx[d], hi_idx[d], per):
             sub_lo, sub_hi = list(lo_idx), list(hi_idx)
             sub_lo[d], sub_hi[d] = at, min(at + per, hi_idx[d])
@@ -408,12 +435,12 @@ def fill_sync(dec: RangeDecoder, pieces: list, targets: list[np.ndarray], dtype:
 
 
 def chunk_pieces(shape: tuple[int, ...], dtype: np.dtype, order: str,
-                 boxes: list[tuple[slice, ...]]) -> list[tuple]:
+                 boxes: list[tuple[slice, ...]], span: int = SPAN_BYTES) -> list[tuple]:
     """Every box's pieces (`regions`), each tagged with its box's number, in increasing order of
     their bytes in the chunk (so that a stream is decoded once for all of them)."""
     pieces = []
     for n, box in enumerate(boxes):
-        pieces += [(*r, n) for r in regions(shape, dtype.itemsize, order, box)]
+        pieces += [(*r, n) for r in regions(shape, dtype.itemsize, order, box, span)]
     pieces.sort(key=lambda p: p[0])
     return pieces
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,12 @@ Index = tuple[int, ...]
 # rangedecode.WINDOW_BYTES and its decompressor's state (zstd's window: a few MiB at the
 # levels writers use). Four readers of one array, or one reader of a row of four chunks.
 STREAMS_MAX = 6
+# An array whose row of chunks holds more chunks has as many decoders, up to STREAMS_WIDE_MAX,
+# with windows that share STREAMS_WINDOWS_BYTES (at least rangedecode.MIN_WINDOW_BYTES each): a
+# sequential reader of it reads every chunk of the row in turn, and each must continue its
+# stream (fewer decoders than that, and every read starts every stream again).
+STREAMS_WIDE_MAX = 24
+STREAMS_WINDOWS_BYTES = 48 << 20
 # Decoded bytes of one worker call: a read that needs a long stream prefix is decoded in
 # steps, each bounded by the `timeout` like any store call, and interruptible between them.
 STEP_DECODE_BYTES = 256 << 20
@@ -46,6 +53,7 @@ class _Slot:
     idx: Index
     generation: int  # the engine's band_generation: a refresh or the TTL makes it stale
     version: int  # the chunk's write version
+    window: int = rangedecode.WINDOW_BYTES  # what its decoder keeps of what it decoded last
     dec: Any = None  # made in the worker thread by its first call
     absent: bool = False  # the chunk is not stored
     reach: int = 0  # while in use: the byte it decodes up to
@@ -69,7 +77,7 @@ def fill_chunk_sync(slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: 
                 b = min(b, size)
                 return store.get_range_sync(key, a, b) if a < b else b""
 
-            slot.dec = rangedecode.decoder(meta.codec, meta.chunk_nbytes, fetch, f"chunk {key}")
+            slot.dec = rangedecode.decoder(meta.codec, meta.chunk_nbytes, fetch, f"chunk {key}", slot.window)
     if slot.absent:
         return -1
     stored = meta.codec.array_bytes.stored_dtype(meta.dtype)
@@ -79,6 +87,14 @@ def fill_chunk_sync(slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: 
         raise
     except Exception as e:  # the decompressors raise many types for corrupt input
         raise CorruptChunk(f"chunk {key}: cannot decode: {type(e).__name__}: {e}") from None
+
+
+def _streams_max(meta: ArrayMeta) -> int:
+    """How many decoders reads of this array may keep: STREAMS_MAX, or for an array whose
+    rows of chunks (in C or F order) hold more chunks, that many and two, up to STREAMS_WIDE_MAX."""
+    grid = [-(-n // c) for n, c in zip(meta.shape, meta.chunk_shape)]
+    across = max(math.prod(grid[1:]), math.prod(grid[:-1])) if grid else 1
+    return max(STREAMS_MAX, min(STREAMS_WIDE_MAX, across + 2))
 
 
 class StreamedReads:
@@ -142,18 +158,20 @@ class StreamedReads:
         key = meta.chunk_key(idx)
         order = meta.codec.array_bytes.order
         stored = meta.codec.array_bytes.stored_dtype(meta.dtype)
-        pieces = rangedecode.chunk_pieces(meta.chunk_shape, stored, order, [region for region, _ in parts])
+        boxes = [region for region, _ in parts]
         targets = [target for _, target in parts]
-        lo = pieces[0][0]
+        lo = rangedecode.first_byte(meta.chunk_shape, stored.itemsize, order, boxes)
+        most = _streams_max(meta)
         while True:  # (no await between the last check and the slot's registration)
             ahead = self._busy_ahead(meta, idx, lo)
             if ahead is not None:
                 await ahead.released.wait()  # then continue its stream instead of starting another
-            elif self._in_use >= STREAMS_MAX:
+            elif self._in_use >= most:
                 await self._freed.wait()
             else:
                 break
-        slot = self._take_slot(meta, idx, lo)
+        slot = self._take_slot(meta, idx, lo, most)
+        pieces = rangedecode.chunk_pieces(meta.chunk_shape, stored, order, boxes, rangedecode.span_of(slot.window))
         slot.reach, slot.released = max(p[1] for p in pieces), trio.Event()
         busy = self._busy.setdefault((meta.path, idx), [])
         busy.append(slot)
@@ -193,14 +211,14 @@ class StreamedReads:
         if not rangedecode.is_stream(meta.codec):
             return None  # (blosc decodes only the blocks it needs: nothing to continue)
         for slot in self._busy.get((meta.path, idx), ()):
-            if not slot.absent and lo >= slot.reach - rangedecode.BACK_BYTES:  # (its window keeps that)
+            if not slot.absent and lo >= slot.reach - rangedecode.back_of(slot.window):  # (its window keeps that)
                 return slot
         return None
 
-    def _take_slot(self, meta: ArrayMeta, idx: Index, lo: int) -> _Slot:
+    def _take_slot(self, meta: ArrayMeta, idx: Index, lo: int, most: int) -> _Slot:
         """The idle decoder of this chunk that reaches byte LO with the least work, if one does
-        without starting again (another reader's may be far ahead); else a new one (the least recently used idle one dropped
-        when STREAMS_MAX are kept)."""
+        without starting again (another reader's may be far ahead); else a new one (the least
+        recently used idle ones dropped while MOST or more would be kept)."""
         version = self._versions.get(self._write_unit(meta, idx), 0)
         self._idle = [s for s in self._idle if s.generation == self.band_generation
                       and s.version == self._versions.get((s.path, s.idx), 0)]
@@ -213,9 +231,10 @@ class StreamedReads:
         if best is not None:
             self._idle.remove(best)
             return best
-        while self._idle and len(self._idle) + self._in_use >= STREAMS_MAX:
+        while self._idle and len(self._idle) + self._in_use >= most:
             self._idle.pop(0)
-        return _Slot(meta.path, idx, self.band_generation, version)
+        window = max(rangedecode.MIN_WINDOW_BYTES, min(rangedecode.WINDOW_BYTES, STREAMS_WINDOWS_BYTES // most))
+        return _Slot(meta.path, idx, self.band_generation, version, window)
 
     def drop_streams(self) -> None:
         """Forget every idle decoder (their chunks may have changed)."""
