@@ -217,7 +217,7 @@ class BandReads:
 
     def _band_ahead(self, stream: ArrayStream, n: int, state: ReadAhead) -> None:
         """Start assembling band N of the stream, unless it is there or there is no buffer for it."""
-        if stream.meta.chunk_nbytes > self.cache.max_bytes:
+        if (stream.meta.inner or stream.meta).chunk_nbytes > self.cache.max_bytes:
             return  # a band would hold whole chunks larger than the cache, two where it spans two
         origin, span, rows = self._span(stream)
         start = origin + n * span

@@ -101,7 +101,7 @@ class Prefetch:
         """
         if self._nursery is None or self.prefetch_max_bytes <= 0:
             return
-        if stream.meta.chunk_nbytes > self.cache.max_bytes:
+        if (stream.meta.inner or stream.meta).chunk_nbytes > self.cache.max_bytes:
             return  # one such chunk decoded at a time: one ahead would evict the one being read
         whole = sequential and self._whole_shards(stream)
         window, planned = state.window, state.planned
