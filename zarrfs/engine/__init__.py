@@ -63,7 +63,8 @@ DEFAULT_TIMEOUT_S = 30.0
 STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
             "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads",
-            "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads", "bands_assembled", "small_reads", "row_reads", "buffers_reused")
+            "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads", "bands_assembled", "small_reads", "row_reads", "buffers_reused",
+            "streamed_reads")
 
 __all__ = ["Engine", "ReadAhead"]
 

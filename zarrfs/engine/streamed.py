@@ -122,6 +122,7 @@ class StreamedReads:
         """Bytes [offset, offset+size) of a `streamed` stream."""
         plan = stream.plan(offset, size)
         self.counters["reads"] += 1
+        self.counters["streamed_reads"] += 1
         if plan.take_bytes == 0:
             return plan.header_part
         meta = stream.meta
