@@ -137,7 +137,7 @@ class StreamedReads:
 
         async def one(idx: Index, parts: list) -> None:
             try:
-                await self._fill_chunk(meta, idx, parts)
+                await self._copy_streamed_chunk(meta, idx, parts)
             except ZarrfsError as e:
                 errors.append(e)
 
@@ -148,7 +148,7 @@ class StreamedReads:
             raise errors[0]
         return plan_bytes(plan, out)
 
-    async def _fill_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> None:
+    async def _copy_streamed_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> None:
         """Copy regions of one chunk into their targets: from the chunk itself when it is held
         by a writer or cached, else decoded by a decoder of the chunk."""
         whole = self._lookup(meta, idx, count=False)
@@ -201,9 +201,9 @@ class StreamedReads:
             if ok:  # (else it may still be in use by an abandoned worker, or broken)
                 self._idle.append(slot)
         if k < 0:
-            self.counters["fill_chunks"] += 1
-            for _, target in parts:
-                target[...] = meta.fill_value
+            fill = self._fill_chunk(meta)  # (raises when the fill value cannot be read)
+            for region, target in parts:
+                target[...] = fill[region]
 
     def _busy_ahead(self, meta: ArrayMeta, idx: Index, lo: int) -> _Slot | None:
         """A stream decoder of this chunk in use by another read that will then reach byte LO
