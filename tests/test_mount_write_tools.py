@@ -200,3 +200,25 @@ def test_rsync_twice_transfers_nothing_the_second_time(mount, tmp_path, fmt):
     np.testing.assert_array_equal(zarr.open_array(root / "g" / "x", mode="r")[...], x)
     third = rsync_stats(src / "x.npy", mnt / "g")
     assert third["Number of regular files transferred"] == "0"
+
+
+@FORMATS
+def test_setfattr_on_a_dataset_array_keeps_what_xarray_needs(mount, tmp_path, fmt):
+    """Attributes set with setfattr replace the user's attributes, not xarray's own (the v2
+    dimension names, the v3 missing-value mark); a null removes one of those on purpose."""
+    root = tmp_path / "ds.zarr"
+    write_dataset(root, fmt)
+    mnt = mount(root, "writable")
+    subprocess.run(["setfattr", "-n", "user.zarr.attributes", "-v", '{"units": "degC"}', mnt / "t.npy"],
+                   check=True)
+    ds = open_dataset(root, fmt)
+    assert ds["t"].dims == ("time", "y", "x")
+    assert ds["t"].attrs["units"] == "degC"
+    np.testing.assert_array_equal(ds["t"].values, np.arange(60, dtype="f4").reshape(3, 4, 5))
+    assert ds["t"].encoding.get("_FillValue") is not None and np.isnan(ds["t"].encoding["_FillValue"])
+    if fmt == 2:
+        subprocess.run(["setfattr", "-n", "user.zarr.attributes", "-v", '{"_ARRAY_DIMENSIONS": null}',
+                        mnt / "x.npy"], check=True)
+        import zarr
+
+        assert "_ARRAY_DIMENSIONS" not in zarr.open_array(root / "x", mode="r").attrs

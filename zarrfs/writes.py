@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import Exists, InvalidArgument, IsADir, NotADir, NotEmpty, NotFound, NotPermitted
 from .incoming import NPY_SUFFIX, HeldFile, Incoming, IncomingWrites, is_held_name
 from .keys import join
+from .formats.datasets import attributes_kept
 from .model import ArrayMeta, BrokenNode, Node
 from . import grid
 
@@ -336,5 +337,5 @@ class NamespaceWrites(IncomingWrites):
         node = entry.node
         if node is None or entry.kind not in ("group", "array", "chunkdir") or isinstance(node, BrokenNode):
             raise NotPermitted("only groups and arrays have attributes")
-        entry.node = await self.engine.run_io(self.hierarchy.set_attributes_sync, node, attrs)
+        entry.node = await self.engine.run_io(self.hierarchy.set_attributes_sync, node, attributes_kept(node, attrs))
         self._invalidate()

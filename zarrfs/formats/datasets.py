@@ -74,3 +74,17 @@ def in_dataset(new: NewArray, siblings: Iterable[Node], fmt: str) -> NewArray:
             attributes["_FillValue"] = base64.b64encode(np.asarray(np.nan, "<f8").tobytes()).decode()
         return dataclasses.replace(new, fill_value=fill, dimension_names=names, attributes=attributes)
     return dataclasses.replace(new, fill_value=None, fill_null=True, dimension_names=names, attributes=attributes)
+
+
+# Attributes xarray keeps for itself (an array's dimensions in v2, its missing-value mark in
+# v3): a `setfattr` that omits them must not turn a dataset into one xarray cannot open.
+XARRAY_OWN_ATTRS = {"v2": (V2_DIMENSIONS_ATTR,), "v3": ("_FillValue",)}
+
+
+def attributes_kept(node: Node, new: dict) -> dict:
+    """The attributes to store when a user sets NEW on an array: xarray's own ones the array
+    carries are kept where NEW omits them; a key set to null in NEW removes one."""
+    own = XARRAY_OWN_ATTRS.get(node.format, ()) if isinstance(node, ArrayMeta) else ()
+    kept = {k: node.attributes[k] for k in own if k in node.attributes and k not in new}
+    merged = {**kept, **new}
+    return {k: v for k, v in merged.items() if not (k in own and v is None)}
