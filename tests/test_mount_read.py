@@ -228,8 +228,15 @@ def test_unknown_xattr_is_enodata(hierarchy_mount, fmt):
 # --------------------------------------------------------------------------- read-only
 
 
+def _rewrite(path, text):
+    with open(path, "wb") as f:
+        f.write(text)
+
+
 def _write_ops(mnt):
     arr = mnt / "top.npy"
+    # The one file a read-only mount lets be rewritten, and only to save GDAL's statistics.
+    vrt = mnt / ".zarrfs" / "gdal" / "top.vrt"
     return {
         "open_r+": lambda: open(arr, "r+b"),
         "open_w_trunc": lambda: open(arr, "wb"),
@@ -248,6 +255,12 @@ def _write_ops(mnt):
         "utime": lambda: os.utime(arr, (0, 0)),
         "symlink": lambda: os.symlink("top.npy", mnt / "link.npy"),
         "link": lambda: os.link(arr, mnt / "hard.npy"),
+        "utime_now": lambda: os.utime(arr),
+        "vrt_open_w": lambda: os.open(vrt, os.O_WRONLY),
+        "vrt_open_append": lambda: open(vrt, "ab"),
+        "vrt_truncate": lambda: os.truncate(vrt, 0),
+        "vrt_chmod": lambda: os.chmod(vrt, 0o600),
+        "vrt_rewrite_not_statistics": lambda: _rewrite(vrt, b"<VRTDataset/>\n"),
     }
 
 
@@ -268,6 +281,7 @@ def test_writes_fail_with_erofs(hierarchy_mount, fmt, op):
     assert exc.value.errno == errno.EROFS, f"{op}: {exc.value!r}"
     assert sorted(os.listdir(mnt)) == before
     assert open(mnt / "top.npy", "rb").read() == h.expected("top").npy
+    assert b"<SourceFilename" in (mnt / ".zarrfs" / "gdal" / "top.vrt").read_bytes()
 
 
 # --------------------------------------------------------------------------- a store whose root is an array

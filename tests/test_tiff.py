@@ -120,3 +120,57 @@ def test_envi_header_and_vrt_texts():
     vrt = imageviews.vrt(meta, "a.npy").decode()
     assert vrt.count("VRTRawRasterBand") == 3 and "<ByteOrder>MSB</ByteOrder>" in vrt
     assert "<ImageOffset>%d</ImageOffset>" % (128 + 2 * 5 * 7 * 4) in vrt
+
+
+def _gdal_copy(tmp_path, meta, arr, statistics=None):
+    """A view's VRT at .zarrfs/gdal/a.vrt beside the array's np.save file, as in a mount."""
+    np.save(tmp_path / "a.npy", arr)
+    vrt = tmp_path / ".zarrfs" / "gdal" / "a.vrt"
+    vrt.parent.mkdir(parents=True)
+    vrt.write_bytes(imageviews.vrt(meta, "a.npy", statistics))
+    return vrt
+
+
+def _gdal(*cmd):
+    import shutil
+    import subprocess
+
+    if shutil.which(cmd[0]) is None:
+        pytest.fail(f"{cmd[0]} is not installed (scripts/test.sh installs it with apt)")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_vrt_statistics_are_what_gdal_saves_into_a_vrt(tmp_path):
+    """GDAL (gdalinfo -stats) rewrites a VRT with STATISTICS_* band metadata: those are taken
+    as the view's statistics (numpy's values); written into the view's text, GDAL prints them
+    without writing the file again."""
+    arr = (np.random.default_rng(3).random((3, 6, 5)) * 100).astype(">f4")
+    meta, _ = make(arr, (1, 6, 5), "C")
+    vrt = _gdal_copy(tmp_path, meta, arr)
+    _gdal("gdalinfo", "-stats", str(vrt))
+    stats = imageviews.vrt_statistics(vrt.read_bytes(), meta, "a.npy")
+    assert stats is not None and len(stats) == 3
+    for band, st in zip(arr.astype("f8"), stats):
+        for key, want in (("MINIMUM", band.min()), ("MAXIMUM", band.max()), ("MEAN", band.mean()),
+                          ("STDDEV", band.std())):
+            assert float(st["STATISTICS_" + key]) == pytest.approx(want, rel=1e-6)
+    again = vrt.with_name("b.vrt")
+    again.write_bytes(imageviews.vrt(meta, "a.npy", stats))
+    before = again.read_bytes()
+    r = _gdal("gdalinfo", "-stats", str(again))
+    assert again.read_bytes() == before and "ERROR" not in r.stderr
+    assert r.stdout.count("STATISTICS_MEAN=") == 3
+
+
+@pytest.mark.parametrize("edit", [["-a_nodata", "0"], ["-mo", "KEY=VALUE"], ["-a_srs", "EPSG:4326"]])
+def test_vrt_statistics_refuse_other_changes(tmp_path, edit):
+    arr = np.arange(30, dtype="<u2").reshape(6, 5)
+    meta, _ = make(arr, (6, 5), "C")
+    vrt = _gdal_copy(tmp_path, meta, arr)
+    _gdal("gdal_edit.py", *edit, str(vrt))
+    assert vrt.read_bytes() != imageviews.vrt(meta, "a.npy")
+    assert imageviews.vrt_statistics(vrt.read_bytes(), meta, "a.npy") is None
+    assert imageviews.vrt_statistics(b"not xml", meta, "a.npy") is None
+    assert imageviews.vrt_statistics(b"<VRTDataset/>", meta, "a.npy") is None

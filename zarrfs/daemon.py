@@ -337,8 +337,8 @@ def fuse_options(options: Options, source: str = "zarrfs") -> set[str]:
     opts.update((f"fsname={fsname(source, options)}", "subtype=zarrfs"))
     if any(o.startswith("subtype=") for o in options.fuse_options):
         opts.discard("subtype=zarrfs")
-    if not options.writable:
-        opts.add("ro")
+    # A read-only mount is not `ro` for the kernel: every write call reaches zarrfs, which
+    # refuses it with EROFS, except the rewrite of a VRT view that saves GDAL's statistics.
     opts.update(o for o in options.fuse_options if o.split("=")[0] not in ("uid", "gid", "umask"))
     return opts
 

@@ -52,6 +52,11 @@ def invalidate_data_sync(inodes: list[int]) -> None:
             pass
 
 
+def rewritable(entry: Entry) -> bool:
+    """A VRT view: GDAL rewrites it to save statistics, on any mount (handles.VrtRewriteHandle)."""
+    return entry.kind == "text" and entry.view == "gdal"
+
+
 # renameat2(2)'s flag that refuses to replace an existing target (linux/fs.h); the others are
 # RENAME_EXCHANGE (2) and RENAME_WHITEOUT (4).
 RENAME_NOREPLACE = 1
@@ -116,7 +121,8 @@ class ZarrOperations(pyfuse3.Operations):
         attr.generation = 0
         # The kernel keeps names and sizes no longer than zarrfs trusts them (metadata_ttl).
         attr.entry_timeout = attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.metadata_ttl_s)
-        writable = self.options.writable and (entry.writable or (entry.kind == "group" and entry.view == ""))
+        writable = ((self.options.writable and (entry.writable or (entry.kind == "group" and entry.view == "")))
+                    or rewritable(entry))
         if entry.is_dir:
             attr.st_mode = stat.S_IFDIR | ((0o755 if writable else 0o555) & ~self.umask)
             attr.st_nlink = 2
@@ -326,8 +332,9 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        self._check_writable()
         handle = self._handles[fh]
+        if not handle.writes_on_read_only:
+            self._check_writable()
         self._touched(handle.entry)
         return await handle.write(off, buf)
 
@@ -341,15 +348,14 @@ class ZarrOperations(pyfuse3.Operations):
     @boundary
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
         entry = self.ns.get(inode)
+        # The kernel does not refuse these on a read-only mount (it is not mounted `ro`).
+        self._check_writable()
         if fields.update_size:
-            self._check_writable()
             if attr.st_size == 0 or entry.kind == "held":
                 await self.ns.truncate(entry, attr.st_size)
             elif attr.st_size != entry.size:
                 raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
-        elif fields.update_mode or fields.update_uid or fields.update_gid:
-            self._check_writable()
-        if fields.update_mtime and self.options.writable:  # read-only: accepted, not kept (touch of refresh)
+        if fields.update_mtime:
             await self.ns.set_times(entry, attr.st_mtime_ns)
             key = self._time_key(entry)
             if key is not None:
@@ -401,7 +407,7 @@ class ZarrOperations(pyfuse3.Operations):
     @boundary
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:
         entry = self.ns.get(inode)
-        if mode & os.W_OK:
+        if mode & os.W_OK and not rewritable(entry):
             if not self.options.writable:
                 raise ReadOnly("read-only mount")
             if not (entry.writable or (entry.kind == "group" and entry.view == "")):

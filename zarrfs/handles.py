@@ -12,8 +12,9 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from . import imageviews
 from .engine import ReadAhead
-from .errors import AccessDenied, InvalidArgument, IsADir, NotFound, NotPermitted, ReadOnly
+from .errors import AccessDenied, InvalidArgument, IsADir, NotFound, NotPermitted, ReadOnly, TooBig
 from .model import BrokenNode
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ class Handle:
 
     # Bypass the kernel's page cache (files whose every open sees different bytes).
     direct_io = False
+    # Writes reach it on a read-only mount (else they fail with EROFS before it sees them).
+    writes_on_read_only = False
 
     def __init__(self, ns: "Namespace", entry: "Entry") -> None:
         self.ns = ns
@@ -141,6 +144,50 @@ class NetcdfHandle(Handle):
         return out[0] if len(out) == 1 else b"".join(out)
 
 
+class VrtRewriteHandle(Handle):
+    """gdal/PATH.vrt opened to be rewritten whole (O_TRUNC), as GDAL does to save the statistics
+    it computed: the statistics are kept (read-only mounts too), any other change is refused."""
+
+    # Accepted on a read-only mount: GDAL reports an error when it cannot save statistics.
+    writes_on_read_only = True
+    # Each open reads the text made from the kept statistics, not pages left by the writer.
+    direct_io = True
+
+    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+        super().__init__(ns, entry)
+        self.written = bytearray()
+        self.changed = False  # written to since the last close of a descriptor
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return bytes(self.written[offset:offset + size])
+
+    async def write(self, offset: int, data: bytes) -> int:
+        end = offset + len(data)
+        if end > imageviews.max_vrt_rewrite_bytes(self.entry.content or b""):
+            raise TooBig(f"gdal/{self.entry.node.path}.vrt: a rewrite of {end} bytes is more than statistics")
+        if end > len(self.written):
+            self.written.extend(bytes(end - len(self.written)))
+        self.written[offset:end] = data
+        self.changed = True
+        return len(data)
+
+    async def flush(self) -> None:
+        """close(2): the statistics the written text adds are kept; EROFS (EACCES on a writable
+        mount) for a text that changes anything else."""
+        if not self.changed:
+            return
+        self.changed = False
+        if not self.ns.keep_vrt_statistics(self.entry, bytes(self.written)):
+            log.warning("gdal/%s.vrt: a rewrite that changes more than band statistics is refused",
+                        self.entry.node.path)
+            raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved into a VRT view")
+
+    async def release(self) -> None:
+        await super().release()
+        # The kernel keeps the writer's pages and size: drop them, the text is made again.
+        self.ns.forget_pages([self.entry.inode])
+
+
 class HeldFileHandle(Handle):
     """A plain file (any name but NAME.npy): its bytes in the daemon while written, kept in
     the store from each close and fsync on."""
@@ -192,6 +239,8 @@ def opened(ns: "Namespace", entry: "Entry") -> Handle:
 
 
 async def _check_write_open(ns: "Namespace", entry: "Entry", flags: int) -> None:
+    if entry.kind == "text" and entry.view == "gdal" and flags & os.O_TRUNC and not flags & os.O_APPEND:
+        return  # a rewrite that saves statistics (VrtRewriteHandle)
     if not ns.writes_allowed:
         raise ReadOnly("read-only mount")
     if not entry.writable:
@@ -211,6 +260,11 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
         raise IsADir("a directory")
     if flags & WRITE_FLAGS:
         await _check_write_open(ns, entry, flags)
+        if entry.kind == "text":
+            await ns.settle(entry)  # its text bounds the rewrite's size
+            entry.opens += 1
+            ns.open_files += 1
+            return VrtRewriteHandle(ns, entry)
         if flags & os.O_TRUNC:
             await ns.truncate(entry)
             return opened(ns, entry)

@@ -7,7 +7,8 @@ stream of a TIFF, and the generated ENVI and VRT texts. Pure: no I/O, no trio.
 from __future__ import annotations
 
 from typing import Callable
-from xml.sax.saxutils import escape
+from xml.etree import ElementTree
+from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
@@ -25,6 +26,12 @@ GDAL_TYPES = {"u1": "Byte", "b1": "Byte", "u2": "UInt16", "i2": "Int16", "u4": "
               "c16": "CFloat64"}
 # A VRT holds about 300 bytes a band: 65,536 bands keep its text under 20 MB.
 MAX_VRT_BANDS = 1 << 16
+# Band metadata GDAL saves into a VRT when it has computed statistics (gdalinfo -stats):
+# the only change a rewrite of a VRT view may make.
+STATISTICS_PREFIX = "STATISTICS_"
+# Attributes GDAL adds to a band when it writes a VRT back: block sizes of its own cache,
+# which change no value read.
+GDAL_ADDED_BAND_ATTRIBUTES = ("blockXSize", "blockYSize")
 
 
 def _code(dtype: np.dtype) -> str:
@@ -98,9 +105,10 @@ def envi_header(meta: ArrayMeta) -> bytes:
     return text.encode()
 
 
-def vrt(meta: ArrayMeta, npy_name: str) -> bytes:
+def vrt(meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None = None) -> bytes:
     """gdal/PATH.vrt: one VRTRawRasterBand per band, reading the main tree's PATH.npy past its
-    header; `npy_name` is that file's name (a root array's is the mount's NAME.npy)."""
+    header; `npy_name` is that file's name (a root array's is the mount's NAME.npy).
+    `statistics` (one dict a band) are STATISTICS_* items GDAL computed and saved into it."""
     bands, rows, cols = _bands_rows_cols(meta)
     item = meta.dtype.itemsize
     offset = len(npy_header(meta.dtype, meta.shape, False))
@@ -111,8 +119,13 @@ def vrt(meta: ArrayMeta, npy_name: str) -> bytes:
     gdal_type = GDAL_TYPES[_code(meta.dtype)]
     lines = [f'<VRTDataset rasterXSize="{cols}" rasterYSize="{rows}">']
     for b in range(bands):
-        lines += [f'  <VRTRasterBand dataType="{gdal_type}" band="{b + 1}" subClass="VRTRawRasterBand">',
-                  f'    <SourceFilename relativeToVRT="1">{source}</SourceFilename>',
+        lines.append(f'  <VRTRasterBand dataType="{gdal_type}" band="{b + 1}" subClass="VRTRawRasterBand">')
+        items = statistics[b] if statistics else {}
+        if items:
+            lines += (["    <Metadata>"]
+                      + [f'      <MDI key={quoteattr(k)}>{escape(v)}</MDI>' for k, v in sorted(items.items())]
+                      + ["    </Metadata>"])
+        lines += [f'    <SourceFilename relativeToVRT="1">{source}</SourceFilename>',
                   f"    <ImageOffset>{offset + b * rows * cols * item}</ImageOffset>",
                   f"    <PixelOffset>{item}</PixelOffset>", f"    <LineOffset>{cols * item}</LineOffset>",
                   f"    <ByteOrder>{order}</ByteOrder>", "  </VRTRasterBand>"]
@@ -120,6 +133,48 @@ def vrt(meta: ArrayMeta, npy_name: str) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def text(view: str, meta: ArrayMeta, npy_name: str) -> bytes:
-    """The bytes of a generated text file of an image view."""
-    return envi_header(meta) if view == "raw" else vrt(meta, npy_name)
+def max_vrt_rewrite_bytes(generated: bytes) -> int:
+    """The most a rewrite of a VRT view may hold: its text and a few statistics a band."""
+    return 4 * len(generated) + (64 << 10)
+
+
+def _band_statistics(band: ElementTree.Element) -> dict[str, str] | None:
+    """Take a band's STATISTICS_* items out of `band` (None when it holds other metadata)."""
+    items: dict[str, str] = {}
+    for md in band.findall("Metadata"):
+        if md.attrib:  # a metadata domain: more than statistics
+            return None
+        for mdi in list(md):
+            key = mdi.get("key", "")
+            if mdi.tag != "MDI" or not key.startswith(STATISTICS_PREFIX) or len(mdi):
+                return None
+            items[key] = (mdi.text or "").strip()
+        band.remove(md)
+    for name in GDAL_ADDED_BAND_ATTRIBUTES:
+        band.attrib.pop(name, None)
+    return items
+
+
+def _same_tree(a: ElementTree.Element, b: ElementTree.Element) -> bool:
+    return (a.tag == b.tag and a.attrib == b.attrib and (a.text or "").strip() == (b.text or "").strip()
+            and len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b)))
+
+
+def vrt_statistics(written: bytes, meta: ArrayMeta, npy_name: str) -> list[dict[str, str]] | None:
+    """The statistics a rewrite of gdal/PATH.vrt saves, one dict a band; None when the written
+    text is not the view's VRT with STATISTICS_* band metadata added (what GDAL writes back
+    after computing statistics) but some other change, or no VRT at all."""
+    try:
+        tree = ElementTree.fromstring(written)
+    except ElementTree.ParseError:
+        return None
+    bands = tree.findall("VRTRasterBand")
+    statistics = [_band_statistics(band) for band in bands]
+    if any(s is None for s in statistics) or not _same_tree(tree, ElementTree.fromstring(vrt(meta, npy_name))):
+        return None
+    return statistics  # type: ignore[return-value]
+
+
+def text(view: str, meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None = None) -> bytes:
+    """The bytes of a generated text file of an image view (a VRT with the statistics kept for it)."""
+    return envi_header(meta) if view == "raw" else vrt(meta, npy_name, statistics)

@@ -192,6 +192,9 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         # Keys whose names cannot be file names (logged once, never listed)
         self._unlistable: set[str] = set()
         self.previews = Previews(engine)
+        # Statistics GDAL saved into an array's gdal/PATH.vrt, by path, with the node they are
+        # of; kept until the array changes or a refresh (never stored: GDAL computes them again).
+        self.vrt_statistics: dict[str, tuple[Node, list[dict[str, str]]]] = {}
         # Files created and not yet arrays: (parent inode, name) -> inode
         self._pending_names: dict[tuple[int, str], int] = {}
         # Modification times writers set (utimensat) on arrays, by hierarchy path: shown for the
@@ -532,8 +535,9 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
                 entry.node, await self.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None)
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind == "text":
-            name = (entry.node.path.rsplit("/", 1)[-1] or self.root_stem) + NPY_SUFFIX
-            entry.content = imageviews.text(entry.view, entry.node, name)
+            kept = self.vrt_statistics.get(entry.node.path)
+            statistics = kept[1] if kept is not None and kept[0] is entry.node else None
+            entry.content = imageviews.text(entry.view, entry.node, self._npy_name(entry.node), statistics)
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind == "preview":
             entry.content = await self.previews.get(entry.node)
@@ -550,6 +554,37 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             await self._settle_netcdf(entry)
         else:
             entry.stored_bytes = entry.size
+
+    def _npy_name(self, meta: Node) -> str:
+        """The file name of an array in the main tree."""
+        return (meta.path.rsplit("/", 1)[-1] or self.root_stem) + NPY_SUFFIX
+
+    def keep_vrt_statistics(self, entry: Entry, written: bytes) -> bool:
+        """A rewrite of a gdal/PATH.vrt view: keep the statistics it adds (False, and nothing
+        kept, when it changes anything else)."""
+        statistics = imageviews.vrt_statistics(written, entry.node, self._npy_name(entry.node))
+        if statistics is None:
+            return False
+        self.vrt_statistics[entry.node.path] = (entry.node, statistics)
+        entry.stored_bytes = None  # its text is made again, with them
+        return True
+
+    def forget_pages(self, inodes: list[int]) -> None:
+        """The kernel drops the cached pages and attributes of these files (in the background)."""
+        if inodes and self.on_data_stale_sync is not None:
+            self.engine.start_soon_thread(self.on_data_stale_sync, inodes)
+
+    def forget_vrt_statistics(self, path: str | None = None) -> None:
+        """The array at `path` (every array when None) changed: its VRT's statistics are gone."""
+        if path is None:
+            if not self.vrt_statistics:
+                return
+            self.vrt_statistics.clear()
+        elif self.vrt_statistics.pop(path, None) is None:
+            return
+        for entry in self._entries.values():
+            if entry.kind == "text" and (path is None or entry.node.path == path):
+                entry.stored_bytes = None
 
     async def _settle_netcdf(self, entry: Entry) -> None:
         """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""
