@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -169,12 +170,19 @@ def need(tool):
         pytest.fail(f"{tool} is not installed (scripts/test.sh installs it with apt)")
 
 
-def gdal_stats(path) -> tuple[tuple[int, int], list[tuple[str, dict[str, float]]]]:
-    r = run(["gdalinfo", "-stats", os.fspath(path)])
+def gdal_stats(path, env=GDAL_ENV) -> tuple[tuple[int, int], list[tuple[str, dict[str, float]]]]:
+    r = subprocess.run(["gdalinfo", "-stats", os.fspath(path)], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
-    size = tuple(int(x) for x in re.search(r"Size is (\d+), (\d+)", r.stdout).groups())
+    # A VRT is rewritten with its statistics: an ERROR when that fails
+    assert not re.search(r"\b(ERROR|Warning)\b", r.stdout + r.stderr), r.stderr
+    return parse_stats(r.stdout)
+
+
+def parse_stats(stdout: str) -> tuple[tuple[int, int], list[tuple[str, dict[str, float]]]]:
+    """Size and, per band, type and statistics, from what `gdalinfo -stats` prints."""
+    size = tuple(int(x) for x in re.search(r"Size is (\d+), (\d+)", stdout).groups())
     bands = []
-    for m in re.finditer(r"Type=(\w+).*?Minimum=(\S+), Maximum=(\S+), Mean=(\S+), StdDev=(\S+)", r.stdout, re.S):
+    for m in re.finditer(r"Type=(\w+).*?Minimum=(\S+), Maximum=(\S+), Mean=(\S+), StdDev=(\S+)", stdout, re.S):
         bands.append((m.group(1), dict(zip(("min", "max", "mean", "std"), (float(x.rstrip(",")) for x in m.groups()[1:])))))
     return size, bands
 
@@ -195,6 +203,62 @@ def test_gdalinfo_stats_match_numpy(mnt, store, path, gdal_type, how):
         # gdalinfo prints 3 decimals
         for key, value in (("min", band.min()), ("max", band.max()), ("mean", band.mean()), ("std", band.std())):
             assert st[key] == pytest.approx(value, abs=5e-4 + 5e-7 * abs(value)), (key, band.shape)
+
+
+def assert_numpy_statistics(bands, cube):
+    assert len(bands) == cube.shape[0]
+    for (_, st), band in zip(bands, cube):
+        for key, value in (("min", band.min()), ("max", band.max()), ("mean", band.mean()), ("std", band.std())):
+            assert st[key] == pytest.approx(value, abs=5e-4 + 5e-7 * abs(value)), (key, band.shape)
+
+
+def vrt_statistics(path) -> list[dict[str, float]]:
+    """The STATISTICS_* band metadata of a VRT, one dict a band (empty: none)."""
+    root = ElementTree.fromstring(path.read_bytes())
+    return [{mdi.get("key"): float(mdi.text) for mdi in band.iter("MDI")} for band in root.iter("VRTRasterBand")]
+
+
+def test_vrt_keeps_the_statistics_gdal_saves_until_a_refresh(mnt, store):
+    """gdalinfo -stats saves its statistics into a VRT view of a read-only mount: the view holds
+    them (numpy's), the next gdalinfo prints them without an error, a refresh drops them."""
+    need("gdalinfo")
+    f = mnt / VIEWS / "gdal" / "grp" / "img_u2.vrt"
+    want = zarr.open_array(store[0] / "grp/img_u2")[...].astype("f8")[None]
+    # GDAL's own environment: no variable set
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GDAL_", "CPL_"))}
+    for _ in range(2):
+        _, bands = gdal_stats(f, env)
+        assert_numpy_statistics(bands, want)
+        (kept,) = vrt_statistics(f)
+        assert kept["STATISTICS_MEAN"] == pytest.approx(want.mean(), rel=1e-9)
+        assert os.stat(f).st_size == len(f.read_bytes())
+    (mnt / VIEWS / "refresh").read_bytes()
+    assert vrt_statistics(f) == [{}]
+
+
+def test_vrt_statistics_go_when_the_array_is_written(mount, tmp_path):
+    """On a writable mount too; a write into the array drops them (GDAL computes the new ones)."""
+    need("gdalinfo")
+    root = tmp_path / "w.zarr"
+    value = np.arange(600, dtype="<f4").reshape(20, 30)
+    zarr.open_array(root, mode="w", shape=value.shape, chunks=(8, 8), dtype="f4")[...] = value
+    m = mount(root, "writable")
+    f = m / VIEWS / "gdal" / "w.vrt"
+    _, bands = gdal_stats(f)
+    assert_numpy_statistics(bands, value[None].astype("f8"))
+    assert vrt_statistics(f)[0]["STATISTICS_MAXIMUM"] == 599
+    with open(m / "w.npy", "rb") as fh:
+        np.lib.format.read_magic(fh)
+        np.lib.format.read_array_header_1_0(fh)
+        start = fh.tell()
+    with open(m / "w.npy", "r+b") as fh:  # row 0
+        fh.seek(start)
+        fh.write(np.full(30, 1000, "<f4").tobytes())
+    assert vrt_statistics(f) == [{}]
+    value[0] = 1000
+    _, bands = gdal_stats(f)
+    assert_numpy_statistics(bands, value[None].astype("f8"))
+    np.testing.assert_array_equal(zarr.open_array(root)[...], value)
 
 
 @pytest.mark.parametrize("path", ["img_u1", "grp/stack_f4", "be_i4"])
@@ -282,12 +346,15 @@ def readme_store(tmp_path_factory):
 
 def test_readme_commands_run_cleanly_and_stretch_pages(module_mount, readme_store, tmp_path):
     """Every GDAL and ImageMagick command the README shows runs on a read-only mount without an
-    ERROR or Warning line, in the user's environment; its page pictures map min..max to 0..255."""
+    ERROR or Warning line, in the user's environment; its statistics are numpy's; its page
+    pictures map min..max to 0..255."""
     need("gdalinfo")
     need("convert")
     mnt = module_mount(readme_store)
-    page = zarr.open_array(readme_store / "g" / "stack")[2].astype("f8")
+    stack = zarr.open_array(readme_store / "g" / "stack")[...].astype("f8")
+    page = stack[2]
     commands = readme_commands()
+    assert any(c.startswith("gdalinfo -stats") and c.endswith(".vrt") for c in commands), commands
     assert len(commands) >= 6, commands
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GDAL_", "CPL_"))}
     for command in commands:
@@ -296,6 +363,9 @@ def test_readme_commands_run_cleanly_and_stretch_pages(module_mount, readme_stor
         r = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
         noise = [ln for ln in (r.stdout + r.stderr).splitlines() if re.search(r"\b(ERROR|Warning)\b", ln)]
         assert r.returncode == 0 and not noise, f"{command}: exit {r.returncode}\n{r.stderr}\n{noise}"
+        if "gdalinfo -stats" in command:
+            assert "g/stack." in command, command
+            assert_numpy_statistics(parse_stats(r.stdout)[1], stack)
     want = (page - page.min()) / (page.max() - page.min()) * 255
     for name in ("page2.png", "page3.png"):
         with Image.open(tmp_path / name) as im:
