@@ -23,8 +23,9 @@ import zarr
 from PIL import Image
 
 VIEWS = ".zarrfs"
-# GDAL would write NAME.aux.xml beside a file it computed statistics of: the mount is read-only.
-GDAL_ENV = {**os.environ, "GDAL_PAM_ENABLED": "NO"}
+# GDAL as a user runs it: no GDAL_PAM_ENABLED=NO (it saves the statistics it computes into
+# the VRT, or NAME.aux.xml beside a raw view: the mount keeps them).
+GDAL_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("GDAL_", "CPL_"))}
 
 
 def build(root, zarr_format=3):
@@ -213,27 +214,30 @@ def assert_numpy_statistics(bands, cube):
 
 
 def vrt_statistics(path) -> list[dict[str, float]]:
-    """The STATISTICS_* band metadata of a VRT, one dict a band (empty: none)."""
+    """The STATISTICS_* band metadata of a VRT or an .aux.xml, one dict a band it names."""
     root = ElementTree.fromstring(path.read_bytes())
-    return [{mdi.get("key"): float(mdi.text) for mdi in band.iter("MDI")} for band in root.iter("VRTRasterBand")]
+    bands = [*root.iter("VRTRasterBand"), *root.iter("PAMRasterBand")]
+    return [{mdi.get("key"): float(mdi.text) for mdi in band.iter("MDI")} for band in bands]
 
 
-def test_vrt_keeps_the_statistics_gdal_saves_until_a_refresh(mnt, store):
-    """gdalinfo -stats saves its statistics into a VRT view of a read-only mount: the view holds
-    them (numpy's), the next gdalinfo prints them without an error, a refresh drops them."""
+def test_views_keep_the_statistics_gdal_saves_until_a_refresh(mnt, store):
+    """gdalinfo -stats saves its statistics into raw/PATH.raw.aux.xml or the VRT view of a
+    read-only mount: both views then hold them (numpy's), gdalinfo prints them without an
+    error or a warning, a refresh drops them."""
     need("gdalinfo")
-    f = mnt / VIEWS / "gdal" / "grp" / "img_u2.vrt"
-    want = zarr.open_array(store[0] / "grp/img_u2")[...].astype("f8")[None]
-    # GDAL's own environment: no variable set
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GDAL_", "CPL_"))}
-    for _ in range(2):
-        _, bands = gdal_stats(f, env)
+    (mnt / VIEWS / "refresh").read_bytes()  # none kept by the tests before
+    vrt = mnt / VIEWS / "gdal" / "grp" / "stack_f4.vrt"
+    aux = mnt / VIEWS / "raw" / "grp" / "stack_f4.raw.aux.xml"
+    assert vrt_statistics(vrt) == [{}] * 5 and vrt_statistics(aux) == []
+    want = zarr.open_array(store[0] / "grp/stack_f4")[...].astype("f8")
+    for f in (mnt / VIEWS / "raw" / "grp" / "stack_f4.raw", vrt, vrt):
+        _, bands = gdal_stats(f)
         assert_numpy_statistics(bands, want)
-        (kept,) = vrt_statistics(f)
-        assert kept["STATISTICS_MEAN"] == pytest.approx(want.mean(), rel=1e-9)
-        assert os.stat(f).st_size == len(f.read_bytes())
+        for kept in (vrt_statistics(vrt), vrt_statistics(aux)):
+            assert [s["STATISTICS_MEAN"] for s in kept] == pytest.approx(want.mean(axis=(1, 2)), rel=1e-6)
+        assert os.stat(vrt).st_size == len(vrt.read_bytes()) and os.stat(aux).st_size == len(aux.read_bytes())
     (mnt / VIEWS / "refresh").read_bytes()
-    assert vrt_statistics(f) == [{}]
+    assert vrt_statistics(vrt) == [{}] * 5 and vrt_statistics(aux) == []
 
 
 def test_vrt_statistics_go_when_the_array_is_written(mount, tmp_path):
@@ -356,7 +360,7 @@ def test_readme_commands_run_cleanly_and_stretch_pages(module_mount, readme_stor
     commands = readme_commands()
     assert any(c.startswith("gdalinfo -stats") and c.endswith(".vrt") for c in commands), commands
     assert len(commands) >= 6, commands
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GDAL_", "CPL_"))}
+    env = GDAL_ENV
     for command in commands:
         command = (command.replace("MNT", os.fspath(mnt))
                    .replace("LO", repr(float(page.min()))).replace("HI", repr(float(page.max()))))

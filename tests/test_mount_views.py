@@ -247,7 +247,7 @@ def test_view_directories_mirror_the_groups(hierarchy_mount, fmt):
         }
         for name, names in want.items():
             d = mnt / VIEWS_DIR / name / prefix
-            listed = [n for n in os.listdir(d) if not n.endswith(".hdr")]  # ENVI sidecars: test_mount_images
+            listed = [n for n in os.listdir(d) if not n.endswith((".hdr", ".aux.xml"))]  # test_mount_images
             assert sorted(listed) == sorted(names), f"{name}/{prefix}"
         for a in arrays:
             assert stat.S_ISDIR(os.stat(mnt / VIEWS_DIR / "chunks" / (prefix + a)).st_mode)
@@ -491,7 +491,7 @@ def test_v1_views(v1_mount, name):
     assert os.listdir(mnt) == [name + ".npy"]
     views = mnt / VIEWS_DIR
     assert os.listdir(views / "npy-f") == [name + ".npy"]
-    raw = [n for n in os.listdir(views / "raw") if not n.endswith(".hdr")]  # ENVI sidecars: test_mount_images
+    raw = [n for n in os.listdir(views / "raw") if not n.endswith((".hdr", ".aux.xml"))]  # test_mount_images
     assert raw == os.listdir(views / "raw-f") == [name + ".raw"]
     assert os.listdir(views / "chunks") == [name]
     assert name + ".json" in os.listdir(views / "info")

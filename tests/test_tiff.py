@@ -174,3 +174,53 @@ def test_vrt_statistics_refuse_other_changes(tmp_path, edit):
     assert imageviews.vrt_statistics(vrt.read_bytes(), meta, "a.npy") is None
     assert imageviews.vrt_statistics(b"not xml", meta, "a.npy") is None
     assert imageviews.vrt_statistics(b"<VRTDataset/>", meta, "a.npy") is None
+
+
+def _raw_copy(tmp_path, meta, arr, statistics=None):
+    """A raw view with its ENVI header and, when given, its .aux.xml, as in a mount."""
+    raw = tmp_path / "a.raw"
+    raw.write_bytes(arr.tobytes())
+    (tmp_path / "a.hdr").write_bytes(imageviews.envi_header(meta))
+    if statistics is not None:
+        (tmp_path / "a.raw.aux.xml").write_bytes(imageviews.pam(meta, statistics))
+    return raw
+
+
+def test_pam_statistics_are_what_gdal_saves_beside_a_raw_view(tmp_path):
+    """GDAL saves the statistics of an ENVI raw file into PATH.raw.aux.xml (with the metadata it
+    read from the header): the statistics are numpy's; given back in an .aux.xml, GDAL prints
+    them without writing it again; an empty one it reads as nothing."""
+    arr = (np.random.default_rng(4).random((2, 7, 9)) * 1000).astype("<i2")
+    meta, _ = make(arr, (1, 7, 9), "C")
+    raw = _raw_copy(tmp_path, meta, arr, statistics=[])
+    assert imageviews.pam(meta) == imageviews.pam(meta, [])
+    _gdal("gdalinfo", "-stats", str(raw))
+    written = raw.with_name("a.raw.aux.xml").read_bytes()
+    assert b'domain="ENVI"' in written
+    stats = imageviews.pam_statistics(written, meta)
+    assert stats is not None and len(stats) == 2
+    for band, st in zip(arr.astype("f8"), stats):
+        for key, want in (("MINIMUM", band.min()), ("MAXIMUM", band.max()), ("MEAN", band.mean()),
+                          ("STDDEV", band.std())):
+            assert float(st["STATISTICS_" + key]) == pytest.approx(want, rel=1e-6)
+    other = tmp_path / "again"
+    other.mkdir()
+    raw = _raw_copy(other, meta, arr, statistics=stats)
+    before = raw.with_name("a.raw.aux.xml").read_bytes()
+    r = _gdal("gdalinfo", "-stats", str(raw))
+    assert raw.with_name("a.raw.aux.xml").read_bytes() == before and "ERROR" not in r.stderr
+    assert r.stdout.count("STATISTICS_MEAN=") == 2
+
+
+def test_pam_statistics_refuse_other_metadata(tmp_path):
+    arr = np.arange(30, dtype="<u2").reshape(6, 5)
+    meta, _ = make(arr, (6, 5), "C")
+    raw = _raw_copy(tmp_path, meta, arr, statistics=[])
+    _gdal("gdal_edit.py", "-mo", "KEY=VALUE", str(raw))
+    written = raw.with_name("a.raw.aux.xml").read_bytes()
+    assert b"KEY" in written
+    assert imageviews.pam_statistics(written, meta) is None
+    assert imageviews.pam_statistics(written.replace(b"PAMDataset", b"Other"), meta) is None
+    assert imageviews.pam_statistics(b"<PAMDataset>\n</PAMDataset>\n", meta) == [{}]
+    bad_band = b'<PAMDataset><PAMRasterBand band="2"><Metadata/></PAMRasterBand></PAMDataset>'
+    assert imageviews.pam_statistics(bad_band, meta) is None

@@ -34,7 +34,7 @@ class NamespaceFreshness:
     def _array_changed(self: "Namespace", path: str) -> None:
         """Chunks of the array at `path` changed in the store: the kernel drops its files' pages (in
         the background: a read of that array may hold one of them locked until it is answered)."""
-        self.forget_vrt_statistics(path)
+        self.forget_statistics(path)
         files = [e.inode for e in self._entries.values()
                  if not e.is_dir and e.node is not None and getattr(e.node, "path", None) == path]
         if files and self.on_data_stale_sync is not None:
@@ -51,7 +51,7 @@ class NamespaceFreshness:
             await self.engine.run_io(reread)
         self._invalidate()
         self._sizes.clear()
-        self.forget_vrt_statistics()
+        self.forget_statistics()
         for entry in self._entries.values():
             if entry.kind in ("array", "chunk") and entry.writing is None and entry.held is None:
                 entry.stored_bytes = None  # settled again from what the store holds now

@@ -52,11 +52,6 @@ def invalidate_data_sync(inodes: list[int]) -> None:
             pass
 
 
-def rewritable(entry: Entry) -> bool:
-    """A VRT view: GDAL rewrites it to save statistics, on any mount (handles.VrtRewriteHandle)."""
-    return entry.kind == "text" and entry.view == "gdal"
-
-
 # renameat2(2)'s flag that refuses to replace an existing target (linux/fs.h); the others are
 # RENAME_EXCHANGE (2) and RENAME_WHITEOUT (4).
 RENAME_NOREPLACE = 1
@@ -122,7 +117,7 @@ class ZarrOperations(pyfuse3.Operations):
         # The kernel keeps names and sizes no longer than zarrfs trusts them (metadata_ttl).
         attr.entry_timeout = attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.metadata_ttl_s)
         writable = ((self.options.writable and (entry.writable or (entry.kind == "group" and entry.view == "")))
-                    or rewritable(entry))
+                    or entry.saves_statistics)
         if entry.is_dir:
             attr.st_mode = stat.S_IFDIR | ((0o755 if writable else 0o555) & ~self.umask)
             attr.st_nlink = 2
@@ -407,7 +402,7 @@ class ZarrOperations(pyfuse3.Operations):
     @boundary
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:
         entry = self.ns.get(inode)
-        if mode & os.W_OK and not rewritable(entry):
+        if mode & os.W_OK and not entry.saves_statistics:
             if not self.options.writable:
                 raise ReadOnly("read-only mount")
             if not (entry.writable or (entry.kind == "group" and entry.view == "")):

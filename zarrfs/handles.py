@@ -144,9 +144,10 @@ class NetcdfHandle(Handle):
         return out[0] if len(out) == 1 else b"".join(out)
 
 
-class VrtRewriteHandle(Handle):
-    """gdal/PATH.vrt opened to be rewritten whole (O_TRUNC), as GDAL does to save the statistics
-    it computed: the statistics are kept (read-only mounts too), any other change is refused."""
+class StatisticsRewriteHandle(Handle):
+    """gdal/PATH.vrt or raw/PATH.raw.aux.xml opened to be rewritten whole (O_TRUNC), as GDAL does
+    to save the statistics it computed: they are kept (read-only mounts too), any other change
+    is refused."""
 
     # Accepted on a read-only mount: GDAL reports an error when it cannot save statistics.
     writes_on_read_only = True
@@ -163,8 +164,8 @@ class VrtRewriteHandle(Handle):
 
     async def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
-        if end > imageviews.max_vrt_rewrite_bytes(self.entry.content or b""):
-            raise TooBig(f"gdal/{self.entry.node.path}.vrt: a rewrite of {end} bytes is more than statistics")
+        if end > imageviews.max_rewrite_bytes(self.entry.node):
+            raise TooBig(f"{self.entry.view}/{self.entry.node.path}: a rewrite of {end} bytes is more than statistics")
         if end > len(self.written):
             self.written.extend(bytes(end - len(self.written)))
         self.written[offset:end] = data
@@ -177,10 +178,10 @@ class VrtRewriteHandle(Handle):
         if not self.changed:
             return
         self.changed = False
-        if not self.ns.keep_vrt_statistics(self.entry, bytes(self.written)):
-            log.warning("gdal/%s.vrt: a rewrite that changes more than band statistics is refused",
-                        self.entry.node.path)
-            raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved into a VRT view")
+        if not self.ns.keep_statistics(self.entry, bytes(self.written)):
+            log.warning("%s/%s: a rewrite that changes more than band statistics is refused (%s)",
+                        self.entry.view, self.entry.node.path, self.entry.kind)
+            raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved here")
 
     async def release(self) -> None:
         await super().release()
@@ -218,7 +219,7 @@ def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
         return SnapshotHandle(ns, entry, b"", direct_io=True)
     if entry.kind == "stats":
         return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
-    if entry.kind in ("info", "text", "preview"):
+    if entry.kind in ("info", "text", "pam", "preview"):
         return SnapshotHandle(ns, entry, entry.content or b"")
     if entry.kind == "storekey":
         return StoreKeyHandle(ns, entry)
@@ -239,8 +240,8 @@ def opened(ns: "Namespace", entry: "Entry") -> Handle:
 
 
 async def _check_write_open(ns: "Namespace", entry: "Entry", flags: int) -> None:
-    if entry.kind == "text" and entry.view == "gdal" and flags & os.O_TRUNC and not flags & os.O_APPEND:
-        return  # a rewrite that saves statistics (VrtRewriteHandle)
+    if entry.saves_statistics and flags & os.O_TRUNC and not flags & os.O_APPEND:
+        return  # a rewrite that saves statistics (StatisticsRewriteHandle)
     if not ns.writes_allowed:
         raise ReadOnly("read-only mount")
     if not entry.writable:
@@ -260,11 +261,10 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
         raise IsADir("a directory")
     if flags & WRITE_FLAGS:
         await _check_write_open(ns, entry, flags)
-        if entry.kind == "text":
-            await ns.settle(entry)  # its text bounds the rewrite's size
+        if entry.saves_statistics:
             entry.opens += 1
             ns.open_files += 1
-            return VrtRewriteHandle(ns, entry)
+            return StatisticsRewriteHandle(ns, entry)
         if flags & os.O_TRUNC:
             await ns.truncate(entry)
             return opened(ns, entry)

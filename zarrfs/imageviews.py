@@ -1,7 +1,8 @@
 """The image views under `.zarrfs/`: tiff/PATH.tif, raw/PATH.hdr (ENVI), gdal/PATH.vrt, preview/PATH.png: names, layouts, texts.
 
 Which arrays each view shows (a table of suffix, entry kind and eligibility), the byte
-stream of a TIFF, and the generated ENVI and VRT texts. Pure: no I/O, no trio.
+stream of a TIFF, the generated ENVI, VRT and GDAL .aux.xml texts, and the statistics GDAL
+saves into the last two. Pure: no I/O, no trio.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ IMAGE_VIEWS: dict[str, tuple[str, str, Callable[[ArrayMeta], bool]]] = {
     "gdal": (".vrt", "text", vrt_ok),
     "preview": (".png", "preview", preview.supported),
 }
-# Files beside the arrays of an existing view directory: view -> (suffix, kind, which arrays).
-BESIDE = {"raw": (".hdr", "text", envi_ok)}
+# Files beside the arrays of an existing view directory: view -> (suffix, kind, which arrays)...
+# raw/PATH.raw.aux.xml is where GDAL looks for, and saves, the statistics of PATH.raw.
+BESIDE = {"raw": ((".hdr", "text", envi_ok), (".raw.aux.xml", "pam", envi_ok))}
 
 
 def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
@@ -78,10 +80,9 @@ def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
 
 def beside(view: str, node: Node, base: str) -> list[tuple[str, str]]:
     """(name, kind) of files an image view adds beside an array in another view (raw/PATH.hdr)."""
-    extra = BESIDE.get(view)
-    if extra is None or not isinstance(node, ArrayMeta) or not extra[2](node):
+    if not isinstance(node, ArrayMeta):
         return []
-    return [(base + extra[0], extra[1])]
+    return [(base + suffix, kind) for suffix, kind, ok in BESIDE.get(view, ()) if ok(node)]
 
 
 def tiff_stream(meta: ArrayMeta) -> ArrayStream:
@@ -122,9 +123,7 @@ def vrt(meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None 
         lines.append(f'  <VRTRasterBand dataType="{gdal_type}" band="{b + 1}" subClass="VRTRawRasterBand">')
         items = statistics[b] if statistics else {}
         if items:
-            lines += (["    <Metadata>"]
-                      + [f'      <MDI key={quoteattr(k)}>{escape(v)}</MDI>' for k, v in sorted(items.items())]
-                      + ["    </Metadata>"])
+            lines += ["    <Metadata>"] + [_mdi(k, v) for k, v in sorted(items.items())] + ["    </Metadata>"]
         lines += [f'    <SourceFilename relativeToVRT="1">{source}</SourceFilename>',
                   f"    <ImageOffset>{offset + b * rows * cols * item}</ImageOffset>",
                   f"    <PixelOffset>{item}</PixelOffset>", f"    <LineOffset>{cols * item}</LineOffset>",
@@ -133,22 +132,78 @@ def vrt(meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None 
     return ("\n".join(lines) + "\n").encode()
 
 
-def max_vrt_rewrite_bytes(generated: bytes) -> int:
-    """The most a rewrite of a VRT view may hold: its text and a few statistics a band."""
-    return 4 * len(generated) + (64 << 10)
+def max_rewrite_bytes(meta: ArrayMeta) -> int:
+    """The most a rewrite of a VRT view or an .aux.xml may hold: a few statistics a band."""
+    return (4 << 10) * _bands_rows_cols(meta)[0] + (64 << 10)
+
+
+def _mdi(key: str, value: str) -> str:
+    return f"      <MDI key={quoteattr(key)}>{escape(value)}</MDI>"
+
+
+def pam(meta: ArrayMeta, statistics: list[dict[str, str]] | None = None) -> bytes:
+    """raw/PATH.raw.aux.xml: GDAL's auxiliary file of PATH.raw, holding the statistics GDAL
+    saved (none yet: an empty document, which GDAL reads as nothing)."""
+    lines = ["<PAMDataset>"]
+    for b, items in enumerate(statistics or []):
+        if items:
+            lines += ([f'  <PAMRasterBand band="{b + 1}">', "    <Metadata>"]
+                      + [_mdi(k, v) for k, v in sorted(items.items())] + ["    </Metadata>", "  </PAMRasterBand>"])
+    lines.append("</PAMDataset>")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _items(metadata: ElementTree.Element) -> dict[str, str] | None:
+    """The MDI items of a <Metadata> element (None when it holds anything else)."""
+    items = {}
+    for mdi in metadata:
+        if mdi.tag != "MDI" or len(mdi) or "key" not in mdi.attrib:
+            return None
+        items[mdi.get("key")] = (mdi.text or "").strip()
+    return items
+
+
+def _envi_items(meta: ArrayMeta) -> dict[str, str]:
+    """The ENVI metadata domain GDAL reads from raw/PATH.hdr (names with `_` for spaces)."""
+    lines = envi_header(meta).decode().splitlines()[1:]
+    return {k.strip().replace(" ", "_"): v.strip() for k, v in (line.split("=", 1) for line in lines)}
+
+
+def pam_statistics(written: bytes, meta: ArrayMeta) -> list[dict[str, str]] | None:
+    """The statistics a write of raw/PATH.raw.aux.xml saves, one dict a band; None when it holds
+    more than band STATISTICS_* items and the metadata GDAL read from PATH.hdr."""
+    try:
+        tree = ElementTree.fromstring(written)
+    except ElementTree.ParseError:
+        return None
+    derived = {"IMAGE_STRUCTURE": {"INTERLEAVE": "BAND"}, "ENVI": _envi_items(meta)}
+    bands = _bands_rows_cols(meta)[0]
+    statistics: list[dict[str, str]] = [{} for _ in range(bands)]
+    if tree.tag != "PAMDataset" or tree.attrib:
+        return None
+    for child in tree:
+        if child.tag == "Metadata":
+            domain = child.get("domain")
+            if domain not in derived or _items(child) != derived[domain]:
+                return None
+        elif child.tag == "PAMRasterBand" and child.get("band", "").isdigit() and 1 <= int(child.get("band")) <= bands:
+            items = _band_statistics(child)
+            if items is None or len(child) or set(child.attrib) != {"band"}:
+                return None
+            statistics[int(child.get("band")) - 1] = items
+        else:
+            return None
+    return statistics
 
 
 def _band_statistics(band: ElementTree.Element) -> dict[str, str] | None:
     """Take a band's STATISTICS_* items out of `band` (None when it holds other metadata)."""
     items: dict[str, str] = {}
     for md in band.findall("Metadata"):
-        if md.attrib:  # a metadata domain: more than statistics
-            return None
-        for mdi in list(md):
-            key = mdi.get("key", "")
-            if mdi.tag != "MDI" or not key.startswith(STATISTICS_PREFIX) or len(mdi):
-                return None
-            items[key] = (mdi.text or "").strip()
+        found = _items(md)
+        if md.attrib or found is None or not all(k.startswith(STATISTICS_PREFIX) for k in found):
+            return None  # a metadata domain, or other items: more than statistics
+        items.update(found)
         band.remove(md)
     for name in GDAL_ADDED_BAND_ATTRIBUTES:
         band.attrib.pop(name, None)

@@ -264,7 +264,7 @@ class IncomingWrites:
     async def write(self: "Namespace", entry: "Entry", offset: int, data: bytes) -> int:
         """Bytes into an array's file: a file being created or replaced, or the data of an array."""
         if entry.node is not None:
-            self.forget_vrt_statistics(entry.node.path)
+            self.forget_statistics(entry.node.path)
         w = entry.writing
         if w is not None and w.pending is not None:
             return await self._ingest(entry, offset, data)

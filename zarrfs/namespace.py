@@ -53,7 +53,8 @@ class Entry:
         self.inode = inode
         # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held (a plain
         #       file) | slice
-        #       | netcdf (a group's netCDF file) | tiff | text (ENVI/VRT) | preview (imageviews.py)
+        #       | netcdf (a group's netCDF file) | tiff | text (ENVI/VRT) | pam (GDAL's .aux.xml)
+        #       | preview (imageviews.py)
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
         self.node = node
@@ -79,6 +80,12 @@ class Entry:
     def writable(self) -> bool:
         """Data files that writes go to (the .npy tree, npy-f, raw, raw-f, chunk files, held files)."""
         return self.kind in ("array", "chunk", "held")
+
+    @property
+    def saves_statistics(self) -> bool:
+        """A file GDAL rewrites to save the statistics it computed (gdal/PATH.vrt,
+        raw/PATH.raw.aux.xml): such a rewrite is accepted, on any mount."""
+        return self.kind == "pam" or (self.kind == "text" and self.view == "gdal")
 
     @property
     def stream(self) -> ArrayStream | None:
@@ -192,9 +199,10 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         # Keys whose names cannot be file names (logged once, never listed)
         self._unlistable: set[str] = set()
         self.previews = Previews(engine)
-        # Statistics GDAL saved into an array's gdal/PATH.vrt, by path, with the node they are
-        # of; kept until the array changes or a refresh (never stored: GDAL computes them again).
-        self.vrt_statistics: dict[str, tuple[Node, list[dict[str, str]]]] = {}
+        # Statistics GDAL saved into an array's gdal/PATH.vrt or raw/PATH.raw.aux.xml (the same
+        # bands), by path, with the node they are of; kept until the array changes or a refresh
+        # (never stored: GDAL computes them again).
+        self.statistics: dict[str, tuple[Node, list[dict[str, str]]]] = {}
         # Files created and not yet arrays: (parent inode, name) -> inode
         self._pending_names: dict[tuple[int, str], int] = {}
         # Modification times writers set (utimensat) on arrays, by hierarchy path: shown for the
@@ -534,10 +542,11 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             entry.content = dotzarrfs.info_json(
                 entry.node, await self.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None)
             entry.size = entry.stored_bytes = len(entry.content)
-        elif entry.kind == "text":
-            kept = self.vrt_statistics.get(entry.node.path)
+        elif entry.kind in ("text", "pam"):
+            kept = self.statistics.get(entry.node.path)
             statistics = kept[1] if kept is not None and kept[0] is entry.node else None
-            entry.content = imageviews.text(entry.view, entry.node, self._npy_name(entry.node), statistics)
+            entry.content = (imageviews.pam(entry.node, statistics) if entry.kind == "pam" else
+                             imageviews.text(entry.view, entry.node, self._npy_name(entry.node), statistics))
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind == "preview":
             entry.content = await self.previews.get(entry.node)
@@ -559,32 +568,40 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         """The file name of an array in the main tree."""
         return (meta.path.rsplit("/", 1)[-1] or self.root_stem) + NPY_SUFFIX
 
-    def keep_vrt_statistics(self, entry: Entry, written: bytes) -> bool:
-        """A rewrite of a gdal/PATH.vrt view: keep the statistics it adds (False, and nothing
+    def keep_statistics(self, entry: Entry, written: bytes) -> bool:
+        """A rewrite of a file that saves statistics: keep the ones it adds (False, and nothing
         kept, when it changes anything else)."""
-        statistics = imageviews.vrt_statistics(written, entry.node, self._npy_name(entry.node))
+        meta = entry.node
+        statistics = (imageviews.pam_statistics(written, meta) if entry.kind == "pam" else
+                      imageviews.vrt_statistics(written, meta, self._npy_name(meta)))
         if statistics is None:
             return False
-        self.vrt_statistics[entry.node.path] = (entry.node, statistics)
-        entry.stored_bytes = None  # its text is made again, with them
+        self.statistics[meta.path] = (meta, statistics)
+        self._statistics_changed(meta.path)
         return True
+
+    def _statistics_changed(self, path: str | None) -> None:
+        """The files that show the statistics of `path` (every array when None) are made again,
+        and the kernel drops what it keeps of them."""
+        files = [e for e in self._entries.values() if e.saves_statistics and (path is None or e.node.path == path)]
+        for entry in files:
+            entry.stored_bytes = None
+        self.forget_pages([e.inode for e in files])
 
     def forget_pages(self, inodes: list[int]) -> None:
         """The kernel drops the cached pages and attributes of these files (in the background)."""
         if inodes and self.on_data_stale_sync is not None:
             self.engine.start_soon_thread(self.on_data_stale_sync, inodes)
 
-    def forget_vrt_statistics(self, path: str | None = None) -> None:
-        """The array at `path` (every array when None) changed: its VRT's statistics are gone."""
+    def forget_statistics(self, path: str | None = None) -> None:
+        """The array at `path` (every array when None) changed: its saved statistics are gone."""
         if path is None:
-            if not self.vrt_statistics:
+            if not self.statistics:
                 return
-            self.vrt_statistics.clear()
-        elif self.vrt_statistics.pop(path, None) is None:
+            self.statistics.clear()
+        elif self.statistics.pop(path, None) is None:
             return
-        for entry in self._entries.values():
-            if entry.kind == "text" and (path is None or entry.node.path == path):
-                entry.stored_bytes = None
+        self._statistics_changed(path)
 
     async def _settle_netcdf(self, entry: Entry) -> None:
         """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""

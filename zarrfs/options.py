@@ -103,6 +103,7 @@ MOUNT/
     npy-f/PATH.npy      the array as a Fortran-order NPY file
     raw/PATH.raw        element bytes in C order, no header
     raw/PATH.hdr        its ENVI header: GDAL and ENVI open PATH.raw
+    raw/PATH.raw.aux.xml  statistics GDAL saved (gdalinfo -stats)
     raw-f/PATH.raw      element bytes in Fortran order, no header
     chunks/PATH/I.J.npy one decoded chunk per grid position
     store/KEY           the store's own keys, byte for byte
