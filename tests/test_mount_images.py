@@ -230,12 +230,15 @@ def test_views_keep_the_statistics_gdal_saves_until_a_refresh(mnt, store):
     aux = mnt / VIEWS / "raw" / "grp" / "stack_f4.raw.aux.xml"
     assert vrt_statistics(vrt) == [{}] * 5 and vrt_statistics(aux) == []
     want = zarr.open_array(store[0] / "grp/stack_f4")[...].astype("f8")
+    mtime = os.stat(mnt / "grp" / "stack_f4.npy").st_mtime_ns
     for f in (mnt / VIEWS / "raw" / "grp" / "stack_f4.raw", vrt, vrt):
         _, bands = gdal_stats(f)
         assert_numpy_statistics(bands, want)
         for kept in (vrt_statistics(vrt), vrt_statistics(aux)):
             assert [s["STATISTICS_MEAN"] for s in kept] == pytest.approx(want.mean(axis=(1, 2)), rel=1e-6)
         assert os.stat(vrt).st_size == len(vrt.read_bytes()) and os.stat(aux).st_size == len(aux.read_bytes())
+    # the array is unchanged: so is its time (asked of a file the kernel has no attributes of)
+    assert os.stat(mnt / VIEWS / "npy-f" / "grp" / "stack_f4.npy").st_mtime_ns == mtime
     (mnt / VIEWS / "refresh").read_bytes()
     assert vrt_statistics(vrt) == [{}] * 5 and vrt_statistics(aux) == []
 

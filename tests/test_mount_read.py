@@ -235,8 +235,9 @@ def _rewrite(path, text):
 
 def _write_ops(mnt):
     arr = mnt / "top.npy"
-    # The one file a read-only mount lets be rewritten, and only to save GDAL's statistics.
+    # The files a read-only mount lets be rewritten, and only to save GDAL's statistics.
     vrt = mnt / ".zarrfs" / "gdal" / "top.vrt"
+    aux = mnt / ".zarrfs" / "raw" / "top.raw.aux.xml"
     return {
         "open_r+": lambda: open(arr, "r+b"),
         "open_w_trunc": lambda: open(arr, "wb"),
@@ -261,6 +262,10 @@ def _write_ops(mnt):
         "vrt_truncate": lambda: os.truncate(vrt, 0),
         "vrt_chmod": lambda: os.chmod(vrt, 0o600),
         "vrt_rewrite_not_statistics": lambda: _rewrite(vrt, b"<VRTDataset/>\n"),
+        "aux_open_append": lambda: open(aux, "ab"),
+        "aux_rewrite_not_statistics": lambda: _rewrite(aux, b'<PAMDataset><Metadata><MDI key="A">1</MDI>'
+                                                            b"</Metadata></PAMDataset>"),
+        "aux_unlink": lambda: os.unlink(aux),
     }
 
 
@@ -282,6 +287,7 @@ def test_writes_fail_with_erofs(hierarchy_mount, fmt, op):
     assert sorted(os.listdir(mnt)) == before
     assert open(mnt / "top.npy", "rb").read() == h.expected("top").npy
     assert b"<SourceFilename" in (mnt / ".zarrfs" / "gdal" / "top.vrt").read_bytes()
+    assert (mnt / ".zarrfs" / "raw" / "top.raw.aux.xml").read_bytes() == b"<PAMDataset>\n</PAMDataset>\n"
 
 
 # --------------------------------------------------------------------------- a store whose root is an array

@@ -338,7 +338,8 @@ def fuse_options(options: Options, source: str = "zarrfs") -> set[str]:
     if any(o.startswith("subtype=") for o in options.fuse_options):
         opts.discard("subtype=zarrfs")
     # A read-only mount is not `ro` for the kernel: every write call reaches zarrfs, which
-    # refuses it with EROFS, except the rewrite of a VRT view that saves GDAL's statistics.
+    # refuses it with EROFS, except a rewrite that saves GDAL's statistics (gdal/PATH.vrt,
+    # raw/PATH.raw.aux.xml), which GDAL reports as an error when it fails.
     opts.update(o for o in options.fuse_options if o.split("=")[0] not in ("uid", "gid", "umask"))
     return opts
 

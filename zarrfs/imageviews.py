@@ -27,8 +27,8 @@ GDAL_TYPES = {"u1": "Byte", "b1": "Byte", "u2": "UInt16", "i2": "Int16", "u4": "
               "c16": "CFloat64"}
 # A VRT holds about 300 bytes a band: 65,536 bands keep its text under 20 MB.
 MAX_VRT_BANDS = 1 << 16
-# Band metadata GDAL saves into a VRT when it has computed statistics (gdalinfo -stats):
-# the only change a rewrite of a VRT view may make.
+# Band metadata GDAL saves into a VRT or an .aux.xml when it has computed statistics
+# (gdalinfo -stats): the only change a rewrite of those views may make.
 STATISTICS_PREFIX = "STATISTICS_"
 # Attributes GDAL adds to a band when it writes a VRT back: block sizes of its own cache,
 # which change no value read.
@@ -133,7 +133,8 @@ def vrt(meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None 
 
 
 def max_rewrite_bytes(meta: ArrayMeta) -> int:
-    """The most a rewrite of a VRT view or an .aux.xml may hold: a few statistics a band."""
+    """The most a rewrite of a VRT view or an .aux.xml may hold: a band's text and statistics
+    take under 1 KiB, the header metadata GDAL copies into an .aux.xml a few hundred bytes."""
     return (4 << 10) * _bands_rows_cols(meta)[0] + (64 << 10)
 
 
