@@ -346,3 +346,20 @@ def test_fixture_hierarchy_is_as_described(hierarchy):
         assert missing == 6, index
         codecs = json.loads((root / "codecs/zstd_crc32c/zarr.json").read_text())["codecs"]
         assert [c["name"] for c in codecs] == ["bytes", "zstd", "crc32c"]
+
+
+def test_ro_makes_the_mount_read_only_for_the_kernel(mount, tmp_path):
+    """`-o ro` (as an fstab line gives it): the mount table and statvfs say read-only, and the
+    kernel refuses writes before they reach the daemon."""
+    import zarr
+
+    store = tmp_path / "s.zarr"
+    zarr.create_array(store, name="g/x", shape=(3, 4), chunks=(2, 2), dtype="i4", zarr_format=3)[...] = \
+        np.arange(12, dtype="i4").reshape(3, 4)
+    mnt = mount(store, "ro")
+    assert "ro" in [row for row in open("/proc/mounts") if f" {mnt} " in row][0].split()[3].split(",")
+    assert os.statvfs(mnt).f_flag & os.ST_RDONLY
+    with pytest.raises(OSError) as e:
+        os.utime(mnt / "g" / "x.npy")
+    assert e.value.errno == errno.EROFS
+    assert (mnt / "g" / "x.npy").read_bytes() == mounted.npy_bytes(np.arange(12, dtype="i4").reshape(3, 4))

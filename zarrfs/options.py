@@ -19,7 +19,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # and ignore because mount.fuse3 and /etc/fstab lines carry them.
 FUSE_PASSTHROUGH_VALUE = ("uid", "gid", "umask", "subtype")
 FUSE_PASSTHROUGH_FLAG = ("allow_other", "allow_root", "default_permissions", "auto_unmount")
-MOUNT_IGNORED = ("rw", "ro", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "noauto",
+MOUNT_IGNORED = ("rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "noauto",
                  "user", "nouser", "users", "_netdev", "nofail", "atime", "noatime", "relatime",
                  "async", "sync", "defaults")
 
@@ -43,6 +43,9 @@ class OptionDoc:
 # refuses a name that is not in it, so an option cannot exist undocumented.
 OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("writable", "allow writes (README: Writes); refused for read-only stores such as HTTP", "off"),
+    OptionDoc("ro", "read-only for the kernel too: `mount` and statvfs say `ro` and every write call gets "
+              "EROFS from the kernel, for every user; without it a read-only mount refuses writes itself "
+              "and lets GDAL save statistics beside its views (README: Writes)", "off"),
     OptionDoc("cache_size=SIZE", "budget of the decoded-chunk cache (`512M`, `2G`); chunks larger than the "
               "budget are decoded only as far as each read needs, or kept apart (README: Memory)", "`512M`"),
     OptionDoc("format=auto|v1|v2|v3|v3-draft", "skip detection", "`auto`"),
@@ -419,9 +422,13 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             if name == "umask" and not re.fullmatch(r"[0-7]{1,4}", v):
                 raise UserError(f"umask={v}: expected an octal number")
             fuse.append(f"{name}={v}")
+        elif name == "ro":
+            fuse.append("ro")  # read-only for the kernel too (see OPTION_TABLE)
         elif name in MOUNT_IGNORED:
             pass
         else:
             raise UserError(f"unknown option: {name}")
+    if "ro" in fuse and kw.get("writable"):
+        raise UserError("ro and writable contradict each other: give one")
     kw["fuse_options"] = tuple(fuse)
     return Options(**kw)
