@@ -4,13 +4,15 @@ Imported, it registers the protocol ``failfile`` with fsspec (``failfile:///abs/
 Run as a script, ``python tests/failing_store.py SOURCE MOUNTPOINT [zarrfs arguments]``
 runs zarrfs's own command line (``zarrfs.cli.main``) with a local SOURCE given as
 ``failfile://SOURCE``. zarrfs writes a non-local store with ``pipe_file`` (see
-``Store.set_sync``), so every chunk and metadata write goes through the failure switch;
-reads, listings and removals are the local file system's own.
+``Store.set_sync``) and streams plain files through ``open(key, "wb")``, so every chunk,
+metadata and plain-file write goes through the failure switch; reads, listings and
+removals are the local file system's own.
 
 The switch is read from the environment at each call, so a test sets it per daemon:
 
 - ``FAILFILE_FAIL_AT``: comma-separated 1-based numbers of the counted ``pipe_file``
-  calls that fail with OSError(EIO) and write nothing (a failed PUT); empty: none fail.
+  calls (and opens for writing) that fail with OSError(EIO) and write nothing (a failed
+  PUT); empty: none fail.
 - ``FAILFILE_MATCH``: only calls whose path contains this text are counted (default: all).
 - ``FAILFILE_CALLS``: a file to which each ``pipe_file`` call appends ``N PATH ok|FAILED``.
 
@@ -67,6 +69,8 @@ class FailingFileSystem(AbstractFileSystem):
         return self.local.cat_file(self._local(path), start=start, end=end, **kwargs)
 
     def _open(self, path, mode="rb", **kwargs):
+        if "w" in mode:
+            self._switch(self._local(path))
         return self.local._open(self._local(path), mode=mode, **kwargs)
 
     def rm_file(self, path):
@@ -85,6 +89,16 @@ class FailingFileSystem(AbstractFileSystem):
 
     def pipe_file(self, path, value, mode="overwrite", **kwargs):
         local = self._local(path)
+        self._switch(local)
+        directory = os.path.dirname(local)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(local)}.failfile-{os.getpid()}-{threading.get_ident()}")
+        with open(tmp, "wb") as f:
+            f.write(bytes(value))
+        os.replace(tmp, local)
+
+    def _switch(self, local: str) -> None:
+        """Count a write of `local`, record it, and fail it (OSError EIO) if the switch says so."""
         match = os.environ.get("FAILFILE_MATCH", "")
         fail = False
         with self._lock:
@@ -101,12 +115,6 @@ class FailingFileSystem(AbstractFileSystem):
                 f.write(f"{n} {local} {'FAILED' if fail else 'ok'}\n")
         if fail:
             raise OSError(errno.EIO, f"failfile: injected failure of write #{n}", local)
-        directory = os.path.dirname(local)
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(local)}.failfile-{os.getpid()}-{threading.get_ident()}")
-        with open(tmp, "wb") as f:
-            f.write(bytes(value))
-        os.replace(tmp, local)
 
     def _pipe_file(self, path, value, **kwargs):  # the name async file systems use
         self.pipe_file(path, value, **kwargs)

@@ -459,3 +459,38 @@ def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, monkey
                     got = decoded_rows_sync(stream, store, k, count, out, part, parts)[0]
                 assert bytes(got) == want[k * row:(k + count) * row], (k, count, parts)
                 assert bytes(out[len(got):]) == b"\5" * (len(out) - len(got))
+
+
+async def test_delayed_calls_run_once_after_the_last_ask(autojump_clock, caplog):
+    """engine.later: asking again moves a call, cancel drops it, a failing call is logged and
+    leaves the others running (the times are trio's mock clock's)."""
+    from zarrfs.engine.later import Later
+
+    later = Later()
+    calls: list[tuple[str, float]] = []
+
+    def recorder(name):
+        async def record() -> None:
+            calls.append((name, trio.current_time()))
+        return record
+
+    async def fail() -> None:
+        raise RuntimeError("boom")
+
+    assert not later.call("x", 1, recorder("x"))  # not attached: nothing runs later
+    async with trio.open_nursery() as nursery:
+        later.attach(nursery)
+        start = trio.current_time()
+        later.call("a", 5, recorder("a"))
+        later.call("b", 2, fail)
+        await trio.sleep(3)
+        later.call("a", 5, recorder("a2"))  # moved: due at 8, with the newer call
+        later.call("c", 1, recorder("c"))
+        later.cancel("c")
+        later.call("c", 6, recorder("c2"))  # asked again after a cancel: made once, at 9
+        assert later.waiting == 2
+        await trio.sleep(20)
+        assert later.waiting == 0
+        nursery.cancel_scope.cancel()
+    assert [(name, round(t - start, 6)) for name, t in calls] == [("a2", 8.0), ("c2", 9.0)]
+    assert "boom" in caplog.text

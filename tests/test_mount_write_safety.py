@@ -48,6 +48,14 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {k: (root / k).read_bytes() for k in mounted.store_keys(root)}
 
 
+def write_synced(path: Path, data: bytes) -> None:
+    """Write a file and fsync it (a plain file is in the store when fsync returns)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def warnings_naming(mount, mnt: Path, *needles: str) -> list[str]:
     return [ln for ln in mounted.log_lines_naming(mount.log_text(mnt), needles[0])
             if all(n in ln for n in needles[1:])]
@@ -319,10 +327,10 @@ def test_a_held_file_that_is_no_npy_cannot_become_an_array(mount, tmp_path, fmt)
     root, old = store_with_old(tmp_path, fmt)
     before = snapshot(root)
     mnt = mount(root, "writable")
-    (mnt / "g" / "junk.tmp").write_bytes(b"not an NPY file at all")
+    write_synced(mnt / "g" / "junk.tmp", b"not an NPY file at all")  # in the store at once
     expect_oserror(errno.EINVAL, os.rename, mnt / "g" / "junk.tmp", mnt / "g" / "a.npy")
     x = np.arange(100.0)
-    (mnt / "g" / "short.tmp").write_bytes(mounted.npy_bytes(x)[:-8])
+    write_synced(mnt / "g" / "short.tmp", mounted.npy_bytes(x)[:-8])
     expect_oserror(errno.EIO, os.rename, mnt / "g" / "short.tmp", mnt / "g" / "a.npy")
     assert sorted(os.listdir(mnt / "g")) == ["a.npy", "junk.tmp", "short.tmp"]  # the plain files stay
     assert snapshot(root) == {**before, "g/junk.tmp": b"not an NPY file at all",

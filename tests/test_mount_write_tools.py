@@ -8,9 +8,12 @@ own statistics. zarrfs is reached only through its command line and the file sys
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -158,6 +161,124 @@ def test_plain_files_are_kept_beside_the_hierarchy(mount, tmp_path, fmt):
     assert not (root / "g").exists() and not (root / "big.bin").exists()
     assert not (root / "h" / "x.tmp").exists()
     np.testing.assert_array_equal(zarr.open_array(root / "h" / "x", mode="r")[...], x)
+
+
+# --------------------------------------------------------------------------- write-back
+
+
+def watch_store(directory: Path):
+    """An inotify watch of a store directory: every name created or renamed into it."""
+    from inotify_simple import INotify, flags
+
+    watch = INotify()
+    watch.add_watch(os.fspath(directory), flags.CREATE | flags.MOVED_TO)
+    return watch
+
+
+def names_seen(watch) -> list[str]:
+    return [event.name for event in watch.read(timeout=0)]
+
+
+def mount_stats(mnt: Path) -> dict:
+    return json.loads((mnt / ".zarrfs" / "stats.json").read_bytes())
+
+
+def test_rsync_of_an_array_writes_its_bytes_once(mount, tmp_path):
+    """rsync's temporary file, renamed to x.npy right after its close, is never stored under
+    its own name: the bytes reach the store once, as the array's chunks."""
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    zarr.open_group(root, mode="w", zarr_format=3).create_group("g")
+    src = tmp_path / "src"
+    src.mkdir()
+    x = np.random.default_rng(5).random((200, 300))
+    np.save(src / "x.npy", x)
+    mnt = mount(root, "writable")
+    watch = watch_store(root / "g")
+    assert rsync_stats(src / "x.npy", mnt / "g")["Number of regular files transferred"] == "1"
+    stats = mount_stats(mnt)
+    mounted.unmount_and_wait(mount, mnt)  # nothing left to store at unmount either
+    seen = names_seen(watch)
+    assert "x" in seen
+    assert not [n for n in seen if "x.npy" in n], f"rsync's temporary file reached the store: {seen}"
+    np.testing.assert_array_equal(zarr.open_array(root / "g" / "x", mode="r")[...], x)
+    assert stats["plain_files_stored"] == 0 and stats["plain_files_pending"] == 0
+
+
+def test_plain_files_are_stored_at_fsync_write_back_and_unmount(mount, tmp_path):
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    zarr.open_group(root, mode="w", zarr_format=2).create_group("g")
+    mnt = mount(root, "writable")
+    watch = watch_store(root / "g")
+    # Closed without fsync: readable and listed at once, from the daemon's copy.
+    (mnt / "g" / "closed.txt").write_bytes(b"closed")
+    assert (mnt / "g" / "closed.txt").read_bytes() == b"closed"
+    # fsync stores at once: the key is on disk before the file is even closed.
+    with open(mnt / "g" / "synced.txt", "wb") as f:
+        f.write(b"synced")
+        f.flush()
+        os.fsync(f.fileno())
+        assert (root / "g" / "synced.txt").read_bytes() == b"synced"
+    # Renamed to another plain name, or removed, before its write-back: its first name is
+    # never stored; a removed file never is.
+    (mnt / "g" / "draft.tmp").write_bytes(b"draft")
+    os.rename(mnt / "g" / "draft.tmp", mnt / "g" / "final.txt")
+    assert (mnt / "g" / "final.txt").read_bytes() == b"draft"
+    (mnt / "g" / "scratch.txt").write_bytes(b"scratch")
+    os.unlink(mnt / "g" / "scratch.txt")
+    assert sorted(os.listdir(mnt / "g")) == ["closed.txt", "final.txt", "synced.txt"]
+    # The write-back comes by itself a few seconds after the close.
+    assert mounted.wait_until(lambda: (root / "g" / "closed.txt").exists(), 60), "no write-back"
+    assert (root / "g" / "closed.txt").read_bytes() == b"closed"
+    # A clean unmount stores what is still waiting.
+    (mnt / "g" / "late.txt").write_bytes(b"late")
+    mounted.unmount_and_wait(mount, mnt)
+    assert (root / "g" / "final.txt").read_bytes() == b"draft"
+    assert (root / "g" / "late.txt").read_bytes() == b"late"
+    seen = names_seen(watch)
+    assert not [n for n in seen if "draft.tmp" in n or "scratch" in n], seen
+    # SIGTERM stores what is waiting too; the next mount lists it.
+    mnt = mount(root, "writable", foreground=True)
+    proc = mount.records[-1].proc
+    (mnt / "g" / "term.txt").write_bytes(b"before SIGTERM")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(mounted.EXIT_TIMEOUT_S) == 0
+    assert (root / "g" / "term.txt").read_bytes() == b"before SIGTERM"
+    mnt = mount(root)
+    assert sorted(os.listdir(mnt / "g")) == ["closed.txt", "final.txt", "late.txt", "synced.txt", "term.txt"]
+
+
+FAILING_STORE = Path(__file__).parent / "failing_store.py"
+
+
+def test_a_failed_write_back_is_said_once_and_the_file_kept(mount, tmp_path):
+    """The store refuses the first write of a plain file: one WARNING, the file stays readable
+    in the mount, and unmount stores it."""
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    zarr.open_group(root, mode="w", zarr_format=2).create_group("g")
+    calls = tmp_path / "calls.txt"
+    mnt, log = mount.new_mountpoint()
+    env = {**os.environ, "FAILFILE_MATCH": "g/notes.txt", "FAILFILE_FAIL_AT": "1", "FAILFILE_CALLS": os.fspath(calls)}
+    proc = subprocess.Popen([sys.executable, os.fspath(FAILING_STORE), os.fspath(root), os.fspath(mnt), "-f",
+                             "-o", f"writable,log_file={log},log_level=info"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    mount.adopt(mnt, log, proc)
+    assert mounted.wait_until(lambda: mounted.is_mounted(mnt) or proc.poll() is not None, mounted.MOUNT_TIMEOUT_S)
+    (mnt / "g" / "notes.txt").write_bytes(b"not lost")
+    assert mounted.wait_until(lambda: mounted.log_lines_naming(mount.log_text(mnt), "g/notes.txt"), 60)
+    assert (mnt / "g" / "notes.txt").read_bytes() == b"not lost"
+    assert mount_stats(mnt)["plain_files_pending"] == 1  # tried again later
+    assert not (root / "g" / "notes.txt").exists()
+    mounted.unmount_and_wait(mount, mnt)
+    assert (root / "g" / "notes.txt").read_bytes() == b"not lost"
+    warnings_logged = mounted.log_lines_naming(mount.log_text(mnt), "g/notes.txt")
+    assert len(warnings_logged) == 1 and "storing this plain file failed" in warnings_logged[0], warnings_logged
+    assert [ln.split()[-1] for ln in calls.read_text().splitlines() if "notes.txt" in ln] == ["FAILED", "ok"]
 
 
 # --------------------------------------------------------------------------- times

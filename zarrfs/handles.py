@@ -191,7 +191,7 @@ class StatisticsRewriteHandle(Handle):
 
 class HeldFileHandle(Handle):
     """A plain file (any name but NAME.npy): its bytes in the daemon while written, kept in
-    the store from each close and fsync on."""
+    the store at fsync and a few seconds after a close (write-back)."""
 
     def _held(self):  # type: ignore[no-untyped-def]
         if self.entry.held is None:
@@ -205,7 +205,8 @@ class HeldFileHandle(Handle):
         return await self._held().write(offset, data)
 
     async def flush(self) -> None:
-        """The file is in the store when close returns (or close fails with EIO)."""
+        """close(2): the file is stored a few seconds later (unless renamed to NAME.npy or
+        removed first), as a file system's page cache writes back; fsync stores it at once."""
         if self.ns.writes_allowed and self.entry.held is not None:
             await self.ns.close(self.entry)
 

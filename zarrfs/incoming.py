@@ -3,8 +3,9 @@
 An arriving file buffers its bytes until its NPY header is whole, then streams them into a
 staged array (Hierarchy.stage_array) that the close completing it commits, all or nothing.
 A file under any other name is a plain file: its bytes are held (memory, then TMPDIR) while
-written and kept as a store key of its own at each close; renamed to NAME.npy it becomes
-that array.
+written and kept as a store key of its own at fsync, at unmount, or PLAIN_WRITE_BACK_S after
+a close; renamed to NAME.npy before that it becomes that array without ever being stored as
+a plain key.
 The IncomingWrites mixin gives the Namespace these steps; no trio here (the engine runs
 threads and makes locks).
 """
@@ -38,6 +39,14 @@ NPY_SUFFIX = ".npy"
 HELD_MEMORY_BYTES = 8 << 20
 # A held file renamed to NAME.npy is streamed into the array in blocks of this size.
 ADOPT_BLOCK_BYTES = 1 << 20
+# A plain file is stored this long after its last close (unless fsync or unmount stores it
+# first): rsync, download tools and editors rename their temporary file right after closing
+# it, so its bytes are written once, as the array's chunks. It is also how long a crash of
+# the daemon can lose a closed file that was not fsynced (the kernel's own page cache keeps
+# dirty pages up to 30 s).
+PLAIN_WRITE_BACK_S = 5.0
+# After a failed write-back, the next attempt comes this much later.
+PLAIN_RETRY_S = 30.0
 
 
 def is_held_name(name: str) -> bool:
@@ -71,7 +80,7 @@ class Coverage:
 
 class HeldFile:
     """The bytes of a plain file (any name but NAME.npy): kept in the store under `key` at
-    close and fsync, between those in memory up to HELD_MEMORY_BYTES, then in TMPDIR.
+    fsync and write-back, until then in memory up to HELD_MEMORY_BYTES, then in TMPDIR.
 
     A kept file nobody writes has no local copy: reads go to its key; the first write
     copies it into the spool, block by block.
@@ -83,13 +92,20 @@ class HeldFile:
         self._lock = engine.new_lock()  # one seek-and-transfer at a time
         self.key = key  # where it is kept (None: the format keeps no plain files)
         self.size = size
-        self.stored = stored  # the key holds it (as of the last close or fsync, if dirty)
+        self.stored = stored  # the key holds it (as of the last store, if dirty)
         self.dirty = not stored  # bytes the key does not hold yet (a new file counts, even empty)
         self.mtime_ns: int | None = None  # set by the writer (utimensat), given to the key when kept
+        self.failing = False  # the last write-back failed (said once, tried again)
+        self.gone = False  # removed, replaced or an array now: nothing is stored any more
 
     @staticmethod
     def _new_spool() -> Any:
         return tempfile.SpooledTemporaryFile(max_size=HELD_MEMORY_BYTES, prefix="zarrfs-held-")
+
+    @property
+    def lock(self) -> Any:
+        """Held while its bytes or key change (a store, a move): `async with held.lock`."""
+        return self._lock
 
     @property
     def needs_entry(self) -> bool:
@@ -161,16 +177,22 @@ class HeldFile:
         """Store what changed under `key` (streamed from the spool), with the writer's time."""
         if self.key is None:
             return
-
-        def put() -> None:
-            if self.dirty:
-                self._spool.seek(0)
-                self._engine.store.put_stream_sync(self.key, self._spool)
-            if self.mtime_ns is not None:
-                self._engine.store.set_mtime_sync(self.key, self.mtime_ns)
-
         async with self._lock:
+            if self.gone:  # removed or renamed to an array while this waited
+                return
+            key, dirty, mtime_ns, spool = self.key, self.dirty, self.mtime_ns, self._spool
+
+            def put() -> None:
+                if dirty:
+                    spool.seek(0)
+                    self._engine.store.put_stream_sync(key, spool)
+                if mtime_ns is not None:
+                    self._engine.store.set_mtime_sync(key, mtime_ns)
+
             await self._engine.run_io_long(put)
+            if dirty:
+                self._engine.counters["plain_files_stored"] += 1
+                self._engine.counters["plain_bytes_stored"] += self.size
             self.dirty, self.stored = False, True
 
     def unload(self) -> None:
@@ -180,6 +202,8 @@ class HeldFile:
             self._spool = None
 
     def close(self) -> None:
+        """Its bytes are no longer needed here (stored, removed, or an array now)."""
+        self.gone = True
         if self._spool is not None:
             self._spool.close()
             self._spool = None
@@ -252,6 +276,8 @@ class IncomingWrites:
             if entry.held is None:
                 raise entry.error or NotFound("removed")
             await entry.held.resize(size)
+            if entry.opens == 0:  # truncate(2) by path: no close will follow
+                self._keep_later(entry)
             return
         if entry.kind != "array" or entry.view != "":
             raise InvalidArgument("only .npy files of the main tree can be truncated (to replace the array)")
@@ -416,18 +442,48 @@ class IncomingWrites:
         held = entry.held
         if held is None or not (held.dirty or held.mtime_ns is not None):
             return
-        try:
-            await held.keep()
-        except ZarrfsError as e:
-            log.warning("%s: keeping it in the store failed: %s", self._name_of(entry), e)
-            raise
-        if held.stored:
+        self.engine.later.cancel(("keep", entry.inode))
+        await held.keep()
+        if held.stored and entry.held is held:
             self._unregister(entry, keep_name=True)
             self._invalidate()
 
+    def _keep_later(self: "Namespace", entry: "Entry", delay_s: float = PLAIN_WRITE_BACK_S) -> None:
+        """Store a plain file written since its last store `delay_s` from now (write-back):
+        one renamed to NAME.npy or removed before then is never stored under its name."""
+        held = entry.held
+        if held is not None and held.dirty:
+            self.engine.later.call(("keep", entry.inode), delay_s, lambda: self._write_back(entry, held))
+
+    async def _write_back(self: "Namespace", entry: "Entry", held: HeldFile) -> None:
+        """The delayed store of a plain file; a failure is said once, and it is tried again
+        later (and at unmount) while its bytes stay here."""
+        if entry.held is not held or not held.dirty:
+            return
+        name = self._name_of(entry)
+        try:
+            await self._keep(entry)
+        except ZarrfsError as e:
+            if not held.failing:
+                log.warning("%s: storing this plain file failed: %s; its bytes stay in the daemon, "
+                            "tried again every %g s and at unmount", name, e, PLAIN_RETRY_S)
+            held.failing = True
+            self._keep_later(entry, PLAIN_RETRY_S)
+            return
+        if held.failing:
+            log.info("%s: plain file stored after all", name)
+            held.failing = False
+        if entry.opens == 0:
+            held.unload()
+
     async def _flush_entry(self: "Namespace", entry: "Entry") -> None:
         if entry.kind == "held":
-            await self._keep(entry)
+            try:
+                await self._keep(entry)
+            except ZarrfsError as e:
+                log.warning("%s: keeping it in the store failed: %s", self._name_of(entry), e)
+                self._keep_later(entry, PLAIN_RETRY_S)  # its bytes stay here: tried again later
+                raise
             return
         w = entry.writing
         stream = w.stream if w is not None and w.staged is not None else entry.stream
@@ -440,7 +496,11 @@ class IncomingWrites:
         """close(2) of one descriptor: what was written is stored, and a new array complete now is
         committed. One still short of its header or data stays as it is: the close of every
         descriptor sharing the open file (a forked child's, a dup's) comes here, while others
-        may still write, so only the last close (`release`) ends it."""
+        may still write, so only the last close (`release`) ends it. A plain file is stored
+        later (write-back), unless renamed to NAME.npy or removed first."""
+        if entry.kind == "held":
+            self._keep_later(entry)
+            return
         w = entry.writing
         if w is not None and w.staged is not None and w.complete:
             await self._commit(entry)
@@ -501,7 +561,11 @@ class IncomingWrites:
                 if entry.held is not None:
                     if entry.held.dirty:
                         name = self._name_of(entry)
-                        await self._keep(entry)
+                        try:
+                            await self._keep(entry)
+                        except ZarrfsError as e:
+                            log.error("%s: plain file not stored at unmount, its bytes are lost: %s", name, e)
+                            continue
                         log.info("%s: plain file stored at unmount", name)
                     entry.held.close()
                 elif w is not None and (w.staged is not None or w.pending):
@@ -514,8 +578,17 @@ class IncomingWrites:
                 log.warning("unmount: %s", e)
 
     async def _adopt(self: "Namespace", entry: "Entry", parent_inode: int, name: str) -> None:
-        """A held file renamed to NAME.npy becomes array NAME (staged, streamed in, committed).
-        On any error the held file stays as it was and the rename fails."""
+        """A held file renamed to NAME.npy becomes array NAME (staged, streamed in, committed),
+        its bytes never stored as a plain key unless they were already. On any error the held
+        file stays as it was (its write-back still to come) and the rename fails."""
+        self.engine.later.cancel(("keep", entry.inode))
+        try:
+            await self._adopt_now(entry, parent_inode, name)
+        except BaseException:
+            self._keep_later(entry)
+            raise
+
+    async def _adopt_now(self: "Namespace", entry: "Entry", parent_inode: int, name: str) -> None:
         other = await self.child(parent_inode, name)
         busy = other is not None and other.writing is not None and (
             other.writing.staged is not None or other.writing.pending is not None)
@@ -541,17 +614,19 @@ class IncomingWrites:
         except ZarrfsError:
             await self.renew_lease()  # its staging dropped: the lease too, unless another is in use
             raise
-        if entry.held.stored:  # it was kept as a plain file: now it is the array
-            try:
-                await self.engine.run_io(self.hierarchy.store.erase_sync, entry.held.key)
-            except ZarrfsError as e:
-                log.warning("%s: became %s, but its plain key stays: %s", label, path, e)
+        held = entry.held
+        async with held.lock:  # after a write-back under way, if any
+            if held.stored:  # it was kept as a plain file: now it is the array
+                try:
+                    await self.engine.run_io(self.hierarchy.store.erase_sync, held.key)
+                except ZarrfsError as e:
+                    log.warning("%s: became %s, but its plain key stays: %s", label, path, e)
+            held.close()
         old_name = entry.name_key
         self._unregister(entry, forget=False)
         if old_name is not None and self._by_name.get(old_name) == entry.inode:
             del self._by_name[old_name]
-        mtime_ns = entry.held.mtime_ns
-        entry.held.close()
+        mtime_ns = held.mtime_ns
         entry.held, entry.kind, entry.key = None, "array", path
         entry.show(staged.final)
         if not path:

@@ -7,6 +7,7 @@ nodes keep their inodes, removed ones answer ENOENT).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -188,8 +189,12 @@ class NamespaceWrites(IncomingWrites):
         self._group_dir(parent_inode)
         entry = await self.lookup(parent_inode, name)
         if entry.kind == "held":
-            if entry.held is not None and entry.held.stored:
-                await self.engine.run_io(self.hierarchy.store.erase_sync, entry.held.key)
+            held = entry.held
+            if held is not None:
+                async with held.lock:  # after a write-back under way, if any
+                    if held.stored:
+                        await self.engine.run_io(self.hierarchy.store.erase_sync, held.key)
+                    held.close()
             self._unregister(entry)
             self._forget_held(entry, NotFound(f"{name} was removed"))
             self._by_name.pop((parent_inode, name), None)
@@ -264,10 +269,16 @@ class NamespaceWrites(IncomingWrites):
             if other.kind != "held":
                 raise Exists(new_name)
         held = entry.held
-        if held.stored and key != held.key:
-            await self.engine.run_io_long(self.hierarchy.store.move_sync, held.key, key)  # replaces `other`'s
-        elif other is not None and other.inode != entry.inode and other.held is not None and other.held.stored:
-            await self.engine.run_io(self.hierarchy.store.erase_sync, other.held.key)
+        replaced = other.held if other is not None and other.inode != entry.inode else None
+        # After write-backs under way (of either file), and none of them in between.
+        async with held.lock, replaced.lock if replaced is not None else contextlib.nullcontext():
+            if held.stored and key != held.key:
+                await self.engine.run_io_long(self.hierarchy.store.move_sync, held.key, key)  # replaces `other`'s
+            elif replaced is not None and replaced.stored:
+                await self.engine.run_io(self.hierarchy.store.erase_sync, replaced.key)
+            if replaced is not None:
+                replaced.close()
+            held.key = key
         if other is not None and other.inode != entry.inode:
             self._unregister(other, forget=False)
             self._forget_held(other, NotFound(f"{new_name} was replaced"))
@@ -275,7 +286,7 @@ class NamespaceWrites(IncomingWrites):
         self._unregister(entry, forget=False)
         if old_key is not None and self._by_name.get(old_key) == entry.inode:
             del self._by_name[old_key]
-        held.key, entry.key = key, new_name
+        entry.key = new_name
         if held.stored:  # listed from the store from now on
             self._name(new_parent, new_name, entry)
         else:

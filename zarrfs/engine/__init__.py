@@ -29,6 +29,7 @@ from .bands import BAND_MAX_PIECE_BYTES, BandReads
 from .spares import Spares
 from .streamed import StreamedReads
 from .interrupts import Interrupts
+from .later import Later
 from .loads import Loads, _Load
 from .revalidate import Revalidation
 from .readahead import LOCAL_PREFETCH_MAX_BYTES, PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
@@ -63,7 +64,7 @@ DEFAULT_TIMEOUT_S = 30.0
 STALL_GRACE_S = 1.0
 COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
             "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads",
-            "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads", "bands_assembled", "small_reads", "row_reads", "buffers_reused",
+            "plain_files_stored", "plain_bytes_stored", "direct_reads", "direct_bytes", "revalidations", "chunks_changed", "band_reads", "bands_assembled", "small_reads", "row_reads", "buffers_reused",
             "streamed_reads")
 
 __all__ = ["Engine", "ReadAhead"]
@@ -92,6 +93,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
         self._nursery: trio.Nursery | None = None
         self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
         self.interrupts = Interrupts()  # requests ended early when their process got a signal
+        self.later = Later()  # delayed calls (plain files' write-back)
         self._init_revalidation()
         self._init_bands()
         self._init_spares()
@@ -130,9 +132,10 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
         self._stalled: dict[Any, tuple[float, list[str | None]]] = {}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Host background work (prefetch) until cancelled; without it there is no prefetch."""
+        """Host background work (prefetch, delayed calls) until cancelled; without it neither runs."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.later.attach(nursery)
             nursery.start_soon(self.interrupts.run)
             task_status.started()
             await trio.sleep_forever()
@@ -533,6 +536,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
             "oversize_slots": self.cache.oversize_slots, "oversize_evictions": self.cache.oversize_evictions,
             "decode_seconds": round(self.decode_seconds, 6),
             "band_bytes": self.band_bytes, "band_bytes_peak": self.band_bytes_peak,
+            "plain_files_pending": self.later.waiting,  # closed, waiting for their write-back
             "errors": dict(self.errors),
             **self.failures.stats(),
         }
