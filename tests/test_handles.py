@@ -139,3 +139,26 @@ async def test_held_files_read_write_truncate_and_vanish(store_dir):
     assert await handle.read(0, 100) == b"hello"
     await ns.unlink(ROOT_INODE, "notes.txt")
     assert await refused(handle.read(0, 10)) == errno.ENOENT
+
+
+async def test_closed_plain_files_keep_a_bounded_memory(store_dir, monkeypatch):
+    """Plain files closed and waiting for their write-back hold at most PLAIN_MEMORY_MAX_BYTES
+    in memory together; a file closed past it moves to TMPDIR and reads back the same."""
+    from zarrfs import incoming
+
+    monkeypatch.setattr(incoming, "PLAIN_MEMORY_MAX_BYTES", 150_000)
+    ns = make_ns(store_dir, writable=True)
+    data = {f"f{i}.bin": os.urandom(100_000) for i in range(3)}
+    for name, value in data.items():
+        entry, handle = await ns.create_file(ROOT_INODE, name)
+        await handle.write(0, value)
+        await handle.flush()
+        await handle.release()
+    assert ns.engine.held_memory_bytes == 100_000  # the first file; the others went to TMPDIR
+    for name, value in data.items():
+        assert await (await open_path(ns, os.O_RDONLY, name)).read(0, 200_000) == value
+    await ns.unlink(ROOT_INODE, "f0.bin")
+    assert ns.engine.held_memory_bytes == 0
+    await ns.shutdown()  # no engine running: stored here
+    assert sorted(p.name for p in store_dir.glob("f*.bin")) == ["f1.bin", "f2.bin"]
+    assert (store_dir / "f2.bin").read_bytes() == data["f2.bin"]

@@ -47,6 +47,9 @@ ADOPT_BLOCK_BYTES = 1 << 20
 PLAIN_WRITE_BACK_S = 5.0
 # After a failed write-back, the next attempt comes this much later.
 PLAIN_RETRY_S = 30.0
+# Plain files keep at most this many bytes in memory together (a burst of small files closed
+# within the write-back delay); past it, a file closed moves its bytes to TMPDIR.
+PLAIN_MEMORY_MAX_BYTES = 64 << 20
 
 
 def is_held_name(name: str) -> bool:
@@ -97,6 +100,8 @@ class HeldFile:
         self.mtime_ns: int | None = None  # set by the writer (utimensat), given to the key when kept
         self.failing = False  # the last write-back failed (said once, tried again)
         self.gone = False  # removed, replaced or an array now: nothing is stored any more
+        self._spilled = False  # the spool's bytes are in TMPDIR, not in memory
+        self._memory_bytes = 0  # what this file adds to engine.held_memory_bytes
 
     @staticmethod
     def _new_spool() -> Any:
@@ -111,6 +116,21 @@ class HeldFile:
     def needs_entry(self) -> bool:
         """Whether its bytes exist only here (then its entry must stay)."""
         return self.dirty
+
+    def _account(self) -> None:
+        """Bring the engine's count of plain files' bytes in memory up to date with this file's."""
+        now = self.size if self._spool is not None and not self._spilled else 0
+        self._engine.held_memory_bytes += now - self._memory_bytes
+        self._memory_bytes = now
+
+    async def spill(self) -> None:
+        """Move the bytes held in memory to TMPDIR (SpooledTemporaryFile's rollover)."""
+        async with self._lock:
+            if self._spool is None or self._spilled:
+                return
+            await self._engine.run_io(self._spool.rollover)
+            self._spilled = True
+            self._account()
 
     async def read(self, offset: int, size: int) -> bytes:
         size = max(0, min(size, self.size - offset))
@@ -151,7 +171,14 @@ class HeldFile:
             return self._spool.tell()
 
         async with self._lock:
-            self.size = await self._engine.run_io(run)
+            fresh = self._spool is None
+            try:
+                self.size = await self._engine.run_io(run)
+            finally:
+                if fresh and self._spool is not None:
+                    self._spilled = False
+                self._spilled = self._spilled or self.size > HELD_MEMORY_BYTES  # the spool rolled over
+                self._account()
             self.dirty = True
 
     async def write(self, offset: int, data: bytes) -> int:
@@ -200,6 +227,7 @@ class HeldFile:
         if self.stored and not self.dirty and self._spool is not None:
             self._spool.close()
             self._spool = None
+            self._account()
 
     def close(self) -> None:
         """Its bytes are no longer needed here (stored, removed, or an array now)."""
@@ -207,6 +235,7 @@ class HeldFile:
         if self._spool is not None:
             self._spool.close()
             self._spool = None
+            self._account()
 
 
 class Incoming:
@@ -500,6 +529,11 @@ class IncomingWrites:
         later (write-back), unless renamed to NAME.npy or removed first."""
         if entry.kind == "held":
             self._keep_later(entry)
+            if entry.held is not None and self.engine.held_memory_bytes > PLAIN_MEMORY_MAX_BYTES:
+                try:
+                    await entry.held.spill()
+                except (OSError, ZarrfsError) as e:  # TMPDIR full: it stays in memory
+                    log.warning("%s: its bytes stay in memory, TMPDIR refused them: %s", self._name_of(entry), e)
             return
         w = entry.writing
         if w is not None and w.staged is not None and w.complete:

@@ -94,6 +94,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
         self._flights: dict[Any, _Load] = {}  # once(): calls in flight by key
         self.interrupts = Interrupts()  # requests ended early when their process got a signal
         self.later = Later()  # delayed calls (plain files' write-back)
+        self.held_memory_bytes = 0  # plain files' bytes in memory (incoming.HeldFile)
         self._init_revalidation()
         self._init_bands()
         self._init_spares()
@@ -537,6 +538,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
             "decode_seconds": round(self.decode_seconds, 6),
             "band_bytes": self.band_bytes, "band_bytes_peak": self.band_bytes_peak,
             "plain_files_pending": self.later.waiting,  # closed, waiting for their write-back
+            "plain_memory_bytes": self.held_memory_bytes,
             "errors": dict(self.errors),
             **self.failures.stats(),
         }
