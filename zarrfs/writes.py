@@ -245,12 +245,15 @@ class NamespaceWrites(IncomingWrites):
                 raise Exists(new_name)
             await self.unlink(new_parent, new_name)  # mv onto an array replaces it
         await self.engine.flush(node.path) if entry.kind == "array" else await self.engine.flush()
-        await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path)
-        self.engine.discard(node.path)
-        for other in self._entries.values():  # plain files moved with their group
-            if other.held is not None and other.held.key is not None and node.path and \
-                    other.held.key.startswith(node.path + "/"):
+        inside = sorted((e for e in self._entries.values() if e.held is not None and e.held.key is not None
+                         and node.path and e.held.key.startswith(node.path + "/")), key=lambda e: e.inode)
+        async with contextlib.AsyncExitStack() as stack:
+            for other in inside:  # no write-back of a plain file inside crosses the move
+                await stack.enter_async_context(other.held.lock)
+            await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path)
+            for other in inside:  # plain files moved with their group
                 other.held.key = new_path + other.held.key[len(node.path):]
+        self.engine.discard(node.path)
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.
         await self._repoint(node.path, new_path)
