@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import logging
+import zlib
 
 import numcodecs
 import numpy as np
@@ -143,6 +145,22 @@ def test_concatenated_gzip_members_and_a_truncated_stream():
         cut = rangedecode.decoder(chain_of(config), len(data), Fetches(raw[:len(raw) // 4]), "chunk a/0")
         with pytest.raises(CorruptChunk, match="chunk a/0"):
             copy_box(cut, values.shape, values.dtype, "C", (slice(0, len(values)),))
+
+
+def test_gzip_chunks_that_are_zlib_streams_read_a_range_at_a_time(caplog):
+    """A `gzip` chunk that an early writer stored as a zlib stream reads as zlib, a range at a
+    time as whole, and the array's document is named in one log line saying so."""
+    values = np.arange(1 << 18, dtype="<u4")
+    raw = zlib.compress(values.tobytes())
+    codec = numcodecs.get_codec(CODECS["gzip"])
+    chain = CodecChain(array_bytes=BytesLayout(None, "C"), bytes_bytes=(BytesBytes(codec, "gzip", "a/.zarray"),))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            dec = rangedecode.decoder(chain, values.nbytes, Fetches(raw), "chunk a/0")
+            assert (copy_box(dec, values.shape, values.dtype, "C", (slice(1000, 5000),)) == values[1000:5000]).all()
+    assert [r.getMessage() for r in caplog.records if "zlib" in r.getMessage()] == [
+        "a/.zarray: its gzip chunks are zlib streams (as an early writer stored them): read as zlib; "
+        "chunks written here are gzip"]
 
 
 def test_chains_that_cannot_be_decoded_a_range_at_a_time():

@@ -205,8 +205,7 @@ class BytesBytes:
         """Decoded bytes; with `limit`, at most that many (CorruptChunk beyond, before allocating);
         maybe in OUT (see decode_bounded). A `gzip` chunk that is a zlib stream is read as zlib."""
         if self.codec.codec_id == "gzip" and is_zlib_stream(data):
-            self._tell_once("zlib", "its gzip chunks are zlib streams (as an early writer stored them): "
-                                    "read as zlib; chunks written here are gzip")
+            self.tell_zlib()
             if limit is None:
                 return inflate_lib.decompress(u1(data))
             return _inflate(inflate_lib.decompressobj, u1(data), limit, self.name, members=False)
@@ -216,6 +215,11 @@ class BytesBytes:
 
     def encode(self, data: Any) -> Any:
         return self.codec.encode(data)
+
+    def tell_zlib(self) -> None:
+        """Say once for this array that its `gzip` chunks are zlib streams."""
+        self._tell_once("zlib", "its gzip chunks are zlib streams (as an early writer stored them): "
+                                "read as zlib; chunks written here are gzip")
 
     def _tell_once(self, what: str, text: str) -> None:
         """Log a quirk of the stored chunks once for this array (decoding threads race here)."""

@@ -19,7 +19,7 @@ from typing import Any
 import numcodecs.blosc
 import numpy as np
 
-from .codecs import GZIP_WBITS, BytesLayout, CodecChain, grown_bound
+from .codecs import BytesLayout, CodecChain, grown_bound, is_zlib_stream
 from .errors import CorruptChunk
 
 try:  # zstd frames decoded as a stream (numcodecs' Zstd decodes whole frames only)
@@ -48,6 +48,8 @@ BLOSC_MEMCPYED = 0x2
 # 256 bytes in a 2 GiB chunk), not read at a hostile header's word.
 BLOSC_TABLE_MAX_BYTES = 32 << 20
 STREAM_IDS = ("zstd", "zlib", "gzip", "bz2", "lzma")
+# zlib's wbits that read a gzip member or a zlib stream, whichever header it finds.
+ZLIB_OR_GZIP_WBITS = 32 + zlib.MAX_WBITS
 
 Fetch = Callable[[int, int], bytes]  # encoded bytes [start, end) of the chunk (b"" past its end)
 
@@ -77,10 +79,10 @@ def decoder(chain: CodecChain, nbytes: int, fetch: Fetch, name: str,
             window_bytes: int = WINDOW_BYTES) -> "RangeDecoder":
     """A decoder of the chunk whose encoded bytes FETCH reads, of NBYTES decoded bytes (a
     `supported` chain), keeping WINDOW_BYTES of what it decoded last; NAME labels its errors."""
-    codec = chain.bytes_bytes[0].codec
-    if codec.codec_id == "blosc":
+    stage = chain.bytes_bytes[0]
+    if stage.codec.codec_id == "blosc":
         return BloscBlocks(nbytes, fetch, name)
-    return StreamDecoder(codec, nbytes, fetch, name, window_bytes)
+    return StreamDecoder(stage.codec, nbytes, fetch, name, window_bytes, stage)
 
 
 def span_of(window_bytes: int) -> int:
@@ -135,8 +137,10 @@ class _Source:
 class StreamDecoder(RangeDecoder):
     """A compressed stream decoded from its start, the last bytes of its output kept (a window)."""
 
-    def __init__(self, codec: Any, nbytes: int, fetch: Fetch, name: str, window_bytes: int = WINDOW_BYTES) -> None:
+    def __init__(self, codec: Any, nbytes: int, fetch: Fetch, name: str, window_bytes: int = WINDOW_BYTES,
+                 stage: Any = None) -> None:
         self.codec, self.nbytes, self.fetch, self.name = codec, nbytes, fetch, name
+        self.stage = stage  # the chain's BytesBytes, which logs a quirk of the array once
         self.window = np.empty(max(window_bytes, MIN_WINDOW_BYTES), np.uint8)
         self.span = span_of(len(self.window))
         self.out_step = min(OUT_STEP_BYTES, len(self.window) // 4)
@@ -164,8 +168,8 @@ class StreamDecoder(RangeDecoder):
         # where unconsumed_tail does not show it)
         if cid == "zlib":
             return zlib.decompressobj()
-        if cid == "gzip":
-            return zlib.decompressobj(GZIP_WBITS)
+        if cid == "gzip":  # (or a zlib stream, as an early writer stored under this id)
+            return zlib.decompressobj(ZLIB_OR_GZIP_WBITS)
         if cid == "bz2":
             return bz2.BZ2Decompressor()
         return lzma.LZMADecompressor(format=self.codec.format, filters=self.codec.filters)
@@ -179,10 +183,13 @@ class StreamDecoder(RangeDecoder):
         return cid in ("gzip", "bz2") or (cid == "lzma" and self.codec.format != lzma.FORMAT_RAW)
 
     def _input(self) -> bytes:
+        first = self.source.at == 0
         data = self.pending or self.source.read()
         self.pending = b""
         if not data:
             raise CorruptChunk(f"{self.name}: compressed stream ends early")
+        if first and self.stage is not None and self.codec.codec_id == "gzip" and is_zlib_stream(data):
+            self.stage.tell_zlib()
         return data
 
     def _produce(self, n: int) -> bytes:
