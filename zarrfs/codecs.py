@@ -46,7 +46,6 @@ CHECKSUM_IDS = {"crc32", "crc32c", "adler32", "fletcher32", "jenkins_lookup3"}
 SAME_SIZE_IDS = {"shuffle", "bitround"}
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's wbits for a gzip member
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 def is_zlib_stream(data: Any) -> bool:
