@@ -204,6 +204,17 @@ def test_unsigned_as_signed_and_fitting_64_bit_as_int_make_cdf2():
         np.testing.assert_array_equal(f["u8"][:], U8)
 
 
+def test_a_signed_array_s_own_unsigned_attribute_is_kept():
+    """A signed Zarr array marked `_Unsigned = "true"` (as xarray decodes it in Zarr stores too:
+    the values are unsigned) keeps the mark, so netCDF readers get the values xarray gets."""
+    signed = np.array([-1, 0, 1, -128], "i1")
+    nc, data = build([("b", signed, (3,), {"dim_names": ("x",), "fill": False,
+                                            "attrs": {"_Unsigned": "true", "units": "1"}})])
+    with netCDF4.Dataset("mem.nc", memory=data) as f:
+        assert f["b"]._Unsigned == "true"
+        np.testing.assert_array_equal(f["b"][:], signed.view("u1"))
+
+
 def test_a_fill_value_past_int32_keeps_the_variable_64_bit():
     nc, data = build([("i8", I8, (3,), {"fill_value": 2**40})], fit_int32=("i8",))
     assert data[:4] == b"CDF\x05"

@@ -255,10 +255,12 @@ class NetcdfFile:
         for name, meta, type_, fill in candidates:
             dims = [self._dimension(n, length, name, i, taken)
                     for i, (n, length) in enumerate(zip(dimension_names(meta), meta.shape))]
+            unsigned = nc_type(meta.dtype) in SIGNED_OF
+            # (a signed array's own `_Unsigned` stays: xarray decodes it in Zarr stores as well)
             attrs = [attribute(k, v, self.cdf5) for k, v in meta.attributes.items()
-                     if k not in (XARRAY_DIMS, "_FillValue", "_Unsigned")]
+                     if k not in (XARRAY_DIMS, "_FillValue") and not (unsigned and k == "_Unsigned")]
             attrs += [fill_attribute(fill, type_)] if fill is not None else []
-            if nc_type(meta.dtype) in SIGNED_OF:
+            if unsigned:
                 attrs.append(attribute("_Unsigned", "true", self.cdf5))
             self.variables.append(Variable(name, meta, dims, type_, attrs))
         self._layout()
