@@ -14,6 +14,7 @@ import os
 import shutil
 import stat
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import fsspec
@@ -373,17 +374,7 @@ class Store:
         path = self.path(key)
         try:
             if self.is_local:
-                directory = os.path.dirname(path)
-                os.makedirs(directory, exist_ok=True)
-                tmp = os.path.join(directory, f".{os.path.basename(path)}.zarrfs-{os.getpid()}-{id(value):x}.tmp")
-                try:
-                    with open(tmp, "wb") as f:
-                        f.write(value)
-                    os.replace(tmp, path)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
+                _replace_local(path, id(value), lambda f: f.write(value))
             else:
                 self.fs.pipe_file(path, bytes(value))
         except ZarrfsError:
@@ -397,17 +388,7 @@ class Store:
         path = self.path(key)
         try:
             if self.is_local:
-                directory = os.path.dirname(path)
-                os.makedirs(directory, exist_ok=True)
-                tmp = os.path.join(directory, f".{os.path.basename(path)}.zarrfs-{os.getpid()}-{id(source):x}.tmp")
-                try:
-                    with open(tmp, "wb") as f:
-                        shutil.copyfileobj(source, f, block_bytes)
-                    os.replace(tmp, path)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
+                _replace_local(path, id(source), lambda f: shutil.copyfileobj(source, f, block_bytes))
             else:
                 with self.fs.open(path, "wb") as f:
                     shutil.copyfileobj(source, f, block_bytes)
@@ -585,6 +566,23 @@ class Store:
         except OSError:
             return None
         return st.f_bavail * st.f_frsize
+
+
+def _replace_local(path: str, tag: int, write: Callable[[Any], Any]) -> None:
+    """Write a local file through WRITE into a temporary file beside it (named with TAG, unique
+    among writes in flight), then rename it over PATH: a reader or a crash sees the old bytes or
+    the new ones, never a mix."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.zarrfs-{os.getpid()}-{tag:x}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _size_of(info: dict[str, Any]) -> int | None:
