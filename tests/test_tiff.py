@@ -224,3 +224,12 @@ def test_pam_statistics_refuse_other_metadata(tmp_path):
     assert imageviews.pam_statistics(b"<PAMDataset>\n</PAMDataset>\n", meta) == [{}]
     bad_band = b'<PAMDataset><PAMRasterBand band="2"><Metadata/></PAMRasterBand></PAMDataset>'
     assert imageviews.pam_statistics(bad_band, meta) is None
+
+
+@pytest.mark.parametrize("band", ["\u00b2", "1" * 5000, "01x", ""])
+def test_pam_statistics_refuse_band_numbers_that_are_no_numbers(band):
+    """A rewrite naming a band by superscript digits, or by more digits than int() converts,
+    is refused like any other change (it never raises)."""
+    meta, _ = make(np.arange(30, dtype="<u2").reshape(6, 5), (6, 5), "C")
+    written = f'<PAMDataset><PAMRasterBand band="{band}"></PAMRasterBand></PAMDataset>'.encode()
+    assert imageviews.pam_statistics(written, meta) is None

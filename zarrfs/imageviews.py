@@ -7,6 +7,7 @@ saves into the last two. Pure: no I/O, no trio.
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape, quoteattr
@@ -33,6 +34,9 @@ STATISTICS_PREFIX = "STATISTICS_"
 # Attributes GDAL adds to a band when it writes a VRT back: block sizes of its own cache,
 # which change no value read.
 GDAL_ADDED_BAND_ATTRIBUTES = ("blockXSize", "blockYSize")
+# A band number in an .aux.xml: ASCII digits only (str.isdigit also takes superscripts, which
+# int() refuses), and few enough of them for int() (which refuses thousands).
+BAND_NUMBER = re.compile(r"[1-9][0-9]{0,8}")
 
 
 def _code(dtype: np.dtype) -> str:
@@ -187,7 +191,8 @@ def pam_statistics(written: bytes, meta: ArrayMeta) -> list[dict[str, str]] | No
             domain = child.get("domain")
             if domain not in derived or _items(child) != derived[domain]:
                 return None
-        elif child.tag == "PAMRasterBand" and child.get("band", "").isdigit() and 1 <= int(child.get("band")) <= bands:
+        elif child.tag == "PAMRasterBand" and BAND_NUMBER.fullmatch(child.get("band", "")) \
+                and int(child.get("band")) <= bands:
             items = _band_statistics(child)
             if items is None or len(child) or set(child.attrib) != {"band"}:
                 return None
