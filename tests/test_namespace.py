@@ -177,3 +177,34 @@ async def test_a_directory_holding_a_file_apart_keeps_its_inode(store_dir):
     again = await lookup_path(ns, "sub")
     assert again is sub
     assert await ns.lookup(sub.inode, ".x.npy.AbC123") is held
+
+
+async def test_a_time_set_while_a_plain_file_is_stored_reaches_its_key(store_dir, monkeypatch):
+    """utimensat arriving while the file's store (fsync, write-back) is under way: the key
+    ends with the time set, as the store's own file time says."""
+    import threading
+
+    import trio.testing
+
+    ns = make_ns(store_dir, writable=True)
+    entry, handle = await ns.create_file(ROOT_INODE, "notes.txt")
+    await handle.write(0, b"kept")
+    started, go_on = threading.Event(), threading.Event()
+    real = ns.hierarchy.store.put_stream_sync
+
+    def slow_put(key, source):
+        started.set()
+        go_on.wait()
+        real(key, source)
+
+    monkeypatch.setattr(ns.hierarchy.store, "put_stream_sync", slow_put)
+    when_ns = 1_300_000_000_123_456_789
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handle.fsync)
+        await trio.to_thread.run_sync(started.wait)
+        nursery.start_soon(ns.set_times, entry, when_ns)
+        await trio.testing.wait_all_tasks_blocked()
+        go_on.set()
+    await handle.release()
+    assert (store_dir / "notes.txt").read_bytes() == b"kept"
+    assert os.stat(store_dir / "notes.txt").st_mtime_ns == when_ns

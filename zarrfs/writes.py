@@ -309,9 +309,11 @@ class NamespaceWrites(IncomingWrites):
         if entry.kind == "held":
             if entry.held is None:
                 raise entry.error or NotFound("removed")
-            entry.held.mtime_ns = mtime_ns
-            if entry.held.stored and not entry.held.dirty:
-                await self.engine.run_io(self.hierarchy.store.set_mtime_sync, entry.held.key, mtime_ns)
+            held = entry.held
+            async with held.lock:  # after a store under way, which took the time it had before
+                held.mtime_ns = mtime_ns
+                if held.stored and not held.dirty and not held.gone:
+                    await self.engine.run_io(self.hierarchy.store.set_mtime_sync, held.key, mtime_ns)
             return
         if entry.kind != "array" or entry.view != "":
             return  # views and chunk files show their array's time
