@@ -343,3 +343,23 @@ def test_setfattr_on_a_dataset_array_keeps_what_xarray_needs(mount, tmp_path, fm
         import zarr
 
         assert "_ARRAY_DIMENSIONS" not in zarr.open_array(root / "x", mode="r").attrs
+
+
+def test_a_write_after_a_time_was_set_gives_the_array_a_new_time(mount, tmp_path):
+    """As on any file system, a write that follows utimensat makes the file's time new again,
+    also while a new .npy is still arriving (its time is given to the array at the commit)."""
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    zarr.open_group(root, mode="w", zarr_format=3)
+    mnt = mount(root, "writable")
+    x = np.arange(400, dtype="<f8")
+    data = mounted.npy_bytes(x)
+    old_ns = 1_300_000_000_000_000_000
+    with open(mnt / "x.npy", "wb") as f:
+        f.write(data[:1000])
+        f.flush()
+        os.utime(f.fileno(), ns=(old_ns, old_ns))
+        f.write(data[1000:])
+    assert os.stat(mnt / "x.npy").st_mtime_ns != old_ns
+    np.testing.assert_array_equal(zarr.open_array(root / "x", mode="r")[...], x)

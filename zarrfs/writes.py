@@ -340,7 +340,10 @@ class NamespaceWrites(IncomingWrites):
         """A write: the time a writer set before is replaced by now."""
         if entry.held is not None:
             entry.held.mtime_ns = None
-        elif entry.node is not None:
+            return
+        if entry.writing is not None:  # a new array's time, given to it at the commit
+            entry.writing.mtime_ns = None
+        if entry.node is not None:
             self.times.pop(entry.node.path, None)
 
     async def set_attributes(self: "Namespace", entry: "Entry", value: bytes) -> None:
