@@ -208,3 +208,42 @@ async def test_a_time_set_while_a_plain_file_is_stored_reaches_its_key(store_dir
     await handle.release()
     assert (store_dir / "notes.txt").read_bytes() == b"kept"
     assert os.stat(store_dir / "notes.txt").st_mtime_ns == when_ns
+
+
+async def test_a_group_moved_while_a_plain_file_inside_is_removed(store_dir, monkeypatch):
+    """rm of a plain file in a group (its key being erased) and mv of the group at once: the
+    move waits for the removal, then moves the rest; the removed file stays removed."""
+    import threading
+
+    import trio.testing
+
+    ns = make_ns(store_dir, writable=True)
+    sub = await lookup_path(ns, "sub")
+    for name in ("gone.txt", "kept.txt"):
+        entry, handle = await ns.create_file(sub.inode, name)
+        await handle.write(0, name.encode())
+        await handle.fsync()
+        await handle.release()
+    started, go_on = threading.Event(), threading.Event()
+    real = ns.hierarchy.store.erase_sync
+
+    def slow_erase(key):
+        if key.endswith("gone.txt"):
+            started.set()
+            go_on.wait()
+        real(key)
+
+    monkeypatch.setattr(ns.hierarchy.store, "erase_sync", slow_erase)
+    await lookup_path(ns, "sub", "gone.txt")  # listings loaded: neither call below waits for one
+    await lookup_path(ns, "sub", "kept.txt")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ns.unlink, sub.inode, "gone.txt")
+        await trio.to_thread.run_sync(started.wait)
+        nursery.start_soon(ns.rename, ROOT_INODE, "sub", ROOT_INODE, "moved")
+        await trio.testing.wait_all_tasks_blocked()
+        go_on.set()
+    assert sorted(p.name for p in (store_dir / "moved").iterdir()) == ["b", "kept.txt", "zarr.json"]
+    assert not (store_dir / "sub").exists()
+    moved = await lookup_path(ns, "moved")
+    assert sorted(await ns.children(moved.inode)) == ["b.npy", "kept.txt"]
+    assert await read_all(ns, (await ns.lookup(moved.inode, "kept.txt")).inode) == b"kept.txt"

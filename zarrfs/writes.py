@@ -245,14 +245,14 @@ class NamespaceWrites(IncomingWrites):
                 raise Exists(new_name)
             await self.unlink(new_parent, new_name)  # mv onto an array replaces it
         await self.engine.flush(node.path) if entry.kind == "array" else await self.engine.flush()
-        inside = sorted((e for e in self._entries.values() if e.held is not None and e.held.key is not None
-                         and node.path and e.held.key.startswith(node.path + "/")), key=lambda e: e.inode)
         async with contextlib.AsyncExitStack() as stack:
-            for other in inside:  # no write-back of a plain file inside crosses the move
-                await stack.enter_async_context(other.held.lock)
+            for held in self._plain_inside(node.path):  # no write-back of a plain file inside crosses the move
+                await stack.enter_async_context(held.lock)
             await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path)
-            for other in inside:  # plain files moved with their group
-                other.held.key = new_path + other.held.key[len(node.path):]
+            # Plain files moved with their group: those there now (one removed or moved away
+            # while this waited is not, one created meanwhile is).
+            for held in self._plain_inside(node.path):
+                held.key = new_path + held.key[len(node.path):]
         self.engine.discard(node.path)
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.
@@ -295,6 +295,14 @@ class NamespaceWrites(IncomingWrites):
         else:
             self._register(new_parent, new_name, entry)
         self._invalidate()
+
+    def _plain_inside(self: "Namespace", path: str) -> list[HeldFile]:
+        """The plain files kept below group `path` (none for the root), by inode."""
+        if not path:
+            return []
+        inside = [e for e in self._entries.values() if e.held is not None and e.held.key is not None
+                  and not e.held.gone and e.held.key.startswith(path + "/")]
+        return [e.held for e in sorted(inside, key=lambda e: e.inode)]
 
     def _forget_held(self: "Namespace", entry: "Entry", error: Exception) -> None:
         """A plain file removed or replaced: open files on it get `error`."""
