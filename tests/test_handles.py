@@ -162,3 +162,29 @@ async def test_closed_plain_files_keep_a_bounded_memory(store_dir, monkeypatch):
     await ns.shutdown()  # no engine running: stored here
     assert sorted(p.name for p in store_dir.glob("f*.bin")) == ["f1.bin", "f2.bin"]
     assert (store_dir / "f2.bin").read_bytes() == data["f2.bin"]
+
+
+async def test_a_sparse_plain_file_keeps_memory_bounded(store_dir):
+    """A write far past a plain file's end, or a truncate(2) that extends it, takes no memory
+    for the gap: it goes to TMPDIR first (where the gap costs no memory either)."""
+    import tracemalloc
+
+    from zarrfs.incoming import HELD_MEMORY_BYTES
+
+    ns = make_ns(store_dir, writable=True)
+    far = 256 << 20
+    entry, handle = await ns.create_file(ROOT_INODE, "sparse.bin")
+    extended, other = await ns.create_file(ROOT_INODE, "extended.bin")
+    tracemalloc.start()
+    try:
+        await handle.write(far, b"end")
+        await ns.truncate(extended, far)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < HELD_MEMORY_BYTES, f"{peak} bytes in memory for a sparse file"
+    assert entry.size == far + 3 and extended.size == far
+    assert await handle.read(far - 2, 10) == b"\0\0end"
+    assert await other.read(far - 4, 10) == b"\0" * 4
+    await handle.release()
+    await other.release()

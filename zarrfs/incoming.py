@@ -183,6 +183,8 @@ class HeldFile:
 
     async def write(self, offset: int, data: bytes) -> int:
         def put() -> None:
+            if offset + len(data) > HELD_MEMORY_BYTES:
+                self._spool.rollover()  # before a seek past the end: in memory the gap takes memory
             self._spool.seek(offset)
             self._spool.write(data)
 
@@ -193,8 +195,8 @@ class HeldFile:
         def resize() -> None:
             self._spool.seek(0, os.SEEK_END)
             end = self._spool.tell()
-            if size < end:
-                self._spool.truncate(size)
+            if size < end or size > HELD_MEMORY_BYTES:
+                self._spool.truncate(size)  # past HELD_MEMORY_BYTES it rolls over, and a file's truncate extends
             elif size > end:  # in memory, truncate does not extend: write the zeros
                 self._spool.write(bytes(size - end))
 
