@@ -117,3 +117,10 @@ class Interrupted(ZarrfsError):
     """The process waiting for the request got a signal (FUSE interrupts, answered early)."""
 
     errno = errno.EINTR
+
+
+class Stale(ZarrfsError):
+    """A file of an array the store no longer holds as it was (replaced with another shape, data
+    type or chunking, or removed): its open files fail; a path leading to it is looked up again."""
+
+    errno = errno.ESTALE

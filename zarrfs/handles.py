@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from . import imageviews
 from .engine import ReadAhead
-from .errors import AccessDenied, InvalidArgument, IsADir, NotFound, NotPermitted, ReadOnly, TooBig
+from .errors import AccessDenied, InvalidArgument, IsADir, NotFound, NotPermitted, ReadOnly, Stale, TooBig
 from .model import BrokenNode
 
 if TYPE_CHECKING:
@@ -36,6 +36,15 @@ class Handle:
     def __init__(self, ns: "Namespace", entry: "Entry") -> None:
         self.ns = ns
         self.entry = entry
+        self._told_stale = False
+
+    async def current(self) -> None:
+        """Before a read of an array's bytes: the entry follows the store (once per TTL or refresh);
+        one replaced in the store since this open fails from then on (ESTALE: freshness.py)."""
+        await self.ns.follow(self.entry)
+        if isinstance(self.entry.error, Stale) and not self._told_stale:
+            self._told_stale = True
+            log.warning("%s; reads of a file opened before fail with ESTALE (open it again)", self.entry.error)
 
     async def read(self, offset: int, size: int) -> bytes:
         raise AccessDenied("not a file")
@@ -91,7 +100,7 @@ class ArrayHandle(Handle):
 
     def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
         entry = self.entry
-        if entry.writing is not None or entry.error is not None:
+        if entry.writing is not None or entry.error is not None or entry.checked != self.ns.fresh_epoch:
             return None
         return self.ns.engine.read_now(entry.stream, offset, size, self.readahead)
 
@@ -101,6 +110,7 @@ class ArrayHandle(Handle):
             return await self.ns.engine.read(w.stream, offset, size, readahead=self.readahead)
         if w is not None and w.pending is not None:  # no NPY header yet: only what was written so far
             return bytes(w.pending[offset:offset + size])
+        await self.current()
         if entry.error is not None:
             raise entry.error
         return await self.ns.engine.read(entry.stream, offset, size, readahead=self.readahead, reply=True)
@@ -129,6 +139,7 @@ class NetcdfHandle(Handle):
         self.readaheads: dict[int, ReadAhead] = {}
 
     async def read(self, offset: int, size: int) -> bytes:
+        await self.current()
         if self.entry.error is not None:
             raise self.entry.error
         out = []
@@ -260,6 +271,7 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
     EPERM (a read-only representation), or the entry's own error; O_TRUNC starts a replacement."""
     if entry.is_dir:
         raise IsADir("a directory")
+    await ns.follow(entry)  # an entry the kernel kept across a refresh shows what the store holds now
     if flags & WRITE_FLAGS:
         await _check_write_open(ns, entry, flags)
         if entry.saves_statistics:

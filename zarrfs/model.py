@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 from collections.abc import Callable
 from typing import Any, Union
@@ -105,6 +107,20 @@ class ArrayMeta:
     @property
     def kind(self) -> str:
         return "array"
+
+    @functools.cached_property
+    def chunk_layout(self) -> tuple:
+        """What a decoded chunk of this array depends on besides its stored bytes: its key, grid,
+        data type, fill value and codecs. Two metadata documents of one path that agree on it
+        give the same decoded chunks (a cached chunk of one serves the other)."""
+        codecs = json.dumps(self.codec.describe(), sort_keys=True, default=str)
+        return (self.dtype, self.chunk_shape, self.fill_value.tobytes(), codecs, self.keys, repr(self.source))
+
+    @functools.cached_property
+    def file_layout(self) -> tuple:
+        """What the bytes of the array's files depend on besides its chunks' values: its shape and
+        `chunk_layout` (an open file of the array reads the same bytes under either document)."""
+        return (self.shape, self.chunk_layout, self.read_only)
 
     def with_inner_reads(self) -> ArrayMeta:
         """This array with `inner` set when its chunks are shards that can be read in part."""

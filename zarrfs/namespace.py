@@ -21,7 +21,7 @@ from . import dotzarrfs, grid, handles, imageviews, netcdf, selection
 from .previews import Previews
 from .dotzarrfs import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
 from .engine import Engine
-from .errors import NotFound, ZarrfsError
+from .errors import NotFound, Stale, ZarrfsError
 from .formats.base import RESERVED_PREFIX, Hierarchy
 from .staging import LeaseKeeper
 from .layouts import ArrayStream, chunk_file_size
@@ -45,7 +45,7 @@ class Entry:
     """One file or directory of the mount, as long as the kernel or an open file refers to it."""
 
     __slots__ = ("inode", "kind", "view", "node", "error", "key", "origin", "_stream", "_size", "stored_bytes",
-                 "listing", "content", "lookups", "opens", "writing", "held", "name_key")
+                 "listing", "content", "lookups", "opens", "writing", "held", "name_key", "checked")
 
     def __init__(self, inode: int, kind: str, view: str = "", node: Node | None = None,
                  error: ZarrfsError | None = None, key: str | None = None, size: int = 0,
@@ -71,6 +71,7 @@ class Entry:
         self.writing: Any = None  # incoming.Incoming: an NPY file being written into an array
         self.held: Any = None  # incoming.HeldFile: a plain file (any name but NAME.npy)
         self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
+        self.checked = -1  # the namespace's freshness epoch in which its node was last checked (freshness.py)
 
     @property
     def is_dir(self) -> bool:
@@ -286,6 +287,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         await self.revalidate()
         nodes = self._below.get(path)
         if nodes is None:
+            epoch = self.fresh_epoch
             try:
                 nodes = await self.engine.run_io(self.hierarchy.children_sync, path, key=("children", path))
             except ZarrfsError as e:
@@ -295,6 +297,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
                 if isinstance(node, BrokenNode):
                     self.engine.note_failure(node.error, node.key)
             self._below[path] = nodes
+            self.saw_nodes(nodes, epoch)
         return nodes
 
     async def _listing(self, inode: int) -> dict[str, Maker]:
@@ -405,6 +408,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
 
     async def dir_len(self, inode: int) -> int:
         entry = self.get(inode)
+        await self.follow(entry)
         if entry.kind == "chunkdir":
             return math.prod(self._grid(entry))
         n = len(await self.children(inode))
@@ -414,13 +418,15 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         """Entries [start, start+count) of a directory, in a stable order (chunk directories are
         computed, never materialized whole)."""
         entry = self.get(inode)
+        await self.follow(entry)
         out = []
+        makers: dict[str, Maker] = {}
         if entry.kind == "chunkdir":
             shape = self._grid(entry)
             for i in range(start, min(start + count, math.prod(shape))):
                 idx = tuple(int(x) for x in np.unravel_index(i, shape)) if shape else ()
                 name = dotzarrfs.chunk_name(idx)
-                out.append((name, self._child(inode, name, lambda idx=idx: self._chunk_entry(entry, idx))))
+                makers[name] = lambda idx=idx: self._chunk_entry(entry, idx)
         else:
             children = await self.children(inode)
             names = list(children)
@@ -428,12 +434,18 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
                 names.append(VIEWS_DIR)
             for name in names[start:start + count]:
                 if name == VIEWS_DIR and inode == ROOT_INODE:
-                    out.append((name, self._child(inode, name, lambda: self._new("views", "views"))))
+                    makers[name] = lambda: self._new("views", "views")
                 else:
-                    out.append((name, self._child(inode, name, children[name])))
-        for i, (_, child) in enumerate(out):
+                    makers[name] = children[name]
+        out = [(name, self._child(inode, name, make)) for name, make in makers.items()]
+        for i, (name, child) in enumerate(out):
             try:
-                await self.settle(child)
+                try:
+                    await self.settle(child)
+                except Stale:  # retired just now (replaced in the store): the name leads to what it holds
+                    self.drop_unused([child])
+                    out[i] = (name, self._child(inode, name, makers[name]))
+                    await self.settle(out[i][1])
             except BaseException:
                 self.drop_unused([e for _, e in out[i:]])
                 raise
@@ -445,6 +457,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
     async def child(self, parent: int, name: str) -> Entry | None:
         """The entry `name` in directory `parent`, None when there is none (not counted)."""
         entry = self.get(parent)
+        await self.follow(entry)
         if parent == ROOT_INODE and name == VIEWS_DIR:
             return self._child(parent, name, lambda: self._new("views", "views"))
         if entry.kind == "chunkdir":
@@ -478,11 +491,19 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
 
     async def lookup(self, parent: int, name: str) -> Entry:
         """`name` in `parent`, its attributes ready (NotFound when there is none)."""
+        return await self._lookup(parent, name, again=True)
+
+    async def _lookup(self, parent: int, name: str, again: bool) -> Entry:
         child = await self.child(parent, name)
         if child is None:
             raise NotFound(name)
         try:
             await self.settle(child)
+        except Stale:  # retired just now (replaced in the store): the name leads to what it holds
+            self.drop_unused([child])
+            if not again:
+                raise
+            return await self._lookup(parent, name, again=False)
         except BaseException:
             self.drop_unused([child])
             raise
@@ -524,7 +545,11 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         return self._sizes[meta.path]
 
     async def settle(self, entry: Entry) -> None:
-        """Fill in what an entry's attributes need: stored bytes, sizes of generated files."""
+        """Fill in what an entry's attributes need (after following what the store holds now):
+        stored bytes, sizes of generated files."""
+        await self.follow(entry)
+        if isinstance(entry.error, Stale):  # (the kernel looks its name up again: errors.Stale)
+            raise entry.error
         if entry.stored_bytes is not None or entry.error is not None:
             return
         if entry.kind == "array" and entry.node is None:  # created, no header yet

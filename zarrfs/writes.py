@@ -85,6 +85,7 @@ class NamespaceWrites(IncomingWrites):
     def _invalidate(self: "Namespace") -> None:
         """Listings are read again after a change (inodes of names the kernel holds stay)."""
         self._below.clear()
+        self.forget_nodes()
         for entry in self._entries.values():
             if entry.kind == "group" and entry.listing is not None:
                 entry.listing = None

@@ -266,7 +266,8 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
             flight.error = e
             raise
         finally:
-            del self._flights[key]
+            if self._flights.get(key) is flight:  # (else dropped: revalidate.follow_layout)
+                del self._flights[key]
             flight.done.set()
 
     def note_failure(self, error: ZarrfsError, key: str) -> None:

@@ -198,6 +198,7 @@ class Loads:
         `whole`: inner chunks are taken from their shards read whole, one request each
         (`_shard_body`), instead of the shard's index and ranges of it.
         """
+        self.check_layout(meta)
         await self.check_cached(meta)
         out: dict[Index, np.ndarray] = {}
         waiting: list[tuple[Index, _Load]] = []
@@ -288,13 +289,16 @@ class Loads:
             for idx in batch:
                 key = self._key(meta, idx)
                 load = loads[idx]
+                # (no longer in the table: the array's layout was replaced while it loaded)
+                mine = self._inflight.get(key) is load
                 if error is None:
                     load.value = values[idx]
-                    if current[idx] == versions[idx]:
+                    if current[idx] == versions[idx] and mine:
                         self.cache.put(key, load.value)
                 else:
                     load.error = error
-                del self._inflight[key]
+                if mine:
+                    del self._inflight[key]
                 load.done.set()
 
     @contextlib.asynccontextmanager
@@ -446,13 +450,14 @@ class Loads:
                     else:
                         self.counters["store_bytes"] += src.index_nbytes
                     load.value = index
-                    if self._versions.get(self._shard_unit(meta, shard), 0) == version:
+                    if self._versions.get(self._shard_unit(meta, shard), 0) == version and self.current_layout(meta):
                         self.cache.put(key, index)
                 except BaseException as e:  # counted and logged by the batch that asked
                     load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
                     raise
                 finally:
-                    del self._inflight[key]
+                    if self._inflight.get(key) is load:
+                        del self._inflight[key]
                     load.done.set()
         return None if index.size == 0 else index
 
@@ -473,7 +478,7 @@ class Loads:
             self.counters["store_gets"] += 1
             if found is not None:
                 self.counters["store_bytes"] += len(found[0])
-            if self._versions.get(self._shard_unit(meta, shard), 0) == version:
+            if self._versions.get(self._shard_unit(meta, shard), 0) == version and self.current_layout(meta):
                 self.cache.put((meta.path, shard, INDEX), NO_SHARD if found is None else found[1])
             return (None, None) if found is None else found
 

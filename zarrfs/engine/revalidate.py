@@ -7,6 +7,11 @@ request per 1,000 keys on S3: cheaper than a HEAD per cached chunk) and keeps ea
 whose key is still there with the same size and either the ETag seen at the previous check or a
 modification time well before the GET; every other cached chunk of it is dropped and read again,
 and the kernel's pages of the array are dropped (`on_array_changed`).
+
+When another writer replaced an array with one of another chunk layout (the namespace finds its
+new metadata after the TTL or a refresh: `follow_layout`), every chunk decoded with the old one
+goes, loads begun with it are neither shared nor cached, and reads with the old metadata fail
+(ESTALE) instead of decoding new chunks on the old grid.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..errors import ZarrfsError
+from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,46 @@ class Revalidation:
         self._epoch = 0  # bumped when the TTL runs out
         self._checked: dict[str, int] = {}  # array path -> epoch of its last check
         self._fetched: dict[tuple[str, Index], _Fetched] = {}
+        # array path -> ArrayMeta.chunk_layout of its metadata now in the store, for arrays whose
+        # layout changed under this mount (only those: the others have only ever had one)
+        self._layouts: dict[str, tuple] = {}
+
+    def follow_layout(self, meta: ArrayMeta) -> None:
+        """The store holds the array at `meta.path` with another chunk layout now (replaced by
+        another writer): forget what was decoded or is being loaded with the old one."""
+        path = meta.path
+        self._layouts[path] = meta.chunk_layout
+        lost = [k for k in self._dirty if k[0] == path]
+        if lost:  # their grid is gone from the store: stored now, they would corrupt the new array
+            log.warning("%s: %d written chunks not yet stored are dropped: another writer replaced the array "
+                        "in the store with another shape, data type or chunking", path or "/", len(lost))
+            self.discard(path)
+            self._layouts[path] = meta.chunk_layout
+        self.cache.discard_prefix(path)
+        self._checked.pop(path, None)
+        for k in [k for k in self._fetched if k[0] == path]:
+            del self._fetched[k]
+        # Loads under way keep their readers; later readers start loads of their own (loads.py
+        # caches a value only while its load is still the one in the table).
+        for k in [k for k in self._inflight if k[0] == path]:
+            del self._inflight[k]
+        for k in [k for k in self._flights if isinstance(k, tuple) and len(k) == 3 and k[0] == path]:
+            del self._flights[k]
+        self.drop_bands()
+        if self.direct is not None:
+            self.direct.close()
+
+    def check_layout(self, meta: ArrayMeta) -> None:
+        """Stale unless `meta` has the chunk layout the store holds (as far as this mount knows)."""
+        layout = self._layouts.get(meta.path)
+        if layout is not None and layout != meta.chunk_layout:
+            raise Stale(f"{meta.path or '/'}: read with metadata the store no longer holds (the array was "
+                        f"replaced with another shape, data type or chunking)")
+
+    def current_layout(self, meta: ArrayMeta) -> bool:
+        """Whether what was loaded with `meta` may be cached (not if its layout was replaced meanwhile)."""
+        layout = self._layouts.get(meta.path)
+        return layout is None or layout == meta.chunk_layout
 
     def note_fetch(self, meta: ArrayMeta, idx: Index, key: str, began: float, size: int | None) -> None:
         self._fetched[(meta.path, idx)] = _Fetched(key, began, size)
@@ -60,6 +105,8 @@ class Revalidation:
         cannot be checked (shard indexes and inner chunks, chunks not read from the store) is dropped."""
         self._epoch += 1
         self.drop_bands()
+        if self.direct is not None:  # a chunk file replaced since (rename) is read again through its name
+            self.direct.close()
         for key in self.cache.keys():
             if len(key) != 2 or key not in self._fetched:
                 self.cache.discard(key)

@@ -262,4 +262,6 @@ class WriteBack:
         self._write_errors.pop(path, None)
         for key in [k for k in self._versions if k[0] == path or k[0].startswith(path + "/")]:
             del self._versions[key]
+        for key in [k for k in self._layouts if k == path or k.startswith(path + "/")]:
+            del self._layouts[key]  # this mount removed or replaced it: its next metadata is the truth
 
