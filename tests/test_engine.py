@@ -15,7 +15,7 @@ import zarr
 
 from zarrfs.cache import ChunkCache
 from zarrfs.engine import DECODE_THREADS, Engine, ReadAhead
-from zarrfs.errors import CorruptChunk, StoreError
+from zarrfs.errors import CorruptChunk, Stale, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.store import Store
 from zarrfs.layouts import ArrayStream
@@ -148,6 +148,58 @@ async def test_local_chunks_read_and_decoded_in_one_call(tmp_path, monkeypatch, 
     ok = await engine.read(s, hdr + 768 * row, 256 * 4)  # chunk (3, 0) of the damaged row
     assert np.array_equal(np.frombuffer(ok, "<f4"), want[768, :256])
     assert len(set(calls)) == 16  # every chunk, the one not stored too
+
+
+class ReadThenWaitStore(Store):
+    """A local store whose reads of chosen keys hand back what they read only once released."""
+
+    def __init__(self, source, slow=()):
+        super().__init__(source)
+        self.gets: list[str] = []
+        self.slow = set(slow)
+        self.release = threading.Event()
+
+    def get_sync(self, key, *bound):
+        data = super().get_sync(key, *bound)
+        self.gets.append(key)
+        if key in self.slow:
+            self.release.wait(10)
+        return data
+
+
+async def test_a_chunk_loaded_while_its_array_is_replaced_is_neither_shared_nor_cached(two_arrays):
+    store = ReadThenWaitStore(two_arrays, slow={"a/0.0"})
+    old_meta = open_hierarchy_sync(store).node_sync("a")
+    engine = Engine(store, ChunkCache(1 << 24))
+    old_values = np.arange(1600, dtype="<f8").reshape(40, 40)
+    new_values = -old_values - 0.5
+    got = {}
+
+    async def read(name, meta):
+        stream = ArrayStream(meta)
+        got[name] = bytes(await engine.read(stream, len(stream.header), 40 * 8))  # row 0
+
+    async with trio.open_nursery() as n:
+        n.start_soon(read, "old", old_meta)
+        with trio.fail_after(5):
+            while "a/0.0" not in store.gets:  # its load read the old chunk and waits
+                await trio.sleep(0.01)
+        # Another writer replaces the array: other chunks, other values.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            root = zarr.open_group(two_arrays, mode="a", zarr_format=2)
+            root.create_array("a", shape=(40, 40), chunks=(20, 20), dtype="<f8", overwrite=True)[:] = new_values
+        new_meta = open_hierarchy_sync(store).node_sync("a")
+        assert new_meta.chunk_shape == (20, 20)
+        engine.follow_layout(new_meta)
+        store.release.set()
+        n.start_soon(read, "new", new_meta)
+    assert got["old"] == old_values[0].tobytes()  # the version its metadata described, whole
+    assert got["new"] == new_values[0].tobytes()
+    assert store.gets.count("a/0.0") == 2  # the new reader did not wait for the old load
+    assert engine.cache.get(("a", (0, 0))).shape == (20, 20)  # what the old load decoded was not kept
+    with pytest.raises(Stale):
+        await engine.read(ArrayStream(old_meta), len(ArrayStream(old_meta).header), 8)
 
 
 async def test_store_failure_is_eio_for_that_read(two_arrays):
