@@ -61,6 +61,8 @@ def stores(module_mount, tmp_path_factory):
             path = f"g/{change}_{reader}"
             olds[path] = _old_values((100, 100), 100 * fmt + i)
             _write(root, fmt, path, olds[path], OLD_CHUNKS)
+        olds["v/x"] = _old_values((100, 100), 10 * fmt)
+        _write(root, fmt, "v/x", olds["v/x"], OLD_CHUNKS)
         for i, change in enumerate(CHANGES):
             path = f"g/open_{change}"
             olds[path] = _old_values(BIG_SHAPE, 1000 * fmt + i)
@@ -129,3 +131,28 @@ def test_a_file_opened_before_the_replacement_reads_the_old_bytes_or_estale(stor
     finally:
         os.close(fd)
     assert (ttl0 / f"{path}.npy").read_bytes() == new_bytes
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=["v2", "v3"])
+def test_views_follow_the_replacement(stores, fmt, tmp_path):
+    from scipy.io import netcdf_file
+
+    root, writer, ttl0, _, olds = stores[fmt]
+    views = ttl0 / ".zarrfs"
+
+    def nc_values() -> np.ndarray:
+        with netcdf_file(views / "netcdf" / "v.nc", "r", mmap=False) as nc:
+            return np.array(nc.variables["x"][:])
+
+    def check(values: np.ndarray, chunk: tuple[int, int]) -> None:
+        assert (views / "raw" / "v" / "x.raw").read_bytes() == values.tobytes()
+        assert (views / "chunks" / "v" / "x" / "0.0.npy").read_bytes() == npy_bytes(values[:chunk[0], :chunk[1]])
+        assert (views / "slice" / "v" / "x[3:9].npy").read_bytes() == npy_bytes(values[3:9])
+        assert np.array_equal(nc_values(), values)
+
+    check(olds["v/x"], OLD_CHUNKS)
+    new = CHANGES["chunks"](olds["v/x"])
+    _replace(writer, "v/x", new, tmp_path)
+    stored = zarr_value(root, "v/x")
+    assert np.array_equal(stored, new) and zarr_chunk_shape(root, "v/x") == NEW_CHUNKS
+    check(stored, NEW_CHUNKS)
