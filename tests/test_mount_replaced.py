@@ -43,11 +43,11 @@ def _old_values(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(-(2**31), 2**31 - 1, size=shape, dtype=np.int32)
 
 
-def _write(root: Path, fmt: int, path: str, values: np.ndarray, chunks: tuple[int, ...]) -> None:
+def _write(root: Path, fmt: int, path: str, values: np.ndarray, chunks: tuple[int, ...], **kw) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         group = zarr.open_group(os.fspath(root), mode="a", zarr_format=fmt)
-        group.create_array(path, shape=values.shape, chunks=chunks, dtype=values.dtype)[...] = values
+        group.create_array(path, shape=values.shape, chunks=chunks, dtype=values.dtype, **kw)[...] = values
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,9 @@ def stores(module_mount, tmp_path_factory):
             path = f"g/{change}_{reader}"
             olds[path] = _old_values((100, 100), 100 * fmt + i)
             _write(root, fmt, path, olds[path], OLD_CHUNKS)
+        if fmt == 3:  # shards of 50x50 read in part (inner chunks of 25x25)
+            olds["g/sharded"] = _old_values((100, 100), 7)
+            _write(root, fmt, "g/sharded", olds["g/sharded"], (25, 25), shards=OLD_CHUNKS)
         olds["v/x"] = _old_values((100, 100), 10 * fmt)
         _write(root, fmt, "v/x", olds["v/x"], OLD_CHUNKS)
         for i, change in enumerate(CHANGES):
@@ -156,3 +159,12 @@ def test_views_follow_the_replacement(stores, fmt, tmp_path):
     stored = zarr_value(root, "v/x")
     assert np.array_equal(stored, new) and zarr_chunk_shape(root, "v/x") == NEW_CHUNKS
     check(stored, NEW_CHUNKS)
+
+
+def test_a_sharded_array_replaced_is_read_with_its_new_metadata(stores, tmp_path):
+    root, writer, ttl0, _, olds = stores[3]
+    old = olds["g/sharded"]
+    assert (ttl0 / "g" / "sharded.npy").read_bytes() == npy_bytes(old)
+    _replace(writer, "g/sharded", CHANGES["chunks"](old), tmp_path)
+    assert zarr_chunk_shape(root, "g/sharded") == NEW_CHUNKS
+    assert (ttl0 / "g" / "sharded.npy").read_bytes() == npy_bytes(zarr_value(root, "g/sharded"))

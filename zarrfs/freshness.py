@@ -11,8 +11,9 @@ read (`follow`). Where only attributes changed it shows the new node. Where the 
 type or chunking changed, the entries of the old array retire: they lose their names (the
 kernel looks them up again and gets new inodes, with pages of their own) and answer ESTALE,
 so a file opened before reads the pages the kernel kept of the old array or ESTALE (the old
-version is gone from the store: nothing exact is left to read), while the engine forgets
-chunks decoded with the old layout (engine/revalidate.py).
+version is gone from the store: nothing exact is left to read). Every array node read from
+the store is shown to the engine, which forgets chunks decoded with another chunk layout
+(engine/revalidate.py `see_layout`).
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ class NamespaceFreshness:
         self._now_nodes: dict[str, Node | None] = {}
         self._told_replaced: set[str] = set()  # paths whose replacement was logged in this epoch
 
-    def saw_nodes(self: "Namespace", nodes: list[Node], epoch: int) -> None:
-        """Nodes read from the store in freshness epoch `epoch` (a listing): their entries follow them."""
-        if epoch == self.fresh_epoch:
-            for node in nodes:
-                self._now_nodes[node.path] = node
+    def saw_nodes(self: "Namespace", nodes: list[Node | None], paths: list[str] | None = None) -> None:
+        """Nodes read from the store in this epoch (a listing, or one node at each of `paths`): the
+        entries of their paths follow them, and the engine their arrays' chunk layouts."""
+        for i, node in enumerate(nodes):
+            self._now_nodes[paths[i] if paths is not None else node.path] = node
+            if isinstance(node, ArrayMeta):
+                self.engine.see_layout(node)
 
     def forget_nodes(self: "Namespace") -> None:
         """This mount changed the store: nodes read before are not what it holds now."""
@@ -67,7 +70,7 @@ class NamespaceFreshness:
         async def load() -> Node | None:
             node = await self.engine.run_io(self.hierarchy.node_sync, path, key=("node", path))
             if epoch == self.fresh_epoch:
-                self._now_nodes[path] = node
+                self.saw_nodes([node], [path])
             return node
 
         return await self.engine.once(("node", path, epoch), load)
@@ -100,8 +103,6 @@ class NamespaceFreshness:
     def _take(self: "Namespace", entry: "Entry", old: ArrayMeta, fresh: Node | None) -> None:
         """An entry of array `old` meets `fresh`, what the store holds at its path now: shown in
         place when its files' bytes keep their layout, else every entry of the old array retires."""
-        if isinstance(fresh, ArrayMeta) and fresh.chunk_layout != old.chunk_layout:
-            self.engine.follow_layout(fresh)
         if not old.path and fresh is not None:  # a root array: the root's listing shows it
             self.root_node = fresh
             self._invalidate()

@@ -117,6 +117,11 @@ class ArrayMeta:
         return (self.dtype, self.chunk_shape, self.fill_value.tobytes(), codecs, self.keys, repr(self.source))
 
     @functools.cached_property
+    def chunk_layout_hash(self) -> int:
+        """hash(chunk_layout), computed once."""
+        return hash(self.chunk_layout)
+
+    @functools.cached_property
     def file_layout(self) -> tuple:
         """What the bytes of the array's files depend on besides its chunks' values: its shape and
         `chunk_layout` (an open file of the array reads the same bytes under either document)."""

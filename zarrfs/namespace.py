@@ -178,6 +178,8 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         self.stored_sizes_lazy = not hierarchy.store.is_local
         self.engine = engine
         engine.on_array_changed = self._array_changed  # freshness.py
+        if isinstance(root, ArrayMeta):
+            engine.see_layout(root)
         self.show_views = show_views
         self.writes_allowed = writable
         self.open_files = 0
@@ -288,16 +290,23 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         nodes = self._below.get(path)
         if nodes is None:
             epoch = self.fresh_epoch
-            try:
-                nodes = await self.engine.run_io(self.hierarchy.children_sync, path, key=("children", path))
-            except ZarrfsError as e:
-                log.warning("listing %s: %s", path or "/", e)
-                raise
-            for node in nodes:
-                if isinstance(node, BrokenNode):
-                    self.engine.note_failure(node.error, node.key)
-            self._below[path] = nodes
-            self.saw_nodes(nodes, epoch)
+
+            async def load() -> list[Node]:
+                try:
+                    found = await self.engine.run_io(self.hierarchy.children_sync, path, key=("children", path))
+                except ZarrfsError as e:
+                    log.warning("listing %s: %s", path or "/", e)
+                    raise
+                for node in found:
+                    if isinstance(node, BrokenNode):
+                        self.engine.note_failure(node.error, node.key)
+                if epoch == self.fresh_epoch:  # (else read before a refresh: its callers' alone)
+                    self._below[path] = found
+                    self.saw_nodes(found)
+                return found
+
+            # Views of one group list it at once: one read, so no older listing lands after a newer one
+            nodes = await self.engine.once(("below", path, epoch), load)
         return nodes
 
     async def _listing(self, inode: int) -> dict[str, Maker]:

@@ -266,7 +266,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
             flight.error = e
             raise
         finally:
-            if self._flights.get(key) is flight:  # (else dropped: revalidate.follow_layout)
+            if self._flights.get(key) is flight:  # (else dropped: revalidate.see_layout)
                 del self._flights[key]
             flight.done.set()
 

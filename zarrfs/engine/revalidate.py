@@ -9,7 +9,7 @@ modification time well before the GET; every other cached chunk of it is dropped
 and the kernel's pages of the array are dropped (`on_array_changed`).
 
 When another writer replaced an array with one of another chunk layout (the namespace finds its
-new metadata after the TTL or a refresh: `follow_layout`), every chunk decoded with the old one
+new metadata after the TTL or a refresh: `see_layout`), every chunk decoded with the old one
 goes, loads begun with it are neither shared nor cached, and reads with the old metadata fail
 (ESTALE) instead of decoding new chunks on the old grid.
 """
@@ -55,22 +55,27 @@ class Revalidation:
         self._epoch = 0  # bumped when the TTL runs out
         self._checked: dict[str, int] = {}  # array path -> epoch of its last check
         self._fetched: dict[tuple[str, Index], _Fetched] = {}
-        # array path -> ArrayMeta.chunk_layout of its metadata now in the store, for arrays whose
-        # layout changed under this mount (only those: the others have only ever had one)
-        self._layouts: dict[str, tuple] = {}
+        # array path -> hashes of the chunk layouts (ArrayMeta.chunk_layout: the array's, and
+        # its inner chunks' where shards are read in part) of the metadata last read from the store
+        self._layouts: dict[str, frozenset[int]] = {}
 
-    def follow_layout(self, meta: ArrayMeta) -> None:
-        """The store holds the array at `meta.path` with another chunk layout now (replaced by
-        another writer): forget what was decoded or is being loaded with the old one."""
+    def see_layout(self, meta: ArrayMeta) -> None:
+        """The namespace read `meta` from the store. If its chunk layout is not the one read before
+        (another writer replaced the array with another grid, data type, fill value or codecs),
+        forget what was decoded or is being loaded with the old one."""
         path = meta.path
-        self._layouts[path] = meta.chunk_layout
+        known = self._layouts.get(path)
+        if known is not None and meta.chunk_layout_hash in known:
+            return
+        self._layouts[path] = frozenset(m.chunk_layout_hash for m in (meta, meta.inner) if m is not None)
+        if known is None:  # first read (or since this mount replaced it): nothing decoded under another
+            return
         lost = [k for k in self._dirty if k[0] == path]
         if lost:  # their grid is gone from the store: stored now, they would corrupt the new array
             log.warning("%s: %d written chunks not yet stored are dropped: another writer replaced the array "
                         "in the store with another shape, data type or chunking", path or "/", len(lost))
-            self.discard(path)
-            self._layouts[path] = meta.chunk_layout
-        self.cache.discard_prefix(path)
+        self.discard(path)  # (chunks, shard indexes, written chunks, versions)
+        self._layouts[path] = frozenset(m.chunk_layout_hash for m in (meta, meta.inner) if m is not None)
         self._checked.pop(path, None)
         for k in [k for k in self._fetched if k[0] == path]:
             del self._fetched[k]
@@ -85,16 +90,16 @@ class Revalidation:
             self.direct.close()
 
     def check_layout(self, meta: ArrayMeta) -> None:
-        """Stale unless `meta` has the chunk layout the store holds (as far as this mount knows)."""
-        layout = self._layouts.get(meta.path)
-        if layout is not None and layout != meta.chunk_layout:
+        """Stale unless `meta` has the chunk layout last read from the store."""
+        known = self._layouts.get(meta.path)
+        if known is not None and meta.chunk_layout_hash not in known:
             raise Stale(f"{meta.path or '/'}: read with metadata the store no longer holds (the array was "
                         f"replaced with another shape, data type or chunking)")
 
     def current_layout(self, meta: ArrayMeta) -> bool:
         """Whether what was loaded with `meta` may be cached (not if its layout was replaced meanwhile)."""
-        layout = self._layouts.get(meta.path)
-        return layout is None or layout == meta.chunk_layout
+        known = self._layouts.get(meta.path)
+        return known is None or meta.chunk_layout_hash in known
 
     def note_fetch(self, meta: ArrayMeta, idx: Index, key: str, began: float, size: int | None) -> None:
         self._fetched[(meta.path, idx)] = _Fetched(key, began, size)
