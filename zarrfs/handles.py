@@ -285,7 +285,8 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
     if entry.error is not None and (w is None or w.pending is None) and entry.kind != "held":
         node = entry.node
         what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key
-        ns.engine.note_failure(entry.error, what)
+        if not isinstance(entry.error, Stale):  # (replaced in the store, said once: the kernel looks it up again)
+            ns.engine.note_failure(entry.error, what)
         raise entry.error
     if entry.kind == "stats" and entry.view == "refresh":
         await ns.revalidate(force=True)  # opening .zarrfs/refresh (cat, touch) drops listings and metadata

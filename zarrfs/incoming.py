@@ -403,6 +403,7 @@ class IncomingWrites:
             self.engine.discard(old.path)
         meta = staged.final
         entry.show(meta)
+        entry.checked = self.fresh_epoch  # what this mount just stored: current (freshness.py)
         w.replacing, w.staged, w.received = None, None, None
         w.stream = ArrayStream(meta, w.stream.order, header=w.stream.header, dtype=w.stream.dtype)
         if not meta.path:
@@ -665,6 +666,7 @@ class IncomingWrites:
         mtime_ns = held.mtime_ns
         entry.held, entry.kind, entry.key = None, "array", path
         entry.show(staged.final)
+        entry.checked = self.fresh_epoch
         if not path:
             self.root_node = staged.final
         self._name(parent_inode, name, entry)

@@ -67,6 +67,7 @@ class NamespaceWrites(IncomingWrites):
                 other.error = NotFound(f"chunk {other.origin} of {fresh.path} no longer exists")
                 continue
             other.show(fresh)
+            other.checked = self.fresh_epoch  # read from the store just now (freshness.py)
         self._sizes.pop(old_path, None)
         self._sizes.pop(new_path, None)
 
@@ -366,4 +367,5 @@ class NamespaceWrites(IncomingWrites):
         if node is None or entry.kind not in ("group", "array", "chunkdir") or isinstance(node, BrokenNode):
             raise NotPermitted("only groups and arrays have attributes")
         entry.node = await self.engine.run_io(self.hierarchy.set_attributes_sync, node, attributes_kept(node, attrs))
+        entry.checked = self.fresh_epoch
         self._invalidate()

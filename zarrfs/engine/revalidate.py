@@ -74,17 +74,11 @@ class Revalidation:
         if lost:  # their grid is gone from the store: stored now, they would corrupt the new array
             log.warning("%s: %d written chunks not yet stored are dropped: another writer replaced the array "
                         "in the store with another shape, data type or chunking", path or "/", len(lost))
-        self.discard(path)  # (chunks, shard indexes, written chunks, versions)
+        self.discard(path)  # (chunks, shard indexes, written chunks, versions, loads under way)
         self._layouts[path] = frozenset(m.chunk_layout_hash for m in (meta, meta.inner) if m is not None)
         self._checked.pop(path, None)
         for k in [k for k in self._fetched if k[0] == path]:
             del self._fetched[k]
-        # Loads under way keep their readers; later readers start loads of their own (loads.py
-        # caches a value only while its load is still the one in the table).
-        for k in [k for k in self._inflight if k[0] == path]:
-            del self._inflight[k]
-        for k in [k for k in self._flights if isinstance(k, tuple) and len(k) == 3 and k[0] == path]:
-            del self._flights[k]
         self.drop_bands()
         if self.direct is not None:
             self.direct.close()

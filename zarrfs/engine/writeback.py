@@ -17,7 +17,7 @@ from ..codecs import is_fill
 from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..layouts import ArrayStream
-from .loads import INDEX, INNER
+from .loads import BODY, INDEX, INNER
 
 log = logging.getLogger(__name__)
 
@@ -264,4 +264,13 @@ class WriteBack:
             del self._versions[key]
         for key in [k for k in self._layouts if k == path or k.startswith(path + "/")]:
             del self._layouts[key]  # this mount removed or replaced it: its next metadata is the truth
+        # Loads under way keep their readers; later readers start loads of their own (a load caches
+        # its value only while it is still the one in the table: what it read may be the old array).
+        def within(p: str) -> bool:
+            return p == path or p.startswith(path + "/")
+
+        for key in [k for k in self._inflight if within(k[0])]:
+            del self._inflight[key]
+        for key in [k for k in self._flights if isinstance(k, tuple) and k[-1] == BODY and within(k[0])]:
+            del self._flights[key]  # whole shards being read
 
