@@ -428,7 +428,6 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         computed, never materialized whole)."""
         entry = self.get(inode)
         await self.follow(entry)
-        out = []
         makers: dict[str, Maker] = {}
         if entry.kind == "chunkdir":
             shape = self._grid(entry)
