@@ -171,7 +171,6 @@ async def test_a_chunk_loaded_while_its_array_is_replaced_is_neither_shared_nor_
     store = ReadThenWaitStore(two_arrays, slow={"a/0.0"})
     old_meta = open_hierarchy_sync(store).node_sync("a")
     engine = Engine(store, ChunkCache(1 << 24))
-    engine.see_layout(old_meta)  # as the namespace does with each node it reads
     old_values = np.arange(1600, dtype="<f8").reshape(40, 40)
     new_values = -old_values - 0.5
     got = {}
@@ -192,7 +191,7 @@ async def test_a_chunk_loaded_while_its_array_is_replaced_is_neither_shared_nor_
             root.create_array("a", shape=(40, 40), chunks=(20, 20), dtype="<f8", overwrite=True)[:] = new_values
         new_meta = open_hierarchy_sync(store).node_sync("a")
         assert new_meta.chunk_shape == (20, 20)
-        engine.see_layout(new_meta)
+        engine.see_layout(new_meta)  # as the namespace does with each node it reads
         store.release.set()
         n.start_soon(read, "new", new_meta, 40)
     assert got["old"] == old_values[0, :10].tobytes()  # the version its metadata described

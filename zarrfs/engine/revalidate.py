@@ -55,27 +55,25 @@ class Revalidation:
         self._epoch = 0  # bumped when the TTL runs out
         self._checked: dict[str, int] = {}  # array path -> epoch of its last check
         self._fetched: dict[tuple[str, Index], _Fetched] = {}
-        # array path -> hashes of the chunk layouts (ArrayMeta.chunk_layout: the array's, and
-        # its inner chunks' where shards are read in part) of the metadata last read from the store
+        # array path -> hashes of the chunk layouts (ArrayMeta.chunk_layout: the array's, and its
+        # inner chunks' where shards are read in part) its chunks are read with: arrays read only
         self._layouts: dict[str, frozenset[int]] = {}
 
     def see_layout(self, meta: ArrayMeta) -> None:
-        """The namespace read `meta` from the store. If its chunk layout is not the one read before
-        (another writer replaced the array with another grid, data type, fill value or codecs),
-        forget what was decoded or is being loaded with the old one."""
+        """The namespace read `meta` from the store. If the array's chunks were read with another
+        chunk layout (another writer replaced it with another grid, data type, fill value or
+        codecs), forget what was decoded or is being loaded with the old one."""
         path = meta.path
         known = self._layouts.get(path)
-        if known is not None and meta.chunk_layout_hash in known:
+        if known is None or meta.chunk_layout_hash in known:  # (None: nothing read, nothing to forget)
             return
-        self._layouts[path] = frozenset(m.chunk_layout_hash for m in (meta, meta.inner) if m is not None)
-        if known is None:  # first read (or since this mount replaced it): nothing decoded under another
-            return
+        layouts = _layouts_of(meta)
         lost = [k for k in self._dirty if k[0] == path]
         if lost:  # their grid is gone from the store: stored now, they would corrupt the new array
             log.warning("%s: %d written chunks not yet stored are dropped: another writer replaced the array "
                         "in the store with another shape, data type or chunking", path or "/", len(lost))
         self.discard(path)  # (chunks, shard indexes, written chunks, versions, loads under way)
-        self._layouts[path] = frozenset(m.chunk_layout_hash for m in (meta, meta.inner) if m is not None)
+        self._layouts[path] = layouts
         self._checked.pop(path, None)
         for k in [k for k in self._fetched if k[0] == path]:
             del self._fetched[k]
@@ -84,9 +82,14 @@ class Revalidation:
             self.direct.close()
 
     def check_layout(self, meta: ArrayMeta) -> None:
-        """Stale unless `meta` has the chunk layout last read from the store."""
+        """Before chunks of an array are read with `meta`: Stale unless it has the chunk layout the
+        array's chunks are read with (the first read, by an array's own metadata, sets it)."""
         known = self._layouts.get(meta.path)
-        if known is not None and meta.chunk_layout_hash not in known:
+        if known is None:
+            if meta.source is None or not meta.source.shard_is_chunk:  # (not the inner chunks of another)
+                self._layouts[meta.path] = _layouts_of(meta)
+            return
+        if meta.chunk_layout_hash not in known:
             raise Stale(f"{meta.path or '/'}: read with metadata the store no longer holds (the array was "
                         f"replaced with another shape, data type or chunking)")
 
@@ -154,6 +157,11 @@ class Revalidation:
             return False
         f.etag = etag  # from now on the tag decides (it changes with every write)
         return True
+
+
+def _layouts_of(meta: ArrayMeta) -> frozenset[int]:
+    """The chunk layouts an array's chunks are read with: its own, and its inner chunks'."""
+    return frozenset(m.chunk_layout_hash for m in (meta, meta.inner) if m is not None)
 
 
 def now() -> float:
