@@ -131,6 +131,7 @@ class StreamedReads:
             log.info("%s: chunks decode to %d bytes, more than cache_size (%d): reads decode only the "
                      "bytes they need, never a whole chunk", meta.path or "/", meta.chunk_nbytes,
                      self.cache.max_bytes)
+        self.check_layout(meta)
         await self.check_cached(meta)
         out = np.empty(stream.element_bytes(plan), np.uint8)
         errors: list[ZarrfsError] = []

@@ -273,4 +273,5 @@ class WriteBack:
             del self._inflight[key]
         for key in [k for k in self._flights if isinstance(k, tuple) and k[-1] == BODY and within(k[0])]:
             del self._flights[key]  # whole shards being read
+        self._idle = [slot for slot in self._idle if not within(slot.path)]  # streamed reads' decoders
 
