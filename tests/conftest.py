@@ -56,6 +56,13 @@ def _unmount_leftovers(tmp_path_factory):
         warnings.warn(f"zarrfs tests left {mp} mounted; {how}")
 
 
+@pytest.fixture(autouse=True)
+def _private_disk_cache(monkeypatch, tmp_path_factory):
+    """Mounts of remote stores keep their disk cache in a directory of this test, never in the
+    user's own cache (zarrfs puts it under XDG_CACHE_HOME when that is set, root included)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
 @pytest.fixture
 def mount(request, tmp_path):
     """``mount(source, *opts, foreground=False) -> mountpoint``; unmounted and log-checked at teardown."""

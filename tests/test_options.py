@@ -66,7 +66,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_options": "{}", "chunks": "4,4",
             "codec": "zstd:3", "log_level": "info", "log_file": "/tmp/x.log", "storage_options_file": "/x.json",
             "fsname": "data", "uid": "1", "gid": "2", "umask": "022", "subtype": "zarr",
-            "timeout": "5", "metadata_ttl": "0", "remote_protocol": "s3", "remote_options": '{"anon": true}'}
+            "timeout": "5", "metadata_ttl": "0", "remote_protocol": "s3", "remote_options": '{"anon": true}',
+            "cache_dir": "/tmp/zc", "disk_cache_size": "1G"}
 
 
 def test_readme_option_table_is_generated():

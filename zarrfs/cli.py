@@ -11,6 +11,7 @@ from .errors import UserError
 from .options import TREE, build_options, options_help, options_man, split_o
 
 USAGE = "zarrfs SOURCE MOUNTPOINT [-f] [-o OPTION[,OPTION...]] [--OPTION[=VALUE] ...]"
+CLEAR_USAGE = "zarrfs --clear-cache [-o cache_dir=PATH]"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,6 +45,8 @@ def parse(argv: list[str]) -> tuple[str, str, list[str], bool]:
                         help="comma-separated options")
     parser.add_argument("--version", action="version", version=f"zarrfs {__version__}")
     parser.add_argument("--man", action=_ManAction, help="print the zarrfs(1) manual page (roff) and exit")
+    parser.add_argument("--clear-cache", action="store_true",
+                        help=f"remove every entry of the disk cache and exit ({CLEAR_USAGE})")
     args, extra = parser.parse_known_args(argv)
     items = [i for o in args.o for i in split_o(o)]
     for flag in extra:
@@ -53,11 +56,39 @@ def parse(argv: list[str]) -> tuple[str, str, list[str], bool]:
     return args.source, args.mountpoint, items, args.foreground
 
 
+def clear_cache(argv: list[str]) -> int:
+    """`zarrfs --clear-cache [-o cache_dir=PATH]`: empty the disk cache (mounts using it just read again)."""
+    from .diskcache import DiskCache, default_cache_dir
+
+    items: list[str] = []
+    rest = [a for a in argv if a != "--clear-cache"]
+    while rest:
+        arg = rest.pop(0)
+        if arg == "-o" and rest:
+            items += split_o(rest.pop(0))
+        elif arg.startswith("--") and len(arg) > 2:
+            items.append(arg[2:])
+        else:
+            raise UserError(f"unexpected argument {arg!r} (usage: {CLEAR_USAGE})")
+    options = build_options(items)
+    directory = options.cache_dir or default_cache_dir()
+    if not os.path.isdir(directory):
+        print(f"zarrfs: no disk cache at {directory}")
+        return 0
+    cache = DiskCache(directory, options.disk_cache_bytes)
+    if not cache.usable:
+        raise UserError(f"cannot clear the disk cache at {directory} (see above)")
+    freed = cache.clear_sync()
+    cache.close()
+    print(f"zarrfs: removed the disk cache entries in {directory} ({freed} bytes)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if "--clear-cache" in argv:
+            return clear_cache(argv)
         source, mountpoint, items, foreground = parse(argv)
         options = build_options(items, foreground=foreground)
         from .daemon import run  # pyfuse3 is imported only once the command line is valid

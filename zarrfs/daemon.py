@@ -26,6 +26,7 @@ import trio
 
 from . import __version__, formats, staging
 from .cache import ChunkCache
+from .diskcache import DiskCache, DiskCachedStore, default_cache_dir, store_identity
 from .direct import DirectReads
 from .engine import Engine
 from .errors import UserError, ZarrfsError
@@ -35,7 +36,7 @@ from .namespace import Namespace
 from .model import BrokenNode
 from .options import Options, read_storage_options_file, redact_url, secrets_in
 from .references import open_references_sync
-from .remote import bound_retries, bounded_storage_options, default_metadata_ttl_s, missing_backend
+from .remote import bound_retries, bounded_storage_options, default_metadata_ttl_s, is_remote, missing_backend
 from .store import Store
 
 log = logging.getLogger("zarrfs")
@@ -256,6 +257,13 @@ def build(source: str, options: Options) -> ZarrOperations:
         scheme = source.split("://", 1)[0] if "://" in source else "this protocol"
         what = "references" if store.is_references else f"{scheme} stores"
         raise UserError(f"{shown}: {what} cannot be written; mount it without writable")
+    metadata_ttl_s = default_metadata_ttl_s("reference://" if store.is_references else source,
+                                            options.metadata_ttl_s)
+    if is_remote(source) and not store.is_local and not store.is_references and options.disk_cache_bytes > 0:
+        disk = DiskCache(options.cache_dir or default_cache_dir(), options.disk_cache_bytes)
+        if disk.usable:
+            log.info("disk cache: %s, at most %d bytes", disk.directory, disk.max_bytes)
+            store = DiskCachedStore(store, disk, store_identity(source, storage_options), metadata_ttl_s)
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
     hierarchy = formats.open_hierarchy_sync(store, options.format, options)
@@ -272,8 +280,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
                           create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
                           on_data_stale_sync=invalidate_data_sync,
-                          metadata_ttl_s=default_metadata_ttl_s("reference://" if store.is_references else source,
-                                                                options.metadata_ttl_s))
+                          metadata_ttl_s=metadata_ttl_s)
     log.info("opened %s as %s (root: %s)", shown, hierarchy.name, root.kind)
     return ZarrOperations(namespace, engine, options)
 

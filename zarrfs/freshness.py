@@ -180,6 +180,7 @@ class NamespaceFreshness:
                 entry.stored_bytes = None  # settled again from what the store holds now
         if force:
             self.engine.drop_clean_chunks()
+            self.engine.store.refresh()  # a disk cache's entries are checked before their next use
         else:  # checked against the store when next read (engine/revalidate.py)
             self.engine.chunks_stale()
         if force and self.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)

@@ -70,6 +70,12 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
               "chunks are trusted before they are checked against the store again; `0` checks every time, "
               "`inf` never (`cat MOUNT/.zarrfs/refresh`, or `touch` on a writable mount, drops them at once)",
               "`10` for remote stores, `inf` for local directories"),
+    OptionDoc("cache_dir=PATH", "where the disk cache of remote stores lives (see Disk cache); created mode "
+              "`0700`, its files `0600`; shared by every mount and process of the user",
+              "`$XDG_CACHE_HOME/zarrfs` when XDG_CACHE_HOME is set, else `/var/cache/zarrfs` for root, "
+              "`~/.cache/zarrfs` for other users"),
+    OptionDoc("disk_cache_size=SIZE", "most bytes the disk cache holds (`4G`, `500M`); least recently used "
+              "entries go first; `0` turns it off. Local stores are never cached", "`4G`"),
     OptionDoc("show_views", "list `.zarrfs` in the root directory (it is always reachable by path, like ZFS's "
               "`.zfs`, so `cp -r MOUNT` copies only the `.npy` tree)", "off"),
     OptionDoc("chunks=N[,N...]", "chunk shape of arrays created through the mount (with writes)",
@@ -278,6 +284,9 @@ class Options:
     codec: str | None = None
     v1_order: str = "spec"
     timeout_s: float = 30.0
+    cache_dir: str | None = None  # None: diskcache.default_cache_dir()
+    # A few datasets' worth of encoded chunks on a workstation's disk, yet little of a laptop's.
+    disk_cache_bytes: int = 4 << 30
     metadata_ttl_s: float | None = None  # None: the store kind's default (remote.default_metadata_ttl_s)
     log_level: str = "warning"
     log_file: str | None = None
@@ -360,6 +369,10 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             kw["writable"] = _flag(name, value)
         elif name == "cache_size":
             kw["cache_size_bytes"] = parse_size(_need(name, value))
+        elif name == "disk_cache_size":
+            kw["disk_cache_bytes"] = parse_size(_need(name, value))
+        elif name == "cache_dir":
+            kw["cache_dir"] = os.path.abspath(os.path.expanduser(_need(name, value)))
         elif name == "format":
             fmt = _need(name, value)
             if fmt not in FORMATS:

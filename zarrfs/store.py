@@ -60,6 +60,11 @@ METADATA_MAX_BYTES = 256 << 20
 FILE_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
               (stat.S_ISSOCK, "socket"))
 LOCAL_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+# A stored object's modification time is when its upload began, in whole seconds on S3, by the
+# store's clock: a chunk is kept on the strength of its time only if it was written at least this
+# long before the GET that read it began (an upload under way while we read, a second of rounding,
+# clocks a little apart), else it is read again.
+FETCH_MARGIN_S = 5.0
 
 
 class Store:
@@ -494,6 +499,19 @@ class Store:
             return bool(self.fs.exists(self.root)) or bool(self.list_dir_sync("")[0])
         except Exception:
             return False
+
+    # --- what a cache in front of the store is told (diskcache.DiskCachedStore); nothing here ---
+
+    def note_array(self, keys: Any) -> None:
+        """An array with these ChunkKeys is about to be read."""
+
+    def refresh(self) -> None:
+        """Whatever was kept of the store is checked again before its next use."""
+
+    def disk_stats(self) -> dict[str, Any]:
+        """Counters of a disk cache in front of the store: none here."""
+        return {"disk_hits": 0, "disk_misses": 0, "disk_bytes": 0, "disk_max_bytes": 0, "disk_evictions": 0,
+                "disk_errors": 0, "disk_cache_dir": None}
 
     # --- operations: start-up checks, times, space (the daemon and fuse_ops use these) ----
 

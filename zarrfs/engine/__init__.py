@@ -540,6 +540,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
             "band_bytes": self.band_bytes, "band_bytes_peak": self.band_bytes_peak,
             "plain_files_pending": self.later.waiting,  # closed, waiting for their write-back
             "plain_memory_bytes": self.held_memory_bytes,
+            **self.store.disk_stats(),
             "errors": dict(self.errors),
             **self.failures.stats(),
         }

@@ -22,16 +22,12 @@ from typing import Any, Callable
 
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta
+from ..store import FETCH_MARGIN_S
 
 log = logging.getLogger(__name__)
 
 Index = tuple[int, ...]
 
-# A stored object's modification time is when its upload began, in whole seconds on S3, by the
-# store's clock: a chunk is kept on the strength of its time only if it was written at least this
-# long before the GET that read it began (an upload under way while we read, a second of rounding,
-# clocks a little apart), else it is read again.
-FETCH_MARGIN_S = 5.0
 
 
 class _Fetched:
@@ -115,6 +111,7 @@ class Revalidation:
 
     async def check_cached(self, meta: ArrayMeta) -> None:
         """Before reading an array: if the TTL ran out since its chunks were checked, check them."""
+        self.store.note_array(meta.keys)
         if self._checked.get(meta.path, self._epoch) == self._epoch:
             return
         self._checked[meta.path] = self._epoch

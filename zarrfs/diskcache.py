@@ -1,0 +1,723 @@
+"""A persistent local disk cache of what a remote store returned: encoded chunks, shard indexes and ranges, metadata documents.
+
+`DiskCache` is the directory: entries written by rename, checked on read (length and CRC-32C),
+bounded in bytes with least recently used entries evicted first, shared safely by any number
+of zarrfs processes (an `flock` serialises accounting and eviction). `DiskCachedStore` puts it
+in front of a remote `Store`'s reads; every other call goes straight to the store. Pure and
+thread-safe: the engine calls the `_sync` methods from worker threads.
+
+Layout of CACHE_DIR (mode 0700, files 0600)::
+
+    lock                 flock(2) target: accounting and eviction take turns across processes
+    usage                bytes the entries take (text), corrected by every eviction scan
+    entries/H            the whole value of a key, H = sha256(store identity, key): no bucket
+                         or key name shows in a file name
+    entries/H.parts/P    part P of that key: `rA-B` bytes [A, B), `sN` the last N, `pN` the first N
+
+An entry file is a header (magic, body length, CRC-32C of body and header, when the GET that
+read it began, the object's size where known, absent flag) and the body. Its mtime is when it
+was last known to match the store (the GET's start, or the listing that confirmed it); its
+atime is when it was last used (set explicitly: relatime would not keep it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import struct
+import threading
+import time
+from typing import Any, Iterable, Iterator
+
+import google_crc32c
+
+from .store import FETCH_MARGIN_S, METADATA_MAX_BYTES, Store
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"ZFSDC01\n"
+# magic, body length, crc32c, GET start (s since the epoch), object size (-1 unknown), flags
+HEADER = struct.Struct("<8sQIdqB")
+FLAG_ABSENT = 1
+ENTRIES_DIR = "entries"
+PARTS_SUFFIX = ".parts"
+TMP_PREFIX = ".tmp-"
+# What one entry is counted as: its size rounded up to the file system's usual block, so that the
+# bound holds for what `du` reports, not only for the bytes written.
+BLOCK_BYTES = 4096
+# An eviction frees down to this share of the bound: one directory scan then makes room for a
+# tenth of the cache instead of one entry.
+EVICT_TO_SHARE = 0.9
+# A temporary file older than this belongs to a writer that died (writing one entry takes
+# milliseconds): eviction scans remove it.
+TMP_STALE_S = 60.0
+_RANGE_PART = re.compile(r"r(\d+)-(\d+)")
+
+
+def default_cache_dir() -> str:
+    """`$XDG_CACHE_HOME/zarrfs` when XDG_CACHE_HOME is set, else `/var/cache/zarrfs` for root
+    and `~/.cache/zarrfs` for other users."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return os.path.join(xdg, "zarrfs")
+    if os.geteuid() == 0:
+        return "/var/cache/zarrfs"
+    return os.path.join(os.path.expanduser("~"), ".cache", "zarrfs")
+
+
+def store_identity(source: str, storage_options: dict[str, Any]) -> str:
+    """What names a remote store's contents, never its credentials: the URL without user
+    information or query, and the endpoint it is reached at."""
+    import urllib.parse
+
+    parts = []
+    for part in source.split("::"):
+        u = urllib.parse.urlsplit(part)
+        netloc = u.netloc.rsplit("@", 1)[-1]
+        parts.append(urllib.parse.urlunsplit((u.scheme, netloc, u.path.rstrip("/"), "", "")))
+    client = storage_options.get("client_kwargs") or {}
+    endpoint = storage_options.get("endpoint_url") or (client.get("endpoint_url") if isinstance(client, dict) else None)
+    return json.dumps({"source": "::".join(parts), "endpoint": endpoint}, sort_keys=True)
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES
+
+
+class Entry:
+    """An entry read back and checked: its body (None: the key was absent) and the version it was read at."""
+
+    __slots__ = ("body", "began", "size", "validated")
+
+    def __init__(self, body: bytes | None, began: float, size: int | None, validated: float) -> None:
+        self.body = body
+        self.began = began  # when the GET that read it began (wall clock)
+        self.size = size  # the object's size, where the read told it
+        self.validated = validated  # when it was last known to match the store
+
+
+class Corrupt(Exception):
+    """An entry that is not what was written (truncated, flipped, foreign)."""
+
+
+class DiskCache:
+    """The cache directory: write, read, drop entries by name; size accounting and LRU eviction."""
+
+    def __init__(self, directory: str, max_bytes: int) -> None:
+        self.directory = os.path.abspath(directory)
+        self.entries = os.path.join(self.directory, ENTRIES_DIR)
+        self.max_bytes = max_bytes
+        self.hits = self.misses = self.evictions = self.errors = 0
+        self._lock = threading.Lock()  # flock is per open file: threads of one process take turns here
+        self._lock_fd = -1
+        self._usage_fd = -1
+        self._told: set[str] = set()  # failures already logged (one line each)
+        self.usable = self._open()
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    def _open(self) -> bool:
+        try:
+            os.makedirs(os.path.dirname(self.directory), exist_ok=True)
+            try:
+                os.mkdir(self.directory, 0o700)
+            except FileExistsError:
+                pass
+            st = os.lstat(self.directory)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                raise PermissionError(errno.EPERM, "not a directory owned by this user")
+            if stat.S_IMODE(st.st_mode) != 0o700:
+                os.chmod(self.directory, 0o700)  # entries are the user's data: nobody else may list them
+            os.makedirs(self.entries, 0o700, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._usage_fd = os.open(os.path.join(self.directory, "usage"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                     0o600)
+            with self._locked():
+                self._set_usage(self._scan_and_evict(self.max_bytes))
+        except OSError as e:
+            log.warning("disk cache %s cannot be used (%s): every read goes to the store", self.directory,
+                        e.strerror or e)
+            self.errors += 1
+            return False
+        return True
+
+    def close(self) -> None:
+        for fd in (self._lock_fd, self._usage_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._lock_fd = self._usage_fd = -1
+
+    # --- accounting -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Accounting and eviction: one thread of one process at a time."""
+        with self._lock:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _usage(self) -> int:
+        raw = os.pread(self._usage_fd, 32, 0)
+        try:
+            return max(0, int(raw.split(b"\n")[0] or b"0"))
+        except ValueError:
+            return 0
+
+    def _set_usage(self, nbytes: int) -> None:
+        data = b"%d\n" % max(0, nbytes)
+        os.pwrite(self._usage_fd, data.ljust(32, b" "), 0)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes the entries take, as last accounted."""
+        if not self.usable:
+            return 0
+        try:
+            return self._usage()
+        except OSError:
+            return 0
+
+    def _files(self) -> Iterable[tuple[str, os.stat_result]]:
+        """Every file and parts directory under entries/ (temporary files too), with its stat;
+        empty parts directories are removed on the way."""
+        try:
+            top = list(os.scandir(self.entries))
+        except FileNotFoundError:
+            return
+        for entry in top:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    inner = list(os.scandir(entry.path))
+                except FileNotFoundError:
+                    continue
+                if not inner:
+                    try:
+                        os.rmdir(entry.path)  # its last part was evicted
+                        continue
+                    except OSError:
+                        pass
+                yield entry.path, st
+                for part in inner:
+                    try:
+                        yield part.path, part.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+            else:
+                yield entry.path, st
+
+    def _scan_and_evict(self, target: int) -> int:
+        """With the lock held: the bytes the entries take, after removing dead writers' temporary
+        files and least recently used entries until they take at most `target`."""
+        now = time.time()
+        live: list[tuple[int, int, str]] = []
+        total = 0
+        for path, st in self._files():
+            nbytes = BLOCK_BYTES if stat.S_ISDIR(st.st_mode) else _blocks(st.st_size)
+            total += nbytes
+            if stat.S_ISDIR(st.st_mode):
+                continue  # counted until it is found empty
+            if os.path.basename(path).startswith(TMP_PREFIX):
+                if now - st.st_mtime > TMP_STALE_S and self._unlink(path):
+                    total -= nbytes
+                continue  # a live writer's file: counted, never evicted
+            live.append((st.st_atime_ns, nbytes, path))
+        if total > target:
+            live.sort()
+            for _, nbytes, path in live:
+                if total <= target:
+                    break
+                if self._unlink(path):
+                    total -= nbytes
+                    self.evictions += 1
+        return total
+
+    @staticmethod
+    def _unlink(path: str) -> bool:
+        try:
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def _failed(self, what: str, e: OSError) -> None:
+        self.errors += 1
+        reason = e.strerror or str(e)
+        if reason not in self._told:
+            self._told.add(reason)
+            log.warning("disk cache %s: cannot %s (%s); reads are served from the store", self.directory, what,
+                        reason)
+
+    # --- entries --------------------------------------------------------------------------
+
+    def path(self, name: str, part: str | None = None) -> str:
+        return os.path.join(self.entries, name) if part is None else os.path.join(self.entries,
+                                                                                    name + PARTS_SUFFIX, part)
+
+    def read_sync(self, path: str) -> Entry | None:
+        """The entry at PATH, checked; None when there is none. Raises Corrupt."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            head = os.pread(fd, HEADER.size, 0)
+            if len(head) < HEADER.size:
+                raise Corrupt(f"{len(head)} bytes, shorter than its header")
+            magic, nbytes, crc, began, size, flags = HEADER.unpack(head)
+            if magic != MAGIC:
+                raise Corrupt("not an entry of this version")
+            if st.st_size != HEADER.size + nbytes:
+                raise Corrupt(f"{st.st_size - HEADER.size} bytes where {nbytes} were written")
+            body = os.pread(fd, nbytes, HEADER.size) if nbytes else b""
+            while len(body) < nbytes and (more := os.pread(fd, nbytes - len(body), HEADER.size + len(body))):
+                body += more
+            if _crc(body, head) != crc:
+                raise Corrupt("checksum mismatch")
+            # Used now (LRU order), still validated when it was.
+            os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
+        finally:
+            os.close(fd)
+        return Entry(None if flags & FLAG_ABSENT else body, began, None if size < 0 else size,
+                     st.st_mtime_ns / 1e9)
+
+    def write_sync(self, path: str, body: bytes | None, began: float, size: int | None) -> bool:
+        """Keep an entry (None: the key is absent), validated as of `began`. False when it could
+        not be written (logged once per reason)."""
+        if not self.usable:
+            return False
+        data = b"" if body is None else body
+        head = HEADER.pack(MAGIC, len(data), 0, began, -1 if size is None else size,
+                           FLAG_ABSENT if body is None else 0)
+        head = HEADER.pack(MAGIC, len(data), _crc(data, head), began, -1 if size is None else size,
+                           FLAG_ABSENT if body is None else 0)
+        nbytes = _blocks(HEADER.size + len(data))
+        if nbytes > self.max_bytes:
+            return False
+        directory = os.path.dirname(path)
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{threading.get_ident():x}")
+        try:
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:  # the first part of a key: its directory is counted as a block
+                os.makedirs(directory, 0o700, exist_ok=True)
+                nbytes += BLOCK_BYTES
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(head + data) if len(data) < (1 << 16) else None
+                if view is not None:
+                    _write_all(fd, view)
+                else:
+                    _write_all(fd, memoryview(head))
+                    _write_all(fd, memoryview(data))
+                validated_ns = int(began * 1e9)
+                os.utime(fd, ns=(time.time_ns(), validated_ns))
+            finally:
+                os.close(fd)
+            with self._locked():
+                old = _size_of(path)
+                used = self._usage() + nbytes - old
+                if used > self.max_bytes:
+                    # The scan counts this entry's temporary file and the entry it replaces (if
+                    # that is not evicted meanwhile).
+                    total = self._scan_and_evict(int(self.max_bytes * EVICT_TO_SHARE) + old)
+                    used = total - _size_of(path)
+                os.replace(tmp, path)
+                self._set_usage(used)
+        except OSError as e:
+            self._unlink_quietly(tmp)
+            self._failed("write entries", e)
+            return False
+        return True
+
+    @staticmethod
+    def _unlink_quietly(path: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    def drop_sync(self, path: str) -> None:
+        """Remove an entry (absent: nothing to do)."""
+        if not self.usable:
+            return
+        try:
+            with self._locked():
+                try:
+                    nbytes = _blocks(os.stat(path).st_size)
+                except FileNotFoundError:
+                    return
+                if self._unlink(path):
+                    self._set_usage(self._usage() - nbytes)
+        except OSError as e:
+            self._failed("remove entries", e)
+
+    def parts_sync(self, name: str) -> list[str]:
+        """The parts kept of one key."""
+        try:
+            return [p for p in os.listdir(os.path.join(self.entries, name + PARTS_SUFFIX))
+                    if not p.startswith(TMP_PREFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            self._failed("list entries", e)
+            return []
+
+    def drop_key_sync(self, name: str) -> None:
+        """Remove every entry of one key: its whole value and its parts."""
+        self.drop_sync(self.path(name))
+        for part in self.parts_sync(name):
+            self.drop_sync(self.path(name, part))
+
+    def clear_sync(self) -> int:
+        """Remove every entry; the bytes they took."""
+        if not self.usable:
+            return 0
+        with self._locked():
+            freed = self._usage()
+            shutil.rmtree(self.entries, ignore_errors=True)
+            os.makedirs(self.entries, 0o700, exist_ok=True)
+            self._set_usage(0)
+        return freed
+
+
+def _size_of(path: str) -> int:
+    """What an entry file counts for; 0 when there is none."""
+    try:
+        return _blocks(os.stat(path).st_size)
+    except FileNotFoundError:
+        return 0
+
+
+def _crc(body: bytes, head: bytes) -> int:
+    """CRC-32C of the body, then of the header with its checksum field zeroed."""
+    blank = head[:16] + b"\0\0\0\0" + head[20:]
+    return google_crc32c.extend(google_crc32c.value(body), blank)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def is_chunk_key(keys: Any, key: str) -> bool:
+    """Whether KEY is one of the chunk keys ChunkKeys KEYS builds (not a metadata document beside them)."""
+    head = keys.prefix + "/" if keys.prefix else ""
+    if not key.startswith(head):
+        return False
+    name = key[len(head):]
+    if name == keys.zero_d:
+        return True
+    if not name.startswith(keys.head):
+        return False
+    return all(p.isdigit() for p in name[len(keys.head):].split(keys.sep))
+
+
+class DiskCachedStore:
+    """A remote Store whose reads go through a DiskCache; writes drop what they touch.
+
+    Freshness: an entry validated less than `ttl_s` ago is used without asking the store. An
+    older one is checked against one listing of its array's prefix (the listing the engine's
+    revalidation makes, or one made here, each at most once per `ttl_s`) when it is a chunk key
+    of an array the engine named (`note_array`); else (metadata documents) it is read again.
+    """
+
+    def __init__(self, store: Store, cache: DiskCache, identity: str, ttl_s: float) -> None:
+        self.store = store
+        self.cache = cache
+        self._salt = hashlib.sha256(identity.encode()).digest()
+        self.ttl_s = ttl_s
+        self._arrays: dict[str, Any] = {}  # array prefix -> its ChunkKeys
+        self._listings: dict[str, tuple[float, dict[str, tuple[int | None, int | None, str | None]]]] = {}
+        self._listing_locks: dict[str, threading.Lock] = {}
+        self._changed: dict[str, float] = {}  # key or prefix -> when this process last wrote below it
+        self._stale_before = 0.0  # `refresh`: everything validated before this is checked again
+        self._counts = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "store":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.store, name)
+
+    def __repr__(self) -> str:
+        return f"DiskCachedStore({self.store!r}, {self.cache.directory!r})"
+
+    # --- naming and freshness -------------------------------------------------------------
+
+    def _name(self, key: str) -> str:
+        return hashlib.sha256(self._salt + key.encode()).hexdigest()
+
+    def note_array(self, keys: Any) -> None:
+        """An array is about to be read: its chunk keys may be checked by one listing of its prefix."""
+        if keys.prefix not in self._arrays:
+            self._arrays[keys.prefix] = keys
+
+    def refresh(self) -> None:
+        """Everything kept is checked against the store before its next use."""
+        self._stale_before = time.time()
+        self._listings.clear()
+
+    def _array_of(self, key: str) -> str | None:
+        parts = key.split("/")
+        for n in range(len(parts) - 1, -1, -1):
+            prefix = "/".join(parts[:n])
+            keys = self._arrays.get(prefix)
+            if keys is not None and is_chunk_key(keys, key):
+                return prefix
+        return None
+
+    def _changed_since(self, key: str, t: float) -> bool:
+        if not self._changed:
+            return False
+        parts = key.split("/")
+        return any(self._changed.get("/".join(parts[:n]), -1.0) >= t for n in range(len(parts) + 1))
+
+    def _listing_sync(self, prefix: str) -> tuple[float, dict] | None:
+        """This prefix's versions, listed at most once per TTL (threads share one listing)."""
+        memo = self._listings.get(prefix)
+        if memo is not None and memo[0] + self.ttl_s > time.time():
+            return memo
+        lock = self._listing_locks.setdefault(prefix, threading.Lock())
+        with lock:
+            memo = self._listings.get(prefix)
+            if memo is not None and memo[0] + self.ttl_s > time.time():
+                return memo
+            try:
+                self.versions_below_sync(prefix)
+            except Exception as e:  # the entry is read again; the read reports a store that is down
+                log.info("disk cache: %s could not be listed to check its entries: %s", prefix or "/", e)
+                return None
+            return self._listings.get(prefix)
+
+    def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
+        began = time.time()
+        versions = self.store.versions_below_sync(prefix)
+        self._listings[prefix] = (began, versions)
+        return versions
+
+    def _usable(self, key: str, entry: Entry, path: str) -> bool:
+        """Whether an entry still holds what the store holds (as far as the TTL lets us trust it)."""
+        if self._changed_since(key, entry.validated):
+            return False
+        now = time.time()
+        if entry.validated + self.ttl_s > now and entry.validated > self._stale_before:
+            return True
+        prefix = self._array_of(key)
+        if prefix is None:
+            return False
+        memo = self._listing_sync(prefix)
+        if memo is None:
+            return False
+        listed_at, versions = memo
+        stored = versions.get(key[len(prefix) + 1:] if prefix else key)
+        if not _unchanged(entry, stored):
+            return False
+        try:
+            os.utime(path, ns=(time.time_ns(), int(listed_at * 1e9)))
+        except OSError:
+            pass
+        return True
+
+    def _lookup_sync(self, key: str, part: str | None = None) -> Entry | None:
+        """A usable entry of a key (or part of it), else None (a stale or broken one is dropped)."""
+        if not self.cache.usable:
+            return None
+        path = self.cache.path(self._name(key), part)
+        try:
+            entry = self.cache.read_sync(path)
+        except Corrupt as e:
+            log.warning("disk cache: the entry of %r%s is damaged (%s): dropped, read again from the store",
+                        key, f" ({part})" if part else "", e)
+            self._count_error()
+            self.cache.drop_sync(path)
+            return None
+        except OSError as e:
+            self.cache._failed("read entries", e)
+            return None
+        if entry is None:
+            self._count(miss=True)
+            return None
+        if not self._usable(key, entry, path):
+            self.cache.drop_sync(path)
+            self._count(miss=True)
+            return None
+        self._count(miss=False)
+        return entry
+
+    def _keep_sync(self, key: str, part: str | None, body: bytes | None, began: float, size: int | None) -> None:
+        if not self.cache.usable or self._changed_since(key, began):
+            return
+        self.cache.write_sync(self.cache.path(self._name(key), part), None if body is None else bytes(body),
+                              began, size)
+
+    def _count(self, miss: bool) -> None:
+        with self._counts:
+            if miss:
+                self.cache.misses += 1
+            else:
+                self.cache.hits += 1
+
+    def _count_error(self) -> None:
+        with self._counts:
+            self.cache.errors += 1
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
+        entry = self._lookup_sync(key)
+        if entry is not None:
+            return None if entry.body is None else Store._bounded(key, entry.body, max_nbytes)
+        began = time.time()
+        data = self.store.get_sync(key, max_nbytes)
+        self._keep_sync(key, None, data, began, None if data is None else len(data))
+        return data
+
+    def get_many_sync(self, keys: list[str], max_nbytes: int | None = METADATA_MAX_BYTES) -> dict[str, bytes | None]:
+        out: dict[str, bytes | None] = {}
+        missing = []
+        for key in keys:
+            entry = self._lookup_sync(key)
+            if entry is None:
+                missing.append(key)
+            else:
+                out[key] = None if entry.body is None else Store._bounded(key, entry.body, max_nbytes)
+        if missing:
+            began = time.time()
+            got = self.store.get_many_sync(missing, max_nbytes)
+            for key, data in got.items():
+                self._keep_sync(key, None, data, began, None if data is None else len(data))
+            out.update(got)
+        return {k: out[k] for k in keys}
+
+    def get_prefix_sync(self, key: str, nbytes: int) -> bytes | None:
+        return self._edge_sync(key, f"p{nbytes}", self.store.get_prefix_sync, nbytes)
+
+    def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
+        return self._edge_sync(key, f"s{nbytes}", self.store.get_suffix_sync, nbytes)
+
+    def _edge_sync(self, key: str, part: str, fetch: Any, nbytes: int) -> bytes | None:
+        entry = self._lookup_sync(key, part)
+        if entry is not None:
+            return entry.body
+        began = time.time()
+        data = fetch(key, nbytes)
+        self._keep_sync(key, part, data, began, None)
+        return data
+
+    def get_range_sync(self, key: str, start: int, end: int) -> bytes:
+        return self.get_ranges_sync(key, [(start, end)])[0]
+
+    def get_ranges_sync(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges of one key from the ranges kept of it; only what no kept range covers is fetched."""
+        if not self.cache.usable:
+            return self.store.get_ranges_sync(key, ranges)
+        name = self._name(key)
+        pieces = sorted((int(m.group(1)), int(m.group(2)), p) for p in self.cache.parts_sync(name)
+                        if (m := _RANGE_PART.fullmatch(p)))
+        bodies: dict[str, bytes | None] = {}
+
+        def body(part: str) -> bytes | None:
+            if part not in bodies:
+                entry = self._lookup_sync(key, part)
+                bodies[part] = None if entry is None or entry.body is None else entry.body
+            return bodies[part]
+
+        plans: list[list[Any]] = []  # per range: bytes kept, or the index of a gap to fetch
+        gaps: list[tuple[int, int]] = []
+        for start, end in ranges:
+            plan: list[Any] = []
+            at = start
+            while at < end:
+                best = None
+                for a, b, part in pieces:
+                    if a <= at < b and (best is None or b > best[1]) and body(part) is not None \
+                            and len(body(part)) == b - a:
+                        best = (a, b, part)
+                if best is not None:
+                    a, b, part = best
+                    stop = min(b, end)
+                    plan.append(body(part)[at - a:stop - a])
+                    at = stop
+                    continue
+                following = [a for a, b, part in pieces if a > at and bodies.get(part, b"") is not None]
+                stop = min([end, *following])
+                plan.append(len(gaps))
+                gaps.append((at, stop))
+                at = stop
+            plans.append(plan)
+        fetched: list[bytes] = []
+        if gaps:
+            with self._counts:
+                self.cache.misses += len(gaps)
+            began = time.time()
+            fetched = self.store.get_ranges_sync(key, gaps)
+            for (a, b), data in zip(gaps, fetched):
+                if len(data) == b - a:  # a range past the object's end is not kept
+                    self._keep_sync(key, f"r{a}-{b}", data, began, None)
+        return [b"".join(fetched[p] if isinstance(p, int) else p for p in plan) for plan in plans]
+
+    # --- writes: what they touch is dropped ------------------------------------------------
+
+    def _touched(self, *keys: str) -> None:
+        now = time.time()
+        for key in keys:
+            self._changed[key] = now
+            self.cache.drop_key_sync(self._name(key))
+
+    def set_sync(self, key: str, value: bytes) -> None:
+        try:
+            self.store.set_sync(key, value)
+        finally:
+            self._touched(key)
+
+    def erase_sync(self, key: str) -> None:
+        try:
+            self.store.erase_sync(key)
+        finally:
+            self._touched(key)
+
+    def erase_below_sync(self, prefix: str) -> None:
+        try:
+            self.store.erase_below_sync(prefix)
+        finally:
+            self._changed[prefix] = time.time()  # its entries are refused when next looked up
+
+    def move_sync(self, src: str, dst: str) -> None:
+        try:
+            self.store.move_sync(src, dst)
+        finally:
+            self._touched(src, dst)
+
+    def disk_stats(self) -> dict[str, Any]:
+        return {"disk_hits": self.cache.hits, "disk_misses": self.cache.misses,
+                "disk_bytes": self.cache.used_bytes, "disk_max_bytes": self.cache.max_bytes,
+                "disk_evictions": self.cache.evictions, "disk_errors": self.cache.errors,
+                "disk_cache_dir": self.cache.directory}
+
+
+def _unchanged(entry: Entry, stored: tuple[int | None, int | None, str | None] | None) -> bool:
+    """Whether the stored key (size, mtime_ns, etag from a listing) is the version an entry holds."""
+    if stored is None:
+        return entry.body is None
+    if entry.body is None:
+        return False
+    size, mtime_ns, _ = stored
+    if entry.size is not None and size != entry.size:
+        return False
+    # Written well before the GET began: a write since would carry a later time.
+    return mtime_ns is not None and mtime_ns / 1e9 + FETCH_MARGIN_S <= entry.began
