@@ -143,3 +143,12 @@ def test_after_the_ttl_one_listing_decides(tmp_path):
     assert got["a/c/2"] == b"\x09" * 1000 and got["a/c/1"] == b"\x01" * 1000
     assert inner.listings == 1
     assert inner.gets == ["a/c/2", "a/zarr.json"]  # a metadata document is read again, not listed
+
+
+def test_parts_of_a_shard_kept_whole_come_from_it(tmp_path):
+    shard = bytes(range(256)) * 40
+    inner, store = _cached(tmp_path, {"s/c/0": shard})
+    assert store.get_sync("s/c/0", None) == shard
+    assert store.get_suffix_sync("s/c/0", 16) == shard[-16:]
+    assert store.get_ranges_sync("s/c/0", [(5, 50), (900, 1000)]) == [shard[5:50], shard[900:1000]]
+    assert inner.gets == ["s/c/0"] and inner.ranges == []

@@ -610,10 +610,20 @@ class DiskCachedStore:
     def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
         return self._edge_sync(key, f"s{nbytes}", self.store.get_suffix_sync, nbytes)
 
+    def _whole_sync(self, key: str) -> Entry | None:
+        """The whole value kept of a key (a shard read whole), when there is one: parts of it are cut from it."""
+        if not os.path.exists(self.cache.path(self._name(key))):
+            return None  # not looked up: no miss counted for a part
+        entry = self._lookup_sync(key)
+        return entry if entry is not None and entry.body is not None else None
+
     def _edge_sync(self, key: str, part: str, fetch: Any, nbytes: int) -> bytes | None:
         entry = self._lookup_sync(key, part)
         if entry is not None:
             return entry.body
+        whole = self._whole_sync(key)
+        if whole is not None:
+            return whole.body[-nbytes:] if part.startswith("s") else whole.body[:nbytes]
         began = time.time()
         data = fetch(key, nbytes)
         self._keep_sync(key, part, data, began, None)
@@ -626,6 +636,9 @@ class DiskCachedStore:
         """Byte ranges of one key from the ranges kept of it; only what no kept range covers is fetched."""
         if not self.cache.usable:
             return self.store.get_ranges_sync(key, ranges)
+        whole = self._whole_sync(key)
+        if whole is not None:
+            return [whole.body[a:b] for a, b in ranges]
         name = self._name(key)
         pieces = sorted((int(m.group(1)), int(m.group(2)), p) for p in self.cache.parts_sync(name)
                         if (m := _RANGE_PART.fullmatch(p)))
