@@ -20,6 +20,13 @@ the requests the proxy counted):
   fresh      another client adds an array: seconds until `ls` shows it
   reval      ten arrays read again after metadata_ttl=1: requests (and chunk GETs among them)
   rewritten  another client rewrites a chunk: seconds until the reader (metadata_ttl=1) reads it
+  recached   disk cache: a second mount (cold memory cache) reads seq.npy that a first mount read:
+             seconds and chunk GETs, against the same array mounted from a local directory
+  recached-shard  the same for shard.npy, read in part by random reads in the first mount: bytes fetched
+  larger-than-memory  two passes over seq.npy with cache_size a quarter of it: second pass chunk GETs
+  bounded    reading 3x disk_cache_size of distinct chunks: the most `du` of cache_dir ever showed
+  changed    another client rewrites a chunk; after metadata_ttl=1: its GETs and whether the new bytes are read
+(rows other than the disk cache's mount with disk_cache_size=0: they measure the store)
 
     .venv/bin/python scripts/bench_remote.py --latency 0.02
 It never imports zarrfs; it runs its command line (PYTHONPATH selects which zarrfs).
@@ -53,7 +60,9 @@ MIB = 1 << 20
 INNER = (256, 256)
 TIMEOUT_S = 5  # the mount's timeout= for the failure rows
 ROWS = ("seq", "seq-shard", "random", "find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "silent",
-        "refused", "sigint", "fresh", "reval", "rewritten")
+        "refused", "sigint", "fresh", "reval", "rewritten", "recached", "recached-shard", "larger-than-memory",
+        "bounded", "changed")
+DISK_ROWS = ("recached", "recached-shard", "larger-than-memory", "bounded", "changed")
 
 
 def free_port() -> int:
@@ -115,6 +124,8 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int, tr
 
 def mount(port: int, name: str, mnt: Path, *extra: str) -> None:
     so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
+    if not any(o.startswith(("cache_dir=", "disk_cache_size=")) for o in extra):
+        extra = (*extra, "disk_cache_size=0")  # rows of the store itself: nothing read from a disk cache
     mount_source(f"s3://{BUCKET}/{name}", mnt, "storage_options=" + json.dumps(so), *extra)
 
 
@@ -221,6 +232,8 @@ def main(argv=None) -> int:
             fresh_row(proxy, mnt, peer_fs)
         if rows & {"reval", "rewritten"}:
             revalidation_rows(proxy, mnt, peer_fs)
+        if rows & set(DISK_ROWS):
+            disk_cache_rows(rows, args, proxy, mnt, work, peer_fs)
     finally:
         bench.unmount(mnt)
         proxy.stop()
@@ -374,6 +387,107 @@ def revalidation_rows(proxy, mnt: Path, peer_fs) -> None:
     print(f"{'rewritten':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a rewritten chunk is read "
           f"(metadata_ttl=1)", flush=True)
     bench.unmount(mnt)
+
+
+def chunk_gets(proxy, name: str) -> list[str]:
+    return [p for m, p in proxy.requests if m == "GET" and f"/data.zarr/{name}/c/" in p]
+
+
+def du_bytes(path: Path) -> int:
+    total = os.lstat(path).st_blocks * 512
+    for top, dirs, files in os.walk(path):
+        for n in dirs + files:
+            try:
+                total += os.lstat(os.path.join(top, n)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def disk_cache_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_fs) -> None:
+    """The disk cache's figures; each row with a cache directory of its own."""
+    import threading
+
+    nbytes = args.side * args.side * 4
+    if "recached" in rows:
+        cache = work / "dc-recached"
+        mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}")
+        read_whole(mnt / "seq.npy")
+        bench.unmount(mnt)
+        mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}")
+        proxy.reset_counts()
+        ours = timed(lambda: read_whole(mnt / "seq.npy"))
+        gets, req = len(chunk_gets(proxy, "seq")), proxy.count()
+        bench.unmount(mnt)
+        mount_source(str(work / "data.zarr"), mnt)
+        local = timed(lambda: read_whole(mnt / "seq.npy"))
+        bench.unmount(mnt)
+        print(f"{'recached':11s} zarrfs {ours:8.3f} s {req:6d} req ({gets} chunk GETs); the same array on a local "
+              f"directory {local:.3f} s: {ours / local:.2f}x its time; cache {du_bytes(cache) / 1e6:.0f} MB",
+              flush=True)
+    if "recached-shard" in rows:
+        cache = work / "dc-shard"
+        mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}")
+        rng = random.Random(1)
+        proxy.reset_counts()
+        fd = os.open(mnt / "shard.npy", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for _ in range(args.random):
+            os.pread(fd, 4096, 128 + rng.randrange(nbytes - 4096))
+        os.close(fd)
+        first_mb = proxy.bytes_down / 1e6
+        bench.unmount(mnt)
+        mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}")
+        proxy.reset_counts()
+        ours = timed(lambda: read_whole(mnt / "shard.npy"))
+        print(f"{'recached-shard':11s} zarrfs {ours:8.3f} s {proxy.count():6d} req: fetched {proxy.bytes_down / 1e6:.0f} "
+              f"MB of {stored_mb(peer_fs, 'shard'):.0f} MB stored, after {args.random} random reads of a first mount "
+              f"fetched {first_mb:.0f} MB", flush=True)
+        bench.unmount(mnt)
+    if "larger-than-memory" in rows:
+        cache = work / "dc-ltm"
+        mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}", f"cache_size={max(nbytes // 4, 16 * MIB)}",
+              f"disk_cache_size={2 * nbytes}")
+        first = timed(lambda: read_whole(mnt / "seq.npy"))
+        proxy.reset_counts()
+        second = timed(lambda: read_whole(mnt / "seq.npy"))
+        print(f"{'larger-than-memory':11s} zarrfs pass 1 {first:.3f} s, pass 2 {second:.3f} s {proxy.count()} req "
+              f"({len(chunk_gets(proxy, 'seq'))} chunk GETs), cache_size {max(nbytes // 4, 16 * MIB) >> 20} MiB",
+              flush=True)
+        bench.unmount(mnt)
+    if "bounded" in rows:
+        cache = work / "dc-bounded"
+        bound = nbytes // 3
+        mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}", f"disk_cache_size={bound}")
+        peak, done = [0], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], du_bytes(cache))
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        read_whole(mnt / "seq.npy")
+        done.set()
+        watcher.join()
+        stats = json.loads((mnt / ".zarrfs" / "stats.json").read_bytes())
+        print(f"{'bounded':11s} zarrfs du of cache_dir at most {peak[0] / 1e6:.1f} MB, disk_cache_size "
+              f"{bound / 1e6:.1f} MB ({peak[0] / bound:.3f}x); {stats['disk_evictions']} evictions", flush=True)
+        bench.unmount(mnt)
+    if "changed" in rows:
+        cache = work / "dc-changed"
+        mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}", "metadata_ttl=1")
+        before = (mnt / "seq.npy").read_bytes()
+        peer_fs.pipe(f"{BUCKET}/data.zarr/seq/c/0/0", peer_fs.cat(f"{BUCKET}/data.zarr/seq/c/0/1"))
+        time.sleep(1.5)
+        proxy.reset_counts()
+        after = (mnt / "seq.npy").read_bytes()
+        gets = chunk_gets(proxy, "seq")
+        print(f"{'changed':11s} zarrfs {len(gets)} chunk GETs ({gets.count(f'/{BUCKET}/data.zarr/seq/c/0/0')} of the "
+              f"rewritten one), {proxy.count()} req; new bytes read: {after != before}", flush=True)
+        bench.unmount(mnt)
+        peer_fs.pipe(f"{BUCKET}/data.zarr/seq/c/0/0", (work / "data.zarr" / "seq" / "c" / "0" / "0").read_bytes())
 
 
 def fresh_row(proxy, mnt: Path, peer_fs) -> None:
