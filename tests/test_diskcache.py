@@ -152,3 +152,14 @@ def test_parts_of_a_shard_kept_whole_come_from_it(tmp_path):
     assert store.get_suffix_sync("s/c/0", 16) == shard[-16:]
     assert store.get_ranges_sync("s/c/0", [(5, 50), (900, 1000)]) == [shard[5:50], shard[900:1000]]
     assert inner.gets == ["s/c/0"] and inner.ranges == []
+
+
+def test_a_shard_read_whole_fetches_only_what_no_kept_range_covers(tmp_path):
+    shard = bytes(range(256)) * 40
+    inner, store = _cached(tmp_path, {"s/c/0": shard})
+    store.note_array(ChunkKeys("s", "/", "c/", "c"))
+    store.get_ranges_sync("s/c/0", [(0, 1000), (2000, 3000)])
+    inner.ranges.clear()
+    assert store.get_sync("s/c/0", None) == shard
+    assert inner.ranges == [("s/c/0", 1000, 2000), ("s/c/0", 3000, len(shard))] and inner.gets == []
+    assert inner.listings == 1  # its size

@@ -559,10 +559,10 @@ class DiskCachedStore:
         self._count(miss=False)
         return entry
 
-    def _keep_sync(self, key: str, part: str | None, body: bytes | None, began: float, size: int | None) -> None:
+    def _keep_sync(self, key: str, part: str | None, body: bytes | None, began: float, size: int | None) -> bool:
         if not self.cache.usable or self._changed_since(key, began):
-            return
-        self.cache.write_sync(self.cache.path(self._name(key), part), None if body is None else bytes(body),
+            return False
+        return self.cache.write_sync(self.cache.path(self._name(key), part), None if body is None else bytes(body),
                               began, size)
 
     def _count(self, miss: bool) -> None:
@@ -582,9 +582,31 @@ class DiskCachedStore:
         entry = self._lookup_sync(key)
         if entry is not None:
             return None if entry.body is None else Store._bounded(key, entry.body, max_nbytes)
+        data = self._from_parts_sync(key, max_nbytes)
+        if data is None:
+            began = time.time()
+            data = self.store.get_sync(key, max_nbytes)
+            self._keep_sync(key, None, data, began, None if data is None else len(data))
+        return data
+
+    def _from_parts_sync(self, key: str, max_nbytes: int | None) -> bytes | None:
+        """A shard read whole of which ranges are kept: only the rest is fetched. Its size comes
+        from its array's listing (one per TTL); None when there are no parts or no size."""
+        prefix = self._array_of(key)
+        if prefix is None or not self.cache.parts_sync(self._name(key)):
+            return None
+        memo = self._listing_sync(prefix)
+        stored = None if memo is None else memo[1].get(key[len(prefix) + 1:] if prefix else key)
+        if stored is None or stored[0] is None or (max_nbytes is not None and stored[0] > max_nbytes):
+            return None
         began = time.time()
-        data = self.store.get_sync(key, max_nbytes)
-        self._keep_sync(key, None, data, began, None if data is None else len(data))
+        data = self.get_ranges_sync(key, [(0, stored[0])])[0]
+        if len(data) != stored[0]:
+            return None
+        if self._keep_sync(key, None, data, began, len(data)):
+            name = self._name(key)
+            for part in self.cache.parts_sync(name):  # the whole value holds them all
+                self.cache.drop_sync(self.cache.path(name, part))
         return data
 
     def get_many_sync(self, keys: list[str], max_nbytes: int | None = METADATA_MAX_BYTES) -> dict[str, bytes | None]:
