@@ -163,3 +163,15 @@ def test_a_shard_read_whole_fetches_only_what_no_kept_range_covers(tmp_path):
     assert store.get_sync("s/c/0", None) == shard
     assert inner.ranges == [("s/c/0", 1000, 2000), ("s/c/0", 3000, len(shard))] and inner.gets == []
     assert inner.listings == 1  # its size
+
+
+def test_a_value_from_disk_is_as_old_as_its_last_check(tmp_path):
+    inner, store = _cached(tmp_path, {"a/0": b"x" * 100})
+    t0 = time.time()
+    store.get_sync("a/0")
+    now = time.time()
+    assert store.version_time("a/0", now) == now  # read from the store just now
+    time.sleep(0.05)
+    store.get_sync("a/0")
+    later = time.time()
+    assert t0 <= store.version_time("a/0", later) < now  # from disk: checked when first read

@@ -448,6 +448,8 @@ class DiskCachedStore:
         self._changed: dict[str, float] = {}  # key or prefix -> when this process last wrote below it
         self._stale_before = 0.0  # `refresh`: everything validated before this is checked again
         self._counts = threading.Lock()
+        # Whole values answered from disk: key -> when they were last known to match the store.
+        self._as_of: dict[str, float] = {}
 
     def __getattr__(self, name: str) -> Any:
         if name == "store":  # not set yet: no recursion
@@ -466,6 +468,10 @@ class DiskCachedStore:
         """An array is about to be read: its chunk keys may be checked by one listing of its prefix."""
         if keys.prefix not in self._arrays:
             self._arrays[keys.prefix] = keys
+
+    def version_time(self, key: str, began: float) -> float:
+        """When the value last read of KEY matched the store: its entry's check when it came from disk."""
+        return min(began, self._as_of.pop(key, began))
 
     def refresh(self) -> None:
         """Everything kept is checked against the store before its next use."""
@@ -581,7 +587,9 @@ class DiskCachedStore:
     def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
         entry = self._lookup_sync(key)
         if entry is not None:
+            self._as_of[key] = entry.validated
             return None if entry.body is None else Store._bounded(key, entry.body, max_nbytes)
+        self._as_of.pop(key, None)
         data = self._from_parts_sync(key, max_nbytes)
         if data is None:
             began = time.time()

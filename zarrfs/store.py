@@ -508,6 +508,10 @@ class Store:
     def refresh(self) -> None:
         """Whatever was kept of the store is checked again before its next use."""
 
+    def version_time(self, key: str, began: float) -> float:
+        """When the value last read of KEY is known to have matched the store: when its read began."""
+        return began
+
     def disk_stats(self) -> dict[str, Any]:
         """Counters of a disk cache in front of the store: none here."""
         return {"disk_hits": 0, "disk_misses": 0, "disk_bytes": 0, "disk_max_bytes": 0, "disk_evictions": 0,

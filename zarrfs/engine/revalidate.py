@@ -95,7 +95,8 @@ class Revalidation:
         return known is None or meta.chunk_layout_hash in known
 
     def note_fetch(self, meta: ArrayMeta, idx: Index, key: str, began: float, size: int | None) -> None:
-        self._fetched[(meta.path, idx)] = _Fetched(key, began, size)
+        # A disk cache may have answered with bytes checked against the store before the GET began.
+        self._fetched[(meta.path, idx)] = _Fetched(key, self.store.version_time(key, began), size)
         self._checked.setdefault(meta.path, self._epoch)
 
     def chunks_stale(self) -> None:
