@@ -26,6 +26,8 @@ the requests the proxy counted):
   larger-than-memory  two passes over seq.npy with cache_size a quarter of it: second pass chunk GETs
   bounded    reading 3x disk_cache_size of distinct chunks: the most `du` of cache_dir ever showed
   changed    another client rewrites a chunk; after metadata_ttl=1: its GETs and whether the new bytes are read
+  rclone     the peer: `rclone mount --vfs-cache-mode full` of seq's chunk objects, read by a first mount
+             then by a second one: requests and bytes of the second read (needs rclone: apt install rclone)
 (rows other than the disk cache's mount with disk_cache_size=0: they measure the store)
 
     .venv/bin/python scripts/bench_remote.py --latency 0.02
@@ -61,8 +63,8 @@ INNER = (256, 256)
 TIMEOUT_S = 5  # the mount's timeout= for the failure rows
 ROWS = ("seq", "seq-shard", "random", "find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "silent",
         "refused", "sigint", "fresh", "reval", "rewritten", "recached", "recached-shard", "larger-than-memory",
-        "bounded", "changed")
-DISK_ROWS = ("recached", "recached-shard", "larger-than-memory", "bounded", "changed")
+        "bounded", "changed", "rclone")
+DISK_ROWS = ("recached", "recached-shard", "larger-than-memory", "bounded", "changed", "rclone")
 
 
 def free_port() -> int:
@@ -488,6 +490,37 @@ def disk_cache_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_fs)
               f"rewritten one), {proxy.count()} req; new bytes read: {after != before}", flush=True)
         bench.unmount(mnt)
         peer_fs.pipe(f"{BUCKET}/data.zarr/seq/c/0/0", (work / "data.zarr" / "seq" / "c" / "0" / "0").read_bytes())
+    if "rclone" in rows and shutil.which("rclone"):
+        rclone_row(proxy, mnt, work)
+
+
+def rclone_row(proxy, mnt: Path, work: Path) -> None:
+    """rclone's VFS cache on the same bucket: the chunk objects of seq read twice, a remount between."""
+    env = {**os.environ, "RCLONE_CONFIG_MOTO_TYPE": "s3", "RCLONE_CONFIG_MOTO_PROVIDER": "Other",
+           "RCLONE_CONFIG_MOTO_ENDPOINT": f"http://127.0.0.1:{proxy.port}",
+           "RCLONE_CONFIG_MOTO_ACCESS_KEY_ID": CREDENTIALS["key"],
+           "RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY": CREDENTIALS["secret"]}
+    env.pop("AWS_CA_BUNDLE", None)  # rclone's S3 client cannot take one over plain HTTP
+    cache = work / "rclone-cache"
+    seconds, reqs, mbs = [], [], []
+    for _ in range(2):
+        proc = subprocess.Popen(["rclone", "mount", f"moto:{BUCKET}/data.zarr/seq", str(mnt), "--vfs-cache-mode",
+                                 "full", "--cache-dir", str(cache)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=open(work / "rclone.log", "ab"))
+        deadline = time.monotonic() + 30
+        while not bench.is_mounted(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proxy.reset_counts()
+        files = [Path(top) / f for top, _, names in os.walk(mnt) for f in names]
+        seconds.append(timed(lambda: [read_whole(f) for f in files]))
+        reqs.append(proxy.count())
+        mbs.append(proxy.bytes_down / 1e6)
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+        proc.wait(30)
+    if not reqs[0]:
+        print(f"rclone did not mount: {(work / 'rclone.log').read_text()[-2000:]}", flush=True)
+    print(f"{'rclone':11s} rclone first read {seconds[0]:.3f} s {reqs[0]} req {mbs[0]:.1f} MB; after a remount "
+          f"{seconds[1]:.3f} s {reqs[1]} req {mbs[1]:.1f} MB fetched (encoded chunk objects, not .npy)", flush=True)
 
 
 def fresh_row(proxy, mnt: Path, peer_fs) -> None:
