@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from zarrfs.diskcache import BLOCK_BYTES, DiskCache, DiskCachedStore
+from zarrfs.diskcache import BLOCK_BYTES, DiskCache, DiskCachedStore, default_cache_dir, store_identity
 from zarrfs.keys import ChunkKeys
 
 
@@ -175,3 +175,30 @@ def test_a_value_from_disk_is_as_old_as_its_last_check(tmp_path):
     store.get_sync("a/0")
     later = time.time()
     assert t0 <= store.version_time("a/0", later) < now  # from disk: checked when first read
+
+
+def test_an_unusable_directory_leaves_every_read_to_the_store(tmp_path, caplog):
+    (tmp_path / "file").write_bytes(b"")
+    cache = DiskCache(str(tmp_path / "file" / "cache"), 1 << 20)  # its parent is not a directory
+    assert not cache.usable and cache.errors == 1
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 12345, 12345)
+    assert not DiskCache(str(foreign), 1 << 20).usable  # someone else's: never written into
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 2
+    store = DiskCachedStore(CountingStore({"a/0": b"x"}), cache, "identity", 10.0)
+    assert store.get_sync("a/0") == b"x" and store.get_sync("a/0") == b"x"
+    assert store.store.gets == ["a/0", "a/0"]
+
+
+def test_defaults_and_identity(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == str(tmp_path / "zarrfs")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == ("/var/cache/zarrfs" if os.geteuid() == 0
+                                   else os.path.expanduser("~/.cache/zarrfs"))
+    a = store_identity("s3://user:secret@bucket/x.zarr/?token=t0ken", {"key": "K", "secret": "S",
+                                                                        "client_kwargs": {"endpoint_url": "http://e"}})
+    assert "secret" not in a and "t0ken" not in a and "http://e" in a
+    assert a == store_identity("s3://bucket/x.zarr", {"client_kwargs": {"endpoint_url": "http://e"}})
+    assert a != store_identity("s3://bucket/x.zarr", {"client_kwargs": {"endpoint_url": "http://other"}})
