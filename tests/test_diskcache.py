@@ -42,6 +42,9 @@ class CountingStore:
         self.values[key] = value
         self.times[key] = time.time()
 
+    def put_stream_sync(self, key, source, block_bytes=1 << 20):
+        self.set_sync(key, source.read())
+
     def versions_below_sync(self, prefix):
         self.listings += 1
         return {k[len(prefix) + 1:]: (len(v), int(self.times[k] * 1e9), None)
@@ -121,11 +124,16 @@ def test_kept_ranges_are_reused_and_only_gaps_fetched(tmp_path):
 
 
 def test_a_write_through_the_mount_drops_what_it_touches(tmp_path):
+    import io
+
     inner, store = _cached(tmp_path, {"a/0": b"old" * 100})
     store.get_sync("a/0")
     store.set_sync("a/0", b"new" * 100)
     assert store.get_sync("a/0") == b"new" * 100
     assert inner.gets == ["a/0", "a/0"]
+    store.put_stream_sync("a/0", io.BytesIO(b"streamed"))
+    assert store.get_sync("a/0") == b"streamed"
+    assert inner.gets == ["a/0", "a/0", "a/0"]
 
 
 def test_after_the_ttl_one_listing_decides(tmp_path):
@@ -202,3 +210,12 @@ def test_defaults_and_identity(monkeypatch, tmp_path):
     assert "secret" not in a and "t0ken" not in a and "http://e" in a
     assert a == store_identity("s3://bucket/x.zarr", {"client_kwargs": {"endpoint_url": "http://e"}})
     assert a != store_identity("s3://bucket/x.zarr", {"client_kwargs": {"endpoint_url": "http://other"}})
+
+
+def test_zarrfs_own_keys_are_never_kept(tmp_path):
+    inner = CountingStore({".zarrfs-lease-w1": b"lease", "g/.zarrfs-staging-1/c/0": b"x"})
+    store = DiskCachedStore(inner, DiskCache(str(tmp_path / "c"), 1 << 20), "id", 10.0, own_prefix=".zarrfs")
+    for _ in range(2):
+        assert store.get_sync(".zarrfs-lease-w1") == b"lease"
+        assert store.get_sync("g/.zarrfs-staging-1/c/0") == b"x"
+    assert len(inner.gets) == 4 and _entries(tmp_path) == []

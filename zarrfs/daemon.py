@@ -263,7 +263,8 @@ def build(source: str, options: Options) -> ZarrOperations:
         disk = DiskCache(options.cache_dir or default_cache_dir(), options.disk_cache_bytes)
         if disk.usable:
             log.info("disk cache: %s, at most %d bytes", disk.directory, disk.max_bytes)
-            store = DiskCachedStore(store, disk, store_identity(source, storage_options), metadata_ttl_s)
+            store = DiskCachedStore(store, disk, store_identity(source, storage_options), metadata_ttl_s,
+                                    own_prefix=formats.base.RESERVED_PREFIX)
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
     hierarchy = formats.open_hierarchy_sync(store, options.format, options)

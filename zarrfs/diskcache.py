@@ -437,8 +437,11 @@ class DiskCachedStore:
     of an array the engine named (`note_array`); else (metadata documents) it is read again.
     """
 
-    def __init__(self, store: Store, cache: DiskCache, identity: str, ttl_s: float) -> None:
+    def __init__(self, store: Store, cache: DiskCache, identity: str, ttl_s: float, own_prefix: str = "") -> None:
         self.store = store
+        # Keys with a part starting with this are zarrfs' own (writers' leases, staging areas): others
+        # change them and their readers need the store's value now, so they are never kept.
+        self.own_prefix = own_prefix
         self.cache = cache
         self._salt = hashlib.sha256(identity.encode()).digest()
         self.ttl_s = ttl_s
@@ -539,9 +542,14 @@ class DiskCachedStore:
             pass
         return True
 
+    def _kept(self, key: str) -> bool:
+        """Whether a key's values may be kept at all."""
+        return self.cache.usable and not (self.own_prefix and any(
+            p.startswith(self.own_prefix) for p in key.split("/")))
+
     def _lookup_sync(self, key: str, part: str | None = None) -> Entry | None:
         """A usable entry of a key (or part of it), else None (a stale or broken one is dropped)."""
-        if not self.cache.usable:
+        if not self._kept(key):
             return None
         path = self.cache.path(self._name(key), part)
         try:
@@ -566,7 +574,7 @@ class DiskCachedStore:
         return entry
 
     def _keep_sync(self, key: str, part: str | None, body: bytes | None, began: float, size: int | None) -> bool:
-        if not self.cache.usable or self._changed_since(key, began):
+        if not self._kept(key) or self._changed_since(key, began):
             return False
         return self.cache.write_sync(self.cache.path(self._name(key), part), None if body is None else bytes(body),
                               began, size)
@@ -664,7 +672,7 @@ class DiskCachedStore:
 
     def get_ranges_sync(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Byte ranges of one key from the ranges kept of it; only what no kept range covers is fetched."""
-        if not self.cache.usable:
+        if not self._kept(key):
             return self.store.get_ranges_sync(key, ranges)
         whole = self._whole_sync(key)
         if whole is not None:
@@ -725,6 +733,12 @@ class DiskCachedStore:
     def set_sync(self, key: str, value: bytes) -> None:
         try:
             self.store.set_sync(key, value)
+        finally:
+            self._touched(key)
+
+    def put_stream_sync(self, key: str, source: Any, block_bytes: int = 1 << 20) -> None:
+        try:
+            self.store.put_stream_sync(key, source, block_bytes)
         finally:
             self._touched(key)
 
