@@ -259,7 +259,9 @@ def build(source: str, options: Options) -> ZarrOperations:
         raise UserError(f"{shown}: {what} cannot be written; mount it without writable")
     metadata_ttl_s = default_metadata_ttl_s("reference://" if store.is_references else source,
                                             options.metadata_ttl_s)
-    if is_remote(source) and not store.is_local and not store.is_references and options.disk_cache_bytes > 0:
+    # metadata_ttl=0 asks the store at every read: a kept entry would cost a listing each time.
+    if (is_remote(source) and not store.is_local and not store.is_references and options.disk_cache_bytes > 0
+            and metadata_ttl_s > 0):
         disk = DiskCache(options.cache_dir or default_cache_dir(), options.disk_cache_bytes)
         if disk.usable:
             log.info("disk cache: %s, at most %d bytes", disk.directory, disk.max_bytes)
