@@ -548,7 +548,7 @@ class DiskCachedStore:
             p.startswith(self.own_prefix) for p in key.split("/")))
 
     def _lookup_sync(self, key: str, part: str | None = None) -> Entry | None:
-        """A usable entry of a key (or part of it), else None (a stale or broken one is dropped)."""
+        """A usable entry of a key (or part of it), else None (a broken one is dropped)."""
         if not self._kept(key):
             return None
         path = self.cache.path(self._name(key), part)
@@ -567,7 +567,8 @@ class DiskCachedStore:
             self._count(miss=True)
             return None
         if not self._usable(key, entry, path):
-            self.cache.drop_sync(path)
+            if part is not None:  # a whole value is replaced by the one read again; a range may not be
+                self.cache.drop_sync(path)
             self._count(miss=True)
             return None
         self._count(miss=False)
