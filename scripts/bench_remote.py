@@ -64,6 +64,7 @@ TIMEOUT_S = 5  # the mount's timeout= for the failure rows
 ROWS = ("seq", "seq-shard", "random", "find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "silent",
         "refused", "sigint", "fresh", "reval", "rewritten", "recached", "recached-shard", "larger-than-memory",
         "bounded", "changed", "rclone")
+DISK_CACHE_ON = [""]  # --disk-cache: where the store rows' fresh cache directories go
 DISK_ROWS = ("recached", "recached-shard", "larger-than-memory", "bounded", "changed", "rclone")
 
 
@@ -127,7 +128,12 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int, tr
 def mount(port: int, name: str, mnt: Path, *extra: str) -> None:
     so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
     if not any(o.startswith(("cache_dir=", "disk_cache_size=")) for o in extra):
-        extra = (*extra, "disk_cache_size=0")  # rows of the store itself: nothing read from a disk cache
+        # Rows of the store itself: no disk cache, or (--disk-cache) a new empty one each mount, to see
+        # what keeping entries costs.
+        if DISK_CACHE_ON[0]:
+            extra = (*extra, f"cache_dir={tempfile.mkdtemp(prefix='dc-', dir=DISK_CACHE_ON[0])}")
+        else:
+            extra = (*extra, "disk_cache_size=0")
     mount_source(f"s3://{BUCKET}/{name}", mnt, "storage_options=" + json.dumps(so), *extra)
 
 
@@ -181,6 +187,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs of the seq rows; each side's best is shown")
     p.add_argument("--noisy", action="store_true", help="add noise to the arrays' values (compress little)")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run (default: all)")
+    p.add_argument("--disk-cache", action="store_true",
+                   help="run the store's rows with an empty disk cache (what writing entries costs)")
     args = p.parse_args(argv)
     rows = set(args.rows.split(","))
     if rows - set(ROWS):
@@ -192,6 +200,8 @@ def main(argv=None) -> int:
     proxy = Proxy(port, 0.0).start()
     mnt = work / "mnt"
     mnt.mkdir()
+    if args.disk_cache:
+        DISK_CACHE_ON[0] = str(work)
     try:
         build(s3fs_for(port), work, args.side, args.shard, args.groups, args.arrays,
               bool(rows & {"find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "fresh", "reval", "rewritten"}), args.noisy)
