@@ -59,6 +59,9 @@ EVICT_TO_SHARE = 0.9
 # A temporary file older than this belongs to a writer that died (writing one entry takes
 # milliseconds): eviction scans remove it.
 TMP_STALE_S = 60.0
+# Values answered from disk whose check time a chunk load has not asked for yet (version_time):
+# a load asks at once, so only the most recent matter; older ones are forgotten past this many.
+AS_OF_KEPT = 65536
 _RANGE_PART = re.compile(r"r(\d+)-(\d+)")
 
 
@@ -516,6 +519,9 @@ class DiskCachedStore:
     def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
         began = time.time()
         versions = self.store.versions_below_sync(prefix)
+        for other, (listed_at, _) in list(self._listings.items()):
+            if listed_at + self.ttl_s <= began:  # too old to decide anything: its memory goes
+                self._listings.pop(other, None)
         self._listings[prefix] = (began, versions)
         return versions
 
@@ -597,6 +603,9 @@ class DiskCachedStore:
         entry = self._lookup_sync(key)
         if entry is not None:
             self._as_of[key] = entry.validated
+            if len(self._as_of) > AS_OF_KEPT:  # values no load asked about (metadata, whole shards)
+                for stale in list(self._as_of)[:AS_OF_KEPT // 2]:
+                    self._as_of.pop(stale, None)
             return None if entry.body is None else Store._bounded(key, entry.body, max_nbytes)
         self._as_of.pop(key, None)
         data = self._from_parts_sync(key, max_nbytes)
