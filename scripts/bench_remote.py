@@ -452,9 +452,9 @@ def disk_cache_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_fs)
         mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}")
         proxy.reset_counts()
         ours = timed(lambda: read_whole(mnt / "shard.npy"))
-        print(f"{'recached-shard':11s} zarrfs {ours:8.3f} s {proxy.count():6d} req: fetched {proxy.bytes_down / 1e6:.0f} "
-              f"MB of {stored_mb(peer_fs, 'shard'):.0f} MB stored, after {args.random // 4} random reads of a first mount "
-              f"fetched {first_mb:.0f} MB", flush=True)
+        print(f"{'recached-shard':11s} zarrfs {ours:8.3f} s {proxy.count():6d} req: fetched "
+              f"{proxy.bytes_down / 1e6:.0f} MB of {stored_mb(peer_fs, 'shard'):.0f} MB stored, after "
+              f"{args.random // 4} random reads of a first mount fetched {first_mb:.0f} MB", flush=True)
         bench.unmount(mnt)
     if "larger-than-memory" in rows:
         cache = work / "dc-ltm"

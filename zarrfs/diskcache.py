@@ -1,4 +1,4 @@
-"""A persistent local disk cache of what a remote store returned: encoded chunks, shard indexes and ranges, metadata documents.
+"""A local disk cache of what a remote store returned: encoded chunks, shard indexes and ranges, documents.
 
 `DiskCache` is the directory: entries written by rename, checked on read (length and CRC-32C),
 bounded in bytes with least recently used entries evicted first, shared safely by any number
