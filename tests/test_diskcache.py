@@ -210,6 +210,7 @@ def test_defaults_and_identity(monkeypatch, tmp_path):
     assert "secret" not in a and "t0ken" not in a and "http://e" in a
     assert a == store_identity("s3://bucket/x.zarr", {"client_kwargs": {"endpoint_url": "http://e"}})
     assert a != store_identity("s3://bucket/x.zarr", {"client_kwargs": {"endpoint_url": "http://other"}})
+    assert store_identity("abfs://c/x", {"account_name": "one"}) != store_identity("abfs://c/x", {"account_name": "two"})
 
 
 def test_zarrfs_own_keys_are_never_kept(tmp_path):

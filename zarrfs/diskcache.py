@@ -88,7 +88,9 @@ def store_identity(source: str, storage_options: dict[str, Any]) -> str:
         parts.append(urllib.parse.urlunsplit((u.scheme, netloc, u.path.rstrip("/"), "", "")))
     client = storage_options.get("client_kwargs") or {}
     endpoint = storage_options.get("endpoint_url") or (client.get("endpoint_url") if isinstance(client, dict) else None)
-    return json.dumps({"source": "::".join(parts), "endpoint": endpoint}, sort_keys=True)
+    # Azure names a container within an account that the URL does not carry.
+    account = storage_options.get("account_name")
+    return json.dumps({"source": "::".join(parts), "endpoint": endpoint, "account": account}, sort_keys=True)
 
 
 def _blocks(nbytes: int) -> int:
