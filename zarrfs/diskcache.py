@@ -59,6 +59,9 @@ EVICT_TO_SHARE = 0.9
 # A temporary file older than this belongs to a writer that died (writing one entry takes
 # milliseconds): eviction scans remove it.
 TMP_STALE_S = 60.0
+# Tries to create an entry's file in a parts directory that another process's scan may remove
+# while it is empty (a scan takes milliseconds; two in a row never come between our two calls).
+DIR_ATTEMPTS = 4
 # Values answered from disk whose check time a chunk load has not asked for yet (version_time):
 # a load asks at once, so only the most recent matter; older ones are forgotten past this many.
 AS_OF_KEPT = 65536
@@ -317,12 +320,17 @@ class DiskCache:
         directory = os.path.dirname(path)
         tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{threading.get_ident():x}")
         try:
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            except FileNotFoundError:  # the first part of a key: its directory is counted as a block
-                os.makedirs(directory, 0o700, exist_ok=True)
-                nbytes += BLOCK_BYTES
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            for attempt in range(DIR_ATTEMPTS):
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                    break
+                except FileNotFoundError:
+                    # The first part of a key: its directory, counted as a block. Another process's
+                    # eviction scan may remove it, empty, before our file is in it: made again then.
+                    if attempt == DIR_ATTEMPTS - 1:
+                        raise
+                    os.makedirs(directory, 0o700, exist_ok=True)
+                    nbytes += BLOCK_BYTES if attempt == 0 else 0
             try:
                 view = memoryview(head + data) if len(data) < (1 << 16) else None
                 if view is not None:
