@@ -60,7 +60,7 @@ EVICT_TO_SHARE = 0.9
 # milliseconds): eviction scans remove it.
 TMP_STALE_S = 60.0
 # Tries to create an entry's file in a parts directory that another process's scan may remove
-# while it is empty (a scan takes milliseconds; two in a row never come between our two calls).
+# while it is empty: each try makes it again first.
 DIR_ATTEMPTS = 4
 # Values answered from disk whose check time a chunk load has not asked for yet (version_time):
 # a load asks at once, so only the most recent matter; older ones are forgotten past this many.
