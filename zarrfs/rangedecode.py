@@ -42,6 +42,18 @@ MIN_WINDOW_BYTES = 1 << 20
 # zstd frames whose window needs more are refused (the library's own default limit): a frame
 # written at the highest levels fits, a hostile one does not make us allocate gigabytes.
 ZSTD_MAX_WINDOW_BYTES = 1 << 27
+ZSTD_MIN_WINDOW_BYTES = 1 << 10  # (the least zstd lets a decoder be limited to)
+# What a decoder holds besides its window and its decompressor's window or dictionary: the
+# encoded and decoded steps in flight, and the decompressor's own tables (bz2's are a few MiB).
+STATE_BASE_BYTES = 2 << 20
+BZ2_STATE_BYTES = 4 << 20
+# The first bytes of a chunk, enough to say how much its decompressor will hold: a zstd frame
+# header (18 bytes at most), an xz stream header and its first block header's filters.
+HEAD_BYTES = 64
+# An lzma dictionary when the header does not say (the largest preset's).
+LZMA_DEFAULT_DICT_BYTES = 64 << 20
+XZ_MAGIC = b"\xfd7zXZ\x00"
+XZ_LZMA2_ID = 0x21
 BLOSC_HEADER_BYTES = 16
 BLOSC_MEMCPYED = 0x2
 # A blosc chunk's table of block starts is read whole, once: refused past this (blocks of
@@ -76,13 +88,84 @@ def is_stream(chain: CodecChain) -> bool:
 
 
 def decoder(chain: CodecChain, nbytes: int, fetch: Fetch, name: str,
-            window_bytes: int = WINDOW_BYTES) -> "RangeDecoder":
+            window_bytes: int = WINDOW_BYTES, limit: int | None = None) -> "RangeDecoder":
     """A decoder of the chunk whose encoded bytes FETCH reads, of NBYTES decoded bytes (a
-    `supported` chain), keeping WINDOW_BYTES of what it decoded last; NAME labels its errors."""
+    `supported` chain), keeping WINDOW_BYTES of what it decoded last; NAME labels its errors.
+    With LIMIT (`decoder_limit`), a zstd or lzma stream that needs a larger window or
+    dictionary than that (a later frame, say) fails instead of allocating it."""
     stage = chain.bytes_bytes[0]
     if stage.codec.codec_id == "blosc":
         return BloscBlocks(nbytes, fetch, name)
-    return StreamDecoder(stage.codec, nbytes, fetch, name, window_bytes, stage)
+    return StreamDecoder(stage.codec, nbytes, fetch, name, window_bytes, stage, limit)
+
+
+def decoder_limit(chain: CodecChain, head: bytes, name: str) -> int:
+    """The memory a decoder of a chunk whose encoded bytes begin with HEAD (its first
+    HEAD_BYTES) will hold besides its window: its decompressor's window or dictionary as the
+    header states it (the largest allowed when it cannot be read), blosc's table of block
+    starts and blocks, or a few MiB. CorruptChunk (naming NAME) when it is more than allowed."""
+    codec = chain.bytes_bytes[0].codec
+    cid = codec.codec_id
+    if cid == "zstd":
+        try:
+            window = zstandard.get_frame_parameters(head).window_size
+        except zstandard.ZstdError:  # (a skippable frame first, or not zstd: the decoder says which)
+            return ZSTD_MAX_WINDOW_BYTES
+        if window > ZSTD_MAX_WINDOW_BYTES:
+            raise CorruptChunk(f"{name}: zstd frame needs a window of {window} bytes, more than the "
+                               f"{ZSTD_MAX_WINDOW_BYTES} allowed")
+        return max(window, ZSTD_MIN_WINDOW_BYTES)
+    if cid == "lzma":
+        return _lzma_dict(codec, head)
+    if cid == "bz2":
+        return BZ2_STATE_BYTES
+    if cid == "blosc" and len(head) >= BLOSC_HEADER_BYTES:
+        nbytes, blocksize = (int.from_bytes(head[i:i + 4], "little") for i in (4, 8))
+        if blocksize > 0:  # (else the decoder refuses the header)
+            return min(BLOSC_TABLE_MAX_BYTES, 4 * -(-nbytes // blocksize)) + 2 * blocksize
+    return 0
+
+
+def _lzma_dict(codec: Any, head: bytes) -> int:
+    """An lzma stream's dictionary size: from its filters (raw), its header (.lzma), or its
+    first block's LZMA2 filter (.xz); else LZMA_DEFAULT_DICT_BYTES."""
+    if codec.format == lzma.FORMAT_RAW:
+        sizes = [f.get("dict_size", 0) for f in codec.filters or () if isinstance(f, dict)]
+        return max(sizes or [0]) or LZMA_DEFAULT_DICT_BYTES
+    if codec.format == lzma.FORMAT_ALONE or (codec.format == lzma.FORMAT_AUTO and head[:1] == b"\x5d"):
+        return int.from_bytes(head[1:5], "little") if len(head) >= 5 else LZMA_DEFAULT_DICT_BYTES
+    if not head.startswith(XZ_MAGIC) or len(head) < 14:
+        return LZMA_DEFAULT_DICT_BYTES
+    at, end = 12, 12 + (head[12] + 1) * 4  # the first block header
+    flags = head[13]
+    at += 2
+
+    def varint() -> int:
+        nonlocal at
+        value = shift = 0
+        while at < min(end, len(head)):
+            byte = head[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+        raise ValueError("varint")
+
+    try:
+        for present in (flags & 0x40, flags & 0x80):  # compressed size, uncompressed size
+            if present:
+                varint()
+        for _ in range((flags & 3) + 1):
+            fid, nprops = varint(), varint()
+            props = head[at:at + nprops]
+            at += nprops
+            if fid == XZ_LZMA2_ID and len(props) == 1 and props[0] <= 40:
+                bits = props[0]
+                return (1 << 32) - 1 if bits == 40 else (2 | (bits & 1)) << (bits // 2 + 11)
+    except ValueError:
+        pass
+    return LZMA_DEFAULT_DICT_BYTES
 
 
 def span_of(window_bytes: int) -> int:
@@ -138,8 +221,9 @@ class StreamDecoder(RangeDecoder):
     """A compressed stream decoded from its start, the last bytes of its output kept (a window)."""
 
     def __init__(self, codec: Any, nbytes: int, fetch: Fetch, name: str, window_bytes: int = WINDOW_BYTES,
-                 stage: Any = None) -> None:
+                 stage: Any = None, limit: int | None = None) -> None:
         self.codec, self.nbytes, self.fetch, self.name = codec, nbytes, fetch, name
+        self.limit = limit  # the most its decompressor may hold (decoder_limit)
         self.stage = stage  # the chain's BytesBytes, which logs a quirk of the array once
         self.window = np.empty(max(window_bytes, MIN_WINDOW_BYTES), np.uint8)
         self.span = span_of(len(self.window))
@@ -157,7 +241,8 @@ class StreamDecoder(RangeDecoder):
         self.reader = None
         cid = self.codec.codec_id
         if cid == "zstd":
-            dctx = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES)
+            most = ZSTD_MAX_WINDOW_BYTES if self.limit is None else min(self.limit, ZSTD_MAX_WINDOW_BYTES)
+            dctx = zstandard.ZstdDecompressor(max_window_size=max(most, ZSTD_MIN_WINDOW_BYTES))
             self.reader = dctx.stream_reader(self.source, read_size=self.source.step, read_across_frames=True)
         else:
             self.obj = self._new()
@@ -172,7 +257,9 @@ class StreamDecoder(RangeDecoder):
             return zlib.decompressobj(ZLIB_OR_GZIP_WBITS)
         if cid == "bz2":
             return bz2.BZ2Decompressor()
-        return lzma.LZMADecompressor(format=self.codec.format, filters=self.codec.filters)
+        if self.codec.format == lzma.FORMAT_RAW or self.limit is None:
+            return lzma.LZMADecompressor(format=self.codec.format, filters=self.codec.filters)
+        return lzma.LZMADecompressor(format=self.codec.format, memlimit=self.limit + STATE_BASE_BYTES)
 
     def cost(self, lo: int) -> int | None:
         return max(0, lo - self.pos) if lo >= self.pos - self.held else None

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -141,15 +142,24 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
             task_status.started()
             await trio.sleep_forever()
 
-    async def run_io(self, fn: Any, *args: Any, key: Any = None, cpu: bool = False) -> Any:
+    async def run_io(self, fn: Any, *args: Any, key: Any = None, cpu: bool = False,
+                     ended: Callable[[], None] | None = None) -> Any:
         """Run a blocking store call in a worker thread under the I/O limiter, for at most
         `timeout_s` (waiting for a thread included); then StoreError (EIO). The caller stops
         waiting at once when cancelled or timed out: a thread stuck in the store is left behind
         (its backend's own timeouts end it) instead of holding the reader. With `key` (what the
         call reads: a chunk, a listing), a call whose key just timed out does not wait again.
-        With `cpu`, the call also decodes: it runs in a decoding thread (run_cpu) instead."""
+        With `cpu`, the call also decodes: it runs in a decoding thread (run_cpu) instead, and
+        ENDED, if given, is called in the engine's thread once that thread is done with the call
+        (it ran to its end, or will never run), even when the caller stopped waiting for it."""
+        assert ended is None or cpu
         if key is not None and key in self._stalled:
-            self._after_stall(key, fn)
+            try:
+                self._after_stall(key, fn)
+            except StoreError:
+                if ended is not None:
+                    ended()
+                raise
         outcome: list[str | None] = [None]  # written by the worker alone (one reference, no table)
 
         def call() -> Any:
@@ -162,7 +172,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
 
         with trio.move_on_after(self.timeout_s) as scope:
             if cpu:
-                return await self.run_cpu(call, abandon=True)
+                return await self.run_cpu(call, abandon=True, ended=ended)
             return await trio.to_thread.run_sync(call, limiter=self.io_limiter, abandon_on_cancel=True)
         assert scope.cancelled_caught
         self.errors["timeout"] += 1
@@ -186,24 +196,30 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
         raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)}; "
                          f"not asked again: its request of {age:.1f} s ago {state})")
 
-    async def run_cpu(self, fn: Any, *args: Any, abandon: bool = False) -> Any:
+    async def run_cpu(self, fn: Any, *args: Any, abandon: bool = False,
+                      ended: Callable[[], None] | None = None) -> Any:
         """`fn(*args)` in a decoding thread (workers.py), calls taken in the order asked.
 
         Cancelled, a call not started is dropped; a running one is waited for, as
         trio.to_thread does (the cancellation reaches the caller at its next checkpoint), or
         with ABANDON left to finish on its own, its result dropped, and its thread replaced.
+        ENDED is called in this thread once the call ended or was dropped, waited for or not.
         """
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
 
-        def wake(_: Any) -> None:
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:  # abandoned when the engine stopped
-                pass
+        def soon(then: Callable[[], None]) -> Callable[[Any], None]:
+            def callback(_: Any) -> None:
+                try:
+                    token.run_sync_soon(then)
+                except trio.RunFinishedError:  # abandoned when the engine stopped
+                    pass
+            return callback
 
         future = self._decoders.submit(fn, *args)
-        future.add_done_callback(wake)
+        if ended is not None:  # (first: it has run when the caller goes on)
+            future.add_done_callback(soon(ended))
+        future.add_done_callback(soon(done.set))
         try:
             await done.wait()
         except trio.Cancelled:

@@ -6,13 +6,15 @@ copies each chunk's part of it straight out of a decoder of that chunk: a stream
 from its start up to the read's last byte, blosc only in the blocks the read touches. The
 decoders are kept, at most STREAMS_MAX for the whole daemon, so that a sequential reader
 continues its chunk's stream where its last read left it: each chunk decoded once. Memory
-is then bounded by the decoders' windows, whatever the chunk's size, decoded or encoded.
+is then bounded by the decoders' windows and their decompressors' state, together at most
+STREAMS_MEMORY_BYTES, whatever the chunk's size, decoded or encoded.
 Mixed into Engine (docs/CONCURRENCY.md: the decoder pool).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any
@@ -39,6 +41,11 @@ STREAMS_MAX = 6
 # stream (fewer decoders than that, and every read starts every stream again).
 STREAMS_WIDE_MAX = 24
 STREAMS_WINDOWS_BYTES = 48 << 20
+# What every decoder together may hold (windows, decompressors' windows or dictionaries as
+# each chunk's header states them, steps in flight): a decoder that does not fit waits for
+# others to be given back (idle ones are dropped for it). Holds one zstd frame of the largest
+# window allowed with its own window; one decoder alone is never refused for want of room.
+STREAMS_MEMORY_BYTES = 144 << 20
 # Decoded bytes of one worker call: a read that needs a long stream prefix is decoded in
 # steps, each bounded by the `timeout` like any store call, and interruptible between them.
 STEP_DECODE_BYTES = 256 << 20
@@ -56,30 +63,42 @@ class _Slot:
     window: int = rangedecode.WINDOW_BYTES  # what its decoder keeps of what it decoded last
     dec: Any = None  # made in the worker thread by its first call
     absent: bool = False  # the chunk is not stored
+    size: int = 0  # the chunk's stored bytes
+    limit: int = 0  # what its decompressor may hold (rangedecode.decoder_limit)
+    opened: bool = False  # its chunk's size and decompressor's need are known (_open_slot)
+    cost: int = 0  # its part of STREAMS_MEMORY_BYTES, once opened
     reach: int = 0  # while in use: the byte it decodes up to
     released: Any = None  # while in use: set when it is given back
+    running: int = 0  # its worker calls not yet ended (an abandoned one may still decode)
+    orphan: bool | None = None  # given back while a worker still ran: whether to keep it once it ends
+
+
+def open_chunk_sync(meta: ArrayMeta, store: Any, key: str) -> tuple[int, bytes] | None:
+    """A chunk's stored size and first bytes (rangedecode.HEAD_BYTES), None when it is not stored."""
+    size = store.size_sync(key)
+    if size is None:
+        return None
+    if size > meta.max_stored_nbytes:
+        raise CorruptChunk(f"chunk {key}: holds {size} bytes, more than the {meta.max_stored_nbytes} "
+                           f"it can legitimately take")
+    return size, store.get_range_sync(key, 0, min(size, rangedecode.HEAD_BYTES))
 
 
 def fill_chunk_sync(slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: list,
                     targets: list[np.ndarray], start: int, budget: int) -> int:
     """A chunk's pieces from START decoded into TARGETS (rangedecode.fill_sync), its decoder
-    made first if the slot has none; -1 when the chunk is not stored."""
-    if slot.dec is None and not slot.absent:
-        size = store.size_sync(key)
-        if size is None:
-            slot.absent = True
-        else:
-            if size > meta.max_stored_nbytes:
-                raise CorruptChunk(f"chunk {key}: holds {size} bytes, more than the {meta.max_stored_nbytes} "
-                                   f"it can legitimately take")
-
-            def fetch(a: int, b: int) -> bytes:
-                b = min(b, size)
-                return store.get_range_sync(key, a, b) if a < b else b""
-
-            slot.dec = rangedecode.decoder(meta.codec, meta.chunk_nbytes, fetch, f"chunk {key}", slot.window)
+    made first if the slot (opened: open_chunk_sync) has none; -1 when the chunk is not stored."""
     if slot.absent:
         return -1
+    if slot.dec is None:
+        size = slot.size
+
+        def fetch(a: int, b: int) -> bytes:
+            b = min(b, size)
+            return store.get_range_sync(key, a, b) if a < b else b""
+
+        slot.dec = rangedecode.decoder(meta.codec, meta.chunk_nbytes, fetch, f"chunk {key}", slot.window,
+                                       slot.limit)
     stored = meta.codec.array_bytes.stored_dtype(meta.dtype)
     try:
         return rangedecode.fill_sync(slot.dec, pieces, targets, stored, start, budget)
@@ -103,8 +122,9 @@ class StreamedReads:
     def _init_streamed(self) -> None:
         self._idle: list[_Slot] = []  # decoders not in use, least recently used first
         self._busy: dict[tuple[str, Index], list[_Slot]] = {}  # decoders in use, by chunk
-        self._in_use = 0  # decoders in use
-        self._freed = trio.Event()  # set (and replaced) when one is given back
+        self._in_use = 0  # decoders in use (or held by an abandoned worker)
+        self._held_bytes = 0  # the decoders' costs (idle, in use, or held by an abandoned worker)
+        self._freed = trio.Event()  # set (and replaced) when one is given back, or its cost
         self._streamed_told: set[str] = set()  # arrays whose first such read was logged
 
     def streamed(self, stream: Any) -> bool:
@@ -152,10 +172,7 @@ class StreamedReads:
     async def _copy_streamed_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> None:
         """Copy regions of one chunk into their targets: from the chunk itself when it is held
         by a writer or cached, else decoded by a decoder of the chunk."""
-        whole = self._lookup(meta, idx, count=False)
-        if whole is not None:
-            for region, target in parts:
-                target[...] = whole[region]
+        if self._copy_whole(meta, idx, parts):
             return
         key = meta.chunk_key(idx)
         order = meta.codec.array_bytes.order
@@ -178,16 +195,25 @@ class StreamedReads:
         busy = self._busy.setdefault((meta.path, idx), [])
         busy.append(slot)
         self._in_use += 1
-        ok = False
+        keep = False
         try:
+            if not slot.opened:
+                await self._open_slot(slot, meta, key)
+            # (after the last await: a write that ended meanwhile is seen, and a chunk that
+            # became cached is copied, not decoded)
+            if self._copy_whole(meta, idx, parts):
+                keep = slot.dec is not None or slot.absent
+                return
             k = 0
             while 0 <= k < len(pieces):
                 before = 0 if slot.dec is None else slot.dec.decoded
+                slot.running += 1
                 k = await self.run_io(fill_chunk_sync, slot, meta, self.store, key, pieces, targets, k,
-                                      STEP_DECODE_BYTES, key=key, cpu=True)
+                                      STEP_DECODE_BYTES, key=key, cpu=True,
+                                      ended=functools.partial(self._worker_ended, slot))
                 self.counters["bytes_decoded"] += 0 if slot.dec is None else slot.dec.decoded - before
             self.counters["store_gets"] += 1
-            ok = True
+            keep = True
         except ZarrfsError as e:
             self._count_error(e, key)
             raise
@@ -195,16 +221,68 @@ class StreamedReads:
             busy.remove(slot)
             if not busy:
                 del self._busy[(meta.path, idx)]
-            self._in_use -= 1
             slot.released.set()
-            self._freed.set()
-            self._freed = trio.Event()
-            if ok:  # (else it may still be in use by an abandoned worker, or broken)
-                self._idle.append(slot)
+            if slot.running:  # its abandoned worker may still decode: counted until it ends
+                slot.orphan = keep
+            else:  # (a failed one may be broken)
+                self._give_back(slot, keep)
         if k < 0:
             fill = self._fill_chunk(meta)  # (raises when the fill value cannot be read)
             for region, target in parts:
                 target[...] = fill[region]
+
+    def _copy_whole(self, meta: ArrayMeta, idx: Index, parts: list) -> bool:
+        """Copy the regions from the chunk itself if a writer holds it or it is cached."""
+        whole = self._lookup(meta, idx, count=False)
+        if whole is None:
+            return False
+        for region, target in parts:
+            target[...] = whole[region]
+        return True
+
+    async def _open_slot(self, slot: _Slot, meta: ArrayMeta, key: str) -> None:
+        """A new slot's chunk size and decompressor's need read from the store, then its cost
+        taken from STREAMS_MEMORY_BYTES once it fits (idle decoders dropped for it, least
+        recently used first; else waiting for others to be given back)."""
+        opened = await self.run_io(open_chunk_sync, meta, self.store, key, key=key)
+        cost = 0
+        if opened is None:
+            slot.absent = True
+        else:
+            slot.size, head = opened
+            slot.limit = rangedecode.decoder_limit(meta.codec, head, f"chunk {key}")
+            window = slot.window if rangedecode.is_stream(meta.codec) else 0
+            cost = window + rangedecode.STATE_BASE_BYTES + slot.limit
+        while True:
+            while self._idle and self._held_bytes + cost > STREAMS_MEMORY_BYTES:
+                self._drop_idle(self._idle[0])
+            if self._held_bytes + cost <= STREAMS_MEMORY_BYTES or not self._held_bytes:
+                break
+            await self._freed.wait()
+        slot.opened, slot.cost = True, cost
+        self._held_bytes += cost
+        slot.version = self._versions.get(self._write_unit(meta, slot.idx), 0)  # (what it will decode)
+
+    def _worker_ended(self, slot: _Slot) -> None:
+        """A worker call of SLOT ended (in the engine's thread): an orphan slot is given back."""
+        slot.running -= 1
+        if slot.orphan is not None and not slot.running:
+            keep, slot.orphan = slot.orphan, None
+            self._give_back(slot, keep)
+
+    def _give_back(self, slot: _Slot, keep: bool) -> None:
+        """A slot no longer in use: kept idle (KEEP), or dropped with its cost."""
+        self._in_use -= 1
+        if keep:
+            self._idle.append(slot)
+        else:
+            self._held_bytes -= slot.cost
+        self._freed.set()
+        self._freed = trio.Event()
+
+    def _drop_idle(self, slot: _Slot) -> None:
+        self._idle.remove(slot)
+        self._held_bytes -= slot.cost
 
     def _busy_ahead(self, meta: ArrayMeta, idx: Index, lo: int) -> _Slot | None:
         """A stream decoder of this chunk in use by another read that will then reach byte LO
@@ -222,8 +300,9 @@ class StreamedReads:
         without starting again (another reader's may be far ahead); else a new one (the least
         recently used idle ones dropped while MOST or more would be kept)."""
         version = self._versions.get(self._write_unit(meta, idx), 0)
-        self._idle = [s for s in self._idle if s.generation == self.band_generation
-                      and s.version == self._versions.get((s.path, s.idx), 0)]
+        for stale in [s for s in self._idle if s.generation != self.band_generation
+                      or s.version != self._versions.get((s.path, s.idx), 0)]:
+            self._drop_idle(stale)
         best, cost = None, None
         for slot in self._idle:
             if slot.path == meta.path and slot.idx == idx and (slot.absent or slot.dec is not None):
@@ -234,10 +313,11 @@ class StreamedReads:
             self._idle.remove(best)
             return best
         while self._idle and len(self._idle) + self._in_use >= most:
-            self._idle.pop(0)
+            self._drop_idle(self._idle[0])
         window = max(rangedecode.MIN_WINDOW_BYTES, min(rangedecode.WINDOW_BYTES, STREAMS_WINDOWS_BYTES // most))
         return _Slot(meta.path, idx, self.band_generation, version, window)
 
     def drop_streams(self) -> None:
         """Forget every idle decoder (their chunks may have changed)."""
-        self._idle.clear()
+        while self._idle:
+            self._drop_idle(self._idle[0])
