@@ -8,19 +8,22 @@ from __future__ import annotations
 import bz2
 import gzip
 import logging
+import lzma
+import threading
 import zlib
 
 import numcodecs
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import zarr
 
 from zarrfs import rangedecode
 from zarrfs.cache import ChunkCache
 from zarrfs.codecs import BytesBytes, BytesLayout, CodecChain
 from zarrfs.engine import Engine
-from zarrfs.errors import CorruptChunk
+from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.layouts import ArrayStream
 from zarrfs.store import Store
@@ -298,3 +301,125 @@ async def test_a_reader_of_a_wide_row_of_chunks_continues_every_stream(tmp_path)
         got += await engine.read(stream, at, 65536)
     assert bytes(got) == np_save_bytes(values)
     assert engine.counters["bytes_decoded"] <= values.nbytes * 1.25
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+async def test_decoders_of_frames_with_the_largest_window_stay_within_the_memory_bound(tmp_path):
+    """Six chunks, each one zstd frame of the largest window allowed (128 MiB, no content size
+    stated: its decoder allocates the whole window), read at their end one after the other:
+    the daemon's decoders together keep less than the budget the README states, not one window
+    per decoder kept (768 MiB), and every read equals the chunk's bytes."""
+    import zstandard
+
+    path = tmp_path / "s"
+    nbytes = 128 << 20
+    data = np.resize(np.arange(251, dtype=np.uint8), nbytes)
+    params = zstandard.ZstdCompressionParameters.from_level(1, window_log=27, write_content_size=False)
+    frame = zstandard.ZstdCompressor(compression_params=params).compress(data.tobytes())
+    assert zstandard.get_frame_parameters(frame).window_size == nbytes
+    tail = data[-4096:].tobytes()
+    del data
+    zarr.create_array(store=str(path), zarr_format=2, shape=(6 * nbytes,), chunks=(nbytes,), dtype="u1",
+                      compressors=numcodecs.Zstd(level=1), fill_value=0)
+    for i in range(6):
+        (path / str(i)).write_bytes(frame)
+    meta = open_hierarchy_sync(Store(str(path))).node_sync("")
+    engine = Engine(Store(str(path)), ChunkCache(64 << 10))
+    stream = ArrayStream(meta)
+    assert engine.streamed(stream)
+    before = _rss_bytes()
+    for i in range(6):
+        got = await engine.read(stream, len(stream.header) + (i + 1) * nbytes - 4096, 4096)
+        assert bytes(got) == tail
+    assert _rss_bytes() - before < 200 << 20
+
+
+@pytest.mark.parametrize("fmt", ["xz", "alone"])
+@pytest.mark.parametrize("preset, dict_bytes", [(1, 1 << 20), (6, 8 << 20), (9, 64 << 20)])
+def test_an_lzma_decoder_counts_the_dictionary_its_header_states(fmt, preset, dict_bytes):
+    """The dictionary an lzma chunk's decoder holds is read from its header (xz: the first
+    block's LZMA2 filter; .lzma: its header), as xz's presets define it."""
+    config = {"id": "lzma", "preset": preset, "format": lzma.FORMAT_XZ if fmt == "xz" else lzma.FORMAT_ALONE}
+    raw = numcodecs.get_codec(config).encode(np.arange(1 << 16, dtype="<u4"))
+    assert rangedecode.decoder_limit(chain_of(config), raw[:rangedecode.HEAD_BYTES], "chunk a/0") == dict_bytes
+
+
+class HeldRangeStore(Store):
+    """A store whose ranged reads past a chunk's first 64 bytes (its header) wait while `hold` is clear."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.hold = threading.Event()
+        self.hold.set()
+
+    def get_range_sync(self, key: str, start: int, end: int) -> bytes:
+        if end > 64:
+            self.hold.wait()
+        return super().get_range_sync(key, start, end)
+
+
+def _chunked_array(path: str, nchunks: int) -> np.ndarray:
+    values = np.arange(nchunks * 65536, dtype="<u4")
+    arr = zarr.create_array(store=path, zarr_format=2, shape=values.shape, chunks=(65536,), dtype="<u4",
+                            compressors=numcodecs.Zstd(level=1), fill_value=0)
+    arr[:] = values
+    return values
+
+
+async def test_a_chunk_written_while_its_read_waits_for_a_decoder_reads_as_written(tmp_path):
+    """Six reads hold every decoder (their store reads wait); a seventh read waits for one,
+    and meanwhile its chunk is written whole: once a decoder is free, it reads the bytes written,
+    not the store's older ones."""
+    path = str(tmp_path / "s")
+    values = _chunked_array(path, 7)
+    store = HeldRangeStore(path)
+    meta = open_hierarchy_sync(store).node_sync("")
+    engine = Engine(store, ChunkCache(64 << 10))
+    stream = ArrayStream(meta)
+    assert engine.streamed(stream)
+    row = 65536 * 4
+    at = len(stream.header)
+    new = np.full(65536, 7, "<u4")
+    got: dict[int, bytes] = {}
+
+    async def read(i: int) -> None:
+        got[i] = bytes(await engine.read(stream, at + i * row, 4096))
+
+    store.hold.clear()
+    async with trio.open_nursery() as nursery:
+        for i in range(6):
+            nursery.start_soon(read, i)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(read, 6)
+        await trio.testing.wait_all_tasks_blocked()
+        await engine.write(stream, at + 6 * row, new.tobytes())
+        store.hold.set()
+    assert got[6] == new.tobytes()[:4096]
+    assert all(got[i] == values[i * 65536:].tobytes()[:4096] for i in range(6))
+
+
+async def test_a_decoder_whose_read_timed_out_counts_until_its_worker_ends(tmp_path):
+    """A read that timed out while its worker thread decodes (held in the store) gives its
+    decoder back only once that thread ended: until then it counts against the pool and the
+    decoders' memory."""
+    path = str(tmp_path / "s")
+    values = _chunked_array(path, 2)
+    store = HeldRangeStore(path)
+    meta = open_hierarchy_sync(store).node_sync("")
+    engine = Engine(store, ChunkCache(64 << 10), timeout_s=0.5)
+    stream = ArrayStream(meta)
+    store.hold.clear()
+    with pytest.raises(StoreError, match="timeout"):
+        await engine.read(stream, len(stream.header), 4096)
+    assert engine._in_use == 1 and engine._held_bytes > 0
+    store.hold.set()
+    with trio.fail_after(30):  # (the worker ends once the store answers)
+        while engine._in_use:
+            await trio.sleep(0.01)
+    assert engine._held_bytes == 0
+    row = 65536 * 4
+    assert bytes(await engine.read(stream, len(stream.header) + row, 4096)) == values[65536:].tobytes()[:4096]
