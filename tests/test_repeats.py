@@ -38,3 +38,20 @@ def test_memory_is_bounded():
     assert len(rf._seen) == 10
     assert rf.line("k0", "k0: bad") == "k0: bad"  # forgotten: said as a first failure
     assert rf.stats()["errors_by_key"] == {OTHER_KEYS: 95, "k0": 2, "k1": 1, "k2": 1, "k3": 1, "k4": 1}
+
+
+def test_failures_of_one_key_that_differ_in_byte_range_are_one():
+    """Ranged reads of one failing key (blosc blocks, a shard's inner chunks) fail once per
+    range for one cause: said once, then counted, as a key failing whole is."""
+    clock = Clock()
+    rf = RepeatedFailures(window_s=60, clock=clock)
+    said = [rf.line("a/0", f"reading 'a/0' [{i * 4096}:{(i + 1) * 4096}] failed: [Errno 5] Input/output error")
+            for i in range(20)]
+    assert said[0] == "reading 'a/0' [0:4096] failed: [Errno 5] Input/output error"
+    assert said[1:] == [None] * 19
+    assert rf.line("a/0", "shard a/0: bytes 10:20 named by its index lie outside the shard") is not None
+    assert rf.line("a/0", "shard a/0: bytes 30:40 named by its index lie outside the shard") is None
+    assert rf.line("a/1", "reading 'a/1' [0:4096] failed: [Errno 5] Input/output error") is not None
+    clock.now += 61
+    again = rf.line("a/0", "reading 'a/0' [8192:12288] failed: [Errno 5] Input/output error")
+    assert again.startswith("reading 'a/0' [8192:12288] failed: [Errno 5] Input/output error (repeated 19 times"), again

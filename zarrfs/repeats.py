@@ -1,5 +1,9 @@
 """Failing keys in the log: each (key, reason) said once, then counted, and said again at most once a window.
 
+Reasons that differ only in a byte range (`[a:b]`, `bytes a:b`) are one reason: a failing key
+read a range at a time (blosc blocks, a shard's inner chunks, streamed reads) fails once per
+range for one cause.
+
 A reader that keeps failing on one key (a program retrying, the kernel asking for a page
 again after a failed read-ahead, `cat` of an array whose every chunk is damaged) would
 otherwise write the same line hundreds of times. As syslog daemons do, a repeat within the
@@ -11,6 +15,7 @@ the engine calls it from its one task.
 from __future__ import annotations
 
 import collections
+import re
 import time
 from collections.abc import Callable
 
@@ -22,6 +27,7 @@ MAX_TRACKED = 4096
 # Keys named in stats.json's `errors_by_key`; failures of further keys are summed under OTHER_KEYS.
 ERRORS_BY_KEY_MAX = 100
 OTHER_KEYS = "(other keys)"
+BYTE_RANGE = re.compile(r"\[?\b\d+:\d+\b\]?")
 
 
 class RepeatedFailures:
@@ -40,10 +46,10 @@ class RepeatedFailures:
 
     def line(self, key: str, reason: str) -> str | None:
         """The line to log for a failure of KEY for REASON (the reason's text names the key), or
-        None when the same was logged less than a window ago (then it is counted)."""
+        None when the same (byte ranges apart) was logged less than a window ago (then it is counted)."""
         self._count(key)
         now = self.clock()
-        pair = (key, reason)
+        pair = (key, BYTE_RANGE.sub("[]", reason))
         seen = self._seen.get(pair)
         if seen is None:
             self._seen[pair] = [now, 0]
