@@ -173,6 +173,10 @@ def test_gzip_chunks_that_are_zlib_streams_decode_bounded_and_are_said_once(capl
             assert chain.decode(data, SHAPE, DTYPE, FILL).tobytes() == raw
     said = [r.getMessage() for r in caplog.records if "zlib" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("a/.zarray: "), said
+    with caplog.at_level("WARNING", logger="zarrfs.codecs"):  # its document parsed again (a refresh)
+        again = v2_chain({"id": "gzip", "level": 1}, None, "C", "a/.zarray")
+        assert again.decode(zlib.compress(raw), SHAPE, DTYPE, FILL).tobytes() == raw
+    assert [r.getMessage() for r in caplog.records if "zlib" in r.getMessage()] == said
     assert chain.bytes_bytes[0].decode(zlib.compress(raw)) == raw  # the unbounded path (vlen scans)
     assert gzip.decompress(chain.encode(value, FILL)) == raw
     out, peak = _decode_peak(chain, bombs.bomb("zlib"))

@@ -189,6 +189,10 @@ def is_fill(arr: np.ndarray, fill: np.ndarray) -> bool:
 
 
 _TOLD_LOCK = threading.Lock()
+# Quirks said, by (quirk, metadata document): once per array for the daemon's life, not once per
+# parse of its document (each refresh parses it again). The oldest are forgotten past TOLD_MAX.
+_TOLD: dict[tuple[str, str], None] = {}
+TOLD_MAX = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,11 +225,16 @@ class BytesBytes:
                                 "read as zlib; chunks written here are gzip")
 
     def _tell_once(self, what: str, text: str) -> None:
-        """Log a quirk of the stored chunks once for this array (decoding threads race here)."""
+        """Log a quirk of the stored chunks once for this array, named by its document (else
+        once for this codec); decoding threads race here."""
         with _TOLD_LOCK:
-            if what in self._told:
+            if what in self._told or (self.where and (what, self.where) in _TOLD):
                 return
             self._told.add(what)
+            if self.where:
+                _TOLD[what, self.where] = None
+                if len(_TOLD) > TOLD_MAX:
+                    del _TOLD[next(iter(_TOLD))]
         log.warning("%s: %s", self.where or self.name, text)
 
     def encoded_bound(self, n: int) -> int:
