@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import logging
 import lzma
 import threading
@@ -423,3 +424,38 @@ async def test_a_decoder_whose_read_timed_out_counts_until_its_worker_ends(tmp_p
     assert engine._held_bytes == 0
     row = 65536 * 4
     assert bytes(await engine.read(stream, len(stream.header) + row, 4096)) == values[65536:].tobytes()[:4096]
+
+
+@pytest.mark.parametrize("by", ["rows", "pixels"])
+async def test_a_preview_of_a_chunk_larger_than_the_cache_reads_only_its_pixels(tmp_path, monkeypatch, by):
+    """A preview of an array of one 128 MiB chunk (more than the cache and than a preview's
+    budget) equals numpy's picture of the picked pixels, read by rows or pixel by pixel, and no
+    chunk is decoded whole: the process does not grow by the chunk."""
+    from PIL import Image
+    from test_preview import numpy_grey
+    from zarrfs import preview, previews
+    from zarrfs.previews import Previews
+
+    if by == "pixels":
+        monkeypatch.setattr(previews, "ROWS_MAX_BYTES", 0)
+
+    path = str(tmp_path / "s")
+    h, w = 4096, 8192
+
+    def formula(r, c):
+        return ((r * 7 + c * 3) % 1001).astype("<f4")
+
+    arr = zarr.create_array(store=path, zarr_format=2, shape=(h, w), chunks=(h, w), dtype="<f4",
+                            compressors=numcodecs.Zstd(level=1), fill_value=0)
+    arr[:] = formula(np.arange(h)[:, None], np.arange(w)[None, :])
+    meta = open_hierarchy_sync(Store(path)).node_sync("")
+    engine = Engine(Store(path), ChunkCache(1 << 20))
+    p = preview.plan(meta)
+    assert p.rows is not None and len(p.chunks) == 1
+    before = _rss_bytes()
+    data = await Previews(engine).get(meta)
+    assert _rss_bytes() - before < 64 << 20
+    assert engine.counters["oversize_loads"] == 0 and engine.counters["previews"] == 1
+    want = numpy_grey(formula(p.rows[:, None], p.cols[None, :]).astype("f8"))
+    got = np.asarray(Image.open(io.BytesIO(data)))
+    np.testing.assert_array_equal(got, want)

@@ -2,7 +2,8 @@
 
 A preview shows a 2-D array, or the middle page (C order) of one with more dimensions,
 its longest side at most MAX_SIDE pixels: block means when the page's chunks fit in
-MAX_DECODED_BYTES, else pixels picked at strides from as few chunks as that bound allows.
+MAX_DECODED_BYTES, else pixels picked at strides from as few chunks as that bound allows
+(or, for chunks that can be read a range at a time, only those pixels of them: `picks`).
 Values are scaled between the LOW_PCT and HIGH_PCT percentiles to 8-bit grey; NaN is
 transparent. Pure: no I/O (Pillow encodes the PNG).
 """
@@ -91,16 +92,32 @@ def _snap(picks: np.ndarray, blocks: np.ndarray, size: int, n: int) -> np.ndarra
 
 def _page_of(meta: ArrayMeta, p: Plan, idx: Index, chunk: np.ndarray) -> np.ndarray:
     """The 2-D part of a decoded chunk on the preview's page, clipped at the array's edge, as floats."""
-    lead = tuple(pg - i * c for pg, i, c in zip(p.page, idx, meta.chunk_shape))
-    sub = np.asarray(chunk)[lead]
+    sub = np.asarray(chunk)[page_in_chunk(meta, p, idx)]
     h, w = meta.shape[-2:]
     ch, cw = meta.chunk_shape[-2:]
-    sub = sub[: min(ch, h - idx[-2] * ch), : min(cw, w - idx[-1] * cw)]
+    return _floats(sub[: min(ch, h - idx[-2] * ch), : min(cw, w - idx[-1] * cw)])
+
+
+def _floats(sub: np.ndarray) -> np.ndarray:
     return np.abs(sub).astype(np.float64) if sub.dtype.kind == "c" else sub.astype(np.float64)
 
 
-def render(meta: ArrayMeta, p: Plan, chunks: dict[Index, np.ndarray]) -> np.ndarray:
-    """The preview's values (float64, NaN where nothing is known) from the chunks loaded."""
+def page_in_chunk(meta: ArrayMeta, p: Plan, idx: Index) -> Index:
+    """The preview's page in chunk IDX: its index over the chunk's leading dimensions."""
+    return tuple(pg - i * c for pg, i, c in zip(p.page, idx, meta.chunk_shape))
+
+
+def picks(meta: ArrayMeta, p: Plan, idx: Index) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and columns of a strided preview (`p.rows` not None) that chunk IDX holds: their
+    indices in the picture; `p.rows`/`p.cols` at them are the array's rows and columns."""
+    ch, cw = meta.chunk_shape[-2:]
+    return np.nonzero(p.rows // ch == idx[-2])[0], np.nonzero(p.cols // cw == idx[-1])[0]
+
+
+def render(meta: ArrayMeta, p: Plan, chunks: dict[Index, np.ndarray],
+           picked: dict[Index, np.ndarray] | None = None) -> np.ndarray:
+    """The preview's values (float64, NaN where nothing is known) from the chunks loaded, or for
+    a strided preview from PICKED: a chunk's values at its `picks` alone, read without it."""
     h, w = meta.shape[-2:]
     ch, cw = meta.chunk_shape[-2:]
     if p.rows is None:
@@ -114,9 +131,10 @@ def render(meta: ArrayMeta, p: Plan, chunks: dict[Index, np.ndarray]) -> np.ndar
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks stay NaN
             return np.nanmean(blocks, axis=(1, 3))
     out = np.full(p.out_shape, np.nan)
+    for idx, values in (picked or {}).items():
+        out[np.ix_(*picks(meta, p, idx))] = _floats(values)
     for idx, chunk in chunks.items():
-        ri = np.nonzero(p.rows // ch == idx[-2])[0]
-        ci = np.nonzero(p.cols // cw == idx[-1])[0]
+        ri, ci = picks(meta, p, idx)
         if len(ri) and len(ci):
             sub = _page_of(meta, p, idx, chunk)
             out[np.ix_(ri, ci)] = sub[np.ix_(p.rows[ri] - idx[-2] * ch, p.cols[ci] - idx[-1] * cw)]

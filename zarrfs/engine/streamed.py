@@ -169,11 +169,18 @@ class StreamedReads:
             raise errors[0]
         return plan_bytes(plan, out)
 
-    async def _copy_streamed_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> None:
+    async def read_boxes(self, meta: ArrayMeta, idx: Index, parts: list) -> int:
+        """Copy boxes of one chunk of an array whose reads are `streamed` into their targets (PARTS:
+        (the box as slices of the chunk, an array of its shape)), decoding only what they need
+        (a preview's pixels); the bytes decoded."""
+        await self.check_cached(meta)
+        return await self._copy_streamed_chunk(meta, idx, parts)
+
+    async def _copy_streamed_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> int:
         """Copy regions of one chunk into their targets: from the chunk itself when it is held
-        by a writer or cached, else decoded by a decoder of the chunk."""
+        by a writer or cached, else decoded by a decoder of the chunk; the bytes decoded."""
         if self._copy_whole(meta, idx, parts):
-            return
+            return 0
         key = meta.chunk_key(idx)
         order = meta.codec.array_bytes.order
         stored = meta.codec.array_bytes.stored_dtype(meta.dtype)
@@ -203,15 +210,17 @@ class StreamedReads:
             # became cached is copied, not decoded)
             if self._copy_whole(meta, idx, parts):
                 keep = slot.dec is not None or slot.absent
-                return
-            k = 0
+                return 0
+            k = decoded = 0
             while 0 <= k < len(pieces):
                 before = 0 if slot.dec is None else slot.dec.decoded
                 slot.running += 1
                 k = await self.run_io(fill_chunk_sync, slot, meta, self.store, key, pieces, targets, k,
                                       STEP_DECODE_BYTES, key=key, cpu=True,
                                       ended=functools.partial(self._worker_ended, slot))
-                self.counters["bytes_decoded"] += 0 if slot.dec is None else slot.dec.decoded - before
+                step = 0 if slot.dec is None else slot.dec.decoded - before
+                self.counters["bytes_decoded"] += step
+                decoded += step
             self.counters["store_gets"] += 1
             keep = True
         except ZarrfsError as e:
@@ -230,6 +239,7 @@ class StreamedReads:
             fill = self._fill_chunk(meta)  # (raises when the fill value cannot be read)
             for region, target in parts:
                 target[...] = fill[region]
+        return decoded
 
     def _copy_whole(self, meta: ArrayMeta, idx: Index, parts: list) -> bool:
         """Copy the regions from the chunk itself if a writer holds it or it is cached."""
