@@ -1186,3 +1186,28 @@ def test_v1_store_takes_no_other_nodes(mount, tmp_path):
         shutil.copyfile(tmp_path / "x.npy", mnt / "other.npy")
     assert sorted(os.listdir(mnt)) == ["zlib_i4_C.npy"]
     assert {k: (root / k).read_bytes() for k in mounted.store_keys(root)} == before
+
+
+def test_v1_rsync_replaces_the_root_array_and_plain_files_stay(mount, tmp_path):
+    """rsync without --inplace (a temporary `.NAME.XXXXXX` at the root, renamed over the array)
+    replaces a v1 root array; plain files are keys at the store's root that the replace leaves."""
+    root = _v1_copy(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    x = mounted.sample_data(np.dtype("<f8"), (9, 13), np.random.default_rng(18))
+    np.save(src / "zlib_i4_C.npy", x)
+    mnt = mount(root, "writable")
+    with open(mnt / "kept.txt", "wb") as f:  # in the store before the replace
+        f.write(b"kept\n")
+        os.fsync(f.fileno())
+    subprocess.run(["rsync", "-a", os.fspath(src / "zlib_i4_C.npy"), f"{mnt}/"], check=True, timeout=120)
+    subprocess.run(["sh", "-c", 'echo hi > "$1/notes.txt"', "sh", os.fspath(mnt)], check=True)
+    assert sorted(os.listdir(mnt)) == ["kept.txt", "notes.txt", "zlib_i4_C.npy"]
+    mounted.unmount_and_wait(mount, mnt)
+    assert (root / "notes.txt").read_bytes() == b"hi\n" and (root / "kept.txt").read_bytes() == b"kept\n"
+    assert_same_array(_v1_decode(root), x, "v1 files of the replacement")
+    assert not [k for k in mounted.store_keys(root) if k.startswith(".")], "a temporary key is left"
+    again = mount(root)
+    assert sorted(os.listdir(again)) == ["kept.txt", "notes.txt", "zlib_i4_C.npy"]
+    assert (again / "zlib_i4_C.npy").read_bytes() == (src / "zlib_i4_C.npy").read_bytes()
+    assert (again / "notes.txt").read_bytes() == b"hi\n"

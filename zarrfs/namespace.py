@@ -359,7 +359,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
     async def _group_listing(self, entry: Entry) -> dict[str, Maker]:
         names: dict[str, Maker] = {}
         if entry.node is None and self.root_node.kind == "array":
-            nodes: list[Node] = [self.root_node]  # a root array: the root holds just NAME.npy
+            nodes: list[Node] = [self.root_node]  # a root array: the root holds NAME.npy (and plain files)
         else:
             nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
         if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
@@ -373,22 +373,33 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             for name, make in self._node_entry(entry.view, node):
                 if name not in names and self._listable(name, _node_key(node)):
                     names[name] = make
-        if entry.view == "" and self.hierarchy.keeps_plain_files and isinstance(entry.node, GroupMeta) and (
-                self.hierarchy.store.is_local or self.writes_allowed):
-            await self._plain_files(entry.node.path, names)
+        group = self._plain_group(entry)
+        if group is not None and (self.hierarchy.store.is_local or self.writes_allowed):
+            await self._plain_files(group, names)
         return names
+
+    def _plain_group(self, entry: Entry) -> str | None:
+        """The group whose plain files directory `entry` lists (None: it lists none)."""
+        if entry.view != "" or not self.hierarchy.keeps_plain_files:
+            return None
+        if isinstance(entry.node, GroupMeta):
+            return entry.node.path
+        if entry.node is None and self.root_node.kind == "array" and self.hierarchy.plain_files_beside_root_array:
+            return ""
+        return None
 
     async def _plain_files(self, path: str, names: dict[str, Maker]) -> None:
         """Plain files kept in a group's directory: its keys that are no format's own. Remote
         read-only mounts leave them out: a listing per group (consolidated metadata needs none),
         and some servers (HTTP) cannot list."""
+        prefix = self.hierarchy.plain_dir(path)
         try:
-            files, _ = await self.engine.run_io(self.hierarchy.store.list_dir_sync, path, key=("list", path))
+            files, _ = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix, key=("list", prefix))
         except ZarrfsError as e:
             log.warning("plain files of %s not listed: %s", path or "/", e)
             return
         for name, size in files.items():
-            key = f"{path}/{name}" if path else name
+            key = f"{prefix}/{name}" if prefix else name
             if name in names or self.hierarchy.plain_name_problem(name) is not None or not self._listable(name, key):
                 continue
             names[name] = lambda key=key, name=name, size=size: self._plain_entry(key, name, size)

@@ -35,13 +35,16 @@ def _stems(names: Any) -> list[str]:
 class NamespaceWrites(IncomingWrites):
     """The changes a writable mount makes to names and nodes."""
 
-    def _group_dir(self: "Namespace", inode: int) -> "Entry":
+    def _group_dir(self: "Namespace", inode: int, plain: bool = False) -> "Entry":
+        """The directory `inode` if it takes new names (`plain`: plain files, which the root of a
+        store whose root is an array takes when its format keeps them there)."""
         entry = self.get(inode)
         if entry.kind != "group" or entry.view != "":
             raise NotPermitted("only groups of the main tree take new files and directories")
         if entry.error is not None:
             raise entry.error
-        if entry.node is None and self.root_node.kind == "array":
+        if entry.node is None and self.root_node.kind == "array" and not (
+                plain and self.hierarchy.plain_files_beside_root_array):
             raise NotPermitted("a store whose root is an array holds no other nodes")
         return entry
 
@@ -126,15 +129,19 @@ class NamespaceWrites(IncomingWrites):
 
     async def _new_array_path(self: "Namespace", parent_inode: int, name: str, names: Any) -> str:
         """The hierarchy path of a new array NAME.npy in a group, its name checked against the format."""
-        parent = self._group_dir(parent_inode)
+        parent = self._group_dir(parent_inode, plain=True)
         stem = name[: -len(NPY_SUFFIX)]
+        if parent.node is None and self.root_node.kind == "array":  # a file renamed onto the root array
+            if name != self.root_stem + NPY_SUFFIX:
+                raise NotPermitted("a store whose root is an array holds no other nodes")
+            return ""
         if stem in names:  # an array and a group cannot share a path
             raise Exists(name)
         self.hierarchy.check_name(stem, _stems(names))
         return join(parent.node.path if parent.node else "", stem)
 
     async def create(self: "Namespace", parent_inode: int, name: str) -> "Entry":
-        self._group_dir(parent_inode)
+        self._group_dir(parent_inode, plain=is_held_name(name))
         names = await self.children(parent_inode)
         if name in names:
             raise Exists(name)
@@ -153,8 +160,8 @@ class NamespaceWrites(IncomingWrites):
         """The store key a plain file `name` is kept under; refused (logged) when the format
         keeps none or the name could be taken for one of the format's own keys."""
         problem = self.hierarchy.plain_name_problem(name)
-        parent = self._group_dir(parent_inode)
-        key = join(parent.node.path if parent.node else "", name)
+        parent = self._group_dir(parent_inode, plain=True)
+        key = join(self.hierarchy.plain_dir(parent.node.path if parent.node else ""), name)
         if problem is not None:
             error = (InvalidArgument if self.hierarchy.keeps_plain_files else NotPermitted)(f"{key}: {problem}")
             log.warning("%s; refused", error)
@@ -188,8 +195,10 @@ class NamespaceWrites(IncomingWrites):
         self._invalidate()
 
     async def unlink(self: "Namespace", parent_inode: int, name: str) -> None:
-        self._group_dir(parent_inode)
+        self._group_dir(parent_inode, plain=True)
         entry = await self.lookup(parent_inode, name)
+        if entry.kind != "held":
+            self._group_dir(parent_inode)
         if entry.kind == "held":
             held = entry.held
             if held is not None:
@@ -219,9 +228,12 @@ class NamespaceWrites(IncomingWrites):
     async def rename(self: "Namespace", old_parent: int, old_name: str, new_parent: int, new_name: str,
                      replace: bool = True) -> None:
         """Move a node; with replace false an existing target is refused (EEXIST), as RENAME_NOREPLACE asks."""
-        self._group_dir(old_parent)
-        target_dir = self._group_dir(new_parent)
+        self._group_dir(old_parent, plain=True)
+        target_dir = self._group_dir(new_parent, plain=True)
         entry = await self.lookup(old_parent, old_name)
+        if entry.kind != "held":
+            self._group_dir(old_parent)
+            target_dir = self._group_dir(new_parent)
         if not replace:
             other = await self.child(new_parent, new_name)
             if other is not None and other.inode != entry.inode:
@@ -253,8 +265,9 @@ class NamespaceWrites(IncomingWrites):
             await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path)
             # Plain files moved with their group: those there now (one removed or moved away
             # while this waited is not, one created meanwhile is).
+            old_dir, new_dir = self.hierarchy.plain_dir(node.path), self.hierarchy.plain_dir(new_path)
             for held in self._plain_inside(node.path):
-                held.key = new_path + held.key[len(node.path):]
+                held.key = new_dir + held.key[len(old_dir):]
         self.engine.discard(node.path)
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.
@@ -302,8 +315,9 @@ class NamespaceWrites(IncomingWrites):
         """The plain files kept below group `path` (none for the root), by inode."""
         if not path:
             return []
+        prefix = self.hierarchy.plain_dir(path) + "/"
         inside = [e for e in self._entries.values() if e.held is not None and e.held.key is not None
-                  and not e.held.gone and e.held.key.startswith(path + "/")]
+                  and not e.held.gone and e.held.key.startswith(prefix)]
         return [e.held for e in sorted(inside, key=lambda e: e.inode)]
 
     def _forget_held(self: "Namespace", entry: "Entry", error: Exception) -> None:

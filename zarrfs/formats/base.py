@@ -124,6 +124,16 @@ def root_zarr_json_sync(store: Store) -> dict | None:
         return None
 
 
+def common_plain_name_problem(name: str) -> str | None:
+    """Why no format keeps a plain file under `name`: every format's document names (format
+    detection looks for them) and the mount's own temporary names (None: no such reason)."""
+    if name in FORMAT_DOCUMENT_NAMES:
+        return "the name of a metadata document"
+    if name.startswith(RESERVED_PREFIX) or TEMPORARY_KEY_NAME.fullmatch(name):
+        return "a name zarrfs keeps for its own temporary keys"
+    return None
+
+
 def is_staging_key(key: str) -> bool:
     """Whether a key is the mount's own: in a staging area (of this daemon or of one that was
     killed) or a writer's lease beside them."""
@@ -203,10 +213,17 @@ class Hierarchy(abc.ABC):
 
     #: whether files that are no arrays are kept as store keys in their group's directory
     keeps_plain_files: ClassVar[bool] = False
+    #: whether a store whose root is an array keeps plain files at its root (beside the
+    #: array's own keys, which its erasure and replacement then leave alone)
+    plain_files_beside_root_array: ClassVar[bool] = False
 
     def plain_name_problem(self, name: str) -> str | None:
         """Why a plain file (not an array) may not be kept under `name` (None: it may)."""
         return f"{self.name} hierarchies keep no files other than NAME.npy arrays"
+
+    def plain_dir(self, group: str) -> str:
+        """The store prefix holding the plain files of the group at `group`."""
+        return group
 
     def stored_components(self, name: str) -> list[str]:
         """The key components a node called `name` is stored under (its directory, its documents)."""
@@ -379,13 +396,9 @@ class NodeDocsHierarchy(Hierarchy):
     def plain_name_problem(self, name: str) -> str | None:
         """Keys a reader could take for the format's own (documents, chunk keys) and the mount's
         own names are refused; any other name is kept as a key beside the nodes."""
-        if name in FORMAT_DOCUMENT_NAMES:
-            return "the name of a metadata document"
         if CHUNK_KEY_NAME.fullmatch(name):
             return "a name a reader could take for a chunk key"
-        if name.startswith(RESERVED_PREFIX) or TEMPORARY_KEY_NAME.fullmatch(name):
-            return "a name zarrfs keeps for its own temporary keys"
-        return None
+        return common_plain_name_problem(name)
 
     def _parse(self, path: str, docs: dict[str, Any]) -> Node | None:
         try:

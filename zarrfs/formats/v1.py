@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 from typing import Any
 
 
@@ -16,7 +17,7 @@ from ..keys import ChunkKeys
 from ..model import ArrayMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
 from ..store import Store
-from .base import Hierarchy, broken, guess_chunks, json_object
+from .base import Hierarchy, broken, common_plain_name_problem, guess_chunks, json_object
 from .v2 import v2_chain
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ META_KEY, ATTRS_KEY = "meta", "attrs"
 # directory (IsADirectoryError; tests/fixtures/v1/README.md). zarr 2, whose key rule is the
 # same, names the one chunk of a 0-d array `0`; zarrfs reads and writes it there.
 ZERO_D_KEY = "0"
+# Chunk keys: indices joined with `.` (`0` for a 0-d array's one chunk).
+_CHUNK_KEY_RE = re.compile(r"\d+(\.\d+)*")
 
 
 class V1Hierarchy(Hierarchy):
@@ -81,8 +84,24 @@ class V1Hierarchy(Hierarchy):
 
     # --- writes: a v1 store holds one array, which can be rewritten or replaced ---------
 
+    # Plain files are keys at the store's root beside `meta`, `attrs` and the chunks: a v1
+    # reader fetches only those by name, so it never sees them.
+    keeps_plain_files = True
+    plain_files_beside_root_array = True
+
+    def plain_name_problem(self, name: str) -> str | None:
+        """The array's own keys (`meta`, `attrs`, chunk keys such as `0.1`) are refused, and
+        every format's document names and the mount's own names."""
+        if name in self.doc_names:
+            return "a key of the v1 array itself"
+        if _CHUNK_KEY_RE.fullmatch(name):
+            return "a name a reader could take for a chunk key"
+        return common_plain_name_problem(name)
+
     def node_keys_sync(self, node: Node) -> list[str]:
-        return list(self.store.sizes_below_sync(""))
+        """The array's keys: `meta`, `attrs` and chunk keys (plain files beside them stay)."""
+        return [key for key in self.store.sizes_below_sync("")
+                if key in self.doc_names or _CHUNK_KEY_RE.fullmatch(key)]
 
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         self.store.set_sync(ATTRS_KEY, json.dumps(attributes, indent=4, sort_keys=True).encode())

@@ -12,7 +12,7 @@ from ...keys import join
 from ...model import ArrayMeta, GroupMeta, NewArray, Node
 from ...options import Options
 from ...store import Store
-from ..base import Hierarchy, StagedArray, broken, json_object, root_zarr_json_sync
+from ..base import Hierarchy, StagedArray, broken, common_plain_name_problem, json_object, root_zarr_json_sync
 from .documents import parse_array, parse_group
 from .layout import Layout, entry_point_layout
 from .writing import core_array_doc, dump_doc, protocol_array_doc
@@ -176,6 +176,25 @@ class V3DraftHierarchy(Hierarchy):
         if set(name) == {"."}:
             return "a name of periods only"
         return super().name_problem(name)
+
+    # Plain files are keys in their group's `meta` directory (`meta/root/g/notes.txt`): both
+    # drafts find children there by the `.array`/`.group` document suffixes alone, so readers
+    # pass over them, and a group's move or erasure takes them along.
+    keeps_plain_files = True
+
+    def plain_name_problem(self, name: str) -> str | None:
+        """Names a reader would take for a node's document (`x.array.json`, the core draft's
+        root `group.json`) are refused, and every format's document names and the mount's own."""
+        if self.layout is None:
+            return "the store has no v3 draft entry point (zarr.json)"
+        for kind in ("array", "group"):
+            doc = f"{kind}{self.layout.suffix}"
+            if name == doc or name.endswith("." + doc):
+                return "a name a reader could take for a node's metadata document"
+        return common_plain_name_problem(name)
+
+    def plain_dir(self, group: str) -> str:
+        return self.layout.meta_dir(group) if self.layout is not None else join("meta", group)
 
     def stored_components(self, name: str) -> list[str]:
         suffix = self.layout.suffix if self.layout is not None else ".json"
