@@ -263,6 +263,9 @@ def test_zarr218_layout_rsync_and_plain_files(mount, tmp_path):
     subprocess.run(["sh", "-c", 'echo hi > "$1/notes.txt"; echo there > "$1/group_a/notes.txt"', "sh", os.fspath(mnt)],
                    check=True)
     assert sorted(os.listdir(mnt / "group_a")) == ["float64_nan_zlib.npy", "kept.txt", "notes.txt", "sub", "x.npy"]
+    for name in ["y.array.json", "h.group.json", "zarr.json"]:  # a reader would take them for nodes
+        expect_errno(errno.EINVAL, open, mnt / "group_a" / name, "wb")
+    assert mounted.log_lines_naming(mount.log_text(mnt), "meta/root/group_a/y.array.json")
     unmount_and_wait(mount, mnt)
 
     assert (root / "meta/root/notes.txt").read_bytes() == b"hi\n"
@@ -286,7 +289,8 @@ def test_zarr218_layout_rsync_and_plain_files(mount, tmp_path):
 
 def test_may2022_rsync_and_plain_files(mount, tmp_path):
     """The core draft: rsync creates an array (read back by the spec decoder); plain files (root
-    and group) are keys in the meta directory, there after a remount beside the same nodes."""
+    and group) are keys in the meta directory that move with their group, there after a
+    remount beside the same nodes."""
     root = tmp_path / "core"
     shutil.copytree(SPEC / "core", root)
     src = tmp_path / "src"
@@ -296,12 +300,17 @@ def test_may2022_rsync_and_plain_files(mount, tmp_path):
     mnt = mount(root, "writable")
     listed = sorted(os.listdir(mnt))
     rsync(src / "x.npy", mnt)
+    for name in ["group.json", "array.json", "y.array.json"]:  # the core root's documents, a node's
+        expect_errno(errno.EINVAL, open, mnt / name, "wb")
+    write_synced(mnt / "grp" / "kept.txt", b"kept\n")  # in the store before the group moves
     subprocess.run(["sh", "-c", 'echo hi > "$1/notes.txt"; echo hi > "$1/grp/notes.txt"', "sh", os.fspath(mnt)],
                    check=True)
+    os.rename(mnt / "grp", mnt / "grp2")  # its plain files go with it
     unmount_and_wait(mount, mnt)
-    assert (root / "meta/notes.txt").read_bytes() == (root / "meta/grp/notes.txt").read_bytes() == b"hi\n"
+    assert (root / "meta/notes.txt").read_bytes() == (root / "meta/grp2/notes.txt").read_bytes() == b"hi\n"
+    assert (root / "meta/grp2/kept.txt").read_bytes() == b"kept\n" and not (root / "meta/grp").exists()
     assert_same(core_read(str(root), "x", x.dtype), x, "x")
     again = mount(root)
-    assert sorted(os.listdir(again)) == sorted([*listed, "notes.txt", "x.npy"])
-    assert (again / "grp" / "notes.txt").read_bytes() == b"hi\n"
+    assert sorted(os.listdir(again)) == sorted([*(n for n in listed if n != "grp"), "grp2", "notes.txt", "x.npy"])
+    assert (again / "grp2" / "notes.txt").read_bytes() == b"hi\n"
     assert (again / "x.npy").read_bytes() == mounted.npy_bytes(x)

@@ -1203,6 +1203,9 @@ def test_v1_rsync_replaces_the_root_array_and_plain_files_stay(mount, tmp_path):
     subprocess.run(["rsync", "-a", os.fspath(src / "zlib_i4_C.npy"), f"{mnt}/"], check=True, timeout=120)
     subprocess.run(["sh", "-c", 'echo hi > "$1/notes.txt"', "sh", os.fspath(mnt)], check=True)
     assert sorted(os.listdir(mnt)) == ["kept.txt", "notes.txt", "zlib_i4_C.npy"]
+    for name in ["meta", "attrs", "0.0", "0", ".zarray", "zarr.json"]:  # the array's keys, other formats' documents
+        expect_oserror(errno.EINVAL, open, mnt / name, "wb")
+    assert mounted.log_lines_naming(mount.log_text(mnt), "0.0")
     mounted.unmount_and_wait(mount, mnt)
     assert (root / "notes.txt").read_bytes() == b"hi\n" and (root / "kept.txt").read_bytes() == b"kept\n"
     assert_same_array(_v1_decode(root), x, "v1 files of the replacement")
