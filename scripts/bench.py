@@ -2,7 +2,7 @@
 """Read speed of zarrfs against its peers in one run: an empty pyfuse3 server, zarr-python 3, tmpfs.
 
 Writes float32 arrays (16384 columns, ``--size-mib`` of data) with zarr-python 3 into
-/dev/shm (pages of a disk file are dropped after ~30 s here; see /work/shared/FACTS.md),
+/dev/shm (so both sides read memory: the kernel drops pages of a disk file unused for a while),
 then for each of ``--reps`` pairs measures every row of the table below, each zarrfs read
 on a fresh mount (neither the page cache nor the chunk cache carries over), and prints the
 median of the per-pair ratios with their spread (min-max), and the seconds of both sides of
@@ -48,7 +48,7 @@ names the rows during which the machine stalled (a side's slowest read over STAL
 its fastest): their medians may be off.
 
 Before every timed read a buffer of the read's size is written and freed: memory left free
-for ~2 s goes back to the host and the first touch afterwards is up to 10x slower (FACTS.md).
+for ~2 s goes back to the host and the first touch afterwards is up to 10x slower.
 Run it as root with the venv's Python: ``.venv/bin/python scripts/bench.py --size-mib 256``.
 This script never imports zarrfs; it runs its command line (``python -m zarrfs``).
 """
@@ -72,7 +72,7 @@ import numpy as np
 
 MIB = 1 << 20
 COLS = 16384  # 16384 x 16384 float32 = 1 GiB at the default size
-CHUNK = (1024, 1024)  # 4 MiB float32 chunks, the size FACTS.md quotes figures for
+CHUNK = (1024, 1024)  # 4 MiB float32 chunks, the size the README's figures are for
 COLUMN_CHUNK_COLS = 64  # the columns row: a 1 MiB C-order read touches 256 chunks
 ROWS_PER_WRITE = 1024  # generate and write one chunk row at a time, never the whole array
 RAND_READS = 20_000

@@ -2,7 +2,7 @@
 
 No writer ever produced the May 2022 core draft layout (zarr-python 2.12-2.18 wrote the
 older `meta/root` one, see tests/fixtures/v3draft-zarr218/), so these stores are encoded
-here by hand from the seed specs in /work/shared/seeds/:
+here by hand from the specification texts:
 
     zarr-core-v3.0-draft-2022-05.rst    "Zarr core specification (version 3.0)", May 2022
     zarr-core-protocol-v3.0-wip.rst     "Zarr core protocol version 3.0", work in progress
@@ -15,7 +15,7 @@ must see: the data inside written chunks, the fill value everywhere else.
 Run (from anywhere; paths are taken from this file's location; the output directory is
 deleted and recreated):
 
-    /work/main/.venv/bin/python scripts/make_fixtures_v3draft_spec.py
+    .venv/bin/python scripts/make_fixtures_v3draft_spec.py
 
 Reproducibility: data are arange based; gzip streams are written with mtime 0; blosc
 runs single-threaded. README.md in the output lists every fixture with the spec

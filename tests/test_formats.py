@@ -56,7 +56,7 @@ def oracle(path: str) -> np.ndarray:
 
 def check(store_path: str, name: str) -> None:
     expected = oracle(f"{store_path}/{name}")
-    # The .npy file holds elements in C order whatever the array's own order (DESIGN.md).
+    # The .npy file holds elements in C order whatever the array's own order (README: The tree).
     assert read_npy(store_path, name) == np_save_bytes(np.asarray(expected, order="C"))
 
 

@@ -205,7 +205,7 @@ def test_variable_length_strings_read_beside_the_damage(damaged, module_mount, f
 
 @FORMATS
 def test_unknown_codec_is_eio(damaged, module_mount, fmt):
-    """DESIGN.md: an unknown codec never kills the daemon; the read returns EIO and the log says why."""
+    """An unknown codec never kills the daemon; the read returns EIO and the log says why."""
     store, mnt = damaged(fmt)
     assert "unknown_codec.npy" in os.listdir(mnt)
     with pytest.raises(OSError) as exc:

@@ -56,7 +56,7 @@ def engine_for(path, cache_bytes=64 << 20):
 def test_v3_sharding_gets_an_inner_grid(tmp_path):
     make(str(tmp_path / "s"))
     _, meta, _ = engine_for(str(tmp_path / "s"))
-    assert meta.chunk_shape == SHARD  # the chunk files of DESIGN.md are shards
+    assert meta.chunk_shape == SHARD  # the chunk files of the tree are shards
     assert meta.inner is not None and meta.inner.chunk_shape == INNER
 
 

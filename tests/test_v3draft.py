@@ -347,7 +347,7 @@ def test_core_codecs_chain_roles():
 
 
 def test_unknown_codec_reads_fail_with_eio():
-    """DESIGN.md: an unknown codec makes the array's reads fail with EIO (not EOPNOTSUPP)."""
+    """The contract: an unknown codec makes the array's reads fail with EIO (not EOPNOTSUPP)."""
     import errno
 
     _, _, node = open_node(str(SPEC / "refused-arrays"), "unknown_codec")

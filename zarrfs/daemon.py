@@ -43,7 +43,7 @@ log = logging.getLogger("zarrfs")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SYSLOG_FORMAT = "zarrfs[%(process)d]: %(levelname)s %(name)s: %(message)s"
-# Read-ahead the kernel uses on our mount: FACTS.md measured 1 MiB requests as the point
+# Read-ahead the kernel uses on our mount: 1 MiB requests are the point
 # where a Python server stops being bound by request count (default is 128 KiB).
 READ_AHEAD_KB = 1024
 # The open files the daemon asks for (`_raise_open_file_limit`).

@@ -1,8 +1,8 @@
 """Direct reads: the bytes of uncompressed chunks of a local store copied from their files straight into a read's reply.
 
 An uncompressed chunk file already holds the elements in the array's byte order: "decoding"
-it is a copy. Loading it whole into the chunk cache costs a copy into fresh memory (which
-this machine pays several times over, FACTS.md) and keeps a second copy of what the OS page
+it is a copy. Loading it whole into the chunk cache costs a copy into fresh memory (fresh
+memory costs several times a reused buffer) and keeps a second copy of what the OS page
 cache holds anyway. A read of such an array (C order, the dtype as stored) instead reads
 the parts of rows it needs from each chunk file it touches straight into their places in
 the reply: one preadv per chunk for each run of rows in one row of chunks (`read_sync`).

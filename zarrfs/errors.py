@@ -50,7 +50,7 @@ class Unsupported(ZarrfsError):
 
 
 class UnknownCodec(ZarrfsError):
-    """A codec that numcodecs does not know: the array's data cannot be decoded (EIO, as DESIGN.md says)."""
+    """A codec that numcodecs does not know: the array's data cannot be decoded (EIO, as the README says)."""
 
     errno = errno.EIO
 
