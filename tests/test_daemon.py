@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import logging.handlers
 import os
@@ -130,3 +131,35 @@ def test_sigusr1_toggle(restore_root_logger, tmp_path):
     daemon.setup_logging(build_options([f"log_file={tmp_path / 'x.log'}", "log_level=error"]), daemon=False)
     assert daemon.toggle_debug("error") == "DEBUG" and logging.getLogger().level == logging.DEBUG
     assert daemon.toggle_debug("error") == "ERROR" and logging.getLogger().level == logging.ERROR
+
+
+@pytest.fixture
+def restore_pyfuse3_logger():
+    logger = logging.getLogger("pyfuse3")
+    filters, level = list(logger.filters), logger.level
+    yield logger
+    logger.filters[:] = filters
+    logger.setLevel(level)
+
+
+def _reply_failures(logger: logging.Logger) -> None:
+    """What pyfuse3 logs when libfuse's write of a reply to /dev/fuse fails (its own format)."""
+    logger.error("fuse_release(): fuse_reply_* failed with %s", os.strerror(errno.ENOENT))
+    logger.error("fuse_read(): fuse_reply_* failed with %s", os.strerror(errno.EINVAL))
+    logger.error("fuse_read(): fuse_reply_* failed with %s", os.strerror(errno.ENOENT))
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_a_reply_the_kernel_dropped_is_no_error(tmp_path, restore_root_logger, restore_pyfuse3_logger,
+                                                level):
+    """ENOENT from a reply: the kernel no longer waited for it (interrupted, or unmounted meanwhile),
+    said at debug level only; any other failed reply stays an ERROR."""
+    log_file = tmp_path / "zarrfs.log"
+    daemon.setup_logging(build_options([f"log_file={log_file}", f"log_level={level}"]), daemon=False)
+    _reply_failures(restore_pyfuse3_logger)
+    logging.getLogger().handlers[0].flush()
+    lines = [ln.split(" ", 2)[2] for ln in log_file.read_text().splitlines()]
+    dropped = [f"DEBUG pyfuse3: fuse_release(): fuse_reply_* failed with {os.strerror(errno.ENOENT)}",
+               f"DEBUG pyfuse3: fuse_read(): fuse_reply_* failed with {os.strerror(errno.ENOENT)}"]
+    other = f"ERROR pyfuse3: fuse_read(): fuse_reply_* failed with {os.strerror(errno.EINVAL)}"
+    assert lines == ([dropped[0], other, dropped[1]] if level == "debug" else [other])

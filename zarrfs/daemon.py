@@ -150,6 +150,25 @@ class OneLineFormatter(logging.Formatter):
         return _UNSAFE_IN_TRACEBACK.sub(_escape_char, redact(super().formatStack(stack_info)))
 
 
+class DroppedReplyFilter(logging.Filter):
+    """pyfuse3's ERROR for a reply the kernel refused with ENOENT becomes a DEBUG line (kept
+    only at debug level): the kernel had dropped that request (interrupted, or the mount going
+    away while a release was answered), so nothing failed here. Other reply errors stay ERROR."""
+
+    NO_WAITER = os.strerror(errno.ENOENT)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (record.levelno == logging.ERROR and record.args == (self.NO_WAITER,)
+                and isinstance(record.msg, str) and record.msg.endswith("(): fuse_reply_* failed with %s")):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            # The pyfuse3 logger never lets its own debug through; the root's level decides.
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
+_dropped_replies = DroppedReplyFilter()
+
+
 def _open_log_file(path: str) -> logging.Handler:
     try:
         return logging.FileHandler(path, encoding="utf-8")
@@ -198,6 +217,7 @@ def setup_logging(options: Options, daemon: bool) -> str:
     root.addHandler(handler)
     set_log_level(options.log_level.upper())
     lifecycle.setLevel(logging.INFO)
+    logging.getLogger("pyfuse3").addFilter(_dropped_replies)  # a no-op when already there
     return dest
 
 
