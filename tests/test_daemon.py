@@ -163,3 +163,41 @@ def test_a_reply_the_kernel_dropped_is_no_error(tmp_path, restore_root_logger, r
                f"DEBUG pyfuse3: fuse_read(): fuse_reply_* failed with {os.strerror(errno.ENOENT)}"]
     other = f"ERROR pyfuse3: fuse_read(): fuse_reply_* failed with {os.strerror(errno.EINVAL)}"
     assert lines == ([dropped[0], other, dropped[1]] if level == "debug" else [other])
+
+
+def test_the_lease_is_refreshed_while_the_staging_sweep_still_runs(monkeypatch):
+    """A sweep that outlasts several refresh periods must not hold back the lease's refreshes."""
+    import threading
+    import types
+
+    import trio
+    import trio.testing
+
+    from zarrfs import staging
+
+    sweep_may_end = threading.Event()
+    refreshes: list[bool] = []
+
+    def slow_sweep_sync(hierarchy, writer):
+        sweep_may_end.wait()
+
+    async def renew_lease(refresh: bool = False) -> None:
+        refreshes.append(refresh)
+
+    monkeypatch.setattr(staging, "sweep_sync", slow_sweep_sync)
+    ns = types.SimpleNamespace(hierarchy=None, lease=types.SimpleNamespace(writer="w"), renew_lease=renew_lease)
+    ops = types.SimpleNamespace(ns=ns)
+
+    async def main() -> None:
+        try:
+            with trio.fail_after(3.5 * staging.LEASE_REFRESH_S):  # the mock clock's seconds
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(daemon._tend_staging, ops)
+                    while len(refreshes) < 3:
+                        await trio.sleep(1)
+                    nursery.cancel_scope.cancel()
+        finally:
+            sweep_may_end.set()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert refreshes == [True, True, True]

@@ -464,10 +464,26 @@ async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
 
 
 async def _tend_staging(ops: ZarrOperations) -> None:
+    """Writable mounts, until cancelled: the sweep of staging left by writers that died, and
+    beside it, from the start, the refreshes of this daemon's lease (a sweep of a big remote
+    hierarchy can outlast a lease: another machine's sweep would then remove live staging)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_refresh_lease, ops)
+        nursery.start_soon(_sweep_staging, ops)
+
+
+async def _sweep_staging(ops: ZarrOperations) -> None:
     """Writable mounts, in the background: remove what writers that died left staged (a walk of
-    every group, which a big remote hierarchy makes long), then keep this daemon's lease fresh."""
+    every group, which a big remote hierarchy makes long).
+
+    One thread outside the engine's I/O limiter, one store call at a time: reads keep every I/O
+    thread, and each call is bounded by the backend timeouts that `timeout` sets."""
     await trio.to_thread.run_sync(staging.sweep_sync, ops.ns.hierarchy, ops.ns.lease.writer,
                                   abandon_on_cancel=True)
+
+
+async def _refresh_lease(ops: ZarrOperations) -> None:
+    """Writable mounts, from the start: rewrite this daemon's lease while it stages."""
     while True:
         await trio.sleep(staging.LEASE_REFRESH_S)
         await ops.ns.renew_lease(refresh=True)
