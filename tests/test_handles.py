@@ -188,3 +188,27 @@ async def test_a_sparse_plain_file_keeps_memory_bounded(store_dir):
     assert await other.read(far - 4, 10) == b"\0" * 4
     await handle.release()
     await other.release()
+
+
+async def test_a_read_of_a_kept_plain_file_during_its_move_reads_the_new_key(store_dir):
+    """A plain file whose bytes are only in the store, read while a rename moves its key: the
+    read waits for the move and reads the new key instead of failing on the old one."""
+    import trio.testing
+
+    from zarrfs.incoming import HeldFile
+
+    ns = make_ns(store_dir, writable=True)
+    (store_dir / "old.txt").write_bytes(b"kept bytes")
+    held = HeldFile(ns.engine, "old.txt", size=10, stored=True)
+    got = []
+
+    async def read() -> None:
+        got.append(await held.read(0, 100))
+
+    async with trio.open_nursery() as nursery:
+        async with held.lock:  # what a rename holds while it moves the key
+            os.rename(store_dir / "old.txt", store_dir / "new.txt")
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            held.key = "new.txt"
+    assert got == [b"kept bytes"]

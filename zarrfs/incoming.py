@@ -133,18 +133,19 @@ class HeldFile:
             self._account()
 
     async def read(self, offset: int, size: int) -> bytes:
-        size = max(0, min(size, self.size - offset))
-        if self._spool is None:
-            if size == 0:
-                return b""
-            store, key = self._engine.store, self.key
-            return await self._engine.run_io(store.get_range_sync, key, offset, offset + size)
-
-        def get() -> bytes:
-            self._spool.seek(offset)
-            return self._spool.read(size)
-
+        # Under the lock, kept files too: a rename or group move changes the key under it.
         async with self._lock:
+            size = max(0, min(size, self.size - offset))
+            spool = self._spool
+            if spool is None:
+                if size == 0:
+                    return b""
+                return await self._engine.run_io(self._engine.store.get_range_sync, self.key, offset, offset + size)
+
+            def get() -> bytes:
+                spool.seek(offset)
+                return spool.read(size)
+
             return await self._engine.run_io(get)
 
     def _load_sync(self) -> None:
