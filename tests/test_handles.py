@@ -212,3 +212,24 @@ async def test_a_read_of_a_kept_plain_file_during_its_move_reads_the_new_key(sto
             await trio.testing.wait_all_tasks_blocked()
             held.key = "new.txt"
     assert got == [b"kept bytes"]
+
+
+async def test_statistics_rewrites_share_a_bounded_memory(store_dir, monkeypatch, caplog):
+    """Rewrites of gdal/PATH.vrt held by open descriptors (read-only mount) take at most
+    REWRITES_MAX_BYTES together: a write past it fails with ENOSPC, and the room comes back
+    when a descriptor is released."""
+    from zarrfs import handles
+
+    monkeypatch.setattr(handles, "REWRITES_MAX_BYTES", 100_000)
+    ns = make_ns(store_dir)
+    names = (".zarrfs", "gdal", "a.vrt")
+    first = await open_path(ns, os.O_WRONLY | os.O_TRUNC, *names)
+    second = await open_path(ns, os.O_WRONLY | os.O_TRUNC, *names)
+    assert await first.write(0, b" " * 60_000) == 60_000
+    assert await second.write(0, b" " * 30_000) == 30_000
+    assert await refused(second.write(30_000, b" " * 30_000)) == errno.ENOSPC
+    assert "statistics not saved" in caplog.text
+    await first.release()
+    assert await second.write(30_000, b" " * 30_000) == 30_000
+    await second.release()
+    assert ns.rewrite_bytes == 0

@@ -101,6 +101,12 @@ class TooBig(ZarrfsError):
     errno = errno.EFBIG
 
 
+class NoSpace(ZarrfsError):
+    """Room the mount sets aside is used up (ENOSPC)."""
+
+    errno = errno.ENOSPC
+
+
 class Incomplete(ZarrfsError):
     """A new array's file closed before all the data its NPY header declares arrived (nothing stored)."""
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from . import imageviews
 from .engine import ReadAhead
-from .errors import AccessDenied, InvalidArgument, IsADir, NotFound, NotPermitted, ReadOnly, Stale, TooBig
+from .errors import AccessDenied, InvalidArgument, IsADir, NoSpace, NotFound, NotPermitted, ReadOnly, Stale, TooBig
 from .model import BrokenNode
 
 if TYPE_CHECKING:
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
+# Statistics rewrites held by open descriptors take at most this much memory together (any user
+# can write them, read-only mounts too): room for a VRT of some ten thousand bands.
+REWRITES_MAX_BYTES = 8 << 20
 
 
 class Handle:
@@ -175,10 +178,18 @@ class StatisticsRewriteHandle(Handle):
 
     async def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
+        name = f"{self.entry.view}/{self.entry.node.path}"
         if end > imageviews.max_rewrite_bytes(self.entry.node):
-            raise TooBig(f"{self.entry.view}/{self.entry.node.path}: a rewrite of {end} bytes is more than statistics")
-        if end > len(self.written):
-            self.written.extend(bytes(end - len(self.written)))
+            raise TooBig(f"{name}: a rewrite of {end} bytes is more than statistics")
+        grow = end - len(self.written)
+        if grow > 0:
+            if self.ns.rewrite_bytes + grow > REWRITES_MAX_BYTES:
+                error = NoSpace(f"{name}: statistics not saved: the rewrites open on this mount would hold "
+                                f"more than {REWRITES_MAX_BYTES >> 20} MiB")
+                self.ns.engine.note_failure(error, name)  # said once a minute at most
+                raise error
+            self.ns.rewrite_bytes += grow
+            self.written.extend(bytes(grow))
         self.written[offset:end] = data
         self.changed = True
         return len(data)
@@ -189,12 +200,14 @@ class StatisticsRewriteHandle(Handle):
         if not self.changed:
             return
         self.changed = False
-        if not self.ns.keep_statistics(self.entry, bytes(self.written)):
+        if not await self.ns.keep_statistics(self.entry, bytes(self.written)):
             log.warning("%s/%s: a rewrite that changes more than band statistics is refused (%s)",
                         self.entry.view, self.entry.node.path, self.entry.kind)
             raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved here")
 
     async def release(self) -> None:
+        self.ns.rewrite_bytes -= len(self.written)
+        self.written = bytearray()
         await super().release()
         # The kernel keeps the writer's pages and size: drop them, the text is made again.
         self.ns.forget_pages([self.entry.inode])

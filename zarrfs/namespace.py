@@ -206,6 +206,9 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         # bands), by path, with the node they are of; kept until the array changes or a refresh
         # (never stored: GDAL computes them again).
         self.statistics: dict[str, tuple[Node, list[dict[str, str]]]] = {}
+        self._statistics_epoch = 0  # counts forget_statistics: a rewrite parsed meanwhile is stale
+        # Bytes of statistics rewrites held by open descriptors (StatisticsRewriteHandle)
+        self.rewrite_bytes = 0
         # Files created and not yet arrays: (parent inode, name) -> inode
         self._pending_names: dict[tuple[int, str], int] = {}
         # Modification times writers set (utimensat) on arrays, by hierarchy path: shown for the
@@ -612,14 +615,19 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         """The file name of an array in the main tree."""
         return (meta.path.rsplit("/", 1)[-1] or self.root_stem) + NPY_SUFFIX
 
-    def keep_statistics(self, entry: Entry, written: bytes) -> bool:
+    async def keep_statistics(self, entry: Entry, written: bytes) -> bool:
         """A rewrite of a file that saves statistics: keep the ones it adds (False, and nothing
         kept, when it changes anything else)."""
-        meta = entry.node
-        statistics = (imageviews.pam_statistics(written, meta) if entry.kind == "pam" else
-                      imageviews.vrt_statistics(written, meta, self._npy_name(meta)))
+        meta, epoch = entry.node, self._statistics_epoch
+        # Parsed in a worker thread: a text of thousands of bands takes a while.
+        if entry.kind == "pam":
+            statistics = await self.engine.run_cpu(imageviews.pam_statistics, written, meta)
+        else:
+            statistics = await self.engine.run_cpu(imageviews.vrt_statistics, written, meta, self._npy_name(meta))
         if statistics is None:
             return False
+        if epoch != self._statistics_epoch:
+            return True  # the array changed (or a refresh came) while it was parsed: they are stale
         self.statistics[meta.path] = (meta, statistics)
         self._statistics_changed(meta.path)
         return True
@@ -639,6 +647,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
 
     def forget_statistics(self, path: str | None = None) -> None:
         """The array at `path` (every array when None) changed: its saved statistics are gone."""
+        self._statistics_epoch += 1
         if path is None:
             if not self.statistics:
                 return
