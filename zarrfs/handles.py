@@ -257,11 +257,12 @@ def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
     return Handle(ns, entry)
 
 
-def opened(ns: "Namespace", entry: "Entry") -> Handle:
-    """A handle on `entry`, counted as open (a created file, or one `open_file` checked)."""
+def opened(ns: "Namespace", entry: "Entry", kind: type[Handle] | None = None) -> Handle:
+    """A handle on `entry` (of class KIND, else the one its kind of file takes), counted as
+    open (a created file, or one `open_file` checked)."""
     entry.opens += 1
     ns.open_files += 1
-    return _handle_for(ns, entry)
+    return kind(ns, entry) if kind is not None else _handle_for(ns, entry)
 
 
 async def _check_write_open(ns: "Namespace", entry: "Entry", flags: int) -> None:
@@ -288,9 +289,7 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
     if flags & WRITE_FLAGS:
         await _check_write_open(ns, entry, flags)
         if entry.saves_statistics:
-            entry.opens += 1
-            ns.open_files += 1
-            return StatisticsRewriteHandle(ns, entry)
+            return opened(ns, entry, StatisticsRewriteHandle)
         if flags & os.O_TRUNC:
             await ns.truncate(entry)
             return opened(ns, entry)
