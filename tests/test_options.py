@@ -67,7 +67,7 @@ EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_
             "codec": "zstd:3", "log_level": "info", "log_file": "/tmp/x.log", "storage_options_file": "/x.json",
             "fsname": "data", "uid": "1", "gid": "2", "umask": "022", "subtype": "zarr",
             "timeout": "5", "metadata_ttl": "0", "remote_protocol": "s3", "remote_options": '{"anon": true}',
-            "cache_dir": "/tmp/zc", "disk_cache_size": "1G"}
+            "cache_dir": "/tmp/zc", "disk_cache_size": "1G", "ref": "v1", "snapshot": "1CECHNKREP0F1RSTCMT0"}
 
 
 def test_readme_option_table_is_generated():

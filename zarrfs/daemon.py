@@ -24,7 +24,7 @@ import threading
 import pyfuse3
 import trio
 
-from . import __version__, formats, staging
+from . import __version__, formats, icechunkstore, staging
 from .cache import ChunkCache
 from .diskcache import DiskCache, DiskCachedStore, default_cache_dir, store_identity
 from .direct import DirectReads
@@ -36,7 +36,8 @@ from .namespace import Namespace
 from .model import BrokenNode
 from .options import Options, read_storage_options_file, redact_url, secrets_in
 from .references import open_references_sync
-from .remote import bound_retries, bounded_storage_options, default_metadata_ttl_s, is_remote, missing_backend
+from .remote import (REMOTE_METADATA_TTL_S, bound_retries, bounded_storage_options, default_metadata_ttl_s,
+                     is_remote, missing_backend)
 from .store import Store
 
 log = logging.getLogger("zarrfs")
@@ -273,15 +274,25 @@ def build(source: str, options: Options) -> ZarrOperations:
     shown = redact_url(source)
     store = open_store(source, storage_options, options, shown)
     check_store(store, shown, min(START_TIMEOUT_S, options.timeout_s))
+    versioned = options.format == "icechunk" or (
+        options.format == "auto" and icechunkstore.looks_like_repository_sync(store))
+    if versioned:
+        if options.writable:
+            raise UserError(f"{shown}: Icechunk repositories are mounted read-only; mount it without writable")
+        store = icechunkstore.IcechunkStore(source, storage_options, ref=options.ref, snapshot=options.snapshot,
+                                            log_level=options.log_level)
+    elif options.ref is not None or options.snapshot is not None:
+        raise UserError(f"{shown}: ref= and snapshot= choose a version of an Icechunk repository; "
+                        f"this is not one")
     if options.writable and store.read_only:
         scheme = source.split("://", 1)[0] if "://" in source else "this protocol"
-        what = "references" if store.is_references else f"{scheme} stores"
+        what = "references" if getattr(store, "is_references", False) else f"{scheme} stores"
         raise UserError(f"{shown}: {what} cannot be written; mount it without writable")
-    metadata_ttl_s = default_metadata_ttl_s("reference://" if store.is_references else source,
-                                            options.metadata_ttl_s)
+    metadata_ttl_s = mount_metadata_ttl_s(source, options, store)
     # metadata_ttl=0 asks the store at every read: a kept entry would cost a listing each time.
-    if (is_remote(source) and not store.is_local and not store.is_references and options.disk_cache_bytes > 0
-            and metadata_ttl_s > 0):
+    # An Icechunk repository's keys are its snapshots' own, not objects of the store: not cached.
+    if (is_remote(source) and not versioned and not store.is_local and not store.is_references
+            and options.disk_cache_bytes > 0 and metadata_ttl_s > 0):
         disk = DiskCache(options.cache_dir or default_cache_dir(), options.disk_cache_bytes)
         if disk.usable:
             log.info("disk cache: %s, at most %d bytes", disk.directory, disk.max_bytes)
@@ -289,7 +300,10 @@ def build(source: str, options: Options) -> ZarrOperations:
                                     own_prefix=formats.base.RESERVED_PREFIX)
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
-    hierarchy = formats.open_hierarchy_sync(store, options.format, options)
+    if versioned:  # an Icechunk snapshot holds a Zarr v3 hierarchy, read as it is
+        hierarchy = formats.V3Hierarchy.open_sync(store, options)
+    else:
+        hierarchy = formats.open_hierarchy_sync(store, options.format, options)
     root = hierarchy.node_sync("")
     if root is None:
         raise UserError(f"{shown}: not a Zarr hierarchy")
@@ -326,6 +340,15 @@ def open_store(source: str, storage_options: dict, options: Options, shown: str)
         raise UserError(f"{shown}: {remedy}") from None
     bound_retries(store.fs)
     return store
+
+
+def mount_metadata_ttl_s(source: str, options: Options, store: Store | icechunkstore.IcechunkStore) -> float:
+    """The mount's metadata_ttl: the user's, else a branch of an Icechunk repository is checked for
+    new commits as often as a remote store (one small read of the branch), else the store kind's."""
+    if options.metadata_ttl_s is None and getattr(store, "follows_branch", False):
+        return REMOTE_METADATA_TTL_S
+    references = getattr(store, "is_references", False)
+    return default_metadata_ttl_s("reference://" if references else source, options.metadata_ttl_s)
 
 
 def check_store(store: Store, shown: str, timeout_s: float = START_TIMEOUT_S) -> None:

@@ -163,9 +163,16 @@ class NamespaceFreshness:
     async def revalidate(self: "Namespace", force: bool = False) -> None:
         """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
         now = time.monotonic()
-        if not force and now - self._fresh_since <= self.metadata_ttl_s:
+        store = self.hierarchy.store
+        pending = getattr(store, "tip_pending", None) is not None and self.open_files == 0
+        if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
             return
         self._fresh_since = now
+        follow = getattr(store, "follow_tip_sync", None)
+        if follow is not None:  # a versioned store: only a move to another snapshot makes anything stale
+            if not await self.engine.run_io(follow, self.open_files == 0):
+                return
+            force = True
         self.fresh_epoch += 1
         self._now_nodes.clear()
         self._told_replaced.clear()

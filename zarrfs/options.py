@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import UserError
 
-FORMATS = ("auto", "v1", "v2", "v3", "v3-draft")
+FORMATS = ("auto", "v1", "v2", "v3", "v3-draft", "icechunk")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 # Standard FUSE / mount(8) options that we pass through to libfuse (with a value) or accept
@@ -48,7 +48,10 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
               "and lets GDAL save statistics beside its views (README: Writes)", "off"),
     OptionDoc("cache_size=SIZE", "budget of the decoded-chunk cache (`512M`, `2G`); chunks larger than the "
               "budget are decoded only as far as each read needs, or kept apart (README: Memory)", "`512M`"),
-    OptionDoc("format=auto|v1|v2|v3|v3-draft", "skip detection", "`auto`"),
+    OptionDoc("format=auto|v1|v2|v3|v3-draft|icechunk", "skip detection", "`auto`"),
+    OptionDoc("ref=NAME", "Icechunk: the branch or tag to mount; a branch mount follows the branch's newest "
+              "snapshot (README: Icechunk repositories)", "branch `main`"),
+    OptionDoc("snapshot=ID", "Icechunk: the snapshot to mount, by its ID", "none"),
     OptionDoc("v1_order=spec|writer", "how v1 `order: F` chunks are laid out: `spec` as the v1 specification "
               "says (F order); `writer` as zarr 1.1.0, the one real v1 writer, stored them (F order only with "
               "blosc, C order with every other compressor). Use `writer` for stores that writer made", "`spec`"),
@@ -69,7 +72,7 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("metadata_ttl=SECONDS", "how long listings, metadata documents and the validity of cached "
               "chunks are trusted before they are checked against the store again; `0` checks every time, "
               "`inf` never (`cat MOUNT/.zarrfs/refresh`, or `touch` on a writable mount, drops them at once)",
-              "`10` for remote stores, `inf` for local directories"),
+              "`10` for remote stores and Icechunk branches, `inf` for local directories"),
     OptionDoc("cache_dir=PATH", "where the disk cache of remote stores lives (see Disk cache); created mode "
               "`0700`, its files `0600`; shared by every mount and process of the user",
               "`$XDG_CACHE_HOME/zarrfs` when XDG_CACHE_HOME is set, else `/var/cache/zarrfs` for root, "
@@ -283,6 +286,8 @@ class Options:
     chunks: tuple[int, ...] | None = None
     codec: str | None = None
     v1_order: str = "spec"
+    ref: str | None = None  # Icechunk: a branch or tag (None: branch main)
+    snapshot: str | None = None  # Icechunk: a snapshot ID
     timeout_s: float = 30.0
     cache_dir: str | None = None  # None: diskcache.default_cache_dir()
     # A few datasets' worth of encoded chunks on a workstation's disk, yet little of a laptop's.
@@ -411,6 +416,8 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             if v1_order not in ("spec", "writer"):
                 raise UserError(f"v1_order={v1_order}: expected spec or writer")
             kw["v1_order"] = v1_order
+        elif name in ("ref", "snapshot"):
+            kw[name] = _need(name, value)
         elif name in ("timeout", "metadata_ttl"):
             kw[f"{name}_s"] = _seconds(name, _need(name, value), allow_zero=name == "metadata_ttl")
         elif name == "log_level":
@@ -444,4 +451,6 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
     if "ro" in fuse and kw.get("writable"):
         raise UserError("ro and writable contradict each other: give one")
     kw["fuse_options"] = tuple(fuse)
+    if "ref" in kw and "snapshot" in kw:
+        raise UserError("ref= and snapshot= name two versions: give one of them")
     return Options(**kw)

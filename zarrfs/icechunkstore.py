@@ -1,0 +1,401 @@
+"""An Icechunk repository as a zarrfs store: one snapshot's read-only session behind the Store interface.
+
+Icechunk keeps a Zarr v3 hierarchy under transactional control (snapshots, branches, tags);
+its session store is asynchronous and speaks zarr-python's buffer types. This adapter runs
+that store on an asyncio loop of its own, in one thread, and answers the synchronous calls
+zarrfs's engine makes from its worker threads. `icechunk` is imported here only, lazily:
+it is an optional extra (`zarrfs[icechunk]`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from typing import Any, Callable, Coroutine
+
+from .errors import ReadOnly, StoreError, UserError, ZarrfsError
+from .keys import join
+from .store import METADATA_MAX_BYTES, Store
+
+log = logging.getLogger(__name__)
+
+EXTRA = "zarrfs[icechunk]"
+# What a repository holds at its root (every Icechunk version writes `snapshots/`; format 1
+# keeps its branches and tags under `refs/`, later formats a `repo` object): one listing tells.
+SNAPSHOTS_DIR = "snapshots"
+REFS_DIR = "refs"
+REPO_OBJECT = "repo"
+# A Zarr hierarchy's own root documents: a store holding one is a hierarchy, whatever else it holds.
+ZARR_ROOT_DOCS = ("zarr.json", ".zgroup", ".zarray", ".zmetadata", "meta")
+# Errors icechunk raises for a key it cannot hold at all (a view asking for `t`, not `t/zarr.json`):
+# such a key is simply absent.
+INVALID_KEY = "invalid zarr key"
+
+
+def looks_like_repository_sync(store: Store) -> bool:
+    """Whether SOURCE (opened as a plain store) holds an Icechunk repository, from one listing."""
+    try:
+        files, dirs = store.list_dir_sync("")
+    except ZarrfsError:
+        return False
+    if any(doc in files or doc in dirs for doc in ZARR_ROOT_DOCS):
+        return False
+    return SNAPSHOTS_DIR in dirs and (REFS_DIR in dirs or REPO_OBJECT in files)
+
+
+def _icechunk() -> Any:
+    try:
+        import icechunk
+    except ImportError:
+        raise UserError(f"Icechunk repositories need the icechunk package: pip install '{EXTRA}'") from None
+    return icechunk
+
+
+def _reason(error: BaseException) -> str:
+    """One line from icechunk's multi-line error report: its first statement."""
+    for line in str(error).splitlines():
+        line = line.strip().lstrip("x").strip()
+        if line:
+            return line[:200]
+    return type(error).__name__
+
+
+def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
+    """Icechunk's Storage for SOURCE: a local directory, or s3:// / gs:// with fsspec-style options."""
+    icechunk = _icechunk()
+    scheme, sep, rest = source.partition("://")
+    if not sep:
+        return icechunk.local_filesystem_storage(os.path.abspath(source))
+    if scheme == "file":
+        return icechunk.local_filesystem_storage(rest)
+    bucket, _, prefix = rest.partition("/")
+    prefix = prefix.strip("/") or None
+    if scheme in ("s3", "s3a"):
+        client = storage_options.get("client_kwargs", {})
+        endpoint = storage_options.get("endpoint_url") or client.get("endpoint_url")
+        key = storage_options.get("key") or storage_options.get("aws_access_key_id")
+        secret = storage_options.get("secret") or storage_options.get("aws_secret_access_key")
+        anonymous = bool(storage_options.get("anon")) or None
+        return icechunk.s3_storage(
+            bucket=bucket, prefix=prefix, endpoint_url=endpoint,
+            region=storage_options.get("region_name") or client.get("region_name"),
+            allow_http=bool(endpoint and endpoint.startswith("http://")),
+            access_key_id=key, secret_access_key=secret, session_token=storage_options.get("token"),
+            anonymous=anonymous, from_env=None if key or anonymous else True,
+            # Path-style addressing: what S3-compatible servers on an endpoint_url expect.
+            force_path_style=bool(endpoint))
+    if scheme in ("gs", "gcs"):
+        return icechunk.gcs_storage(bucket=bucket, prefix=prefix, from_env=True)
+    raise UserError(f"{source}: Icechunk repositories are mounted from a local directory, s3:// or gs://")
+
+
+class _Bytes:
+    """The buffer type handed to icechunk's store: values become plain bytes (icechunk hands over
+    a buffer of its own, which JSON parsing and slicing do not take)."""
+
+    @classmethod
+    def from_bytes(cls, data: Any) -> bytes:
+        return data if isinstance(data, bytes) else bytes(data)
+
+
+class Version:
+    """One snapshot of a repository, opened as a read-only session."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.snapshot_id: str = session.snapshot_id
+        self.store = session.store
+
+
+class IcechunkStore:
+    """A read-only zarrfs store over one snapshot of an Icechunk repository.
+
+    A branch mount follows the branch: `follow_tip_sync` moves it to the branch's newest
+    snapshot (a new session), never while a file is open, so a reader sees one snapshot.
+    """
+
+    is_local = False  # no file paths: reads go through icechunk, whatever holds the repository
+    read_only = True
+    ranges_ignored = False
+
+    def __init__(self, source: str, storage_options: dict[str, Any] | None = None, ref: str | None = None,
+                 snapshot: str | None = None, log_level: str = "warning") -> None:
+        icechunk = _icechunk()
+        if "ICECHUNK_LOG" not in os.environ:  # icechunk's own log goes to stderr, not ours
+            icechunk.set_logs_filter("icechunk=info" if log_level == "debug" else "error")
+        self.source = source
+        self._loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=self._loop.run_forever, name="zarrfs-icechunk", daemon=True)
+        thread.start()
+        try:
+            self.repo = icechunk.Repository.open(storage_of(source, storage_options or {}))
+        except icechunk.IcechunkError as e:
+            raise UserError(f"{source}: cannot open the Icechunk repository: {_reason(e)}") from None
+        self.branch: str | None = None
+        self.tag: str | None = None
+        try:
+            if snapshot is not None:
+                session = self.repo.readonly_session(snapshot_id=snapshot)
+            elif ref is None or ref in self.repo.list_branches():
+                self.branch = ref or "main"
+                session = self.repo.readonly_session(branch=self.branch)
+            elif ref in self.repo.list_tags():
+                self.tag = ref
+                session = self.repo.readonly_session(tag=ref)
+            else:
+                raise UserError(f"{source}: ref={ref}: no such branch or tag (branches: "
+                                f"{', '.join(sorted(self.repo.list_branches()))}; tags: "
+                                f"{', '.join(sorted(self.repo.list_tags())) or 'none'})")
+        except icechunk.IcechunkError as e:
+            what = f"snapshot={snapshot}" if snapshot is not None else f"ref={ref or 'main'}"
+            raise UserError(f"{source}: {what}: {_reason(e)}") from None
+        self.version = Version(session)
+        self.tip_pending: str | None = None  # a newer snapshot of the branch, taken once no file is open
+        self._error = icechunk.IcechunkError
+        self._prototype = _prototype()
+
+    def __repr__(self) -> str:
+        return f"IcechunkStore({self.source!r}, {self.snapshot_id})"
+
+    @property
+    def snapshot_id(self) -> str:
+        return self.version.snapshot_id
+
+    @property
+    def follows_branch(self) -> bool:
+        return self.branch is not None
+
+    # --- the branch's tip -------------------------------------------------------------
+
+    def follow_tip_sync(self, may_move: bool) -> bool:
+        """Look up the branch's newest snapshot; move to it when MAY_MOVE (no file open), else
+        remember it for later. True when the mount now shows another snapshot."""
+        if self.branch is None:
+            return False
+        try:
+            tip = self.repo.lookup_branch(self.branch)
+        except self._error as e:
+            raise StoreError(f"looking up branch {self.branch!r} failed: {_reason(e)}") from None
+        if tip == self.snapshot_id:
+            self.tip_pending = None
+            return False
+        if not may_move:
+            if self.tip_pending != tip:
+                log.info("branch %s moved to snapshot %s: shown once no file of the mount is open",
+                         self.branch, tip)
+            self.tip_pending = tip
+            return False
+        try:
+            session = self.repo.readonly_session(snapshot_id=tip)
+        except self._error as e:
+            raise StoreError(f"opening snapshot {tip} of branch {self.branch!r} failed: {_reason(e)}") from None
+        log.info("branch %s: now showing snapshot %s (was %s)", self.branch, tip, self.snapshot_id)
+        self.version = Version(session)
+        self.tip_pending = None
+        return True
+
+    # --- reads ------------------------------------------------------------------------
+
+    def _run(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+        """Run a coroutine of icechunk's store on this store's loop; wait for its result."""
+        async def call() -> Any:
+            return await make()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+
+    async def _get(self, store: Any, key: str, byte_range: Any = None) -> bytes | None:
+        try:
+            return await store.get(key, self._prototype, byte_range)
+        except self._error as e:
+            if INVALID_KEY in str(e):
+                return None
+            raise
+
+    def _failed(self, what: str, error: BaseException) -> StoreError:
+        return StoreError(f"{what} failed (snapshot {self.snapshot_id}): {_reason(error)}")
+
+    def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> bytes | None:
+        """The value of a key in the snapshot shown, or None; larger than `max_nbytes`: StoreError."""
+        store = self.version.store
+        try:
+            data = self._run(lambda: self._get(store, key))
+        except self._error as e:
+            raise self._failed(f"reading {key!r}", e) from None
+        return None if data is None else Store._bounded(key, data, max_nbytes)
+
+    def get_many_sync(self, keys: list[str], max_nbytes: int | None = METADATA_MAX_BYTES) -> dict[str, bytes | None]:
+        """Several keys at once, concurrently, each bounded as in `get_sync`."""
+        store = self.version.store
+
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*(self._get(store, k) for k in keys), return_exceptions=True)
+
+        out: dict[str, bytes | None] = {}
+        for key, res in zip(keys, self._run(gather)):
+            if isinstance(res, BaseException):
+                raise self._failed(f"reading {key!r}", res)
+            out[key] = None if res is None else Store._bounded(key, res, max_nbytes)
+        return out
+
+    def _size_sync(self, store: Any, key: str) -> int | None:
+        async def size() -> int | None:
+            try:
+                if not await store.exists(key):
+                    return None
+            except self._error as e:
+                if INVALID_KEY in str(e):
+                    return None
+                raise
+            return await store.getsize(key)
+
+        try:
+            return self._run(size)
+        except self._error as e:
+            raise self._failed(f"size of {key!r}", e) from None
+
+    def size_sync(self, key: str) -> int | None:
+        """Size of one key, or None when it is absent."""
+        return self._size_sync(self.version.store, key)
+
+    def get_range_sync(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a key (b"" past its end)."""
+        return self.get_ranges_sync(key, [(start, end)])[0]
+
+    def get_ranges_sync(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges [start, end) of one key, concurrently."""
+        from zarr.abc.store import RangeByteRequest
+
+        store = self.version.store
+
+        async def one(start: int, end: int) -> bytes:
+            if end <= start:  # icechunk refuses empty ranges
+                return b""
+            data = await self._get(store, key, RangeByteRequest(start, end))
+            if data is None:
+                raise StoreError(f"reading {key!r} [{start}:{end}]: no such key")
+            return data[:end - start]
+
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*(one(a, b) for a, b in ranges), return_exceptions=True)
+
+        out = []
+        for (start, end), res in zip(ranges, self._run(gather)):
+            if isinstance(res, ZarrfsError):
+                raise res
+            if isinstance(res, BaseException):
+                raise self._failed(f"reading {key!r} [{start}:{end}]", res)
+            out.append(res)
+        return out
+
+    def get_prefix_sync(self, key: str, nbytes: int) -> bytes | None:
+        """The first `nbytes` bytes of a key (all of it when shorter), or None when it is absent."""
+        size = self.size_sync(key)
+        if size is None:
+            return None
+        return self.get_range_sync(key, 0, min(nbytes, size))
+
+    def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
+        """The last `nbytes` bytes of a key (all of it when shorter), or None when it is absent."""
+        # icechunk 1.x refuses a suffix longer than the object: the size bounds it first.
+        size = self.size_sync(key)
+        if size is None:
+            return None
+        return self.get_range_sync(key, max(0, size - nbytes), size)
+
+    # --- listings ---------------------------------------------------------------------
+
+    def _names_sync(self, lister: str, prefix: str) -> list[str]:
+        store = self.version.store
+
+        async def names() -> list[str]:
+            return [name async for name in getattr(store, lister)(prefix)]
+
+        try:
+            return self._run(names)
+        except self._error as e:
+            raise self._failed(f"listing {prefix or '/'!r}", e) from None
+
+    def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:
+        """Keys (with their sizes) and sub-prefixes directly under a prefix."""
+        store = self.version.store
+        names = self._names_sync("list_dir", prefix)
+
+        async def kinds() -> list[Any]:
+            async def one(name: str) -> int | None:
+                key = join(prefix, name)
+                try:
+                    return await store.getsize(key) if await store.exists(key) else None
+                except self._error as e:
+                    if INVALID_KEY in str(e):  # a node's or a chunk row's name: a prefix
+                        return None
+                    raise
+
+            return await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+
+        files: dict[str, int | None] = {}
+        dirs: list[str] = []
+        for name, res in zip(names, self._run(kinds)):
+            if isinstance(res, BaseException):
+                raise self._failed(f"listing {prefix or '/'!r}", res)
+            if res is None:
+                dirs.append(name)
+            else:
+                files[name] = res
+        return dict(sorted(files.items())), sorted(dirs)
+
+    def sizes_below_sync(self, prefix: str) -> dict[str, int | None]:
+        """Every key below a prefix (recursively), relative to it, with its size."""
+        store = self.version.store
+        base = prefix + "/" if prefix else ""
+        keys = [k for k in self._names_sync("list_prefix", base) if k.startswith(base)]
+
+        async def sizes() -> list[Any]:
+            return await asyncio.gather(*(store.getsize(k) for k in keys), return_exceptions=True)
+
+        out: dict[str, int | None] = {}
+        for key, res in zip(keys, self._run(sizes)):
+            if isinstance(res, BaseException):
+                raise self._failed(f"size of {key!r}", res)
+            out[key[len(base):]] = res
+        return out
+
+    def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
+        """Keys below a prefix with (size, no time, no tag): a snapshot never changes, and the mount
+        drops its cached chunks whenever it moves to another one."""
+        return {rel: (size, None, None) for rel, size in self.sizes_below_sync(prefix).items()}
+
+    # --- operations: what the daemon and fuse_ops ask of any store ---------------------
+
+    def probe_sync(self, shown: str) -> None:
+        """The repository was opened when this store was made: nothing more to check."""
+
+    def exists_sync(self) -> bool:
+        return True
+
+    def mtime_ns_sync(self, key: str) -> int | None:
+        return None
+
+    def stored_bytes_sync(self) -> int | None:
+        return None
+
+    def free_bytes_sync(self) -> int | None:
+        return None
+
+    def is_dir_sync(self, prefix: str) -> bool:
+        return False
+
+    # --- writes: not yet ----------------------------------------------------------------
+
+    def _read_only(self, *args: Any) -> None:
+        raise ReadOnly(f"{self.source}: Icechunk repositories are mounted read-only")
+
+    set_sync = erase_sync = erase_below_sync = move_sync = swap_dirs_sync = _read_only
+
+
+def _prototype() -> Any:
+    """zarr-python's buffer prototype with `_Bytes` as its buffer: values arrive as plain bytes."""
+    from zarr.core.buffer import BufferPrototype, default_buffer_prototype
+
+    return BufferPrototype(buffer=_Bytes, nd_buffer=default_buffer_prototype().nd_buffer)
