@@ -160,6 +160,14 @@ class NamespaceFreshness:
         if files and self.on_data_stale_sync is not None:
             self.engine.start_soon_thread(self.on_data_stale_sync, files)
 
+    async def _show_other_snapshot(self: "Namespace") -> None:
+        """The store shows another snapshot: entries the kernel holds show their node in it (or
+        give ENOENT when it has none), as after a replacement."""
+        tops = {e.node.path.split("/", 1)[0] for e in self._entries.values()
+                if e.node is not None and not isinstance(e.node, BrokenNode)}
+        for top in sorted(tops):
+            await self._repoint(top, top)
+
     async def revalidate(self: "Namespace", force: bool = False) -> None:
         """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
         now = time.monotonic()
@@ -168,14 +176,17 @@ class NamespaceFreshness:
         if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
             return
         self._fresh_since = now
+        moved = False
         follow = getattr(store, "follow_tip_sync", None)
         if follow is not None:  # a versioned store: only a move to another snapshot makes anything stale
             if not await self.engine.run_io(follow, self.open_files == 0):
                 return
-            force = True
+            force = moved = True
         self.fresh_epoch += 1
         self._now_nodes.clear()
         self._told_replaced.clear()
+        if moved:
+            await self._show_other_snapshot()
         reread = getattr(self.hierarchy, "reread_consolidated_sync", None)
         if reread is not None:
             await self.engine.run_io(reread)

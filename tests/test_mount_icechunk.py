@@ -1,0 +1,151 @@
+"""Icechunk repositories mounted: the tip of main with every view, ref= and snapshot=, a branch followed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+import icechunk_repo
+import mounted
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return icechunk_repo.build(tmp_path_factory.mktemp("icechunk") / "repo")
+
+
+@pytest.fixture(scope="module")
+def main_mnt(repo, module_mount):
+    return module_mount(repo.path)
+
+
+def _assert_tree_equals(mnt, repo, snapshot_id):
+    arrays = icechunk_repo.arrays_of(repo, snapshot_id)
+    assert arrays, "the oracle found no arrays"
+    for path, value in arrays.items():
+        assert (mnt / (path + ".npy")).read_bytes() == mounted.npy_bytes(value), path
+    for group in icechunk_repo.groups_of(repo, snapshot_id):
+        assert (mnt / group).is_dir(), group
+    listed = {str(p.relative_to(mnt))[:-len(".npy")] for p in mnt.rglob("*.npy")}
+    assert listed == set(arrays)
+
+
+def test_tip_of_main_equals_icechunk(main_mnt, repo):
+    _assert_tree_equals(main_mnt, repo, repo.snapshots["main"])
+
+
+def test_views_of_a_repository(main_mnt, repo):
+    value = icechunk_repo.arrays_of(repo, repo.snapshots["main"])["g/t"]
+    views = main_mnt / ".zarrfs"
+    assert (views / "npy-f" / "g" / "t.npy").read_bytes() == mounted.npy_f_bytes(value)
+    assert (views / "raw" / "g" / "t.raw").read_bytes() == value.tobytes()
+    assert (views / "chunks" / "g" / "t" / "1.1.npy").read_bytes() == mounted.npy_bytes(value[16:32, 16:30])
+    assert (views / "slice" / "g" / "t[5:12,::3].npy").read_bytes() == mounted.npy_bytes(value[5:12, ::3])
+    info = json.loads((views / "info" / "g" / "t.json").read_bytes())
+    assert info["shape"] == [50, 30] and info["dtype"] == "<i4" and info["chunks_stored"] == 6
+    oracle = repo.open().readonly_session(branch="main").store
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+    doc = sync(oracle.get("g/t/zarr.json", default_buffer_prototype())).to_bytes()
+    assert (views / "store" / "g" / "t" / "zarr.json").read_bytes() == doc
+    assert sorted(os.listdir(views / "store")) == ["a", "g", "s", "zarr.json"]
+    assert json.loads(os.getxattr(main_mnt / "g", "user.zarr.attributes")) == {"title": "first"}
+
+
+@pytest.mark.parametrize("option, version", [("ref=v1", "v1"), ("ref=dev", "dev"), ("snapshot", "v1")],
+                         ids=["tag", "branch", "snapshot"])
+def test_ref_and_snapshot_mounts(repo, module_mount, option, version):
+    if option == "snapshot":
+        option = f"snapshot={repo.snapshots[version]}"
+    mnt = module_mount(repo.path, option)
+    _assert_tree_equals(mnt, repo, repo.snapshots[version])
+
+
+def test_format_icechunk_and_file_url(repo, module_mount):
+    mnt = module_mount(f"file://{repo.path}", "format=icechunk")
+    value = icechunk_repo.arrays_of(repo, repo.snapshots["main"])["a"]
+    assert (mnt / "a.npy").read_bytes() == mounted.npy_bytes(value)
+
+
+def _fails(tmp_path, source, *opts, env=None):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir(parents=True)
+    cmd = [*mounted.ZARRFS, str(source), str(mnt), "-f"] + (["-o", ",".join(opts)] if opts else [])
+    out_p = tmp_path / "out"
+    import subprocess
+
+    with open(out_p, "wb") as out:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                              timeout=60)
+    assert not mounted.is_mounted(mnt)
+    assert proc.returncode != 0
+    return out_p.read_text()
+
+
+def test_refusals_are_one_line(repo, tmp_path):
+    text = _fails(tmp_path / "a", repo.path, "ref=nope")
+    assert "ref=nope: no such branch or tag" in text and "Traceback" not in text
+    assert len(text.strip().splitlines()) == 1, text
+    plain = tmp_path / "plain.zarr"
+    import zarr
+
+    zarr.open_group(str(plain), mode="w", zarr_format=3)
+    text = _fails(tmp_path / "b", plain, "ref=v1")
+    assert "not one" in text and "Traceback" not in text
+    text = _fails(tmp_path / "c", repo.path, "writable")
+    assert "read-only" in text and "Traceback" not in text
+
+
+def test_without_the_extra_the_error_names_it(repo, tmp_path):
+    blocker = tmp_path / "block" / "icechunk"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('icechunk is not installed')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker.parent), *sys.path]))
+    text = _fails(tmp_path / "w", repo.path, env=env)
+    assert "zarrfs[icechunk]" in text and "Traceback" not in text, text
+
+
+def _copy(repo, tmp_path):
+    return icechunk_repo.Repo(shutil.copytree(repo.path, tmp_path / "repo"), dict(repo.snapshots))
+
+
+def test_new_commits_seen_after_refresh_open_files_keep_theirs(repo, tmp_path, mount):
+    repo = _copy(repo, tmp_path)
+    mnt = mount(repo.path, "metadata_ttl=inf")
+    before = icechunk_repo.arrays_of(repo, repo.snapshots["main"])
+    assert (mnt / "g" / "t.npy").read_bytes() == mounted.npy_bytes(before["g/t"])
+
+    def third(root):
+        root["g/t"][:] = np.arange(1500, dtype="<i4").reshape(50, 30)
+        root["g"].create_array("w", shape=(4,), chunks=(2,), dtype="<i8")[:] = [1, 2, 3, 4]
+        del root["a"]
+
+    new = icechunk_repo.commit(repo.open(), "main", "third", third)
+    after = icechunk_repo.arrays_of(repo, new)
+    assert (mnt / "g" / "t.npy").read_bytes() == mounted.npy_bytes(before["g/t"])  # trusted until refreshed
+    held = open(mnt / "g" / "u.npy", "rb")
+    try:
+        head = held.read(100)
+        (mnt / ".zarrfs" / "refresh").read_bytes()  # a file is open: the mount stays on its snapshot
+        assert (mnt / "g" / "t.npy").read_bytes() == mounted.npy_bytes(before["g/t"])
+        assert head + held.read() == mounted.npy_bytes(before["g/u"])
+    finally:
+        held.close()
+    (mnt / ".zarrfs" / "refresh").read_bytes()
+    _assert_tree_equals(mnt, repo, new)
+    assert "g/w" in after and "a" not in after and not (mnt / "a.npy").exists()
+    assert f"now showing snapshot {new}" in mount.log_text()
+
+
+def test_a_branch_is_followed_within_metadata_ttl(repo, tmp_path, mount):
+    repo = _copy(repo, tmp_path)
+    mnt = mount(repo.path, "ref=dev", "metadata_ttl=0.5")
+    assert sorted(os.listdir(mnt)) == ["a.npy", "g", "s.npy"]
+    new = icechunk_repo.commit(repo.open(), "dev", "more", lambda root: root["a"].__setitem__(slice(None), 2.5))
+    want = mounted.npy_bytes(icechunk_repo.arrays_of(repo, new)["a"])
+    assert mounted.wait_until(lambda: (mnt / "a.npy").read_bytes() == want, 20)
