@@ -92,12 +92,17 @@ def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
 
 
 class _Bytes:
-    """The buffer type handed to icechunk's store: values become plain bytes (icechunk hands over
-    a buffer of its own, which JSON parsing and slicing do not take)."""
+    """The buffer type handed to icechunk's store: it keeps the value icechunk hands over (a
+    buffer of its own), uncopied; `_plain` or a copy into the chunk's buffer makes it usable."""
 
     @classmethod
-    def from_bytes(cls, data: Any) -> bytes:
-        return data if isinstance(data, bytes) else bytes(data)
+    def from_bytes(cls, data: Any) -> Any:
+        return data
+
+
+def _plain(data: Any) -> bytes:
+    """A value as bytes (JSON parsing and slicing do not take icechunk's buffer)."""
+    return data if isinstance(data, bytes) else bytes(data)
 
 
 class Version:
@@ -223,7 +228,14 @@ class IcechunkStore:
             data = self._run(lambda: self._get(store, key))
         except self._error as e:
             raise self._failed(f"reading {key!r}", e) from None
-        return None if data is None else Store._bounded(key, data, max_nbytes)
+        if data is None:
+            return None
+        Store._bounded(key, data, max_nbytes)
+        if into is not None and len(data) <= len(into):  # the chunk's own buffer: no decoding copy after
+            view = memoryview(into).cast("B")
+            view[:len(data)] = data
+            return into if len(data) == len(view) else view[:len(data)]
+        return _plain(data)
 
     def get_many_sync(self, keys: list[str], max_nbytes: int | None = METADATA_MAX_BYTES) -> dict[str, bytes | None]:
         """Several keys at once, concurrently, each bounded as in `get_sync`."""
@@ -236,7 +248,7 @@ class IcechunkStore:
         for key, res in zip(keys, self._run(gather)):
             if isinstance(res, BaseException):
                 raise self._failed(f"reading {key!r}", res)
-            out[key] = None if res is None else Store._bounded(key, res, max_nbytes)
+            out[key] = None if res is None else Store._bounded(key, _plain(res), max_nbytes)
         return out
 
     def _size_sync(self, store: Any, key: str) -> int | None:
@@ -275,7 +287,7 @@ class IcechunkStore:
             data = await self._get(store, key, RangeByteRequest(start, end))
             if data is None:
                 raise StoreError(f"reading {key!r} [{start}:{end}]: no such key")
-            return data[:end - start]
+            return _plain(data)[:end - start]
 
         async def gather() -> list[Any]:
             return await asyncio.gather(*(one(a, b) for a, b in ranges), return_exceptions=True)
