@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -57,6 +58,42 @@ def test_views_of_a_repository(main_mnt, repo):
     assert json.loads(os.getxattr(main_mnt / "g", "user.zarr.attributes")) == {"title": "first"}
 
 
+def test_version_directories_equal_icechunk(main_mnt, repo):
+    versions = main_mnt / ".zarrfs" / "versions"
+    ancestry = [s.id for s in repo.open().ancestry(branch="main")]
+    assert sorted(os.listdir(versions)) == ["branches", "log.json", "snapshots", "tags"]
+    assert sorted(os.listdir(versions / "branches")) == ["dev", "main"]
+    assert os.listdir(versions / "tags") == ["v1"]
+    assert sorted(os.listdir(versions / "snapshots")) == sorted(ancestry)
+    snapshots = repo.snapshots
+    for where, version in (("tags/v1", "v1"), ("branches/main", "main"), ("branches/dev", "dev"),
+                           (f"snapshots/{snapshots['v1']}", "v1"), (f"snapshots/{snapshots['main']}", "main"),
+                           (f"snapshots/{snapshots['dev']}", "dev")):  # dev's tip: not listed, found by ID
+        _assert_tree_equals(versions / where, repo, snapshots[version])
+    assert not (versions / "snapshots" / "AAAAAAAAAAAAAAAAAAAA").exists()
+    assert not (versions / "tags" / "nope").exists()
+
+
+def test_log_json_is_the_branch_ancestry(main_mnt, repo):
+    log = json.loads((main_mnt / ".zarrfs" / "versions" / "log.json").read_bytes())
+    want = list(repo.open().ancestry(branch="main"))
+    assert log["branch"] == "main" and log["snapshot"] == repo.snapshots["main"]
+    assert [e["id"] for e in log["ancestry"]] == [s.id for s in want]
+    assert [e["message"] for e in log["ancestry"]] == [s.message for s in want]
+    assert [e["parent"] for e in log["ancestry"]] == [s.parent_id for s in want]
+    import datetime
+
+    assert [datetime.datetime.fromisoformat(e["time"]) for e in log["ancestry"]] == [s.written_at for s in want]
+
+
+def test_diff_of_a_tag_with_the_tip(main_mnt):
+    tag = main_mnt / ".zarrfs" / "versions" / "tags" / "v1"
+    changed = subprocess.run(["bash", "-c", f"diff <(cat {tag}/g/t.npy) {main_mnt}/g/t.npy"], capture_output=True)
+    assert changed.returncode == 1 and b"differ" in changed.stdout
+    same = subprocess.run(["diff", str(tag / "a.npy"), str(main_mnt / "a.npy")], capture_output=True)
+    assert same.returncode == 0, same
+
+
 @pytest.mark.parametrize("option, version", [("ref=v1", "v1"), ("ref=dev", "dev"), ("snapshot", "v1")],
                          ids=["tag", "branch", "snapshot"])
 def test_ref_and_snapshot_mounts(repo, module_mount, option, version):
@@ -77,8 +114,6 @@ def _fails(tmp_path, source, *opts, env=None):
     mnt.mkdir(parents=True)
     cmd = [*mounted.ZARRFS, str(source), str(mnt), "-f"] + (["-o", ",".join(opts)] if opts else [])
     out_p = tmp_path / "out"
-    import subprocess
-
     with open(out_p, "wb") as out:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                               timeout=60)
@@ -119,6 +154,7 @@ def test_new_commits_seen_after_refresh_open_files_keep_theirs(repo, tmp_path, m
     mnt = mount(repo.path, "metadata_ttl=inf")
     before = icechunk_repo.arrays_of(repo, repo.snapshots["main"])
     assert (mnt / "g" / "t.npy").read_bytes() == mounted.npy_bytes(before["g/t"])
+    _assert_tree_equals(mnt / ".zarrfs" / "versions" / "branches" / "main", repo, repo.snapshots["main"])
 
     def third(root):
         root["g/t"][:] = np.arange(1500, dtype="<i4").reshape(50, 30)
@@ -138,6 +174,9 @@ def test_new_commits_seen_after_refresh_open_files_keep_theirs(repo, tmp_path, m
         held.close()
     (mnt / ".zarrfs" / "refresh").read_bytes()
     _assert_tree_equals(mnt, repo, new)
+    _assert_tree_equals(mnt / ".zarrfs" / "versions" / "branches" / "main", repo, new)
+    log = json.loads((mnt / ".zarrfs" / "versions" / "log.json").read_bytes())
+    assert log["snapshot"] == new and log["ancestry"][0]["message"] == "third"
     assert "g/w" in after and "a" not in after and not (mnt / "a.npy").exists()
     assert f"now showing snapshot {new}" in mount.log_text()
 
@@ -149,3 +188,5 @@ def test_a_branch_is_followed_within_metadata_ttl(repo, tmp_path, mount):
     new = icechunk_repo.commit(repo.open(), "dev", "more", lambda root: root["a"].__setitem__(slice(None), 2.5))
     want = mounted.npy_bytes(icechunk_repo.arrays_of(repo, new)["a"])
     assert mounted.wait_until(lambda: (mnt / "a.npy").read_bytes() == want, 20)
+    branch = mnt / ".zarrfs" / "versions" / "branches" / "dev"
+    assert mounted.wait_until(lambda: (branch / "a.npy").read_bytes() == want, 20)

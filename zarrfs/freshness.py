@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from . import netcdf
 from .errors import Stale, ZarrfsError
 from .model import ArrayMeta, BrokenNode, GroupMeta, Node
+from .versions import is_version_path
 
 if TYPE_CHECKING:
     from .namespace import Entry, Namespace
@@ -164,7 +165,7 @@ class NamespaceFreshness:
         """The store shows another snapshot: entries the kernel holds show their node in it (or
         give ENOENT when it has none), as after a replacement."""
         tops = {e.node.path.split("/", 1)[0] for e in self._entries.values()
-                if e.node is not None and not isinstance(e.node, BrokenNode)}
+                if e.node is not None and not isinstance(e.node, BrokenNode) and not is_version_path(e.node.path)}
         for top in sorted(tops):
             await self._repoint(top, top)
 
@@ -179,9 +180,11 @@ class NamespaceFreshness:
         moved = False
         follow = getattr(store, "follow_tip_sync", None)
         if follow is not None:  # a versioned store: only a move to another snapshot makes anything stale
-            if not await self.engine.run_io(follow, self.open_files == 0):
+            moved = await self.engine.run_io(follow, self.open_files == 0)
+            await self.recheck_versions()
+            if not moved:
                 return
-            force = moved = True
+            force = True
         self.fresh_epoch += 1
         self._now_nodes.clear()
         self._told_replaced.clear()

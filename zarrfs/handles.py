@@ -244,7 +244,7 @@ def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
         return SnapshotHandle(ns, entry, b"", direct_io=True)
     if entry.kind == "stats":
         return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
-    if entry.kind in ("info", "text", "pam", "preview"):
+    if entry.kind in ("info", "text", "pam", "preview", "versionlog"):
         return SnapshotHandle(ns, entry, entry.content or b"")
     if entry.kind == "storekey":
         return StoreKeyHandle(ns, entry)

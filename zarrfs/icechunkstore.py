@@ -10,8 +10,12 @@ it is an optional extra (`zarrfs[icechunk]`).
 from __future__ import annotations
 
 import asyncio
+import collections
+import datetime
+import json
 import logging
 import os
+import re
 import threading
 from typing import Any, Callable, Coroutine
 
@@ -29,6 +33,14 @@ REFS_DIR = "refs"
 REPO_OBJECT = "repo"
 # A Zarr hierarchy's own root documents: a store holding one is a hierarchy, whatever else it holds.
 ZARR_ROOT_DOCS = ("zarr.json", ".zgroup", ".zarray", ".zmetadata", "meta")
+# Keys below `SNAPSHOT_PREFIX + ID` are those of snapshot ID (the history under `.zarrfs/versions`):
+# one store, one engine and one cache serve every version, each cached under its own paths.
+# The prefix starts with `.zarrfs`, which no node name may.
+SNAPSHOT_PREFIX = ".zarrfs-snapshot-"
+# Sessions of other snapshots kept open (each holds its snapshot's node table in memory).
+SESSIONS_KEPT = 32
+# What an Icechunk snapshot ID looks like: 12 bytes in Crockford's base32.
+SNAPSHOT_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}")
 # Errors icechunk raises for a key it cannot hold at all (a view asking for `t`, not `t/zarr.json`):
 # such a key is simply absent.
 INVALID_KEY = "invalid zarr key"
@@ -115,7 +127,8 @@ class Version:
 
 
 class IcechunkStore:
-    """A read-only zarrfs store over one snapshot of an Icechunk repository.
+    """A read-only zarrfs store over one snapshot of an Icechunk repository, and over any other
+    snapshot below `SNAPSHOT_PREFIX + ID`.
 
     A branch mount follows the branch: `follow_tip_sync` moves it to the branch's newest
     snapshot (a new session), never while a file is open, so a reader sees one snapshot.
@@ -160,6 +173,9 @@ class IcechunkStore:
         self.tip_pending: str | None = None  # a newer snapshot of the branch, taken once no file is open
         self._error = icechunk.IcechunkError
         self._prototype = _prototype()
+        # Sessions of other snapshots (the history), most recently used last.
+        self._others: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._others_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"IcechunkStore({self.source!r}, {self.snapshot_id})"
@@ -201,6 +217,66 @@ class IcechunkStore:
         self.tip_pending = None
         return True
 
+    # --- the history ------------------------------------------------------------------
+
+    def refs_sync(self, kind: str) -> dict[str, str]:
+        """Branches or tags (KIND) -> the snapshot each names now."""
+        try:
+            if kind == "branches":
+                return {name: self.repo.lookup_branch(name) for name in sorted(self.repo.list_branches())}
+            return {name: self.repo.lookup_tag(name) for name in sorted(self.repo.list_tags())}
+        except self._error as e:
+            raise StoreError(f"listing the {kind} failed: {_reason(e)}") from None
+
+    def ancestry_sync(self) -> list[dict[str, Any]]:
+        """The snapshot shown and its ancestors, newest first: id, time, message, parent."""
+        try:
+            found = list(self.repo.ancestry(snapshot_id=self.snapshot_id))
+        except self._error as e:
+            raise StoreError(f"reading the ancestry of snapshot {self.snapshot_id} failed: {_reason(e)}") from None
+        return [{"id": s.id, "time": s.written_at.astimezone(datetime.timezone.utc).isoformat(),
+                 "message": s.message, "parent": s.parent_id} for s in found]
+
+    def log_json_sync(self) -> bytes:
+        """`.zarrfs/versions/log.json`: what is mounted and its ancestry."""
+        doc = {"branch": self.branch, "tag": self.tag, "snapshot": self.snapshot_id,
+               "ancestry": self.ancestry_sync()}
+        return (json.dumps(doc, indent=2) + "\n").encode()
+
+    def has_snapshot_sync(self, snapshot_id: str) -> bool:
+        """Whether the repository holds a snapshot of that ID."""
+        return self._session_store(snapshot_id) is not None
+
+    def _session_store(self, snapshot_id: str) -> Any:
+        """The store of a read-only session at SNAPSHOT_ID (kept for later), None when there is none."""
+        if snapshot_id == self.snapshot_id:
+            return self.version.store
+        with self._others_lock:
+            store = self._others.get(snapshot_id)
+            if store is not None:
+                self._others.move_to_end(snapshot_id)
+                return store
+        if not SNAPSHOT_ID.fullmatch(snapshot_id):
+            return None
+        try:
+            store = self.repo.readonly_session(snapshot_id=snapshot_id).store
+        except self._error as e:
+            if "not found" in str(e):
+                return None
+            raise self._failed(f"opening snapshot {snapshot_id}", e) from None
+        with self._others_lock:
+            self._others[snapshot_id] = store
+            while len(self._others) > SESSIONS_KEPT:
+                self._others.popitem(last=False)
+        return store
+
+    def _route(self, key: str) -> tuple[Any, str]:
+        """The session store a key belongs to (None: a snapshot that does not exist) and the key there."""
+        if not key.startswith(SNAPSHOT_PREFIX):
+            return self.version.store, key
+        head, _, rest = key.partition("/")
+        return self._session_store(head[len(SNAPSHOT_PREFIX):]), rest
+
     # --- reads ------------------------------------------------------------------------
 
     def _run(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -210,7 +286,9 @@ class IcechunkStore:
 
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
 
-    async def _get(self, store: Any, key: str, byte_range: Any = None) -> bytes | None:
+    async def _get(self, store: Any, key: str, byte_range: Any = None) -> Any:
+        if store is None or not key:
+            return None
         try:
             return await store.get(key, self._prototype, byte_range)
         except self._error as e:
@@ -222,10 +300,12 @@ class IcechunkStore:
         return StoreError(f"{what} failed (snapshot {self.snapshot_id}): {_reason(error)}")
 
     def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> bytes | None:
-        """The value of a key in the snapshot shown, or None; larger than `max_nbytes`: StoreError."""
-        store = self.version.store
+        """The value of a key, or None; larger than `max_nbytes`: StoreError. A value that fits in
+        INTO (a writable buffer) is copied into it: INTO returned when it is exactly its size, else
+        a view of its first bytes."""
+        store, rel = self._route(key)
         try:
-            data = self._run(lambda: self._get(store, key))
+            data = self._run(lambda: self._get(store, rel))
         except self._error as e:
             raise self._failed(f"reading {key!r}", e) from None
         if data is None:
@@ -239,10 +319,10 @@ class IcechunkStore:
 
     def get_many_sync(self, keys: list[str], max_nbytes: int | None = METADATA_MAX_BYTES) -> dict[str, bytes | None]:
         """Several keys at once, concurrently, each bounded as in `get_sync`."""
-        store = self.version.store
+        routed = [self._route(k) for k in keys]
 
         async def gather() -> list[Any]:
-            return await asyncio.gather(*(self._get(store, k) for k in keys), return_exceptions=True)
+            return await asyncio.gather(*(self._get(store, rel) for store, rel in routed), return_exceptions=True)
 
         out: dict[str, bytes | None] = {}
         for key, res in zip(keys, self._run(gather)):
@@ -251,25 +331,25 @@ class IcechunkStore:
             out[key] = None if res is None else Store._bounded(key, _plain(res), max_nbytes)
         return out
 
-    def _size_sync(self, store: Any, key: str) -> int | None:
-        async def size() -> int | None:
-            try:
-                if not await store.exists(key):
-                    return None
-            except self._error as e:
-                if INVALID_KEY in str(e):
-                    return None
-                raise
-            return await store.getsize(key)
-
+    async def _size(self, store: Any, key: str) -> int | None:
+        if store is None or not key:
+            return None
         try:
-            return self._run(size)
+            if not await store.exists(key):
+                return None
         except self._error as e:
-            raise self._failed(f"size of {key!r}", e) from None
+            if INVALID_KEY in str(e):  # a node's or a chunk row's name: a prefix, not a key
+                return None
+            raise
+        return await store.getsize(key)
 
     def size_sync(self, key: str) -> int | None:
         """Size of one key, or None when it is absent."""
-        return self._size_sync(self.version.store, key)
+        store, rel = self._route(key)
+        try:
+            return self._run(lambda: self._size(store, rel))
+        except self._error as e:
+            raise self._failed(f"size of {key!r}", e) from None
 
     def get_range_sync(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a key (b"" past its end)."""
@@ -279,12 +359,12 @@ class IcechunkStore:
         """Byte ranges [start, end) of one key, concurrently."""
         from zarr.abc.store import RangeByteRequest
 
-        store = self.version.store
+        store, rel = self._route(key)
 
         async def one(start: int, end: int) -> bytes:
             if end <= start:  # icechunk refuses empty ranges
                 return b""
-            data = await self._get(store, key, RangeByteRequest(start, end))
+            data = await self._get(store, rel, RangeByteRequest(start, end))
             if data is None:
                 raise StoreError(f"reading {key!r} [{start}:{end}]: no such key")
             return _plain(data)[:end - start]
@@ -318,8 +398,9 @@ class IcechunkStore:
 
     # --- listings ---------------------------------------------------------------------
 
-    def _names_sync(self, lister: str, prefix: str) -> list[str]:
-        store = self.version.store
+    def _names_sync(self, lister: str, store: Any, prefix: str, shown: str) -> list[str]:
+        if store is None:
+            return []
 
         async def names() -> list[str]:
             return [name async for name in getattr(store, lister)(prefix)]
@@ -327,28 +408,19 @@ class IcechunkStore:
         try:
             return self._run(names)
         except self._error as e:
-            raise self._failed(f"listing {prefix or '/'!r}", e) from None
+            raise self._failed(f"listing {shown or '/'!r}", e) from None
 
     def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:
         """Keys (with their sizes) and sub-prefixes directly under a prefix."""
-        store = self.version.store
-        names = self._names_sync("list_dir", prefix)
+        store, rel = self._route(prefix)
+        names = self._names_sync("list_dir", store, rel, prefix)
 
-        async def kinds() -> list[Any]:
-            async def one(name: str) -> int | None:
-                key = join(prefix, name)
-                try:
-                    return await store.getsize(key) if await store.exists(key) else None
-                except self._error as e:
-                    if INVALID_KEY in str(e):  # a node's or a chunk row's name: a prefix
-                        return None
-                    raise
-
-            return await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+        async def sizes() -> list[Any]:
+            return await asyncio.gather(*(self._size(store, join(rel, n)) for n in names), return_exceptions=True)
 
         files: dict[str, int | None] = {}
         dirs: list[str] = []
-        for name, res in zip(names, self._run(kinds)):
+        for name, res in zip(names, self._run(sizes)):
             if isinstance(res, BaseException):
                 raise self._failed(f"listing {prefix or '/'!r}", res)
             if res is None:
@@ -359,9 +431,9 @@ class IcechunkStore:
 
     def sizes_below_sync(self, prefix: str) -> dict[str, int | None]:
         """Every key below a prefix (recursively), relative to it, with its size."""
-        store = self.version.store
-        base = prefix + "/" if prefix else ""
-        keys = [k for k in self._names_sync("list_prefix", base) if k.startswith(base)]
+        store, rel = self._route(prefix)
+        base = rel + "/" if rel else ""
+        keys = [k for k in self._names_sync("list_prefix", store, base, prefix) if k.startswith(base)]
 
         async def sizes() -> list[Any]:
             return await asyncio.gather(*(store.getsize(k) for k in keys), return_exceptions=True)

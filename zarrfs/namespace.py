@@ -28,6 +28,7 @@ from .layouts import ArrayStream, chunk_file_size
 from .model import ArrayMeta, BrokenNode, GroupMeta, Node
 from .freshness import REFRESH_FILE, NamespaceFreshness
 from .incoming import HeldFile
+from .versions import VERSIONS_DIR, NamespaceVersions
 from .writes import NamespaceWrites
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ ROOT_INODE = 1
 NPY_SUFFIX = ".npy"
 # Linux's NAME_MAX: the kernel refuses a whole readdir reply that holds a longer name.
 NAME_MAX_BYTES = 255
-DIR_KINDS = ("group", "views", "chunkdir", "storedir")
+DIR_KINDS = ("group", "views", "chunkdir", "storedir", "versions")
 
 Maker = Callable[[], "Entry"]
 
@@ -55,6 +56,7 @@ class Entry:
         #       file) | slice
         #       | netcdf (a group's netCDF file) | tiff | text (ENVI/VRT) | pam (GDAL's .aux.xml)
         #       | preview (imageviews.py)
+        #       | versions (a directory of versions.py) | versionlog
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
         self.node = node
@@ -162,7 +164,7 @@ def _node_key(node: Node) -> str:
     return key or node.path or "/"
 
 
-class Namespace(NamespaceWrites, NamespaceFreshness):
+class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
     """Maps inodes and names to groups, arrays and views."""
 
     def __init__(self, hierarchy: Hierarchy, root: Node, source: str, engine: Engine, show_views: bool = False,
@@ -338,7 +340,11 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
                     names[view] = lambda v=view: self._new("group", v, self._root_group())
             names[STATS_FILE] = lambda: self._new("stats", "stats")
             names[REFRESH_FILE] = lambda: self._new("stats", "refresh")
+            if self.has_versions:
+                names[VERSIONS_DIR] = lambda: self._new("versions", VERSIONS_DIR, key="")
             return names
+        if entry.kind == "versions":
+            return await self._versions_listing(entry)
         if entry.kind == "storedir":
             return await self._store_listing(entry.key)
         if entry.kind != "group":
@@ -488,6 +494,8 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         make = (await self.children(parent)).get(name)
         if make is None and entry.view in dotzarrfs.LOOKUP_ONLY_VIEWS and entry.kind == "group":
             make = await self._slice_maker(entry, name)
+        if make is None and entry.kind == "versions" and entry.key == "snapshots":
+            make = await self._snapshot_maker(name)
         return None if make is None else self._child(parent, name, make)
 
     async def _slice_maker(self, group: Entry, name: str) -> Maker | None:
@@ -572,6 +580,8 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
         await self.follow(entry)
         if isinstance(entry.error, Stale):  # (the kernel looks its name up again: errors.Stale)
             raise entry.error
+        if entry.kind == "versionlog" and entry.key != getattr(self.hierarchy.store, "snapshot_id", None):
+            entry.stored_bytes = None  # the mount shows another snapshot: its log is another
         if entry.stored_bytes is not None or entry.error is not None:
             return
         if entry.kind == "array" and entry.node is None:  # created, no header yet
@@ -608,6 +618,8 @@ class Namespace(NamespaceWrites, NamespaceFreshness):
             entry.stored_bytes = 0
         elif entry.kind == "netcdf":
             await self._settle_netcdf(entry)
+        elif entry.kind == "versionlog":
+            await self._settle_version_log(entry)
         else:
             entry.stored_bytes = entry.size
 

@@ -127,6 +127,7 @@ MOUNT/
     preview/PATH.png    a small grey picture
     stats.json          counters since mount
     refresh             cat or touch it: drop cached listings, metadata
+    versions/           Icechunk: branches/NAME/, tags/NAME/, snapshots/ID/, log.json
 PATH: a node's path in the hierarchy; a root array is MOUNT/NAME.npy."""
 
 

@@ -91,7 +91,7 @@ class NamespaceWrites(IncomingWrites):
         self._below.clear()
         self.forget_nodes()
         for entry in self._entries.values():
-            if entry.kind == "group" and entry.listing is not None:
+            if entry.kind in ("group", "versions") and entry.listing is not None:
                 entry.listing = None
 
     async def children(self: "Namespace", inode: int) -> dict[str, Any]:
