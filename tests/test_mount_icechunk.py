@@ -13,6 +13,7 @@ import pytest
 
 import icechunk_repo
 import mounted
+from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +191,31 @@ def test_a_branch_is_followed_within_metadata_ttl(repo, tmp_path, mount):
     assert mounted.wait_until(lambda: (mnt / "a.npy").read_bytes() == want, 20)
     branch = mnt / ".zarrfs" / "versions" / "branches" / "dev"
     assert mounted.wait_until(lambda: (branch / "a.npy").read_bytes() == want, 20)
+
+
+def test_a_repository_on_s3(s3, module_mount):  # noqa: F811
+    import icechunk
+    import zarr
+
+    endpoint, _ = s3
+    storage = icechunk.s3_storage(bucket=BUCKET, prefix="ice/repo", endpoint_url=endpoint, allow_http=True,
+                                  access_key_id=CREDENTIALS["key"], secret_access_key=CREDENTIALS["secret"],
+                                  region="us-east-1", force_path_style=True)
+    repo = icechunk.Repository.create(storage)
+    value = np.arange(600, dtype="<f8").reshape(20, 30)
+
+    def first(root):
+        root.create_group("g").create_array("t", shape=value.shape, chunks=(8, 16), dtype=value.dtype)[:] = value
+
+    first_id = icechunk_repo.commit(repo, "main", "first", first)
+    repo.create_tag("v1", snapshot_id=first_id)
+    icechunk_repo.commit(repo, "main", "second", lambda root: root["g/t"].__setitem__((0, 0), -1.0))
+    so = {"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS}
+    mnt = module_mount(f"s3://{BUCKET}/ice/repo", "storage_options=" + json.dumps(so))
+    want = value.copy()
+    want[0, 0] = -1.0
+    assert (mnt / "g" / "t.npy").read_bytes() == mounted.npy_bytes(want)
+    tag = mnt / ".zarrfs" / "versions" / "tags" / "v1" / "g" / "t.npy"
+    assert tag.read_bytes() == mounted.npy_bytes(value)
+    oracle = zarr.open_array(repo.readonly_session(branch="main").store, path="g/t", mode="r")[...]
+    assert np.array_equal(oracle, want)
