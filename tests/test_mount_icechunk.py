@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -219,3 +220,16 @@ def test_a_repository_on_s3(s3, module_mount):  # noqa: F811
     assert tag.read_bytes() == mounted.npy_bytes(value)
     oracle = zarr.open_array(repo.readonly_session(branch="main").store, path="g/t", mode="r")[...]
     assert np.array_equal(oracle, want)
+
+
+def test_a_missing_chunk_object_fails_that_read_only(repo, tmp_path, mount):
+    repo = _copy(repo, tmp_path)
+    for chunk in (repo.path / "chunks").iterdir():
+        chunk.unlink()
+    mnt = mount(repo.path)
+    with pytest.raises(OSError) as e:
+        (mnt / "g" / "t.npy").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert mounted.log_lines_naming(mount.log_text(), "reading 'g/t/c/"), mount.log_text()
+    assert sorted(os.listdir(mnt)) == ["a.npy", "g", "s.npy"]  # the daemon still answers
+    assert json.loads((mnt / ".zarrfs" / "info" / "g" / "t.json").read_bytes())["shape"] == [50, 30]
