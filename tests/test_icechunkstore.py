@@ -96,3 +96,19 @@ def test_follows_the_branch_when_allowed(tmp_path):
     assert not tag.follow_tip_sync(may_move=True) and tag.snapshot_id == repo.snapshots["v1"]
     chunk = np.frombuffer(store.get_sync("a/c/0", None), dtype="u1")
     assert chunk.size > 0
+
+
+def test_a_call_that_hangs_is_a_store_error(repo):
+    import asyncio
+
+    from zarrfs.errors import StoreError
+
+    store = IcechunkStore(str(repo.path), timeout_s=0.2)
+
+    class Hanging:
+        async def get(self, *args):
+            await asyncio.sleep(60)
+
+    store.version.store = Hanging()
+    with pytest.raises(StoreError, match="timed out"):
+        store.get_sync("zarr.json")

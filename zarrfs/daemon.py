@@ -280,7 +280,7 @@ def build(source: str, options: Options) -> ZarrOperations:
         if options.writable:
             raise UserError(f"{shown}: Icechunk repositories are mounted read-only; mount it without writable")
         store = icechunkstore.IcechunkStore(source, storage_options, ref=options.ref, snapshot=options.snapshot,
-                                            log_level=options.log_level)
+                                            log_level=options.log_level, timeout_s=options.timeout_s)
     elif options.ref is not None or options.snapshot is not None:
         raise UserError(f"{shown}: ref= and snapshot= choose a version of an Icechunk repository; "
                         f"this is not one")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import datetime
 import json
 import logging
@@ -139,11 +140,12 @@ class IcechunkStore:
     ranges_ignored = False
 
     def __init__(self, source: str, storage_options: dict[str, Any] | None = None, ref: str | None = None,
-                 snapshot: str | None = None, log_level: str = "warning") -> None:
+                 snapshot: str | None = None, log_level: str = "warning", timeout_s: float | None = None) -> None:
         icechunk = _icechunk()
         if "ICECHUNK_LOG" not in os.environ:  # icechunk's own log goes to stderr, not ours
             icechunk.set_logs_filter("icechunk=info" if log_level == "debug" else "error")
         self.source = source
+        self.timeout_s = timeout_s  # the longest wait for one call (the engine gives up then too)
         self._loop = asyncio.new_event_loop()
         thread = threading.Thread(target=self._loop.run_forever, name="zarrfs-icechunk", daemon=True)
         thread.start()
@@ -284,7 +286,12 @@ class IcechunkStore:
         async def call() -> Any:
             return await make()
 
-        return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(call(), self._loop)
+        try:
+            return future.result(self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise StoreError(f"icechunk did not answer within {self.timeout_s:g} s (timed out)") from None
 
     async def _get(self, store: Any, key: str, byte_range: Any = None) -> Any:
         if store is None or not key:
@@ -479,7 +486,7 @@ class IcechunkStore:
 
 
 def _prototype() -> Any:
-    """zarr-python's buffer prototype with `_Bytes` as its buffer: values arrive as plain bytes."""
+    """zarr-python's buffer prototype with `_Bytes` as its buffer: values arrive uncopied."""
     from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
     return BufferPrototype(buffer=_Bytes, nd_buffer=default_buffer_prototype().nd_buffer)
