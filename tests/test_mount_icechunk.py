@@ -134,8 +134,8 @@ def test_refusals_are_one_line(repo, tmp_path):
     zarr.open_group(str(plain), mode="w", zarr_format=3)
     text = _fails(tmp_path / "b", plain, "ref=v1")
     assert "not one" in text and "Traceback" not in text
-    text = _fails(tmp_path / "c", repo.path, "writable")
-    assert "read-only" in text and "Traceback" not in text
+    text = _fails(tmp_path / "c", repo.path, "writable", "ref=v1")
+    assert "writes go to a branch; ref=v1 is not one" in text and "Traceback" not in text
 
 
 def test_without_the_extra_the_error_names_it(repo, tmp_path):

@@ -31,6 +31,7 @@ from .direct import DirectReads
 from .engine import Engine
 from .errors import UserError, ZarrfsError
 from .codecs import compressor_config
+from .formats.icechunk import IcechunkHierarchy
 from .fuse_ops import ZarrOperations, invalidate_data_sync, invalidate_name
 from .namespace import Namespace
 from .model import BrokenNode
@@ -277,10 +278,9 @@ def build(source: str, options: Options) -> ZarrOperations:
     versioned = options.format == "icechunk" or (
         options.format == "auto" and icechunkstore.looks_like_repository_sync(store))
     if versioned:
-        if options.writable:
-            raise UserError(f"{shown}: Icechunk repositories are mounted read-only; mount it without writable")
         store = icechunkstore.IcechunkStore(source, storage_options, ref=options.ref, snapshot=options.snapshot,
-                                            log_level=options.log_level, timeout_s=options.timeout_s)
+                                            log_level=options.log_level, timeout_s=options.timeout_s,
+                                            writable=options.writable)
     elif options.ref is not None or options.snapshot is not None:
         raise UserError(f"{shown}: ref= and snapshot= choose a version of an Icechunk repository; "
                         f"this is not one")
@@ -301,7 +301,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
     if versioned:  # an Icechunk snapshot holds a Zarr v3 hierarchy, read as it is
-        hierarchy = formats.V3Hierarchy.open_sync(store, options)
+        hierarchy = IcechunkHierarchy.open_sync(store, options)
     else:
         hierarchy = formats.open_hierarchy_sync(store, options.format, options)
     root = hierarchy.node_sync("")

@@ -130,3 +130,9 @@ class Stale(ZarrfsError):
     type or chunking, or removed): its open files fail; a path leading to it is looked up again."""
 
     errno = errno.ESTALE
+
+
+class Conflict(ZarrfsError):
+    """A change that another writer's overlapping commit kept from its branch (saved on another)."""
+
+    errno = errno.EBUSY

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import concurrent.futures
 import datetime
+import fcntl
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import re
 import threading
 from typing import Any, Callable, Coroutine
 
-from .errors import ReadOnly, StoreError, UserError, ZarrfsError
+from .errors import Conflict, ReadOnly, StoreError, UserError, ZarrfsError
 from .keys import join
 from .store import METADATA_MAX_BYTES, Store
 
@@ -38,6 +39,7 @@ ZARR_ROOT_DOCS = ("zarr.json", ".zgroup", ".zarray", ".zmetadata", "meta")
 # one store, one engine and one cache serve every version, each cached under its own paths.
 # The prefix starts with `.zarrfs`, which no node name may.
 SNAPSHOT_PREFIX = ".zarrfs-snapshot-"
+RESERVED = ".zarrfs"  # names of the mount's own (staging areas of arrays being written)
 # Sessions of other snapshots kept open (each holds its snapshot's node table in memory).
 SESSIONS_KEPT = 32
 # What an Icechunk snapshot ID looks like: 12 bytes in Crockford's base32.
@@ -45,6 +47,8 @@ SNAPSHOT_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}")
 # Errors icechunk raises for a key it cannot hold at all (a view asking for `t`, not `t/zarr.json`):
 # such a key is simply absent.
 INVALID_KEY = "invalid zarr key"
+# ... and for a prefix that is no node (a staged array none of whose chunks was stored): empty.
+BAD_PREFIX = "bad key prefix"
 
 
 def looks_like_repository_sync(store: Store) -> bool:
@@ -136,11 +140,11 @@ class IcechunkStore:
     """
 
     is_local = False  # no file paths: reads go through icechunk, whatever holds the repository
-    read_only = True
     ranges_ignored = False
 
     def __init__(self, source: str, storage_options: dict[str, Any] | None = None, ref: str | None = None,
-                 snapshot: str | None = None, log_level: str = "warning", timeout_s: float | None = None) -> None:
+                 snapshot: str | None = None, log_level: str = "warning", timeout_s: float | None = None,
+                 writable: bool = False) -> None:
         icechunk = _icechunk()
         if "ICECHUNK_LOG" not in os.environ:  # icechunk's own log goes to stderr, not ours
             icechunk.set_logs_filter("icechunk=info" if log_level == "debug" else "error")
@@ -171,8 +175,15 @@ class IcechunkStore:
         except icechunk.IcechunkError as e:
             what = f"snapshot={snapshot}" if snapshot is not None else f"ref={ref or 'main'}"
             raise UserError(f"{source}: {what}: {_reason(e)}") from None
-        self.version = Version(session)
+        if writable and self.branch is None:
+            raise UserError(f"{source}: writes go to a branch; ref={ref or snapshot} is not one")
+        self.read_only = not writable
+        self.version = Version(self.repo.writable_session(self.branch) if writable else session)
         self.tip_pending: str | None = None  # a newer snapshot of the branch, taken once no file is open
+        # Set when a commit of ours took in other writers' commits: what the mount cached may be stale.
+        self.others_taken_in = False
+        self._staging_docs: dict[str, dict[str, bytes]] = {}  # arrays being written: their documents
+        self._lock_path = _lock_path(source) if writable else None
         self._error = icechunk.IcechunkError
         self._prototype = _prototype()
         # Sessions of other snapshots (the history), most recently used last.
@@ -197,6 +208,12 @@ class IcechunkStore:
         remember it for later. True when the mount now shows another snapshot."""
         if self.branch is None:
             return False
+        if self.others_taken_in:  # the session is at the tip already; what the mount cached is not
+            if may_move:
+                self.others_taken_in, self.tip_pending = False, None
+            return may_move
+        if self.writable and self.version.session.has_uncommitted_changes:
+            return False  # an operation under way: the next commit takes the tip in
         try:
             tip = self.repo.lookup_branch(self.branch)
         except self._error as e:
@@ -211,7 +228,8 @@ class IcechunkStore:
             self.tip_pending = tip
             return False
         try:
-            session = self.repo.readonly_session(snapshot_id=tip)
+            session = (self.repo.writable_session(self.branch) if self.writable
+                       else self.repo.readonly_session(snapshot_id=tip))
         except self._error as e:
             raise StoreError(f"opening snapshot {tip} of branch {self.branch!r} failed: {_reason(e)}") from None
         log.info("branch %s: now showing snapshot %s (was %s)", self.branch, tip, self.snapshot_id)
@@ -415,6 +433,8 @@ class IcechunkStore:
         try:
             return self._run(names)
         except self._error as e:
+            if BAD_PREFIX in str(e):
+                return []
             raise self._failed(f"listing {shown or '/'!r}", e) from None
 
     def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:
@@ -477,12 +497,170 @@ class IcechunkStore:
     def is_dir_sync(self, prefix: str) -> bool:
         return False
 
-    # --- writes: not yet ----------------------------------------------------------------
+    # --- writes: into the session, committed once per operation -------------------------
 
-    def _read_only(self, *args: Any) -> None:
-        raise ReadOnly(f"{self.source}: Icechunk repositories are mounted read-only")
+    @property
+    def writable(self) -> bool:
+        return not self.read_only
 
-    set_sync = erase_sync = erase_below_sync = move_sync = swap_dirs_sync = _read_only
+    def _writing(self, key: str) -> Any:
+        """The writable session's store, for a key of the mounted version."""
+        if self.read_only or key.startswith(SNAPSHOT_PREFIX):
+            raise ReadOnly(f"{key}: this version of the repository is read-only")
+        return self.version.store
+
+    def stage_docs(self, staging: str, docs: dict[str, bytes]) -> None:
+        """The documents of an array being written under STAGING: icechunk takes a chunk only
+        for an array it knows, so they are stored before its first chunk."""
+        self._staging_docs[staging] = docs
+
+    def set_sync(self, key: str, value: bytes) -> None:
+        """Store a value in the session (seen by this mount at once, by others after the commit)."""
+        from zarr.core.buffer import cpu
+
+        store = self._writing(key)
+        docs = next((d for prefix, d in self._staging_docs.items() if key.startswith(prefix + "/")), None)
+
+        async def put() -> None:
+            if docs is not None:
+                for doc_key, doc in docs.items():
+                    await store.set(doc_key, cpu.Buffer.from_bytes(doc))
+            await store.set(key, cpu.Buffer.from_bytes(bytes(value)))
+
+        try:
+            self._run(put)
+        except self._error as e:
+            raise self._failed(f"writing {key!r}", e) from None
+        if docs is not None:
+            self._staging_docs = {p: d for p, d in self._staging_docs.items() if d is not docs}
+
+    def erase_sync(self, key: str) -> None:
+        """Remove a key from the session; an absent key is not an error."""
+        store = self._writing(key)
+
+        async def delete() -> None:
+            try:
+                await store.delete(key)
+            except KeyError:  # no node holds it (a staged array none of whose chunks is stored yet)
+                pass
+            except self._error as e:
+                if INVALID_KEY not in str(e):  # its node is gone already
+                    raise
+
+        try:
+            self._run(delete)
+        except self._error as e:
+            raise self._failed(f"erasing {key!r}", e) from None
+
+    def erase_below_sync(self, prefix: str) -> None:
+        """Remove every key below a prefix (a staging area being dropped, a node removed)."""
+        store = self._writing(prefix)
+        self._staging_docs.pop(prefix, None)
+        try:
+            self._run(lambda: store.delete_dir(prefix))
+        except self._error as e:
+            if BAD_PREFIX not in str(e):
+                raise self._failed(f"removing {prefix!r}", e) from None
+
+    def move_sync(self, src: str, dst: str) -> None:
+        """Give key `src`'s value to `dst` and remove `src` (a copy: icechunk 1.x moves nothing)."""
+        value = self.get_sync(src, None)
+        if value is None:
+            raise StoreError(f"moving {src!r} to {dst!r}: {src!r} vanished")
+        self.set_sync(dst, value)
+        self.erase_sync(src)
+
+    def swap_dirs_sync(self, staging: str, final: str) -> None:
+        raise ReadOnly("directories are swapped on local stores only")
+
+    def commit_sync(self, message: str) -> str | None:
+        """Commit what the session holds as one snapshot of the branch (None when it holds nothing).
+
+        Another writer's commit in between is taken in where the changes do not overlap
+        (icechunk's conflict detection); where they do, the change becomes a branch of its own
+        and Conflict says which. Either way the mount then writes on the branch's newest snapshot.
+        Local repositories: commits of several mounts take turns (a lock file beside it).
+        """
+        icechunk = _icechunk()
+        session = self.version.session
+        if self.read_only or not session.has_uncommitted_changes:
+            return None
+        base = session.snapshot_id
+        with _locked(self._lock_path):
+            try:
+                tip = self.repo.lookup_branch(self.branch)
+                # icechunk's detector lets two replacements of one array (each a deletion and a new
+                # node) both through: a node both sides changed is a conflict here.
+                both = (_touched(session.status()) & _touched(self.repo.diff(from_snapshot_id=base,
+                                                                               to_snapshot_id=tip))
+                        if tip != base else set())
+                if both:
+                    return self._conflict(message, f"both changed {', '.join(sorted(both))}")
+                new = session.commit(message, rebase_with=icechunk.ConflictDetector())
+            except (icechunk.ConflictError, icechunk.RebaseFailedError) as e:
+                return self._conflict(message, _reason(e))
+            except self._error as e:
+                raise self._failed(f"committing {message!r}", e) from None
+            finally:
+                self._staging_docs.clear()
+            parent = self.repo.lookup_snapshot(new).parent_id
+            self.version = Version(self.repo.writable_session(self.branch))
+        if parent != base:  # others' commits are in it now
+            self.others_taken_in, self.tip_pending = True, new
+        log.info("committed snapshot %s on branch %s: %s", new, self.branch, message)
+        return new
+
+    def _conflict(self, message: str, reason: str) -> str:
+        """The session's change saved as a snapshot of its own, on a new branch; Conflict raised."""
+        session = self.version.session
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        name = f"{self.branch}.zarrfs-conflict-{stamp}-{os.getpid()}"
+        try:
+            saved = session.flush(f"{message} (conflicted with branch {self.branch})")
+            self.repo.create_branch(name, snapshot_id=saved)
+        except self._error as e:
+            raise self._failed(f"saving {message!r} after a conflict", e) from None
+        finally:
+            self.version = Version(self.repo.writable_session(self.branch))
+            self.others_taken_in, self.tip_pending = True, self.version.snapshot_id
+        log.warning("%s: conflicts with another commit on branch %s (%s); the change is on branch %s",
+                    message, self.branch, reason, name)
+        raise Conflict(f"{message}: conflicts with another commit on branch {self.branch}; "
+                       f"the change is on branch {name}")
+
+
+def _touched(diff: Any) -> set[str]:
+    """The nodes a change (icechunk's Diff) created, removed or changed; staging areas left out."""
+    paths = (diff.new_groups | diff.new_arrays | diff.deleted_groups | diff.deleted_arrays | diff.updated_groups
+             | diff.updated_arrays | set(diff.updated_chunks))
+    return {p for p in paths if "/" + RESERVED not in p}
+
+
+def _lock_path(source: str) -> str | None:
+    """The lock file commits of a local repository take turns on: beside the repository."""
+    scheme, sep, rest = source.partition("://")
+    if sep and scheme != "file":
+        return None  # object stores: icechunk's own conditional writes order the commits
+    path = os.path.abspath(rest if sep else source).rstrip("/")
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.zarrfs-lock")
+
+
+class _locked:
+    """Hold an exclusive flock on PATH (None: nothing to hold) for a `with` block."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def __enter__(self) -> None:
+        if self.path is not None:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock
+            self.fd = None
 
 
 def _prototype() -> Any:

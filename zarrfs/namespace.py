@@ -253,6 +253,10 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
             return entry
         return self._entries.get(entry.name_key[0], entry)
 
+    def writing_files(self) -> bool:
+        """Whether some file is being written into an array that is not complete yet."""
+        return any(e.writing is not None and e.writing.staged is not None for e in self._entries.values())
+
     @property
     def entry_count(self) -> int:
         return len(self._entries)

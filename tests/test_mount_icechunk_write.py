@@ -1,0 +1,133 @@
+"""Writes through a mount of an Icechunk branch: one commit per operation, concurrent writers."""
+
+from __future__ import annotations
+
+import errno
+import getpass
+import json
+import os
+import shutil
+import socket
+
+import numpy as np
+import pytest
+import zarr
+
+import icechunk_repo
+import mounted
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return icechunk_repo.build(tmp_path_factory.mktemp("icechunk-w") / "repo")
+
+
+@pytest.fixture
+def repo(built, tmp_path):
+    return icechunk_repo.Repo(shutil.copytree(built.path, tmp_path / "repo"), dict(built.snapshots))
+
+
+def _log(repo):
+    return [(s.id, s.message) for s in repo.open().ancestry(branch="main")]
+
+
+def _tip_arrays(repo):
+    return icechunk_repo.arrays_of(repo, repo.open().lookup_branch("main"))
+
+
+def _written(path, value):
+    with open(path, "wb") as f:
+        f.write(mounted.npy_bytes(value))
+
+
+def test_each_operation_is_one_commit(repo, mount):
+    mnt = mount(repo.path, "writable")
+    who = f"by {getpass.getuser()}@{socket.gethostname()}"
+    before = len(_log(repo))
+    steps = []
+
+    x = np.arange(600, dtype="<i2").reshape(20, 30)
+    _written(mnt / "x.npy", x)
+    steps.append("zarrfs: close x " + who)
+    assert np.array_equal(_tip_arrays(repo)["x"], x)
+
+    fd = os.open(mnt / "g" / "t.npy", os.O_RDWR)
+    try:
+        header = len(mounted.npy_bytes(np.zeros((50, 30), "<i4"))) - 50 * 30 * 4
+        os.pwrite(fd, np.full(30, 99, "<i4").tobytes(), header + 30 * 4 * 2)  # row 2
+    finally:
+        os.close(fd)
+    steps.append("zarrfs: close g/t " + who)
+    want_t = icechunk_repo.arrays_of(repo, repo.snapshots["main"])["g/t"].copy()
+    want_t[2] = 99
+    assert np.array_equal(_tip_arrays(repo)["g/t"], want_t)
+
+    os.mkdir(mnt / "h")
+    steps.append("zarrfs: mkdir h " + who)
+    os.setxattr(mnt / "h", "user.zarr.attributes", json.dumps({"k": 1}).encode())
+    steps.append("zarrfs: setfattr h " + who)
+    os.rename(mnt / "x.npy", mnt / "h" / "y.npy")
+    steps.append("zarrfs: mv x.npy -> h/y.npy " + who)
+    arrays = _tip_arrays(repo)
+    assert "x" not in arrays and np.array_equal(arrays["h/y"], x)
+    session = repo.open().readonly_session(branch="main")
+    assert zarr.open_group(session.store, path="h", mode="r").attrs.asdict() == {"k": 1}
+    os.unlink(mnt / "h" / "y.npy")
+    steps.append("zarrfs: rm h/y.npy " + who)
+    os.rmdir(mnt / "h")
+    steps.append("zarrfs: rmdir h " + who)
+
+    log = _log(repo)
+    assert [m for _, m in log[:len(steps)]][::-1] == steps
+    assert len(log) == before + len(steps)
+    assert set(_tip_arrays(repo)) == {"a", "g/t", "g/u", "s"}
+    assert (repo.path.parent / ".repo.zarrfs-lock").exists()  # commits take turns on it
+
+
+def test_a_replaced_array_is_one_commit(repo, mount):
+    mnt = mount(repo.path, "writable")
+    value = np.arange(64 * 64, dtype="<f8").reshape(64, 64)
+    before = _log(repo)
+    _written(mnt / "g" / "t.npy", value)
+    after = _log(repo)
+    assert len(after) == len(before) + 1 and after[0][1].startswith("zarrfs: close g/t ")
+    assert np.array_equal(_tip_arrays(repo)["g/t"], value)
+    assert (mnt / "g" / "t.npy").read_bytes() == mounted.npy_bytes(value)
+    # the snapshot before is whole: the old array, never a part of the new one
+    old = icechunk_repo.arrays_of(repo, before[0][0])["g/t"]
+    assert np.array_equal(old, icechunk_repo.arrays_of(repo, repo.snapshots["main"])["g/t"])
+
+
+def test_two_writers_on_different_arrays_both_land(repo, mount):
+    one = mount(repo.path, "writable")
+    two = mount(repo.path, "writable")
+    x, y = np.arange(10, dtype="<u1"), np.arange(20, dtype="<u2")
+    with open(two / "y.npy", "wb") as late:  # begun before the other commit, closed after it
+        late.write(mounted.npy_bytes(y))
+        _written(one / "x.npy", x)
+    arrays = _tip_arrays(repo)
+    assert np.array_equal(arrays["x"], x) and np.array_equal(arrays["y"], y)
+    (one / ".zarrfs" / "refresh").read_bytes()
+    assert (one / "y.npy").read_bytes() == mounted.npy_bytes(y)
+
+
+def test_two_writers_on_one_array_lose_nothing(repo, mount):
+    one = mount(repo.path, "writable")
+    two = mount(repo.path, "writable")
+    first, second = np.zeros((5, 5), "<i8"), np.ones((5, 5), "<i8")
+    late = open(two / "g" / "t.npy", "wb")
+    try:
+        late.write(mounted.npy_bytes(second))
+        _written(one / "g" / "t.npy", first)
+        with pytest.raises(OSError) as e:
+            late.close()
+        assert e.value.errno == errno.EBUSY
+    finally:
+        if not late.closed:
+            late.close()
+    assert np.array_equal(_tip_arrays(repo)["g/t"], first)
+    branches = [b for b in repo.open().list_branches() if b.startswith("main.zarrfs-conflict-")]
+    assert len(branches) == 1
+    kept = icechunk_repo.arrays_of(repo, repo.open().lookup_branch(branches[0]))["g/t"]
+    assert np.array_equal(kept, second)
+    assert mounted.log_lines_naming(mount.log_text(two), branches[0])

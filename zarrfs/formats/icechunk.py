@@ -1,0 +1,71 @@
+"""Zarr v3 inside an Icechunk session: the v3 format, with writes ordered as icechunk takes them.
+
+Icechunk stores a chunk only for an array it knows (its `zarr.json` first), and moves nothing
+(a move is a copy). Every change of one operation lands in one commit, so readers elsewhere see
+an array replaced all or nothing whatever the order within it.
+"""
+
+from __future__ import annotations
+
+from ..keys import join
+from ..model import NewArray, Node
+from .base import StagedArray
+from .v3 import V3Hierarchy
+
+
+class IcechunkHierarchy(V3Hierarchy):
+    """A v3 hierarchy whose store is an IcechunkStore."""
+
+    def stage_array(self, path: str, new: NewArray) -> StagedArray:
+        """As for v3; the staging area gets the array's documents before its first chunk."""
+        staged = super().stage_array(path, new)
+        docs = {join(staged.staging, key[len(path):].lstrip("/")): value for key, value in staged.docs.items()}
+        self.store.stage_docs(staged.staging, docs)
+        return staged
+
+    def commit_array_sync(self, staged: StagedArray, old: Node | None) -> None:
+        """The old node goes, the new documents are written, then the chunks move in."""
+        final = staged.final
+        try:
+            if old is not None and old.path:
+                self.store.erase_below_sync(old.path)
+            elif old is not None:
+                for key in self.node_keys_sync(old):
+                    self.store.erase_sync(key)
+            for key in sorted(staged.docs, key=lambda k: k != final.metadata_key):
+                self.store.set_sync(key, staged.docs[key])
+            docs = set(self.doc_names)
+            for rel in self.store.sizes_below_sync(staged.staging):
+                if rel.rsplit("/", 1)[-1] not in docs:
+                    self.store.move_sync(join(staged.staging, rel), join(final.keys.prefix, rel))
+        finally:
+            self.store.erase_below_sync(staged.staging)
+
+    def move_node_sync(self, node: Node, new_path: str) -> None:
+        """Copy every key of a node to its new place (documents first, parents before children),
+        then remove the old node."""
+        if self.node_sync(new_path) is not None:
+            from ..errors import Unsupported
+
+            raise Unsupported(f"{new_path} exists")
+        keys = self.node_keys_sync(node)
+        docs = set(self.doc_names)
+
+        def order(key: str) -> tuple[bool, int]:
+            return key.rsplit("/", 1)[-1] not in docs, key.count("/")
+
+        for key in sorted(keys, key=order):
+            value = self.store.get_sync(key, None)
+            if value is not None:
+                self.store.set_sync(self.relocate_key(key, node.path, new_path), value)
+        self.store.erase_below_sync(node.path)
+
+    def erase_node_sync(self, node: Node) -> None:
+        if not node.path:  # a root array: its keys one by one, the repository's root stays
+            super().erase_node_sync(node)
+            return
+        self.store.erase_below_sync(node.path)
+
+    def discard_staging_sync(self, staged: StagedArray) -> None:
+        self.store.erase_below_sync(staged.staging)
+
