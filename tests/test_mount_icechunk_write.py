@@ -131,3 +131,21 @@ def test_two_writers_on_one_array_lose_nothing(repo, mount):
     kept = icechunk_repo.arrays_of(repo, repo.open().lookup_branch(branches[0]))["g/t"]
     assert np.array_equal(kept, second)
     assert mounted.log_lines_naming(mount.log_text(two), branches[0])
+
+
+def test_an_array_written_in_small_pieces_is_one_commit(repo, mount):
+    """Pieces that fill a chunk part by part: the chunk of the array being made is read back
+    before it was ever stored."""
+    mnt = mount(repo.path, "writable")
+    value = np.random.default_rng(5).random((300, 70))
+    data = mounted.npy_bytes(value)
+    before = len(_log(repo))
+    fd = os.open(mnt / "g" / "n.npy", os.O_WRONLY | os.O_CREAT)
+    try:
+        for at in range(0, len(data), 1000):
+            os.write(fd, data[at:at + 1000])
+    finally:
+        os.close(fd)
+    log = _log(repo)
+    assert len(log) == before + 1 and log[0][1].startswith("zarrfs: close g/n ")
+    assert np.array_equal(_tip_arrays(repo)["g/n"], value)

@@ -47,6 +47,8 @@ SNAPSHOT_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}")
 # Errors icechunk raises for a key it cannot hold at all (a view asking for `t`, not `t/zarr.json`):
 # such a key is simply absent.
 INVALID_KEY = "invalid zarr key"
+# ... or for a key of a node that does not exist (a staged array none of whose chunks is stored yet).
+NO_NODE = "node not found"
 # ... and for a prefix that is no node (a staged array none of whose chunks was stored): empty.
 BAD_PREFIX = "bad key prefix"
 
@@ -317,7 +319,7 @@ class IcechunkStore:
         try:
             return await store.get(key, self._prototype, byte_range)
         except self._error as e:
-            if INVALID_KEY in str(e):
+            if INVALID_KEY in str(e) or NO_NODE in str(e):
                 return None
             raise
 
@@ -363,7 +365,7 @@ class IcechunkStore:
             if not await store.exists(key):
                 return None
         except self._error as e:
-            if INVALID_KEY in str(e):  # a node's or a chunk row's name: a prefix, not a key
+            if INVALID_KEY in str(e) or NO_NODE in str(e):  # a prefix, not a key; or no node yet
                 return None
             raise
         return await store.getsize(key)
