@@ -149,3 +149,17 @@ def test_an_array_written_in_small_pieces_is_one_commit(repo, mount):
     log = _log(repo)
     assert len(log) == before + 1 and log[0][1].startswith("zarrfs: close g/n ")
     assert np.array_equal(_tip_arrays(repo)["g/n"], value)
+
+
+def test_a_new_repository_gets_its_root_group(tmp_path, mount):
+    import icechunk
+
+    path = tmp_path / "new"
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(path)))
+    mnt = mount(path, "writable")
+    value = np.arange(12, dtype="<i4").reshape(3, 4)
+    _written(mnt / "x.npy", value)
+    os.mkdir(mnt / "g")
+    assert sorted(os.listdir(mnt)) == ["g", "x.npy"]
+    root = zarr.open_group(repo.readonly_session(branch="main").store, mode="r", zarr_format=3)
+    assert np.array_equal(root["x"][...], value) and "g" in root

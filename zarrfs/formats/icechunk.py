@@ -7,10 +7,15 @@ an array replaced all or nothing whatever the order within it.
 
 from __future__ import annotations
 
+import json
+
 from ..keys import join
-from ..model import NewArray, Node
+from ..model import GroupMeta, NewArray, Node
 from .base import StagedArray
 from .v3 import V3Hierarchy
+
+
+ROOT_GROUP = {"zarr_format": 3, "node_type": "group", "attributes": {}}
 
 
 class IcechunkHierarchy(V3Hierarchy):
@@ -23,9 +28,19 @@ class IcechunkHierarchy(V3Hierarchy):
         self.store.stage_docs(staged.staging, docs)
         return staged
 
+    def _ensure_root_sync(self) -> None:
+        """A repository just created has no root group: icechunk lists no node without it."""
+        if self.store.get_sync("zarr.json") is None:
+            self.store.set_sync("zarr.json", (json.dumps(ROOT_GROUP) + "\n").encode())
+
+    def create_group_sync(self, path: str) -> GroupMeta:
+        self._ensure_root_sync()
+        return super().create_group_sync(path)
+
     def commit_array_sync(self, staged: StagedArray, old: Node | None) -> None:
         """The old node goes, the new documents are written, then the chunks move in."""
         final = staged.final
+        self._ensure_root_sync()
         try:
             if old is not None and old.path:
                 self.store.erase_below_sync(old.path)
