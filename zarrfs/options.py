@@ -42,7 +42,8 @@ class OptionDoc:
 # checks it is the generated text) and `zarrfs --man` are all made from it, and build_options
 # refuses a name that is not in it, so an option cannot exist undocumented.
 OPTION_TABLE: tuple[OptionDoc, ...] = (
-    OptionDoc("writable", "allow writes (README: Writes); refused for read-only stores such as HTTP", "off"),
+    OptionDoc("writable", "allow writes (README: Writes); refused for read-only stores such as HTTP; on an "
+              "Icechunk branch each operation is one commit (README: Icechunk repositories)", "off"),
     OptionDoc("ro", "read-only for the kernel too: `mount` and statvfs say `ro` and every write call gets "
               "EROFS from the kernel, for every user; without it a read-only mount refuses writes itself "
               "and lets GDAL save statistics beside its views (README: Writes)", "off"),
