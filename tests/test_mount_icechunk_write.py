@@ -163,3 +163,42 @@ def test_a_new_repository_gets_its_root_group(tmp_path, mount):
     assert sorted(os.listdir(mnt)) == ["g", "x.npy"]
     root = zarr.open_group(repo.readonly_session(branch="main").store, mode="r", zarr_format=3)
     assert np.array_equal(root["x"][...], value) and "g" in root
+
+
+def test_a_reader_never_sees_a_mix_of_two_replacements(repo, mount):
+    """One mount replaces an array again and again; another reads it in a loop, following the
+    branch at every lookup: each read is one whole version."""
+    import threading
+
+    writer = mount(repo.path, "writable")
+    reader = mount(repo.path, "metadata_ttl=0")
+    versions = 20
+    shape = (64, 128)  # several chunks, each replaced
+    _written(writer / "g" / "t.npy", np.full(shape, -1, "<i4"))
+    seen, bad, done = set(), [], threading.Event()
+
+    def read_loop():
+        while not done.is_set():
+            try:
+                got = np.load(reader / "g" / "t.npy")
+            except (OSError, ValueError) as e:  # the file may be between two versions' names
+                bad.append(f"read failed: {e!r}")
+                continue
+            values = np.unique(got)
+            if got.shape != shape or len(values) != 1:
+                bad.append(f"a mix: {values[:5]}")
+            else:
+                seen.add(int(values[0]))
+
+    thread = threading.Thread(target=read_loop)
+    thread.start()
+    try:
+        for k in range(versions):
+            _written(writer / "g" / "t.npy", np.full(shape, k, "<i4"))
+    finally:
+        done.set()
+        thread.join(60)
+    assert not bad, bad[:5]
+    assert seen and seen <= set(range(-1, versions)), seen
+    (reader / ".zarrfs" / "refresh").read_bytes()
+    assert np.array_equal(np.load(reader / "g" / "t.npy"), np.full(shape, versions - 1, "<i4"))
