@@ -23,6 +23,7 @@ from typing import Any, Callable, Coroutine
 
 from .errors import Conflict, ReadOnly, StoreError, UserError, ZarrfsError
 from .keys import join
+from .staging import LEASE_PREFIX
 from .store import METADATA_MAX_BYTES, Store
 
 log = logging.getLogger(__name__)
@@ -520,6 +521,8 @@ class IcechunkStore:
         """Store a value in the session (seen by this mount at once, by others after the commit)."""
         from zarr.core.buffer import cpu
 
+        if key.startswith(LEASE_PREFIX):
+            return  # uncommitted changes die with the daemon that made them: no staging outlives it
         store = self._writing(key)
         docs = next((d for prefix, d in self._staging_docs.items() if key.startswith(prefix + "/")), None)
 
@@ -538,6 +541,8 @@ class IcechunkStore:
 
     def erase_sync(self, key: str) -> None:
         """Remove a key from the session; an absent key is not an error."""
+        if key.startswith(LEASE_PREFIX):
+            return
         store = self._writing(key)
 
         async def delete() -> None:

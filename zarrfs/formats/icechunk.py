@@ -21,9 +21,9 @@ ROOT_GROUP = {"zarr_format": 3, "node_type": "group", "attributes": {}}
 class IcechunkHierarchy(V3Hierarchy):
     """A v3 hierarchy whose store is an IcechunkStore."""
 
-    def stage_array(self, path: str, new: NewArray) -> StagedArray:
+    def stage_array(self, path: str, new: NewArray, writer: str = "") -> StagedArray:
         """As for v3; the staging area gets the array's documents before its first chunk."""
-        staged = super().stage_array(path, new)
+        staged = super().stage_array(path, new, writer)
         docs = {join(staged.staging, key[len(path):].lstrip("/")): value for key, value in staged.docs.items()}
         self.store.stage_docs(staged.staging, docs)
         return staged
