@@ -1,10 +1,12 @@
-"""An Icechunk repository as a zarrfs store: one snapshot's read-only session behind the Store interface.
+"""An Icechunk repository as a zarrfs store: a session of one snapshot behind the Store interface.
 
 Icechunk keeps a Zarr v3 hierarchy under transactional control (snapshots, branches, tags);
 its session store is asynchronous and speaks zarr-python's buffer types. This adapter runs
 that store on an asyncio loop of its own, in one thread, and answers the synchronous calls
-zarrfs's engine makes from its worker threads. `icechunk` is imported here only, lazily:
-it is an optional extra (`zarrfs[icechunk]`).
+zarrfs's engine makes from its worker threads: reads of the snapshot mounted (and of any
+other, for `.zarrfs/versions`), and on a writable branch, writes into a session that
+`commit_sync` commits once per operation. `icechunk` is imported here only, lazily: it is an
+optional extra (`zarrfs[icechunk]`).
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def _plain(data: Any) -> bytes:
 
 
 class Version:
-    """One snapshot of a repository, opened as a read-only session."""
+    """One snapshot of a repository, opened as a session (read-only, or writable on a branch)."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -135,11 +137,12 @@ class Version:
 
 
 class IcechunkStore:
-    """A read-only zarrfs store over one snapshot of an Icechunk repository, and over any other
-    snapshot below `SNAPSHOT_PREFIX + ID`.
+    """A zarrfs store over one snapshot of an Icechunk repository, and over any other snapshot
+    below `SNAPSHOT_PREFIX + ID` (read-only).
 
     A branch mount follows the branch: `follow_tip_sync` moves it to the branch's newest
     snapshot (a new session), never while a file is open, so a reader sees one snapshot.
+    With `writable`, the session is writable and `commit_sync` makes what it holds a commit.
     """
 
     is_local = False  # no file paths: reads go through icechunk, whatever holds the repository
