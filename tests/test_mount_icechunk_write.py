@@ -202,3 +202,12 @@ def test_a_reader_never_sees_a_mix_of_two_replacements(repo, mount):
     assert seen and seen <= set(range(-1, versions)), seen
     (reader / ".zarrfs" / "refresh").read_bytes()
     assert np.array_equal(np.load(reader / "g" / "t.npy"), np.full(shape, versions - 1, "<i4"))
+
+
+def test_a_plain_file_is_refused_at_create(repo, mount):
+    mnt = mount(repo.path, "writable")
+    with pytest.raises(OSError) as e:
+        (mnt / "notes.txt").write_bytes(b"hello")
+    assert e.value.errno == errno.EPERM
+    assert mounted.log_lines_naming(mount.log_text(), "notes.txt: an Icechunk repository keeps no files")
+    assert not (mnt / "notes.txt").exists()

@@ -21,6 +21,11 @@ ROOT_GROUP = {"zarr_format": 3, "node_type": "group", "attributes": {}}
 class IcechunkHierarchy(V3Hierarchy):
     """A v3 hierarchy whose store is an IcechunkStore."""
 
+    keeps_plain_files = False  # a repository holds Zarr nodes only: icechunk refuses any other key
+
+    def plain_name_problem(self, name: str) -> str | None:
+        return "an Icechunk repository keeps no files other than NAME.npy arrays"
+
     def stage_array(self, path: str, new: NewArray, writer: str = "") -> StagedArray:
         """As for v3; the staging area gets the array's documents before its first chunk."""
         staged = super().stage_array(path, new, writer)
