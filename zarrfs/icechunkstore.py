@@ -503,6 +503,23 @@ class IcechunkStore:
     def is_dir_sync(self, prefix: str) -> bool:
         return False
 
+    def set_mtime_sync(self, key: str, mtime_ns: int) -> bool:
+        return False  # a snapshot keeps no times of its keys (its commit has one)
+
+    # --- what a cache in front of a store is told: nothing here (snapshots never change) ---
+
+    def note_array(self, keys: Any) -> None:
+        """An array with these ChunkKeys is about to be read."""
+
+    def refresh(self) -> None:
+        """Whatever was kept of the store is checked again before its next use."""
+
+    def version_time(self, key: str, began: float) -> float:
+        return began
+
+    def disk_stats(self) -> dict[str, Any]:
+        return Store.disk_stats(self)  # the same counters as a store without a disk cache: none
+
     # --- writes: into the session, committed once per operation -------------------------
 
     @property
