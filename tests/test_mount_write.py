@@ -1214,3 +1214,60 @@ def test_v1_rsync_replaces_the_root_array_and_plain_files_stay(mount, tmp_path):
     assert sorted(os.listdir(again)) == ["kept.txt", "notes.txt", "zlib_i4_C.npy"]
     assert (again / "zlib_i4_C.npy").read_bytes() == (src / "zlib_i4_C.npy").read_bytes()
     assert (again / "notes.txt").read_bytes() == b"hi\n"
+
+
+# --------------------------------------------------------------------------- v2/v3 root arrays and plain files
+
+# (format, chunk key encoding of the root array, a plain file name that is one of its chunk keys)
+ROOT_ARRAY_ENCODINGS = [
+    (2, {"name": "v2", "separator": "."}, "0.1"),
+    (2, {"name": "v2", "separator": "/"}, "0"),
+    (3, {"name": "default", "separator": "/"}, "c"),
+    (3, {"name": "default", "separator": "."}, "c.0.1"),
+]
+
+
+@pytest.mark.parametrize("fmt,encoding,chunk_name", ROOT_ARRAY_ENCODINGS,
+                         ids=["v2-dot", "v2-slash", "v3-slash", "v3-dot"])
+def test_root_array_rsync_replace_keeps_plain_files(mount, tmp_path, fmt, encoding, chunk_name):
+    """A v2/v3 store whose root is an array takes plain files at its root: one written in an
+    earlier mount is listed and survives the array's replacement by rsync without --inplace
+    (a temporary `.temps.npy.XXXXXX` renamed over it); names of the format's keys are refused."""
+    root = tmp_path / "temps.zarr"
+    spec = ArraySpec("", "float32", (19, 11), (8, 4), "zstd", kwargs={"chunk_key_encoding": encoding})
+    mounted.create_array(root, spec, fmt, np.random.default_rng(19))
+    old_chunks = set(mounted.chunk_keys(root, ""))
+    doc = ".zarray" if fmt == 2 else "zarr.json"
+    mnt = mount(root, "writable")
+    with open(mnt / "kept.txt", "wb") as f:
+        f.write(b"kept\n")
+    assert sorted(os.listdir(mnt)) == ["kept.txt", "temps.npy"]
+    mounted.unmount_and_wait(mount, mnt)
+    assert (root / "kept.txt").read_bytes() == b"kept\n"
+
+    src = tmp_path / "src"
+    src.mkdir()
+    x = mounted.sample_data(np.dtype("<i2"), (7, 9), np.random.default_rng(20))
+    np.save(src / "temps.npy", x)
+    mnt = mount(root, "writable")
+    assert sorted(os.listdir(mnt)) == ["kept.txt", "temps.npy"]
+    subprocess.run(["rsync", "-a", os.fspath(src / "temps.npy"), f"{mnt}/"], check=True, timeout=120)
+    subprocess.run(["sh", "-c", 'echo hi > "$1/notes.txt"', "sh", os.fspath(mnt)], check=True)
+    for name in (doc, chunk_name):
+        with pytest.raises(OSError) as exc:
+            open(mnt / name, "wb").close()
+        assert exc.value.errno == errno.EINVAL, f"{name}: {exc.value!r}"
+        assert mounted.log_lines_naming(mount.log_text(mnt), f"{name}: "), f"no WARNING names {name}"
+    assert sorted(os.listdir(mnt)) == ["kept.txt", "notes.txt", "temps.npy"]
+    mounted.unmount_and_wait(mount, mnt)
+
+    assert_same_array(mounted.zarr_value(root, ""), x, "zarr-python 3 reads the replacement")
+    grid = itertools.product(*[range(-(-s // c)) for s, c in zip(x.shape, mounted.zarr_chunk_shape(root, ""))])
+    new_chunks = {mounted.zarr_chunk_key(root, "", idx) for idx in grid}
+    left = set(mounted.store_keys(root)) - {doc, ".zattrs", "kept.txt", "notes.txt"} - new_chunks
+    assert not left, f"keys of the old array ({len(old_chunks)} chunks) or temporary keys left: {sorted(left)}"
+    assert (root / "kept.txt").read_bytes() == b"kept\n" and (root / "notes.txt").read_bytes() == b"hi\n"
+    again = mount(root)
+    assert sorted(os.listdir(again)) == ["kept.txt", "notes.txt", "temps.npy"]
+    assert (again / "temps.npy").read_bytes() == (src / "temps.npy").read_bytes()
+    assert (again / "notes.txt").read_bytes() == b"hi\n"

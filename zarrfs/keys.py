@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 
 from .errors import MetadataError
 
@@ -43,3 +45,17 @@ class ChunkKeys:
     def key(self, idx: tuple[int, ...]) -> str:
         name = self.head + self.sep.join(map(str, idx)) if idx else self.zero_d
         return join(self.prefix, name)
+
+    def is_key(self, key: str) -> bool:
+        """Whether `key` has the shape of a chunk key of this encoding (of any rank)."""
+        if self.prefix:
+            if not key.startswith(self.prefix + "/"):
+                return False
+            key = key[len(self.prefix) + 1:]
+        return key == self.zero_d or _chunk_name_re(self.head, self.sep).fullmatch(key) is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _chunk_name_re(head: str, sep: str) -> re.Pattern[str]:
+    """The pattern of chunk names (below the prefix) with this head and separator."""
+    return re.compile(rf"{re.escape(head)}\d+(?:{re.escape(sep)}\d+)*")

@@ -39,8 +39,11 @@ STAGING_PREFIX = RESERVED_PREFIX + "-new-"
 # make a reader (or format detection) take the directory for a node of that format.
 FORMAT_DOCUMENT_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 # Plain file names refused in a group's directory: what a reader could take for a chunk key
-# (v2 `0.1`, v3 `c`), and the temporary files Store.set_sync writes beside a key.
-CHUNK_KEY_NAME = re.compile(r"c|\d+(\.\d+)*")
+# (v2 `0.1`, v3 `c` and `c.0.1`), and the temporary files Store.set_sync writes beside a key.
+CHUNK_KEY_NAME = re.compile(r"c(\.\d+)*|\d+(\.\d+)*")
+# Keys of a root array whose metadata could not be read that may be its chunks, whatever
+# its encoding (`0.1`, `0/1`, `c/0/1`, `c.0.1`, a 0-d array's `0` or `c`).
+ANY_CHUNK_KEY = re.compile(r"c|(c[./])?\d+([./]\d+)*")
 TEMPORARY_KEY_NAME = re.compile(r"\..*\.zarrfs-\d+-[0-9a-f]+\.tmp")
 # A key component longer than this cannot be a file name on common file systems (NAME_MAX).
 NAME_MAX_BYTES = 255
@@ -485,8 +488,18 @@ class NodeDocsHierarchy(Hierarchy):
 
     # --- writes shared by the per-node-documents formats ----------------------------------
 
+    # A store whose root is an array keeps plain files beside the array's documents and chunks:
+    # a reader fetches those by name only, and the array's keys (below) leave the others alone.
+    plain_files_beside_root_array = True
+
     def node_keys_sync(self, node: Node) -> list[str]:
-        return [join(node.path, rel) for rel in self.store.sizes_below_sync(node.path)]
+        """Every key below the node's path; for a root array only its documents and the keys
+        shaped like its chunk keys (plain files and any other key beside them are no part of it)."""
+        keys = [join(node.path, rel) for rel in self.store.sizes_below_sync(node.path)]
+        if node.path or node.kind != "array":
+            return keys
+        is_chunk = node.keys.is_key if isinstance(node, ArrayMeta) else ANY_CHUNK_KEY.fullmatch
+        return [key for key in keys if key in self.doc_names or is_chunk(key)]
 
     def relocate_key(self, key: str, old_path: str, new_path: str) -> str:
         return new_path + key[len(old_path):] if old_path else join(new_path, key)
