@@ -1239,11 +1239,12 @@ def test_root_array_rsync_replace_keeps_plain_files(mount, tmp_path, fmt, encodi
     old_chunks = set(mounted.chunk_keys(root, ""))
     doc = ".zarray" if fmt == 2 else "zarr.json"
     mnt = mount(root, "writable")
+    kept = b"kept\n" * 1000
     with open(mnt / "kept.txt", "wb") as f:
-        f.write(b"kept\n")
+        f.write(kept)
     assert sorted(os.listdir(mnt)) == ["kept.txt", "temps.npy"]
     mounted.unmount_and_wait(mount, mnt)
-    assert (root / "kept.txt").read_bytes() == b"kept\n"
+    assert (root / "kept.txt").read_bytes() == kept
 
     src = tmp_path / "src"
     src.mkdir()
@@ -1266,8 +1267,10 @@ def test_root_array_rsync_replace_keeps_plain_files(mount, tmp_path, fmt, encodi
     new_chunks = {mounted.zarr_chunk_key(root, "", idx) for idx in grid}
     left = set(mounted.store_keys(root)) - {doc, ".zattrs", "kept.txt", "notes.txt"} - new_chunks
     assert not left, f"keys of the old array ({len(old_chunks)} chunks) or temporary keys left: {sorted(left)}"
-    assert (root / "kept.txt").read_bytes() == b"kept\n" and (root / "notes.txt").read_bytes() == b"hi\n"
+    assert (root / "kept.txt").read_bytes() == kept and (root / "notes.txt").read_bytes() == b"hi\n"
     again = mount(root)
     assert sorted(os.listdir(again)) == ["kept.txt", "notes.txt", "temps.npy"]
     assert (again / "temps.npy").read_bytes() == (src / "temps.npy").read_bytes()
     assert (again / "notes.txt").read_bytes() == b"hi\n"
+    stored = sum((root / k).stat().st_size for k in new_chunks if (root / k).exists())
+    assert os.stat(again / "temps.npy").st_blocks == -(-stored // 512), "st_blocks count the plain files"

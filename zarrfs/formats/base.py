@@ -351,8 +351,11 @@ class Hierarchy(abc.ABC):
         prefix = meta.keys.prefix
         out = {}
         for rel, size in self.store.sizes_below_sync(prefix).items():
-            if rel.rsplit("/", 1)[-1] not in self.doc_names and not is_staging_key(rel):
-                out[join(prefix, rel)] = size
+            if rel.rsplit("/", 1)[-1] in self.doc_names or is_staging_key(rel):
+                continue
+            if not prefix and not meta.keys.is_key(rel):  # plain files beside a root array's chunks
+                continue
+            out[join(prefix, rel)] = size
         return out
 
 
