@@ -22,6 +22,7 @@ class IcechunkHierarchy(V3Hierarchy):
     """A v3 hierarchy whose store is an IcechunkStore."""
 
     keeps_plain_files = False  # a repository holds Zarr nodes only: icechunk refuses any other key
+    plain_files_beside_root_array = False
 
     def plain_name_problem(self, name: str) -> str | None:
         return "an Icechunk repository keeps no files other than NAME.npy arrays"
