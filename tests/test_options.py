@@ -67,7 +67,8 @@ EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_
             "codec": "zstd:3", "log_level": "info", "log_file": "/tmp/x.log", "storage_options_file": "/x.json",
             "fsname": "data", "uid": "1", "gid": "2", "umask": "022", "subtype": "zarr",
             "timeout": "5", "metadata_ttl": "0", "remote_protocol": "s3", "remote_options": '{"anon": true}',
-            "cache_dir": "/tmp/zc", "disk_cache_size": "1G", "ref": "v1", "snapshot": "1CECHNKREP0F1RSTCMT0"}
+            "cache_dir": "/tmp/zc", "disk_cache_size": "1G", "ref": "v1", "snapshot": "1CECHNKREP0F1RSTCMT0",
+            "authorize_virtual_chunk_access": "file:///data/nc/"}
 
 
 def test_readme_option_table_is_generated():
@@ -179,3 +180,10 @@ def test_timeout_and_metadata_ttl():
     for bad in ("timeout=0", "timeout=-1", "timeout=inf", "timeout=x", "metadata_ttl=-1", "metadata_ttl=nan"):
         with pytest.raises(UserError):
             build_options([bad])
+
+
+def test_authorized_virtual_chunk_containers_are_url_prefixes():
+    o = build_options(split_o("authorize_virtual_chunk_access=file:///data/nc/,s3://b/nc/,show_views"))
+    assert o.authorize_virtual_chunk_access == ("file:///data/nc/", "s3://b/nc/") and o.show_views
+    with pytest.raises(UserError, match="URL prefixes"):
+        build_options(["authorize_virtual_chunk_access=/data/nc"])

@@ -280,7 +280,8 @@ def build(source: str, options: Options) -> ZarrOperations:
     if versioned:
         store = icechunkstore.IcechunkStore(source, storage_options, ref=options.ref, snapshot=options.snapshot,
                                             log_level=options.log_level, timeout_s=options.timeout_s,
-                                            writable=options.writable)
+                                            writable=options.writable,
+                                            authorized=options.authorize_virtual_chunk_access)
     elif options.ref is not None or options.snapshot is not None:
         raise UserError(f"{shown}: ref= and snapshot= choose a version of an Icechunk repository; "
                         f"this is not one")

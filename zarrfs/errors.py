@@ -11,6 +11,9 @@ class ZarrfsError(Exception):
     errno: int = errno.EIO
     #: set once the failure was logged with the key it names (by the engine, which limits repeats)
     logged: bool = False
+    #: set by a store that logged the failure itself, once for many keys failing for one cause:
+    #: the engine counts it without a line of its own
+    logged_by_store: bool = False
 
 
 class UserError(ZarrfsError):

@@ -25,6 +25,8 @@ from typing import Any, Callable, Coroutine
 
 from .errors import Conflict, ReadOnly, StoreError, UserError, ZarrfsError
 from .keys import join
+from .options import AUTHORIZE
+from .repeats import RepeatedFailures
 from .staging import LEASE_PREFIX
 from .store import METADATA_MAX_BYTES, Store
 
@@ -52,6 +54,8 @@ SNAPSHOT_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}")
 INVALID_KEY = "invalid zarr key"
 # ... or for a key of a node that does not exist (a staged array none of whose chunks is stored yet).
 NO_NODE = "node not found"
+# ... for a virtual chunk whose container the mount was not authorised to read (its URL prefix named).
+UNAUTHORIZED = re.compile(r"resolves to the url prefix (\S+?),? to be able to fetch the chunk you need to authorize")
 # ... and for a prefix that is no node (a staged array none of whose chunks was stored): empty.
 BAD_PREFIX = "bad key prefix"
 
@@ -82,6 +86,24 @@ def _reason(error: BaseException) -> str:
         if line:
             return line[:200]
     return type(error).__name__
+
+
+def virtual_access(prefixes: tuple[str, ...], storage_options: dict[str, Any]) -> dict[str, Any] | None:
+    """Icechunk's `authorize_virtual_chunk_access` for the containers PREFIXES name: S3 ones read with
+    the credentials of storage_options when it has some, every other (and S3 without) with what
+    the environment gives, or anonymously where the container allows it."""
+    if not prefixes:
+        return None
+    icechunk = _icechunk()
+    key = storage_options.get("key") or storage_options.get("aws_access_key_id")
+    secret = storage_options.get("secret") or storage_options.get("aws_secret_access_key")
+    access: dict[str, Any] = {}
+    for prefix in prefixes:
+        s3 = prefix.startswith(("s3://", "s3a://"))
+        access[prefix] = (icechunk.containers_credentials({prefix: icechunk.s3_credentials(
+            access_key_id=key, secret_access_key=secret, session_token=storage_options.get("token"))})[prefix]
+            if s3 and key and secret else None)
+    return access
 
 
 def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
@@ -150,7 +172,7 @@ class IcechunkStore:
 
     def __init__(self, source: str, storage_options: dict[str, Any] | None = None, ref: str | None = None,
                  snapshot: str | None = None, log_level: str = "warning", timeout_s: float | None = None,
-                 writable: bool = False) -> None:
+                 writable: bool = False, authorized: tuple[str, ...] = ()) -> None:
         icechunk = _icechunk()
         if "ICECHUNK_LOG" not in os.environ:  # icechunk's own log goes to stderr, not ours
             icechunk.set_logs_filter("icechunk=info" if log_level == "debug" else "error")
@@ -160,7 +182,9 @@ class IcechunkStore:
         thread = threading.Thread(target=self._loop.run_forever, name="zarrfs-icechunk", daemon=True)
         thread.start()
         try:
-            self.repo = icechunk.Repository.open(storage_of(source, storage_options or {}))
+            self.repo = icechunk.Repository.open(
+                storage_of(source, storage_options or {}),
+                authorize_virtual_chunk_access=virtual_access(authorized, storage_options or {}))
         except icechunk.IcechunkError as e:
             raise UserError(f"{source}: cannot open the Icechunk repository: {_reason(e)}") from None
         self.branch: str | None = None
@@ -195,6 +219,9 @@ class IcechunkStore:
         # Sessions of other snapshots (the history), most recently used last.
         self._others: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._others_lock = threading.Lock()
+        # Containers virtual chunks were refused from: said once a minute each, not once per chunk.
+        self._refused = RepeatedFailures()
+        self._refused_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"IcechunkStore({self.source!r}, {self.snapshot_id})"
@@ -328,7 +355,23 @@ class IcechunkStore:
             raise
 
     def _failed(self, what: str, error: BaseException) -> StoreError:
+        refused = UNAUTHORIZED.search(str(error))
+        if refused is not None:
+            return self._unauthorized(what, refused.group(1))
         return StoreError(f"{what} failed (snapshot {self.snapshot_id}): {_reason(error)}")
+
+    def _unauthorized(self, what: str, prefix: str) -> StoreError:
+        """A virtual chunk of a container not authorised: one line per container (not per chunk)
+        naming it and the option, then EIO for each read it fails."""
+        reason = (f"virtual chunks in container {prefix} are not read: the mount is not authorised to "
+                  f"(mount with -o {AUTHORIZE}={prefix})")
+        with self._refused_lock:
+            line = self._refused.line(prefix, reason)
+        if line is not None:
+            log.warning("%s; %s", line, f"{what} failed")
+        error = StoreError(f"{what} failed: {reason}")
+        error.logged = error.logged_by_store = True  # said above, once per container: only counted
+        return error
 
     def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> bytes | None:
         """The value of a key, or None; larger than `max_nbytes`: StoreError. A value that fits in

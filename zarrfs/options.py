@@ -14,6 +14,9 @@ from .errors import UserError
 
 FORMATS = ("auto", "v1", "v2", "v3", "v3-draft", "icechunk")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# Icechunk's own name for the virtual chunk containers a repository's reader trusts.
+AUTHORIZE = "authorize_virtual_chunk_access"
+URL_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 # Standard FUSE / mount(8) options that we pass through to libfuse (with a value) or accept
 # and ignore because mount.fuse3 and /etc/fstab lines carry them.
@@ -53,6 +56,10 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("ref=NAME", "Icechunk: the branch or tag to mount; a branch mount follows the branch's newest "
               "snapshot (README: Icechunk repositories)", "branch `main`"),
     OptionDoc("snapshot=ID", "Icechunk: the snapshot to mount, by its ID", "none"),
+    OptionDoc("authorize_virtual_chunk_access=PREFIX[,PREFIX...]", "Icechunk: the virtual chunk containers "
+              "(URL prefixes as the repository's config names them, `file:///data/nc/`, `s3://bucket/nc/`) "
+              "whose files virtual chunks may be read from (README: Icechunk repositories)",
+              "none: virtual chunks read as EIO"),
     OptionDoc("v1_order=spec|writer", "how v1 `order: F` chunks are laid out: `spec` as the v1 specification "
               "says (F order); `writer` as zarr 1.1.0, the one real v1 writer, stored them (F order only with "
               "blosc, C order with every other compressor). Use `writer` for stores that writer made", "`spec`"),
@@ -290,6 +297,8 @@ class Options:
     v1_order: str = "spec"
     ref: str | None = None  # Icechunk: a branch or tag (None: branch main)
     snapshot: str | None = None  # Icechunk: a snapshot ID
+    # Icechunk: URL prefixes of the virtual chunk containers the mount may read from.
+    authorize_virtual_chunk_access: tuple[str, ...] = ()
     timeout_s: float = 30.0
     cache_dir: str | None = None  # None: diskcache.default_cache_dir()
     # A few datasets' worth of encoded chunks on a workstation's disk, yet little of a laptop's.
@@ -362,6 +371,8 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
     for item in items:  # `-o chunks=8,5` arrives split at its comma: bare numbers join chunks=
         if merged and merged[-1].startswith("chunks=") and item.isdigit():
             merged[-1] += "," + item
+        elif merged and merged[-1].startswith(f"{AUTHORIZE}=") and URL_PREFIX.match(item):
+            merged[-1] += "," + item  # ... and URLs join the prefixes authorised
         else:
             merged.append(item)
     for item in merged:
@@ -420,6 +431,12 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             kw["v1_order"] = v1_order
         elif name in ("ref", "snapshot"):
             kw[name] = _need(name, value)
+        elif name == AUTHORIZE:
+            prefixes = tuple(p.strip() for p in _need(name, value).split(",") if p.strip())
+            bad = [p for p in prefixes if not URL_PREFIX.match(p)]
+            if bad or not prefixes:
+                raise UserError(f"{name}={value}: expected URL prefixes such as file:///data/ or s3://bucket/nc/")
+            kw[name] = kw.get(name, ()) + prefixes
         elif name in ("timeout", "metadata_ttl"):
             kw[f"{name}_s"] = _seconds(name, _need(name, value), allow_zero=name == "metadata_ttl")
         elif name == "log_level":

@@ -292,11 +292,12 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
         self._count_error(error, key)
 
     def _count_error(self, error: ZarrfsError, key: str) -> None:
-        """Count a failure of KEY and log it, unless the same was logged within the minute."""
+        """Count a failure of KEY and log it, unless the same was logged within the minute or the
+        store logged it already (one line for many keys failing for one cause)."""
         self.errors[type(error).__name__] += 1
         text = str(error)
         line = self.failures.line(key, text if key in text else f"{key}: {text}")
-        if line is not None:
+        if line is not None and not error.logged_by_store:
             log.warning("%s", line)
         error.logged = True  # the FUSE layer does not log it again for each request it fails
 
