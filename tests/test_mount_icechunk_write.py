@@ -15,6 +15,10 @@ import zarr
 
 import icechunk_repo
 import mounted
+from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
+
+# Replacements of one array on S3 while another mount reads it (each a commit to moto).
+REPLACEMENTS_ON_S3 = 40
 
 
 @pytest.fixture(scope="module")
@@ -165,14 +169,11 @@ def test_a_new_repository_gets_its_root_group(tmp_path, mount):
     assert np.array_equal(root["x"][...], value) and "g" in root
 
 
-def test_a_reader_never_sees_a_mix_of_two_replacements(repo, mount):
-    """One mount replaces an array again and again; another reads it in a loop, following the
-    branch at every lookup: each read is one whole version."""
+def _replace_while_reading(writer, reader, versions):
+    """WRITER replaces g/t VERSIONS times while another thread reads it through READER in a loop:
+    every read must be one whole version. Returns the versions the reader saw."""
     import threading
 
-    writer = mount(repo.path, "writable")
-    reader = mount(repo.path, "metadata_ttl=0")
-    versions = 20
     shape = (64, 128)  # several chunks, each replaced
     _written(writer / "g" / "t.npy", np.full(shape, -1, "<i4"))
     seen, bad, done = set(), [], threading.Event()
@@ -202,6 +203,34 @@ def test_a_reader_never_sees_a_mix_of_two_replacements(repo, mount):
     assert seen and seen <= set(range(-1, versions)), seen
     (reader / ".zarrfs" / "refresh").read_bytes()
     assert np.array_equal(np.load(reader / "g" / "t.npy"), np.full(shape, versions - 1, "<i4"))
+    return seen
+
+
+def test_a_reader_never_sees_a_mix_of_two_replacements(repo, mount):
+    """One mount replaces an array again and again; another reads it in a loop, following the
+    branch at every lookup: each read is one whole version."""
+    _replace_while_reading(mount(repo.path, "writable"), mount(repo.path, "metadata_ttl=0"), 20)
+
+
+def test_on_s3_a_reader_never_sees_a_mix_of_two_replacements(s3, built, mount):  # noqa: F811
+    """The same with two mounts of one repository on S3 (moto), where icechunk alone orders the
+    commits."""
+    import icechunk
+
+    endpoint, fs = s3
+    fs.put(str(built.path), f"{BUCKET}/ice/replaced", recursive=True)
+    repo = icechunk.Repository.open(icechunk.s3_storage(
+        bucket=BUCKET, prefix="ice/replaced", endpoint_url=endpoint, allow_http=True, region="us-east-1",
+        access_key_id=CREDENTIALS["key"], secret_access_key=CREDENTIALS["secret"], force_path_style=True))
+    opts = "storage_options=" + json.dumps({"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS})
+    source = f"s3://{BUCKET}/ice/replaced"
+    versions = REPLACEMENTS_ON_S3
+    seen = _replace_while_reading(mount(source, opts, "writable"), mount(source, opts, "metadata_ttl=0"), versions)
+    assert len(seen) > 1, seen  # the reader did see the array change under it
+    messages = [s.message for s in repo.ancestry(branch="main")]
+    assert sum("close g/t" in m for m in messages) == versions + 1
+    tip = repo.readonly_session(branch="main").store
+    assert np.array_equal(zarr.open_array(tip, path="g/t", mode="r")[...], np.full((64, 128), versions - 1, "<i4"))
 
 
 def test_a_plain_file_is_refused_at_create(repo, mount):
