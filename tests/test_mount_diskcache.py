@@ -320,7 +320,9 @@ def test_remount_reads_from_disk_then_revalidates_by_listing(bucket, proxy, moun
     assert (mnt / "a.npy").read_bytes() == want_a
     assert (mnt / "s.npy").read_bytes() == want_s
     assert _chunk_gets(proxy, "remount") == []
-    assert 1 <= _lists(proxy) <= 4
+    # A few listings (two arrays, a shard's size, a listing asked again when a read outlives
+    # its wait on a loaded machine), never one per chunk (each array has 36 or more).
+    assert 1 <= _lists(proxy) <= 8, [p for m, p in proxy.requests if "list-type=2" in p]
     mounted.unmount_and_wait(mount, mnt)
 
     # zarrfs --clear-cache empties it: the next mount reads the store again.
