@@ -48,6 +48,16 @@ def test_reads_equal_icechunk(repo):
     assert many["nope/zarr.json"] is None and many["g/zarr.json"] == _oracle_get(repo, tip, "g/zarr.json")
 
 
+
+def test_chunks_come_uncopied(repo):
+    """A chunk is handed on in icechunk's own buffer (a copy of each would lie on every read's
+    path); a document, which JSON parses, as bytes."""
+    store = IcechunkStore(str(repo.path))
+    chunk = store.get_sync("g/t/c/0/0", 1 << 20)
+    assert not isinstance(chunk, bytes) and memoryview(chunk).readonly
+    assert bytes(chunk) == _oracle_get(repo, repo.snapshots["main"], "g/t/c/0/0")
+    assert isinstance(store.get_sync("g/t/zarr.json"), bytes)
+
 def test_ranges_and_suffixes(repo):
     store = IcechunkStore(str(repo.path))
     whole = _oracle_get(repo, repo.snapshots["main"], "s/c/0/0")
