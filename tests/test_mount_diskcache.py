@@ -22,6 +22,7 @@ import zarr
 
 import mounted
 from test_mount_http import HttpServer
+from test_mount_remote import proxy  # noqa: F401  (the latency proxy before moto)
 from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
@@ -64,14 +65,6 @@ def _trusted() -> None:
     unchanged since (else each check reads them again, correctly but uselessly); the tests that
     need it run last, so this rarely waits."""
     time.sleep(max(0.0, uploaded[0] + TRUST_AFTER_S - time.time()))
-
-
-@pytest.fixture
-def proxy(s3):  # noqa: F811
-    endpoint, _ = s3
-    p = Proxy(urllib.parse.urlparse(endpoint).port).start()
-    yield p
-    p.stop()
 
 
 def _opts(port: int, cache_dir: Path, *extra: str) -> list[str]:

@@ -7,8 +7,6 @@ import functools
 import math
 import logging
 import os
-import pwd
-import socket
 import stat
 import time
 from typing import Any
@@ -16,6 +14,7 @@ from typing import Any
 import pyfuse3
 import trio
 
+from .commits import Commits, entry_path
 from .engine import Engine
 from .errors import InvalidArgument, NotADir, ReadOnly, ZarrfsError
 from .handles import Handle
@@ -75,22 +74,6 @@ def fuse_error(name: str, args: tuple, e: Exception) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(errno.EIO)
 
 
-def _entry_path(entry: Entry) -> str:
-    """The hierarchy path (or name) a commit message gives a file."""
-    return getattr(entry.node, "path", None) or entry.key or "/"
-
-
-def change_message(operation: str, path: str, uid: int | None) -> str:
-    """The message of the commit an operation makes: operation, path, user, host."""
-    user = "?"
-    if uid is not None:
-        try:
-            user = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            user = str(uid)
-    return f"zarrfs: {operation} {path} by {user}@{socket.gethostname()}"
-
-
 def boundary(fn: Any) -> Any:
     """Only FUSEError may leave a handler: map ours to their errno, log and EIO the rest."""
 
@@ -127,7 +110,7 @@ class ZarrOperations(pyfuse3.Operations):
         self._openers: dict[int, int] = {}
         self._dir_openers: dict[int, int] = {}
         self._next_fh = 1
-        self._writers: dict[int, int | None] = {}  # files opened for writing: the opener's uid
+        self.commits = Commits(namespace, engine, options.writable)
 
     def attributes(self, entry: Entry) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
@@ -223,11 +206,6 @@ class ZarrOperations(pyfuse3.Operations):
 
     # --- reading the tree ---------------------------------------------------------
 
-    def _path_in(self, parent_inode: int, name: str) -> str:
-        """The hierarchy path of NAME in a directory (for commit messages)."""
-        parent = getattr(self.ns.get(parent_inode).node, "path", "")
-        return f"{parent}/{name}" if parent else name
-
     async def _reply(self, entry: Entry) -> pyfuse3.EntryAttributes:
         """Attributes of an entry the reply hands to the kernel, which then holds a reference."""
         try:
@@ -315,7 +293,7 @@ class ZarrOperations(pyfuse3.Operations):
             info = self._file_info(await self.ns.open(inode, flags))
         self._openers[info.fh] = ctx.pid
         if flags & (os.O_WRONLY | os.O_RDWR):
-            self._writers[info.fh] = ctx.uid
+            self.commits.opened(info.fh, ctx.uid)
         return info
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -334,7 +312,7 @@ class ZarrOperations(pyfuse3.Operations):
     @boundary
     async def release(self, fh: int) -> None:
         self._openers.pop(fh, None)
-        self._writers.pop(fh, None)
+        self.commits.released(fh)
         await self._handles.pop(fh).release()
 
     @boundary
@@ -342,23 +320,13 @@ class ZarrOperations(pyfuse3.Operations):
         """close(): see ArrayHandle.flush."""
         handle = self._handles[fh]
         await handle.flush()
-        if fh in self._writers:
-            await self._committed("close", _entry_path(handle.entry), self._writers[fh])
+        await self.commits.file_done("close", fh, handle.entry)
 
     @boundary
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._handles[fh]
         await handle.fsync()
-        if fh in self._writers:
-            await self._committed("fsync", _entry_path(handle.entry), self._writers[fh])
-
-    async def _committed(self, operation: str, path: str, uid: int | None) -> None:
-        """A versioned store (Icechunk): the operation just completed becomes one commit, named
-        for it (not while another file is being written: its commit then takes this one in)."""
-        commit = getattr(self.engine.store, "commit_sync", None)
-        if commit is None or not self.options.writable or self.ns.writing_files():
-            return
-        await self.engine.run_io_long(commit, change_message(operation, path, uid))
+        await self.commits.file_done("fsync", fh, handle.entry)
 
     # --- writes (with -o writable) --------------------------------------------------
 
@@ -372,7 +340,7 @@ class ZarrOperations(pyfuse3.Operations):
         if handle.writes_on_read_only:  # statistics GDAL saves: the array and its time are unchanged
             return await handle.write(off, buf)
         self._check_writable()
-        self._writers.setdefault(fh, None)
+        self.commits.wrote(fh)
         self._touched(handle.entry)
         return await handle.write(off, buf)
 
@@ -382,7 +350,7 @@ class ZarrOperations(pyfuse3.Operations):
         self._check_writable()
         entry, handle = await self.ns.create_file(parent_inode, fs_name(name))
         info = self._file_info(handle)
-        self._writers[info.fh] = ctx.uid
+        self.commits.opened(info.fh, ctx.uid)
         return info, await self._reply(entry)
 
     @boundary
@@ -407,20 +375,20 @@ class ZarrOperations(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
         self._check_writable()
         entry = await self.ns.mkdir(parent_inode, fs_name(name))
-        await self._committed("mkdir", self._path_in(parent_inode, fs_name(name)), ctx.uid)
+        await self.commits.done("mkdir", self.commits.path_in(parent_inode, fs_name(name)), ctx.uid)
         return await self._reply(entry)
 
     @boundary
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         self._check_writable()
         await self.ns.rmdir(parent_inode, fs_name(name))
-        await self._committed("rmdir", self._path_in(parent_inode, fs_name(name)), ctx.uid)
+        await self.commits.done("rmdir", self.commits.path_in(parent_inode, fs_name(name)), ctx.uid)
 
     @boundary
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         self._check_writable()
         await self.ns.unlink(parent_inode, fs_name(name))
-        await self._committed("rm", self._path_in(parent_inode, fs_name(name)), ctx.uid)
+        await self.commits.done("rm", self.commits.path_in(parent_inode, fs_name(name)), ctx.uid)
 
     @boundary
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
@@ -432,8 +400,8 @@ class ZarrOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         await self.ns.rename(parent_inode_old, fs_name(name_old), parent_inode_new, fs_name(name_new),
                              replace=not flags & RENAME_NOREPLACE)
-        await self._committed("mv", f"{self._path_in(parent_inode_old, fs_name(name_old))} -> "
-                                    f"{self._path_in(parent_inode_new, fs_name(name_new))}", ctx.uid)
+        await self.commits.done("mv", f"{self.commits.path_in(parent_inode_old, fs_name(name_old))} -> "
+                                    f"{self.commits.path_in(parent_inode_new, fs_name(name_new))}", ctx.uid)
 
     @boundary
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
@@ -442,7 +410,7 @@ class ZarrOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM if fs_name(name).startswith("user.zarr.") else errno.ENOTSUP)
         entry = self.ns.get(inode)
         await self.ns.set_attributes(entry, value)
-        await self._committed("setfattr", _entry_path(entry), ctx.uid)
+        await self.commits.done("setfattr", entry_path(entry), ctx.uid)
 
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
         raise pyfuse3.FUSEError(errno.EROFS if not self.options.writable else errno.EPERM)
