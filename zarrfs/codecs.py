@@ -202,7 +202,6 @@ class BytesBytes:
     codec: Any
     name: str
     where: str = ""  # the metadata document that names the codec, for what the log says of it
-    _told: set = dataclasses.field(default_factory=set, compare=False, repr=False)
 
     def decode(self, data: Any, limit: int | None = None, out: np.ndarray | None = None) -> Any:
         """Decoded bytes; with `limit`, at most that many (CorruptChunk beyond, before allocating);
@@ -226,16 +225,15 @@ class BytesBytes:
 
     def _tell_once(self, what: str, text: str) -> None:
         """Log a quirk of the stored chunks once for this array, named by its document (else
-        once for this codec); decoding threads race here."""
+        once for this codec's name); decoding threads race here."""
+        subject = self.where or self.name
         with _TOLD_LOCK:
-            if what in self._told or (self.where and (what, self.where) in _TOLD):
+            if (what, subject) in _TOLD:
                 return
-            self._told.add(what)
-            if self.where:
-                _TOLD[what, self.where] = None
-                if len(_TOLD) > TOLD_MAX:
-                    del _TOLD[next(iter(_TOLD))]
-        log.warning("%s: %s", self.where or self.name, text)
+            _TOLD[what, subject] = None
+            if len(_TOLD) > TOLD_MAX:
+                del _TOLD[next(iter(_TOLD))]
+        log.warning("%s: %s", subject, text)
 
     def encoded_bound(self, n: int) -> int:
         """The most bytes this codec encodes `n` bytes into (exact for filters and checksums)."""
