@@ -376,8 +376,8 @@ class IcechunkStore:
     def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
         """The value of a key, or None; larger than `max_nbytes`: StoreError. A value that fits in
         INTO (a writable buffer) is copied into it: INTO returned when it is exactly its size, else
-        a view of its first bytes. Documents (the default bound) come as bytes; any other value
-        as a read-only view of icechunk's own buffer."""
+        a view of its first bytes. Documents (`zarr.json`: a repository holds v3 only) come as
+        bytes; any other value as a read-only view of icechunk's own buffer."""
         store, rel = self._route(key)
         try:
             data = self._run(lambda: self._get(store, rel))
@@ -390,7 +390,7 @@ class IcechunkStore:
             view = memoryview(into).cast("B")
             view[:len(data)] = data
             return into if len(data) == len(view) else view[:len(data)]
-        if max_nbytes == METADATA_MAX_BYTES:  # a document: parsed as JSON, which takes bytes only
+        if key.rsplit("/", 1)[-1] == "zarr.json":  # a document: parsed as JSON, which takes bytes only
             return _plain(data)
         # A chunk: decoded straight from icechunk's buffer, uncopied (a copy here costs more
         # than the read itself on a local repository).
