@@ -7,11 +7,11 @@ import io
 import numpy as np
 import trio
 
-from zarrfs.cache import ChunkCache
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
 from zarrfs.formats import open_hierarchy_sync
-from zarrfs.store import Store
-from zarrfs.layouts import ArrayStream
+from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
 
 
 def open_node(source: str, path: str, fmt: str = "auto"):

@@ -18,8 +18,8 @@ from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.base import parse_json
 from zarrfs.formats.v2 import parse_array as v2_parse_array
 from zarrfs.model import ArrayMeta, BrokenNode, GroupMeta
-from zarrfs.store import Store
-from zarrfs.namespace import name_problem
+from zarrfs.storage.store import Store
+from zarrfs.tree.namespace import name_problem
 
 from corehelp import np_save_bytes, read_npy
 

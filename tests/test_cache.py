@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from zarrfs.cache import ChunkCache
+from zarrfs.engine.cache import ChunkCache
 
 
 def chunk(n: int) -> np.ndarray:

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import trio
 
-from zarrfs.cache import ChunkCache
-from zarrfs.chunksource import KeyedChunks, ShardedChunks, ShardedInner
+from zarrfs.engine.cache import ChunkCache
+from zarrfs.storage.chunksource import KeyedChunks, ShardedChunks, ShardedInner
 from zarrfs.engine import Engine
 from zarrfs.errors import CorruptChunk
 from zarrfs.formats import open_hierarchy_sync
-from zarrfs.keys import ChunkKeys
-from zarrfs.store import Store
-from zarrfs.layouts import ArrayStream
+from zarrfs.storage.keys import ChunkKeys
+from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
 
 
 class RecordingStore:

@@ -24,8 +24,8 @@ from numcodecs.compat import ensure_bytes
 from zarr.codecs import numcodecs as znc
 
 from zarrfs import grid
-from zarrfs.chunksource import read_chunk_sync
-from zarrfs.codecs import (
+from zarrfs.storage.chunksource import read_chunk_sync
+from zarrfs.codecs.chain import (
     BytesBytes,
     BytesLayout,
     CodecChain,
@@ -35,10 +35,10 @@ from zarrfs.codecs import (
     is_fill,
     numcodecs_codec,
 )
-from zarrfs.sharding import ABSENT, ShardingIndexed
+from zarrfs.codecs.sharding import ABSENT, ShardingIndexed
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.options import Options
-from zarrfs.store import Store
+from zarrfs.storage.store import Store
 
 warnings.filterwarnings("ignore", module="zarr")
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -173,7 +173,7 @@ def test_the_lease_is_refreshed_while_the_staging_sweep_still_runs(monkeypatch):
     import trio
     import trio.testing
 
-    from zarrfs import staging
+    from zarrfs.storage import staging
 
     sweep_may_end = threading.Event()
     refreshes: list[bool] = []

@@ -1,4 +1,4 @@
-"""Direct reads (zarrfs.direct): bytes copied from uncompressed chunk files equal numpy's np.save bytes, on tmpfs and on a disk."""
+"""Direct reads (zarrfs.engine.fastpath.direct): bytes copied from uncompressed chunk files equal numpy's np.save bytes, on tmpfs and on a disk."""
 
 import io
 import os
@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrfs import direct, grid
-from zarrfs.codecs import BytesLayout, CodecChain
-from zarrfs.keys import ChunkKeys
-from zarrfs.layouts import ArrayStream
+from zarrfs.engine.fastpath import direct
+from zarrfs import grid
+from zarrfs.codecs.chain import BytesLayout, CodecChain
+from zarrfs.storage.keys import ChunkKeys
+from zarrfs.views.streams import ArrayStream
 from zarrfs.model import ArrayMeta
-from zarrfs.store import Store
+from zarrfs.storage.store import Store
 
 DTYPES = ["|u1", "<i2", "<f8", "|S3", [("a", "<i2"), ("b", "|u1")]]
 # tmpfs (read in the trio thread) and the disk the repo is on (RWF_NOWAIT, else a worker thread)

@@ -9,8 +9,14 @@ import time
 
 import pytest
 
-from zarrfs.diskcache import BLOCK_BYTES, DiskCache, DiskCachedStore, default_cache_dir, store_identity
-from zarrfs.keys import ChunkKeys
+from zarrfs.storage.diskcache import (
+    BLOCK_BYTES,
+    DiskCache,
+    DiskCachedStore,
+    default_cache_dir,
+    store_identity,
+)
+from zarrfs.storage.keys import ChunkKeys
 
 
 class CountingStore:

@@ -13,13 +13,13 @@ import trio
 import trio.testing
 import zarr
 
-from zarrfs.cache import ChunkCache
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import DECODE_THREADS, Engine, ReadAhead
 from zarrfs.errors import CorruptChunk, Stale, StoreError
 from zarrfs.formats import open_hierarchy_sync
-from zarrfs.store import Store
-from zarrfs.layouts import ArrayStream
-from zarrfs.selection import SliceStream, selection
+from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
+from zarrfs.views.slices import SliceStream, selection
 
 from corehelp import np_save_bytes
 
@@ -422,7 +422,7 @@ def test_decode_buffers_of_two_mib_or_more_are_backed_by_huge_pages():
     """private_buffer: a buffer of 2 MiB or more starts on a huge page boundary and, where the
     kernel gives huge pages to those who ask (transparent_hugepage `madvise` or `always`), is
     backed by them once touched, as /proc/self/smaps tells; a small one is an ordinary mapping."""
-    from zarrfs.engine.spares import private_buffer
+    from zarrfs.engine.fastpath.spares import private_buffer
 
     buf = private_buffer(5 << 20)
     assert buf.nbytes == 5 << 20 and buf.ctypes.data % (2 << 20) == 0
@@ -480,8 +480,8 @@ def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, monkey
     columns, so that every block is cut short at edge chunks."""
     import numcodecs
 
-    from zarrfs import direct
-    from zarrfs.engine.bands import decoded_rows_sync
+    from zarrfs.engine.fastpath import direct
+    from zarrfs.engine.fastpath.bands import decoded_rows_sync
 
     for name, setting in blocks.items():
         monkeypatch.setattr(direct, name, setting)

@@ -10,13 +10,13 @@ import pytest
 import trio
 import zarr
 
-from zarrfs.cache import ChunkCache
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
 from zarrfs.errors import StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.model import NewArray
-from zarrfs.store import Store
-from zarrfs.layouts import ArrayStream
+from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
 
 warnings.filterwarnings("ignore", module="zarr")
 

@@ -369,7 +369,7 @@ def test_vlen_arrays_read_as_fixed_width(tmp_path, fmt):
 
 
 def test_vlen_width_scan_is_bounded(tmp_path, monkeypatch):
-    from zarrfs import vlen
+    from zarrfs.codecs import vlen
 
     path = tmp_path / "s"
     _write_vlen(path, 3)
@@ -426,7 +426,7 @@ def test_dimension_names_of_a_new_array_in_a_dataset():
 @pytest.mark.parametrize("fmt", [2, 3])
 def test_plain_file_names_a_reader_could_take_for_its_own_keys_are_refused(tmp_path, fmt):
     from zarrfs.formats import open_hierarchy_sync
-    from zarrfs.store import Store
+    from zarrfs.storage.store import Store
 
     zarr.open_group(tmp_path / "s.zarr", mode="w", zarr_format=fmt)
     h = open_hierarchy_sync(Store(str(tmp_path / "s.zarr")))

@@ -8,8 +8,8 @@ import zarr
 
 import icechunk_repo
 from zarrfs.errors import ReadOnly, UserError
-from zarrfs.icechunkstore import IcechunkStore, looks_like_repository_sync
-from zarrfs.store import Store
+from zarrfs.storage.icechunk import IcechunkStore, looks_like_repository_sync
+from zarrfs.storage.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Byte layouts (zarrfs.layouts) against numpy's own bytes (np.save, tobytes), chunk by chunk."""
+"""Byte layouts (zarrfs.views.streams) against numpy's own bytes (np.save, tobytes), chunk by chunk."""
 
 import io
 from unittest import mock
@@ -7,11 +7,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrfs import grid, layouts
-from zarrfs.codecs import CodecChain
-from zarrfs.keys import ChunkKeys
+from zarrfs import grid
+from zarrfs.views import streams
+from zarrfs.codecs.chain import CodecChain
+from zarrfs.storage.keys import ChunkKeys
 from zarrfs.model import ArrayMeta
-from zarrfs.layouts import ArrayStream
+from zarrfs.views.streams import ArrayStream
 
 DTYPES = ["|u1", "<i2", ">f4", "<c16", "|S3", [("a", "<i2"), ("b", "|u1")]]
 
@@ -52,10 +53,10 @@ def read_all_ranges(stream, chunk_arrays, expected, data):
         off = data.draw(st.integers(0, size + 3))
         n = data.draw(st.integers(0, size + 5))
         plan = stream.plan(off, n)
-        for rows_min in (layouts.ROWS_MIN, 0):  # as it is, and whole rows for every read
+        for rows_min in (streams.ROWS_MIN, 0):  # as it is, and whole rows for every read
             # transposing copies staged as they are (whole, at these sizes), and 48 bytes at a time (several blocks)
-            for stage in (layouts.STAGE_BYTES, 48):
-                with mock.patch.object(layouts, "ROWS_MIN", rows_min), mock.patch.object(layouts, "STAGE_BYTES", stage):
+            for stage in (streams.STAGE_BYTES, 48):
+                with mock.patch.object(streams, "ROWS_MIN", rows_min), mock.patch.object(streams, "STAGE_BYTES", stage):
                     got = stream.assemble(plan, {i: chunk_arrays[i] for i in plan.chunks})
                 assert got == expected[off:off + n]
 

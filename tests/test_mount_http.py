@@ -32,7 +32,7 @@ def _free_port() -> int:
 # ``python -m http.server`` as it is: one thread a connection, HTTP/1.0 (each answer closes its
 # connection), a listen backlog of 5. zarrfs opens at most remote.HTTP_CONNECTIONS to it at once.
 HTTP_SERVER_MAIN = "import runpy, sys; sys.argv = ['http.server'] + sys.argv[1:]; runpy.run_module('http.server', run_name='__main__', alter_sys=True)"
-HTTP_CONNECTIONS = 6  # zarrfs/remote.py
+HTTP_CONNECTIONS = 6  # zarrfs/storage/remote.py
 
 
 class HttpServer:

@@ -322,7 +322,7 @@ def test_preview_of_a_large_array_reads_a_bounded_strided_subset(mount, tmp_path
     with Image.open(m / VIEWS / "preview" / "large.png") as im:
         assert im.size == (254, 254)  # 20000 / ceil(20000 / 256): longest side at most 256
     after = stats(m)
-    budget = 64 << 20  # zarrfs.preview.MAX_DECODED_BYTES, the bound the README states
+    budget = 64 << 20  # zarrfs.views.preview.MAX_DECODED_BYTES, the bound the README states
     assert 0 < after["preview_decoded_bytes"] - before.get("preview_decoded_bytes", 0) <= budget
     assert after["store_gets"] - before["store_gets"] <= budget // (1000 * 1000 * 4)
 

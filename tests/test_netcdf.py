@@ -1,4 +1,4 @@
-"""netCDF classic files of groups (zarrfs.netcdf) read by scipy.io.netcdf_file and netCDF4-python."""
+"""netCDF classic files of groups (zarrfs.views.netcdf) read by scipy.io.netcdf_file and netCDF4-python."""
 
 import base64
 import io
@@ -7,10 +7,10 @@ import struct
 import numpy as np
 import pytest
 
-from zarrfs import netcdf
-from zarrfs.codecs import CodecChain
+from zarrfs.views import netcdf
+from zarrfs.codecs.chain import CodecChain
 from zarrfs.errors import ZarrfsError
-from zarrfs.keys import ChunkKeys
+from zarrfs.storage.keys import ChunkKeys
 from zarrfs.model import ArrayMeta
 from test_layouts import make
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrfs import npy
+from zarrfs.views import npy
 
 DTYPES = ["|b1", "|i1", "<u2", ">i4", "<i8", "<f2", ">f8", "<c16", "|S7", "<U3", "<M8[ns]", "<m8[s]", "|V5",
           [("a", "<i4"), ("b", ">f8", (2,))], [("x", [("y", "|u1"), ("z", "<f4")])]]

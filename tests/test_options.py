@@ -59,8 +59,13 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from zarrfs.options import (OPTION_TABLE, options_markdown, read_storage_options_file, redact_url,  # noqa: E402
-                            secrets_in)
+from zarrfs.options import (
+    OPTION_TABLE,
+    options_markdown,
+    read_storage_options_file,
+    redact_url,
+    secrets_in,
+)
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_options": "{}", "chunks": "4,4",

@@ -1,4 +1,4 @@
-"""Previews (zarrfs.preview): plans, values and scaling against numpy; PNGs read back with Pillow."""
+"""Previews (zarrfs.views.preview): plans, values and scaling against numpy; PNGs read back with Pillow."""
 
 import io
 import math
@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from test_layouts import make
-from zarrfs import preview
+from zarrfs.views import preview
 
 
 def picture(arr, chunks, budget=preview.MAX_DECODED_BYTES):

@@ -21,14 +21,14 @@ import trio
 import trio.testing
 import zarr
 
-from zarrfs import rangedecode
-from zarrfs.cache import ChunkCache
-from zarrfs.codecs import BytesBytes, BytesLayout, CodecChain
+from zarrfs.codecs import rangedecode
+from zarrfs.engine.cache import ChunkCache
+from zarrfs.codecs.chain import BytesBytes, BytesLayout, CodecChain
 from zarrfs.engine import Engine
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
-from zarrfs.layouts import ArrayStream
-from zarrfs.store import Store
+from zarrfs.views.streams import ArrayStream
+from zarrfs.storage.store import Store
 
 from corehelp import np_save_bytes
 
@@ -451,8 +451,8 @@ async def test_a_preview_of_a_chunk_larger_than_the_cache_reads_only_its_pixels(
     chunk is decoded whole: the process does not grow by the chunk."""
     from PIL import Image
     from test_preview import numpy_grey
-    from zarrfs import preview, previews
-    from zarrfs.previews import Previews
+    from zarrfs.views import preview, previews
+    from zarrfs.views.previews import Previews
 
     if by == "pixels":
         monkeypatch.setattr(previews, "ROWS_MAX_BYTES", 0)

@@ -12,9 +12,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 import reference_files as rf
 from zarrfs.errors import UserError
-from zarrfs.remote import missing_backend
-from zarrfs.references import open_references_sync
-from zarrfs.store import Store
+from zarrfs.storage.remote import missing_backend
+from zarrfs.storage.references import open_references_sync
+from zarrfs.storage.store import Store
 
 
 @pytest.fixture(scope="module")

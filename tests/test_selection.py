@@ -1,4 +1,4 @@
-"""Selections (zarrfs.selection): parsing against numpy's own indexing, and byte layouts against np.save."""
+"""Selections (zarrfs.views.slices): parsing against numpy's own indexing, and byte layouts against np.save."""
 
 import io
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrfs.selection import BadSelection, SliceStream, selection, split_name
+from zarrfs.views.slices import BadSelection, SliceStream, selection, split_name
 from test_layouts import DTYPES, make
 
 

@@ -17,12 +17,12 @@ import zarr.codecs as zc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zarrfs.cache import ChunkCache
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
-from zarrfs.store import Store
-from zarrfs.layouts import ArrayStream
+from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
 
 from corehelp import np_save_bytes
 

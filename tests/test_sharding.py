@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from zarrfs.codecs import BytesLayout, CodecChain
+from zarrfs.codecs.chain import BytesLayout, CodecChain
 from zarrfs.errors import CorruptChunk
 from zarrfs.formats.v3 import v3_chain
-from zarrfs.sharding import ABSENT, PLAIN_INDEX, ShardIndex, ShardingIndexed
+from zarrfs.codecs.sharding import ABSENT, PLAIN_INDEX, ShardIndex, ShardingIndexed
 
 CRC_INDEX = ShardIndex(v3_chain([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
                                 3, "test"), at_end=False)

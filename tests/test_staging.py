@@ -1,4 +1,4 @@
-"""Staging areas of writers that died (zarrfs/staging.py), without a mount: when a lease names a
+"""Staging areas of writers that died (zarrfs/storage/staging.py), without a mount: when a lease names a
 writer that is gone, which prefixes a sweep lists in each format, what it removes and keeps,
 and the steps of a daemon's own lease.
 
@@ -21,8 +21,16 @@ import pytest
 
 from zarrfs import formats
 from zarrfs.errors import StoreError
-from zarrfs.staging import LEASE_STALE_S, Lease, LeaseKeeper, staging_dirs, staging_writer, sweep_sync, this_machine
-from zarrfs.store import Store
+from zarrfs.storage.staging import (
+    LEASE_STALE_S,
+    Lease,
+    LeaseKeeper,
+    staging_dirs,
+    staging_writer,
+    sweep_sync,
+    this_machine,
+)
+from zarrfs.storage.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NOW = time.time()
@@ -143,7 +151,7 @@ def test_a_sweep_keeps_live_and_recent_staging_and_its_own(tmp_path, caplog):
     _area(root, "g/h/.zarrfs-new-0000000000000004", age_s=2 * LEASE_STALE_S)  # no lease, old
     _area(root, ".zarrfs-new-22222222bbbb-05", age_s=60)  # its writer's lease is gone: recent keys decide
     (root / ".zarrfs-lease-33333333cccc").write_bytes(b"not json")  # unreadable: removed
-    caplog.set_level("INFO", "zarrfs.staging")
+    caplog.set_level("INFO", "zarrfs.storage.staging")
     out = sweep_sync(_hierarchy(root), "0a0b0c0d0e0f", NOW)
     assert (out["removed"], out["kept"], out["leases_removed"]) == (1, 3, 1)
     left = sorted(p.name for p in root.rglob(".zarrfs*"))

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from zarrfs.errors import MetadataError, StoreError
-from zarrfs.keys import ChunkKeys, check_key
-from zarrfs.store import Store
+from zarrfs.storage.keys import ChunkKeys, check_key
+from zarrfs.storage.store import Store
 
 
 def test_get_list_absent(tmp_path):

@@ -1,4 +1,4 @@
-"""TIFF headers (zarrfs.tiff) and the image views' layouts and texts (zarrfs.imageviews), with tifffile as the oracle."""
+"""TIFF headers (zarrfs.views.tiff) and the image views' layouts and texts (zarrfs.views.images), with tifffile as the oracle."""
 
 import io
 import math
@@ -8,7 +8,7 @@ import pytest
 import tifffile
 
 from test_layouts import make
-from zarrfs import imageviews, tiff
+from zarrfs.views import images, tiff
 
 CASES = [((5, 7), "|u1"), ((3, 5, 7), ">f4"), ((2, 3, 4, 5), "<c8"), ((300, 2000), "<f8"), ((4, 4), "|b1"),
          ((2, 3, 9), "<i8"), ((6, 6), ">u2"), ((3, 8, 8), "<f2"), ((2, 2, 2), ">c16"), ((1, 1), "|i1")]
@@ -95,7 +95,7 @@ def test_millions_of_pages_get_no_tiff():
 def test_reading_one_page_plans_only_that_pages_chunks():
     arr = np.arange(4 * 20 * 20, dtype="<f4").reshape(4, 20, 20)
     meta, _ = make(arr, (1, 10, 10), "C")
-    stream = imageviews.tiff_stream(meta)
+    stream = images.tiff_stream(meta)
     page = 20 * 20 * 4
     plan = stream.plan(len(stream.header) + 2 * page, page)
     assert set(plan.chunks) == {(2, i, j) for i in range(2) for j in range(2)}
@@ -104,7 +104,7 @@ def test_reading_one_page_plans_only_that_pages_chunks():
 def test_tiff_stream_serves_what_tifffile_reads():
     arr = sample((3, 7, 9), ">i2")
     meta, chunks = make(arr, (2, 3, 4), "F")
-    stream = imageviews.tiff_stream(meta)
+    stream = images.tiff_stream(meta)
     plan = stream.plan(0, stream.size)
     data = stream.assemble(plan, {idx: chunks[idx] for idx in plan.chunks})
     assert len(data) == stream.size
@@ -113,11 +113,11 @@ def test_tiff_stream_serves_what_tifffile_reads():
 
 def test_envi_header_and_vrt_texts():
     meta, _ = make(np.zeros((3, 5, 7), ">i4"), (1, 5, 7), "C")
-    hdr = imageviews.envi_header(meta).decode()
+    hdr = images.envi_header(meta).decode()
     for line in ("samples = 7", "lines = 5", "bands = 3", "data type = 3", "byte order = 1", "interleave = bsq",
                  "header offset = 0"):
         assert line in hdr.splitlines()
-    vrt = imageviews.vrt(meta, "a.npy").decode()
+    vrt = images.vrt(meta, "a.npy").decode()
     assert vrt.count("VRTRawRasterBand") == 3 and "<ByteOrder>MSB</ByteOrder>" in vrt
     assert "<ImageOffset>%d</ImageOffset>" % (128 + 2 * 5 * 7 * 4) in vrt
 
@@ -127,7 +127,7 @@ def _gdal_copy(tmp_path, meta, arr, statistics=None):
     np.save(tmp_path / "a.npy", arr)
     vrt = tmp_path / ".zarrfs" / "gdal" / "a.vrt"
     vrt.parent.mkdir(parents=True)
-    vrt.write_bytes(imageviews.vrt(meta, "a.npy", statistics))
+    vrt.write_bytes(images.vrt(meta, "a.npy", statistics))
     return vrt
 
 
@@ -150,14 +150,14 @@ def test_vrt_statistics_are_what_gdal_saves_into_a_vrt(tmp_path):
     meta, _ = make(arr, (1, 6, 5), "C")
     vrt = _gdal_copy(tmp_path, meta, arr)
     _gdal("gdalinfo", "-stats", str(vrt))
-    stats = imageviews.vrt_statistics(vrt.read_bytes(), meta, "a.npy")
+    stats = images.vrt_statistics(vrt.read_bytes(), meta, "a.npy")
     assert stats is not None and len(stats) == 3
     for band, st in zip(arr.astype("f8"), stats):
         for key, want in (("MINIMUM", band.min()), ("MAXIMUM", band.max()), ("MEAN", band.mean()),
                           ("STDDEV", band.std())):
             assert float(st["STATISTICS_" + key]) == pytest.approx(want, rel=1e-6)
     again = vrt.with_name("b.vrt")
-    again.write_bytes(imageviews.vrt(meta, "a.npy", stats))
+    again.write_bytes(images.vrt(meta, "a.npy", stats))
     before = again.read_bytes()
     r = _gdal("gdalinfo", "-stats", str(again))
     assert again.read_bytes() == before and "ERROR" not in r.stderr
@@ -170,19 +170,19 @@ def test_vrt_statistics_refuse_other_changes(tmp_path, edit):
     meta, _ = make(arr, (6, 5), "C")
     vrt = _gdal_copy(tmp_path, meta, arr)
     _gdal("gdal_edit.py", *edit, str(vrt))
-    assert vrt.read_bytes() != imageviews.vrt(meta, "a.npy")
-    assert imageviews.vrt_statistics(vrt.read_bytes(), meta, "a.npy") is None
-    assert imageviews.vrt_statistics(b"not xml", meta, "a.npy") is None
-    assert imageviews.vrt_statistics(b"<VRTDataset/>", meta, "a.npy") is None
+    assert vrt.read_bytes() != images.vrt(meta, "a.npy")
+    assert images.vrt_statistics(vrt.read_bytes(), meta, "a.npy") is None
+    assert images.vrt_statistics(b"not xml", meta, "a.npy") is None
+    assert images.vrt_statistics(b"<VRTDataset/>", meta, "a.npy") is None
 
 
 def _raw_copy(tmp_path, meta, arr, statistics=None):
     """A raw view with its ENVI header and, when given, its .aux.xml, as in a mount."""
     raw = tmp_path / "a.raw"
     raw.write_bytes(arr.tobytes())
-    (tmp_path / "a.hdr").write_bytes(imageviews.envi_header(meta))
+    (tmp_path / "a.hdr").write_bytes(images.envi_header(meta))
     if statistics is not None:
-        (tmp_path / "a.raw.aux.xml").write_bytes(imageviews.pam(meta, statistics))
+        (tmp_path / "a.raw.aux.xml").write_bytes(images.pam(meta, statistics))
     return raw
 
 
@@ -193,11 +193,11 @@ def test_pam_statistics_are_what_gdal_saves_beside_a_raw_view(tmp_path):
     arr = (np.random.default_rng(4).random((2, 7, 9)) * 1000).astype("<i2")
     meta, _ = make(arr, (1, 7, 9), "C")
     raw = _raw_copy(tmp_path, meta, arr, statistics=[])
-    assert imageviews.pam(meta) == imageviews.pam(meta, [])
+    assert images.pam(meta) == images.pam(meta, [])
     _gdal("gdalinfo", "-stats", str(raw))
     written = raw.with_name("a.raw.aux.xml").read_bytes()
     assert b'domain="ENVI"' in written
-    stats = imageviews.pam_statistics(written, meta)
+    stats = images.pam_statistics(written, meta)
     assert stats is not None and len(stats) == 2
     for band, st in zip(arr.astype("f8"), stats):
         for key, want in (("MINIMUM", band.min()), ("MAXIMUM", band.max()), ("MEAN", band.mean()),
@@ -219,11 +219,11 @@ def test_pam_statistics_refuse_other_metadata(tmp_path):
     _gdal("gdal_edit.py", "-mo", "KEY=VALUE", str(raw))
     written = raw.with_name("a.raw.aux.xml").read_bytes()
     assert b"KEY" in written
-    assert imageviews.pam_statistics(written, meta) is None
-    assert imageviews.pam_statistics(written.replace(b"PAMDataset", b"Other"), meta) is None
-    assert imageviews.pam_statistics(b"<PAMDataset>\n</PAMDataset>\n", meta) == [{}]
+    assert images.pam_statistics(written, meta) is None
+    assert images.pam_statistics(written.replace(b"PAMDataset", b"Other"), meta) is None
+    assert images.pam_statistics(b"<PAMDataset>\n</PAMDataset>\n", meta) == [{}]
     bad_band = b'<PAMDataset><PAMRasterBand band="2"><Metadata/></PAMRasterBand></PAMDataset>'
-    assert imageviews.pam_statistics(bad_band, meta) is None
+    assert images.pam_statistics(bad_band, meta) is None
 
 
 @pytest.mark.parametrize("band", ["\u00b2", "1" * 5000, "01x", ""])
@@ -232,4 +232,4 @@ def test_pam_statistics_refuse_band_numbers_that_are_no_numbers(band):
     is refused like any other change (it never raises)."""
     meta, _ = make(np.arange(30, dtype="<u2").reshape(6, 5), (6, 5), "C")
     written = f'<PAMDataset><PAMRasterBand band="{band}"></PAMRasterBand></PAMDataset>'.encode()
-    assert imageviews.pam_statistics(written, meta) is None
+    assert images.pam_statistics(written, meta) is None

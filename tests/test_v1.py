@@ -11,14 +11,14 @@ import pytest
 import trio
 
 from zarrfs import grid
-from zarrfs.cache import ChunkCache
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
 from zarrfs.errors import CorruptChunk
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v1 import V1Hierarchy
 from zarrfs.options import Options
-from zarrfs.store import Store
-from zarrfs.layouts import ArrayStream
+from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
 
 FIXTURES = Path(__file__).parent / "fixtures" / "v1"
 NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/meta"))

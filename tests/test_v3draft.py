@@ -19,11 +19,16 @@ from zarrfs import grid
 from zarrfs.errors import MetadataError, UnknownCodec, Unsupported, UserError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v3draft import (
-    Layout, V3DraftHierarchy, draft_dtype, draft_fill_value, parse_array)
-from zarrfs.keys import ChunkKeys
+    Layout,
+    V3DraftHierarchy,
+    draft_dtype,
+    draft_fill_value,
+    parse_array,
+)
+from zarrfs.storage.keys import ChunkKeys
 from zarrfs.model import ArrayMeta, BrokenNode, GroupMeta
-from zarrfs.chunksource import ShardedChunks, read_chunk_sync
-from zarrfs.store import Store
+from zarrfs.storage.chunksource import ShardedChunks, read_chunk_sync
+from zarrfs.storage.store import Store
 
 from corehelp import np_save_bytes, open_node, read_npy
 from test_chunksource import shard_bytes

@@ -30,15 +30,15 @@ import trio
 import pytest
 
 from zarrfs import grid
-from zarrfs.cache import ChunkCache
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
 from zarrfs.errors import CorruptChunk, Exists, InvalidArgument, Unsupported
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v3draft import ShardedChunks, V3DraftHierarchy
 from zarrfs.model import ArrayMeta, GroupMeta, NewArray
-from zarrfs.chunksource import read_chunk_sync, write_chunk_sync
-from zarrfs.store import Store
-from zarrfs.layouts import ArrayStream
+from zarrfs.storage.chunksource import read_chunk_sync, write_chunk_sync
+from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
 
 from corehelp import read_npy
 

@@ -58,7 +58,7 @@ def parse(argv: list[str]) -> tuple[str, str, list[str], bool]:
 
 def clear_cache(argv: list[str]) -> int:
     """`zarrfs --clear-cache [-o cache_dir=PATH]`: empty the disk cache (mounts using it just read again)."""
-    from .diskcache import DiskCache, default_cache_dir
+    from .storage.diskcache import DiskCache, default_cache_dir
 
     items: list[str] = []
     rest = [a for a in argv if a != "--clear-cache"]
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             return clear_cache(argv)
         source, mountpoint, items, foreground = parse(argv)
         options = build_options(items, foreground=foreground)
-        from .daemon import run  # pyfuse3 is imported only once the command line is valid
+        from .daemon import run
 
         return run(source, os.path.abspath(mountpoint), options)
     except UserError as e:

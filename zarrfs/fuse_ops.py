@@ -14,11 +14,11 @@ from typing import Any
 import pyfuse3
 import trio
 
-from .commits import Commits, entry_path
+from .tree.commits import Commits, entry_path
 from .engine import Engine
 from .errors import InvalidArgument, NotADir, ReadOnly, ZarrfsError
-from .handles import Handle
-from .namespace import Entry, Namespace, fs_name
+from .tree.handles import Handle
+from .tree.namespace import Entry, Namespace, fs_name
 from .options import Options
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,12 @@ from typing import Any, Union
 
 import numpy as np
 
-from . import chunksource, grid, npy
-from .codecs import CodecChain
+from .storage import chunksource
+from . import grid
+from .views import npy
+from .codecs.chain import CodecChain
 from .errors import MetadataError, ZarrfsError
-from .keys import ChunkKeys
+from .storage.keys import ChunkKeys
 
 # An array's .npy file size is an off_t (st_size, read offsets): signed 64 bits.
 MAX_FILE_BYTES = 2**63 - 1

@@ -20,20 +20,27 @@ from typing import Any
 import numpy as np
 import trio
 
-from .. import direct, grid
+from .fastpath import direct
+from .. import grid
 from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..repeats import RepeatedFailures
-from ..store import Store
-from ..layouts import ArrayStream, copy_elements
-from .bands import BAND_MAX_PIECE_BYTES, BandReads
-from .spares import Spares
+from ..storage.store import Store
+from ..views.streams import ArrayStream, copy_elements
+from .fastpath.bands import BAND_MAX_PIECE_BYTES, BandReads
+from .fastpath.spares import Spares
 from .streamed import StreamedReads
 from .interrupts import Interrupts
 from .later import Later
 from .loads import Loads, _Load
 from .revalidate import Revalidation
-from .readahead import LOCAL_PREFETCH_MAX_BYTES, PREFETCH_CACHE_SHARE, PREFETCH_MAX_BYTES, Prefetch, ReadAhead
+from .readahead import (
+    LOCAL_PREFETCH_MAX_BYTES,
+    PREFETCH_CACHE_SHARE,
+    PREFETCH_MAX_BYTES,
+    Prefetch,
+    ReadAhead,
+)
 from .workers import Workers
 from .writeback import DIRTY_MAX_BYTES, WriteBack
 

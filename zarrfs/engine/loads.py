@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import trio
 
-from .. import chunksource
-from ..codecs import reads_into
+from ..storage import chunksource
+from ..codecs.chain import reads_into
 from ..errors import CorruptChunk, MetadataError, StoreError, ZarrfsError
 from ..model import ArrayMeta
 from . import revalidate
 from .readahead import PREFETCH_CACHE_SHARE
-from .spares import private_buffer
+from .fastpath.spares import private_buffer
 
 log = logging.getLogger(__name__)
 

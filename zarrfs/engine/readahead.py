@@ -10,7 +10,7 @@ import math
 
 from ..errors import ZarrfsError
 from ..model import ArrayMeta
-from ..layouts import ArrayStream
+from ..views.streams import ArrayStream
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta
-from ..store import FETCH_MARGIN_S
+from ..storage.store import FETCH_MARGIN_S
 
 log = logging.getLogger(__name__)
 

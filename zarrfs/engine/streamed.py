@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import trio
 
-from .. import rangedecode
+from ..codecs import rangedecode
 from ..errors import CorruptChunk, ZarrfsError
-from ..layouts import ArrayStream, plan_bytes
+from ..views.streams import ArrayStream, plan_bytes
 from ..model import ArrayMeta
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,12 @@ import math
 import numpy as np
 import trio
 
-from .. import chunksource, grid
-from ..codecs import is_fill
+from ..storage import chunksource
+from .. import grid
+from ..codecs.chain import is_fill
 from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
-from ..layouts import ArrayStream
+from ..views.streams import ArrayStream
 from .loads import BODY, INDEX, INNER
 
 log = logging.getLogger(__name__)

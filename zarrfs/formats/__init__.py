@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..options import Options
-from ..store import Store
+from ..storage.store import Store
 from .base import Hierarchy
 from .v1 import V1Hierarchy
 from .v2 import V2Hierarchy

@@ -11,10 +11,17 @@ import re
 import secrets
 from typing import Any, ClassVar, Iterable
 
-from ..errors import InvalidArgument, MetadataError, NameTooLong, NotFound, Unsupported, ZarrfsError
-from ..keys import check_key, join
+from ..errors import (
+    InvalidArgument,
+    MetadataError,
+    NameTooLong,
+    NotFound,
+    Unsupported,
+    ZarrfsError,
+)
+from ..storage.keys import check_key, join
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node
-from ..store import Store
+from ..storage.store import Store
 
 log = logging.getLogger(__name__)
 

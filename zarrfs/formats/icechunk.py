@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from ..keys import join
+from ..storage.keys import join
 from ..model import GroupMeta, NewArray, Node
 from .base import StagedArray
 from .v3 import V3Hierarchy

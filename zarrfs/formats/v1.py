@@ -11,12 +11,12 @@ from typing import Any
 
 
 from .. import dtypes
-from ..codecs import UnusableChain, compressor_config
+from ..codecs.chain import UnusableChain, compressor_config
 from ..errors import MetadataError, UnknownCodec, Unsupported
-from ..keys import ChunkKeys
+from ..storage.keys import ChunkKeys
 from ..model import ArrayMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
-from ..store import Store
+from ..storage.store import Store
 from .base import Hierarchy, broken, common_plain_name_problem, guess_chunks, json_object
 from .v2 import v2_chain
 

@@ -9,13 +9,21 @@ import logging
 from typing import Any
 
 
-from .. import dtypes, vlen
-from ..codecs import BytesBytes, BytesLayout, CodecChain, UnusableChain, compressor_config, numcodecs_codec
+from .. import dtypes
+from ..codecs import vlen
+from ..codecs.chain import (
+    BytesBytes,
+    BytesLayout,
+    CodecChain,
+    UnusableChain,
+    compressor_config,
+    numcodecs_codec,
+)
 from ..errors import MetadataError, UnknownCodec, Unsupported
-from ..keys import ChunkKeys, join
+from ..storage.keys import ChunkKeys, join
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
-from ..store import Store
+from ..storage.store import Store
 from .base import NodeDocsHierarchy, consolidated_path, guess_chunks, json_object
 from .datasets import V2_DIMENSIONS_ATTR
 

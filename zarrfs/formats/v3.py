@@ -8,16 +8,35 @@ import logging
 from typing import Any
 
 
-from .. import dtypes, vlen
-from ..codecs import (BLOSC_SHUFFLE_NAMES, BytesBytes, BytesLayout, CodecChain, NumcodecsArray, NumcodecsArrayBytes,
-                      Transpose, UnusableChain, blosc_shuffle, compressor_config, numcodecs_codec, transpose_order)
-from ..sharding import ShardingIndexed
+from .. import dtypes
+from ..codecs import vlen
+from ..codecs.chain import (
+    BLOSC_SHUFFLE_NAMES,
+    BytesBytes,
+    BytesLayout,
+    CodecChain,
+    NumcodecsArray,
+    NumcodecsArrayBytes,
+    Transpose,
+    UnusableChain,
+    blosc_shuffle,
+    compressor_config,
+    numcodecs_codec,
+    transpose_order,
+)
+from ..codecs.sharding import ShardingIndexed
 from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
-from ..keys import ChunkKeys, join
+from ..storage.keys import ChunkKeys, join
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
-from ..store import Store
-from .base import NodeDocsHierarchy, consolidated_path, guess_chunks, json_object, root_zarr_json_sync
+from ..storage.store import Store
+from .base import (
+    NodeDocsHierarchy,
+    consolidated_path,
+    guess_chunks,
+    json_object,
+    root_zarr_json_sync,
+)
 
 log = logging.getLogger(__name__)
 

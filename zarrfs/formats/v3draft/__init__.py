@@ -33,9 +33,17 @@ that is what erasing and moving it touch. Inner chunks of shards are written by
 rewriting their shard (ShardedChunks.write_sync; the engine makes writes of one shard take turns).
 """
 
-from ...chunksource import ShardedChunks
-from .documents import (bytes_codec, core_chain, draft_dtype, draft_fill_value, parse_array, parse_group,
-                        storage_transformers, v2_filters)
+from ...storage.chunksource import ShardedChunks
+from .documents import (
+    bytes_codec,
+    core_chain,
+    draft_dtype,
+    draft_fill_value,
+    parse_array,
+    parse_group,
+    storage_transformers,
+    v2_filters,
+)
 from .hierarchy import V3DraftHierarchy
 from .layout import CORE_URI, PROTOCOL_URI, Layout, entry_point_layout, unknown_extensions
 from .writing import core_array_doc, dump_doc, protocol_array_doc

@@ -10,10 +10,18 @@ from typing import Any
 import numpy as np
 
 from ... import dtypes
-from ...chunksource import ShardedChunks
-from ...codecs import BytesBytes, BytesLayout, CodecChain, Transpose, blosc_shuffle, numcodecs_codec, transpose_order
+from ...storage.chunksource import ShardedChunks
+from ...codecs.chain import (
+    BytesBytes,
+    BytesLayout,
+    CodecChain,
+    Transpose,
+    blosc_shuffle,
+    numcodecs_codec,
+    transpose_order,
+)
 from ...errors import MetadataError, UnknownCodec, Unsupported, ZarrfsError
-from ...keys import ChunkKeys, join
+from ...storage.keys import ChunkKeys, join
 from ...model import ArrayMeta, GroupMeta, fill_fields, ints
 from .layout import _CODEC_RE, _CORE_RE, _PROTOCOL_RE, _SHARDING_RE, Layout, unknown_extensions
 

@@ -7,12 +7,27 @@ import logging
 import re
 from typing import Any
 
-from ...errors import Exists, InvalidArgument, MetadataError, NotFound, Unsupported, UserError, ZarrfsError
-from ...keys import join
+from ...errors import (
+    Exists,
+    InvalidArgument,
+    MetadataError,
+    NotFound,
+    Unsupported,
+    UserError,
+    ZarrfsError,
+)
+from ...storage.keys import join
 from ...model import ArrayMeta, GroupMeta, NewArray, Node
 from ...options import Options
-from ...store import Store
-from ..base import Hierarchy, StagedArray, broken, common_plain_name_problem, json_object, root_zarr_json_sync
+from ...storage.store import Store
+from ..base import (
+    Hierarchy,
+    StagedArray,
+    broken,
+    common_plain_name_problem,
+    json_object,
+    root_zarr_json_sync,
+)
 from .documents import parse_array, parse_group
 from .layout import Layout, entry_point_layout
 from .writing import core_array_doc, dump_doc, protocol_array_doc

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ...errors import MetadataError, Unsupported, UserError
-from ...keys import join
+from ...storage.keys import join
 
 log = logging.getLogger(__name__)
 

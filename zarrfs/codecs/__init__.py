@@ -1,0 +1,1 @@
+"""Codecs: the chain over numcodecs, bounded and ranged decoding, sharding, variable-length strings."""

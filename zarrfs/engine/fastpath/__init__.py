@@ -1,0 +1,1 @@
+"""Optional read strategies: each one off gives the same bytes, slower."""

@@ -1,0 +1,1 @@
+"""Where bytes live: the store over fsspec, remote settings, keys, chunk sources, and what sits beside a store."""

@@ -1,0 +1,705 @@
+"""The store: get, get many, set, erase, list a prefix, over any fsspec file system; key checks.
+
+Every method is synchronous (ends in `_sync`): the engine calls them in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import stat
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import fsspec
+from fsspec.asyn import AsyncFileSystem
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.reference import ReferenceNotReachable
+
+from ..errors import StoreError, UserError, ZarrfsError
+from .keys import check_key, join
+from .remote import missing_backend
+
+log = logging.getLogger(__name__)
+
+# Resolved directories of a local store kept for the symlink check (a few MiB at most).
+REAL_DIRS_REMEMBERED = 10_000
+# renameat2(2): swap two paths atomically (Linux 3.15+, glibc 2.28+); AT_FDCWD per <fcntl.h>.
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def _renameat2_exchange(a: str, b: str) -> bool:
+    """Swap two directories in one step; False when the kernel or file system cannot."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except AttributeError:
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), a)
+
+
+# Metadata documents (and any key read without a bound of its own) larger than this are
+# refused: the largest consolidated documents seen in practice are tens of MiB (about 1 KiB
+# of JSON per array, hierarchies of tens of thousands of arrays); parsing costs several
+# times a document's size, so this keeps a hostile one to about a GiB of memory.
+METADATA_MAX_BYTES = 256 << 20
+# A local key is opened without blocking (a FIFO would hold a worker thread forever) and
+# read only when it is a regular file. These are what the others are called in errors.
+FILE_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+              (stat.S_ISSOCK, "socket"))
+LOCAL_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+# A stored object's modification time is when its upload began, in whole seconds on S3, by the
+# store's clock: a chunk is kept on the strength of its time only if it was written at least this
+# long before the GET that read it began (an upload under way while we read, a second of rounding,
+# clocks a little apart), else it is read again.
+FETCH_MARGIN_S = 5.0
+
+
+class Store:
+    """A Zarr store rooted at an fsspec URL or local path; keys are `/`-separated strings."""
+
+    def __init__(self, source: str, storage_options: dict[str, Any] | None = None,
+                 fs: fsspec.AbstractFileSystem | None = None) -> None:
+        """The store at SOURCE; or, given FS (a file system opened already), FS's keys from its
+        root, SOURCE being only what messages call it."""
+        self.source = source
+        if fs is not None:
+            self.fs, root = fs, ""
+        else:
+            try:
+                # A fresh instance: fsspec's cached instances are not safe across fork().
+                self.fs, root = fsspec.core.url_to_fs(source, skip_instance_cache=True, **(storage_options or {}))
+            except ImportError as e:
+                if missing_backend(e) is not None:
+                    raise  # the caller names the extra to install
+                raise UserError(f"cannot open {source}: {e}") from None
+            except (ValueError, TypeError) as e:
+                raise UserError(f"cannot open {source}: {e}") from None
+        self.root = root.rstrip("/") if root not in ("/", "") else root
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        # HTTP listings are links: names in them are percent-encoded.
+        # fsspec spells a file system's protocol as a string, a tuple or (older backends) a list.
+        protocol = self.fs.protocol
+        protocols = {protocol} if isinstance(protocol, str) else set(protocol)
+        self._quoted_names = bool({"http", "https"} & protocols)
+        # fsspec's HTTP file system cannot write; a reference set (kerchunk, VirtualiZarr) describes
+        # byte ranges of other files, and its file system would keep a write in memory only.
+        self.is_references = "reference" in protocols
+        self.read_only = self._quoted_names or self.is_references
+        # Set once a ranged read came back whole (a server that ignores Range): reading
+        # parts of an object then costs the whole object each time, so callers read whole.
+        self.ranges_ignored = False
+        self._real_root = os.path.realpath(self.root) if self.is_local else None
+        self._real_dirs: dict[str, str] = {}
+
+    def _below(self, base: str) -> str:
+        """What the names a listing gives below BASE (a path, without a trailing `/`) start with:
+        `BASE/`; nothing at a root fsspec spells `""` (the reference file system's names
+        have no leading `/`)."""
+        return base + "/" if base or self.root == "/" else ""
+
+    def __repr__(self) -> str:
+        return f"Store({self.source!r})"
+
+    def path(self, key: str) -> str:
+        """The file system path of a key; never outside the store's root."""
+        check_key(key)
+        full = join(self.root, key) if self.root != "/" else "/" + key
+        if not key:
+            full = self.root
+        if self._real_root is not None:
+            self._check_inside(key, full)
+        return full
+
+    def _check_inside(self, key: str, full: str) -> None:
+        """Local stores: refuse keys that symlinks lead outside the root.
+
+        A key's directory is resolved once and remembered (realpath costs a system call
+        per component); the key itself is resolved only when it is a symlink.
+        """
+        directory = os.path.dirname(full)
+        real_dir = self._real_dirs.get(directory)
+        if real_dir is None:
+            real_dir = os.path.realpath(directory)
+            if len(self._real_dirs) > REAL_DIRS_REMEMBERED:
+                self._real_dirs.clear()
+            self._real_dirs[directory] = real_dir
+        real = os.path.join(real_dir, os.path.basename(full))
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        if real != self._real_root and not real.startswith(self._real_root + os.sep):
+            raise StoreError(f"key {key!r} resolves outside the store ({real})")
+
+    def _read_local(self, key: str, start: int, end: int | None, max_nbytes: int | None = None,
+                    into: Any = None) -> Any:
+        """Bytes [start, end) of a local key (start < 0: the last -start bytes; end None: to
+        its end), or None when it is absent or a directory; read into INTO (a writable buffer)
+        when they fit in it: INTO returned when they are exactly its size, else a view of its
+        first bytes.
+
+        Only regular files are values: the key is opened without blocking and checked before
+        a byte is read. `max_nbytes` refuses a read that would return more.
+        """
+        path = self.path(key)
+        try:
+            fd = os.open(path, LOCAL_OPEN_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                return None
+            if not stat.S_ISREG(st.st_mode):
+                kind = next((name for test, name in FILE_KINDS if test(st.st_mode)), "special file")
+                raise StoreError(f"{key!r} is not a regular file: {kind}")
+            size = st.st_size
+            lo = max(0, size + start) if start < 0 else min(start, size)
+            hi = size if end is None else max(lo, min(end, size))
+            if max_nbytes is not None and hi - lo > max_nbytes:
+                raise StoreError(f"{key!r} holds {hi - lo} bytes, more than the {max_nbytes} it can "
+                                 f"legitimately take")
+            if into is not None and hi - lo <= len(into):
+                view, at = memoryview(into).cast("B"), lo
+                while at < hi and (got := os.preadv(fd, [view[at - lo:hi - lo]], at)):
+                    at += got
+                if at == hi:
+                    return into if hi - lo == len(into) else view[:hi - lo]
+            data = os.pread(fd, hi - lo, lo)  # one call unless past 2 GiB
+            while len(data) < hi - lo and (more := os.pread(fd, hi - lo - len(data), lo + len(data))):
+                data += more
+            return data
+        finally:
+            os.close(fd)
+
+    def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
+        """The value of a key, or None when the key is absent.
+
+        A value larger than `max_nbytes` is refused (StoreError): by default the bound of
+        metadata documents; chunk reads pass what their codecs can produce, None means any
+        size. Local stores check the size before reading; other backends, after. A local
+        value that fits in INTO (a writable buffer) is read into it: INTO returned when it is
+        exactly its size, else a view of its first bytes.
+        """
+        try:
+            if self.is_local:
+                return self._read_local(key, 0, None, max_nbytes, into)
+            data = self.fs.cat_file(self.path(key))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except ZarrfsError:
+            raise
+        except Exception as e:  # any failure of any backend is a store error of this key
+            raise StoreError(f"reading {key!r} failed: {describe_failure(e)}") from None
+        return self._bounded(key, data, max_nbytes)
+
+    @staticmethod
+    def _bounded(key: str, data: bytes, max_nbytes: int | None) -> bytes:
+        if max_nbytes is not None and len(data) > max_nbytes:
+            raise StoreError(f"{key!r} holds {len(data)} bytes, more than the {max_nbytes} it can legitimately take")
+        return data
+
+    def get_many_sync(self, keys: list[str], max_nbytes: int | None = METADATA_MAX_BYTES) -> dict[str, bytes | None]:
+        """Several keys at once (concurrently on asynchronous file systems), each bounded as in `get_sync`."""
+        if not isinstance(self.fs, AsyncFileSystem) or len(keys) < 2:
+            return {k: self.get_sync(k, max_nbytes) for k in keys}
+        paths = [self.path(k) for k in keys]
+
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*(self.fs._cat_file(p) for p in paths), return_exceptions=True)
+
+        out: dict[str, bytes | None] = {}
+        for key, res in zip(keys, fsspec.asyn.sync(self.fs.loop, gather)):
+            if isinstance(res, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+                out[key] = None
+            elif isinstance(res, BaseException):
+                raise StoreError(f"reading {key!r} failed: {describe_failure(res)}")
+            else:
+                out[key] = self._bounded(key, res, max_nbytes)
+        return out
+
+    def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:
+        """Keys (files, with their sizes when the backend tells) and sub-prefixes (dirs) under a prefix."""
+        base = self.path(prefix).rstrip("/")
+        try:
+            entries = self.fs.ls(base + ("/" if not self.is_local else ""), detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}, []
+        except Exception as e:
+            raise StoreError(f"listing {prefix or '/'!r} failed: {describe_failure(e)}") from None
+        files: dict[str, int | None] = {}
+        dirs: set[str] = set()
+        below = self._below(base)
+        for entry in entries:
+            name = entry["name"].rstrip("/")
+            if not name.startswith(below):
+                continue
+            leaf = name[len(below):]
+            if self._quoted_names:
+                leaf = urllib.parse.unquote(leaf)
+            if not leaf or "/" in leaf or leaf in (".", ".."):
+                continue
+            if entry.get("type") == "directory":
+                dirs.add(leaf)
+            else:
+                files[leaf] = _size_of(entry)
+        return dict(sorted(files.items())), sorted(dirs)
+
+    def sizes_below_sync(self, prefix: str) -> dict[str, int | None]:
+        """Every key below a prefix (recursively), relative to it, with its size if known."""
+        return {rel: _size_of(info) for rel, info in self._infos_below_sync(prefix).items()}
+
+    def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
+        """Every key below a prefix (recursively), relative to it: (size, modification time in ns,
+        ETag or generation) as far as one listing tells."""
+        return {rel: (_size_of(info), mtime_ns_of(info), _etag_of(info))
+                for rel, info in self._infos_below_sync(prefix).items()}
+
+    def _infos_below_sync(self, prefix: str) -> dict[str, dict[str, Any]]:
+        base = self.path(prefix).rstrip("/")
+        try:
+            found = self.fs.find(base, detail=True, withdirs=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except Exception as e:
+            raise StoreError(f"listing below {prefix or '/'!r} failed: {describe_failure(e)}") from None
+        out = {}
+        below = self._below(base)
+        for name, info in found.items():
+            name = name.rstrip("/")
+            if name.startswith(below) and name != base:
+                rel = name[len(below):]
+                out[urllib.parse.unquote(rel) if self._quoted_names else rel] = info
+        return out
+
+    def size_sync(self, key: str) -> int | None:
+        """Size of one key, or None when it is absent."""
+        try:
+            return int(self.fs.size(self.path(key)))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"size of {key!r} failed: {describe_failure(e)}") from None
+
+    def get_range_sync(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a key (b"" past its end)."""
+        try:
+            if self.is_local:
+                data = self._read_local(key, start, end)
+                if data is None:
+                    raise FileNotFoundError(key)
+            else:
+                data = self.fs.cat_file(self.path(key), start=start, end=end)
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"reading {key!r} [{start}:{end}] failed: {describe_failure(e)}") from None
+        # A server that ignores Range (python -m http.server) sends the whole object.
+        return self._asked(data, slice(start, end), end - start)
+
+    def get_ranges_sync(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges [start, end) of one key, concurrently on asynchronous file systems (one
+        round trip for all of them, not one each)."""
+        if not isinstance(self.fs, AsyncFileSystem) or len(ranges) < 2:
+            return [self.get_range_sync(key, start, end) for start, end in ranges]
+        path = self.path(key)
+
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*(self.fs._cat_file(path, start=a, end=b) for a, b in ranges),
+                                        return_exceptions=True)
+
+        out = []
+        for (start, end), res in zip(ranges, fsspec.asyn.sync(self.fs.loop, gather)):
+            if isinstance(res, BaseException):
+                raise StoreError(f"reading {key!r} [{start}:{end}] failed: {describe_failure(res)}")
+            out.append(self._asked(res, slice(start, end), end - start))
+        return out
+
+    def _asked(self, data: bytes, part: slice, nbytes: int) -> bytes:
+        """The part of `data` a ranged read asked for, when the server sent more (all of it)."""
+        if len(data) <= nbytes:
+            return data
+        if not self.ranges_ignored:
+            self.ranges_ignored = True
+            log.info("%s ignores Range requests: objects are read whole from now on", self.source)
+        return data[part]
+
+    def get_prefix_sync(self, key: str, nbytes: int) -> bytes | None:
+        """The first `nbytes` bytes of a key (all of it when shorter), or None when the key is absent."""
+        try:
+            if self.is_local:
+                return self._read_local(key, 0, nbytes)
+            data = self.fs.cat_file(self.path(key), start=0, end=nbytes)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"reading the first {nbytes} bytes of {key!r} failed: {describe_failure(e)}") from None
+        return self._asked(data, slice(0, nbytes), nbytes)
+
+    def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
+        """The last `nbytes` bytes of a key (all of it when shorter), or None when the key is absent.
+
+        One request where the backend supports suffix ranges (local, memory, HTTP `bytes=-N`).
+        """
+        try:
+            if self.is_local:
+                return self._read_local(key, -nbytes, None)
+            data = self.fs.cat_file(self.path(key), start=-nbytes)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"reading the last {nbytes} bytes of {key!r} failed: {describe_failure(e)}") from None
+        return self._asked(data, slice(len(data) - nbytes, None), nbytes)
+
+    # --- writes -------------------------------------------------------------------------
+
+    def set_sync(self, key: str, value: bytes) -> None:
+        """Store a value; a failure leaves the previous value intact.
+
+        Local stores write a temporary file beside the key and rename it over the key,
+        so a reader (or a crash) sees the old value or the new one, never a mix.
+        """
+        path = self.path(key)
+        try:
+            if self.is_local:
+                _replace_local(path, id(value), lambda f: f.write(value))
+            else:
+                self.fs.pipe_file(path, bytes(value))
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"writing {key!r} failed: {describe_failure(e)}") from None
+
+    def put_stream_sync(self, key: str, source: Any, block_bytes: int = 1 << 20) -> None:
+        """Store the bytes read from a file object, block by block (never whole in memory); like
+        `set_sync`, a failure leaves the previous value intact on a local store."""
+        path = self.path(key)
+        try:
+            if self.is_local:
+                _replace_local(path, id(source), lambda f: shutil.copyfileobj(source, f, block_bytes))
+            else:
+                with self.fs.open(path, "wb") as f:
+                    shutil.copyfileobj(source, f, block_bytes)
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"writing {key!r} failed: {describe_failure(e)}") from None
+
+    def set_mtime_sync(self, key: str, mtime_ns: int) -> bool:
+        """Give a key a modification time (local stores); False where the store cannot."""
+        if not self.is_local:
+            return False
+        try:
+            os.utime(self.path(key), ns=(mtime_ns, mtime_ns))
+        except OSError as e:
+            log.info("setting the time of %s: %s", key, e)
+            return False
+        return True
+
+    def erase_sync(self, key: str) -> None:
+        """Remove a key; removing an absent key is not an error."""
+        try:
+            self.fs.rm_file(self.path(key))
+        except (FileNotFoundError, IsADirectoryError):
+            pass
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"erasing {key!r} failed: {describe_failure(e)}") from None
+        self._prune_empty_dirs(key)
+
+    def erase_below_sync(self, prefix: str) -> None:
+        """Remove every key below a prefix (a staging area being dropped)."""
+        if self.is_local:
+            try:
+                shutil.rmtree(self.path(prefix))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise StoreError(f"removing {prefix!r} failed: {e}") from None
+            self._prune_empty_dirs(prefix)
+            return
+        for rel in self.sizes_below_sync(prefix):
+            self.erase_sync(join(prefix, rel))
+
+    def move_sync(self, src: str, dst: str) -> None:
+        """Give key `src`'s value to `dst` and remove `src` (local: one rename; else copy, then erase)."""
+        try:
+            if self.is_local:
+                target = self.path(dst)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(self.path(src), target)
+                self._prune_empty_dirs(src)
+                return
+        except ZarrfsError:
+            raise
+        except Exception as e:
+            raise StoreError(f"moving {src!r} to {dst!r} failed: {describe_failure(e)}") from None
+        value = self.get_sync(src)
+        if value is None:
+            raise StoreError(f"moving {src!r} to {dst!r}: {src!r} vanished")
+        self.set_sync(dst, value)
+        self.erase_sync(src)
+
+    def is_dir_sync(self, prefix: str) -> bool:
+        """Local stores: whether a prefix is a directory on disk."""
+        return self.is_local and os.path.isdir(self.path(prefix))
+
+    def swap_dirs_sync(self, staging: str, final: str) -> None:
+        """Local stores: put directory `staging` at `final` in one step; the old `final` (if any)
+        ends up at `staging`. Without renameat2's exchange, two renames (a moment with no `final`)."""
+        a, b = self.path(staging), self.path(final)
+        try:
+            os.makedirs(a, exist_ok=True)
+            if not os.path.isdir(b):
+                os.makedirs(os.path.dirname(b), exist_ok=True)
+                os.rename(a, b)
+                return
+            if _renameat2_exchange(a, b):
+                return
+            trash = a + ".old"
+            os.rename(b, trash)
+            os.rename(a, b)
+            os.rename(trash, a)
+        except OSError as e:
+            raise StoreError(f"swapping {staging!r} into {final!r} failed: {e}") from None
+
+    def _prune_empty_dirs(self, key: str) -> None:
+        """Local stores: remove directories a removal left empty, up to the root."""
+        if not self.is_local:
+            return
+        parts = key.split("/")[:-1]
+        while parts:
+            try:
+                os.rmdir(self.path("/".join(parts)))
+            except OSError:
+                return
+            parts.pop()
+
+    def exists_sync(self) -> bool:
+        """Whether the store's root exists at all (for a clear error at mount time)."""
+        try:
+            return bool(self.fs.exists(self.root)) or bool(self.list_dir_sync("")[0])
+        except Exception:
+            return False
+
+    # --- what a cache in front of the store is told (diskcache.DiskCachedStore); nothing here ---
+
+    def note_array(self, keys: Any) -> None:
+        """An array with these ChunkKeys is about to be read."""
+
+    def refresh(self) -> None:
+        """Whatever was kept of the store is checked again before its next use."""
+
+    def version_time(self, key: str, began: float) -> float:
+        """When the value last read of KEY is known to have matched the store: when its read began."""
+        return began
+
+    def disk_stats(self) -> dict[str, Any]:
+        """Counters of a disk cache in front of the store: none here."""
+        return {"disk_hits": 0, "disk_misses": 0, "disk_bytes": 0, "disk_max_bytes": 0, "disk_evictions": 0,
+                "disk_errors": 0, "disk_cache_dir": None}
+
+    # --- operations: start-up checks, times, space (the daemon and fuse_ops use these) ----
+
+    def probe_sync(self, shown: str) -> None:
+        """Return when the store's root can be read; else raise a UserError naming the cause
+        (connection refused, name not resolved, timeout, bucket or path missing, access
+        denied, credentials missing). SHOWN is the source as messages may show it."""
+        try:
+            self.fs.info(self.root)
+            return
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise UserError(f"{shown}: {describe_failure(e)}") from None
+        try:
+            files, dirs = self.list_dir_sync("")
+        except StoreError as e:
+            raise UserError(f"{shown}: {describe_failure(e.__cause__ or e)}") from None
+        if files or dirs:
+            return
+        bucket = self.root.split("/", 1)[0]
+        if not self.is_local and not self._quoted_names and bucket and bucket != self.root:
+            try:
+                self.fs.info(bucket)
+            except FileNotFoundError:
+                raise UserError(f"{shown}: bucket {bucket!r} does not exist") from None
+            except Exception as e:
+                raise UserError(f"{shown}: {describe_failure(e)}") from None
+        elif not self.is_local and not self._quoted_names and bucket == self.root:
+            raise UserError(f"{shown}: bucket {bucket!r} does not exist or is empty")
+        raise UserError(f"{shown}: no such file, directory or store")
+
+    def mtime_ns_sync(self, key: str) -> int | None:
+        """Modification time of a key as the store reports it (ns since the epoch), or None."""
+        if self.is_local:
+            try:
+                return os.stat(self.path(key)).st_mtime_ns
+            except (OSError, ZarrfsError):
+                return None
+        try:
+            info = self.fs.info(self.path(key))
+        except Exception:
+            return None
+        return mtime_ns_of(info)
+
+    def stored_bytes_sync(self) -> int | None:
+        """Bytes of every key below the root, for statfs; None where that is not cheap (remote stores)."""
+        if not self.is_local:
+            return None
+        total = 0
+        stack = [self.root]
+        while stack:
+            try:
+                with os.scandir(stack.pop()) as it:
+                    for entry in it:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+        return total
+
+    def free_bytes_sync(self) -> int | None:
+        """Space left where a local store lives (statfs of its file system), else None."""
+        if not self.is_local:
+            return None
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+
+def _replace_local(path: str, tag: int, write: Callable[[Any], Any]) -> None:
+    """Write a local file through WRITE into a temporary file beside it (named with TAG, unique
+    among writes in flight), then rename it over PATH: a reader or a crash sees the old bytes or
+    the new ones, never a mix."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.zarrfs-{os.getpid()}-{tag:x}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _size_of(info: dict[str, Any]) -> int | None:
+    """The size in an fsspec info() dict as a Python int (Parquet references give numpy integers)."""
+    size = info.get("size")
+    return None if size is None else int(size)
+
+
+def _etag_of(info: dict[str, Any]) -> str | None:
+    """What changes with every write of a key, where the listing tells it: S3's ETag, GCS's generation."""
+    for field in ("ETag", "etag", "generation"):
+        if info.get(field) is not None:
+            return str(info[field])
+    return None
+
+
+def mtime_ns_of(info: dict[str, Any]) -> int | None:
+    """The modification time in an fsspec info() dict: `mtime` (local, sftp), `LastModified` (s3),
+    `updated` (gcs), `last_modified` (azure), `created` as a last resort; None if absent."""
+    import datetime
+
+    for field in ("mtime", "LastModified", "last_modified", "updated", "modified"):
+        value = info.get(field)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return int(value * 1e9)
+        if isinstance(value, datetime.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=datetime.timezone.utc)
+            return int(value.timestamp() * 1e9)
+        if isinstance(value, str):
+            try:
+                parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                try:
+                    import email.utils
+
+                    parsed = email.utils.parsedate_to_datetime(value)
+                except (TypeError, ValueError):
+                    continue
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+            return int(parsed.timestamp() * 1e9)
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One phrase naming why a store could not be reached or read, from any backend's exception."""
+    import socket
+
+    if isinstance(exc, ReferenceNotReachable) and exc.__cause__ is not None:
+        # A reference set's data file failed: its own failure says why.
+        target = exc.target[0] if isinstance(exc.target, (list, tuple)) and exc.target else exc.target
+        return f"data file {target}: {describe_failure(exc.__cause__)}"
+    chain = _chain(exc)
+    text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
+    low = text.lower()
+    names = {type(e).__name__ for e in chain}
+    if any(isinstance(e, socket.gaierror) for e in chain) or any(s in low for s in (
+            "name or service not known", "temporary failure in name resolution", "nodename nor servname",
+            "no address associated", "name resolution", "could not resolve", "getaddrinfo")):
+        return f"host name not resolved ({_short(exc)})"
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "connection refused" in low \
+            or "connect call failed" in low:
+        return f"connection refused ({_short(exc)})"
+    if "EndpointConnectionError" in names or "ClientConnectorError" in names or "could not connect" in low:
+        return f"cannot connect ({_short(exc)})"
+    if any(isinstance(e, TimeoutError) for e in chain) or "timeout" in low or "timed out" in low:
+        return f"timed out ({_short(exc)})"
+    if "NoCredentialsError" in names or "DefaultCredentialsError" in names or "unable to locate credentials" in low \
+            or "partialcredentials" in low:
+        return ("no credentials found (give them by the backend's environment variables or profile, or "
+                "storage_options_file)")
+    if any(s in low for s in ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken", "invalidtoken")):
+        return f"credentials refused ({_short(exc)})"
+    if any(isinstance(e, PermissionError) for e in chain) or any(s in low for s in (
+            "accessdenied", "access denied", "forbidden", " 403", "401", "unauthorized")):
+        return f"access denied ({_short(exc)})"
+    if "nosuchbucket" in low:
+        return "bucket does not exist"
+    return _short(exc)
+
+
+def _short(exc: BaseException) -> str:
+    message = " ".join(str(exc).split())
+    if len(message) > 200:
+        message = message[:200] + "..."
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -1,0 +1,1 @@
+"""The tree: entries, the namespace, open files, freshness, changes and arriving files."""

@@ -1,0 +1,68 @@
+"""Versioned stores (Icechunk): each completed operation becomes one commit, named for it.
+
+The FUSE layer reports operations here (a file closed or synced, mkdir, rm, mv, setfattr);
+stores without `commit_sync` make this a no-op.
+"""
+
+from __future__ import annotations
+
+import pwd
+import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from .namespace import Entry, Namespace
+
+
+def change_message(operation: str, path: str, uid: int | None) -> str:
+    """The message of the commit an operation makes: operation, path, user, host."""
+    user = "?"
+    if uid is not None:
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+    return f"zarrfs: {operation} {path} by {user}@{socket.gethostname()}"
+
+
+def entry_path(entry: "Entry") -> str:
+    """The hierarchy path (or name) a commit message gives a file."""
+    return getattr(entry.node, "path", None) or entry.key or "/"
+
+
+class Commits:
+    """Files open for writing (by file handle: the opener's uid) and the commits operations make."""
+
+    def __init__(self, ns: "Namespace", engine: "Engine", writable: bool) -> None:
+        self.ns, self.engine, self.writable = ns, engine, writable
+        self._writers: dict[int, int | None] = {}
+
+    def opened(self, fh: int, uid: int | None) -> None:
+        """A file opened (or created) for writing."""
+        self._writers[fh] = uid
+
+    def wrote(self, fh: int) -> None:
+        """A write through a handle not opened for writing as far as we know (uid unknown)."""
+        self._writers.setdefault(fh, None)
+
+    def released(self, fh: int) -> None:
+        self._writers.pop(fh, None)
+
+    def path_in(self, parent_inode: int, name: str) -> str:
+        """The hierarchy path of NAME in a directory."""
+        parent = getattr(self.ns.get(parent_inode).node, "path", "")
+        return f"{parent}/{name}" if parent else name
+
+    async def file_done(self, operation: str, fh: int, entry: "Entry") -> None:
+        """A close or fsync of a file opened for writing is one commit."""
+        if fh in self._writers:
+            await self.done(operation, entry_path(entry), self._writers[fh])
+
+    async def done(self, operation: str, path: str, uid: int | None) -> None:
+        """The operation just completed becomes one commit (not while another file is being
+        written: its commit then takes this one in)."""
+        commit = getattr(self.engine.store, "commit_sync", None)
+        if commit is None or not self.writable or self.ns.writing_files():
+            return
+        await self.engine.run_io_long(commit, change_message(operation, path, uid))

@@ -1,0 +1,316 @@
+"""Open files: one object per open(2), of a class per kind of file, each with read/write/flush/fsync/release.
+
+A handle holds what its open needs: the bytes of a generated file fixed at open, its own
+read-ahead state, the entry it reads. The state shared by every open of one file (an
+array being written, a held file's bytes) stays with the entry. `open_file` checks the
+flags and picks the class; the FUSE layer only maps file handles to these objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from ..views import images
+from ..engine import ReadAhead
+from ..errors import (
+    AccessDenied,
+    InvalidArgument,
+    IsADir,
+    NoSpace,
+    NotFound,
+    NotPermitted,
+    ReadOnly,
+    Stale,
+    TooBig,
+)
+from ..model import BrokenNode
+
+if TYPE_CHECKING:
+    from .namespace import Entry, Namespace
+
+log = logging.getLogger(__name__)
+
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
+# Statistics rewrites held by open descriptors take at most this much memory together (any user
+# can write them, read-only mounts too): room for a VRT of some ten thousand bands.
+REWRITES_MAX_BYTES = 8 << 20
+
+
+class Handle:
+    """An open file. Reads and writes of a kind that has none fail (EACCES for writes)."""
+
+    # Bypass the kernel's page cache (files whose every open sees different bytes).
+    direct_io = False
+    # Writes reach it on a read-only mount (else they fail with EROFS before it sees them).
+    writes_on_read_only = False
+
+    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+        self.ns = ns
+        self.entry = entry
+        self._told_stale = False
+
+    async def current(self) -> None:
+        """Before a read of an array's bytes: the entry follows the store (once per TTL or refresh);
+        one replaced in the store since this open fails from then on (ESTALE: freshness.py)."""
+        await self.ns.follow(self.entry)
+        if isinstance(self.entry.error, Stale) and not self._told_stale:
+            self._told_stale = True
+            log.warning("%s; reads of a file opened before fail with ESTALE (open it again)", self.entry.error)
+
+    async def read(self, offset: int, size: int) -> bytes:
+        raise AccessDenied("not a file")
+
+    def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
+        """The bytes of a read that needs no wait, replied before any other task runs; None: `read`."""
+        return None
+
+    async def write(self, offset: int, data: bytes) -> int:
+        raise AccessDenied(f"{self.entry.kind} files cannot be written")
+
+    async def flush(self) -> None:
+        """close(2) of one descriptor."""
+
+    async def fsync(self) -> None:
+        """fsync(2)."""
+
+    async def release(self) -> None:
+        """The last descriptor of this open is closed."""
+        self.entry.opens -= 1
+        self.ns.open_files -= 1
+        if self.entry.opens == 0 and self.ns.writes_allowed:
+            await self.ns.release(self.entry)
+        self.ns.drop_unused([self.entry])
+
+
+class SnapshotHandle(Handle):
+    """A generated file (stats.json, info/*.json): its bytes as they were at open."""
+
+    def __init__(self, ns: "Namespace", entry: "Entry", content: bytes, direct_io: bool = False) -> None:
+        super().__init__(ns, entry)
+        self.content = content
+        self.direct_io = direct_io
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return self.content[offset:offset + size]
+
+
+class StoreKeyHandle(Handle):
+    """A store key under `.zarrfs/store/`, byte for byte."""
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return await self.ns.engine.read_key(self.entry.key, offset, size, self.entry.size)
+
+
+class ArrayHandle(Handle):
+    """An array's file in one layout (the main tree's .npy, npy-f, raw, raw-f, a chunk file),
+    or a new NPY file being written; read-ahead follows this open's sequential reads only."""
+
+    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+        super().__init__(ns, entry)
+        self.readahead = ReadAhead()
+
+    def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
+        entry = self.entry
+        if entry.writing is not None or entry.error is not None or entry.checked != self.ns.fresh_epoch:
+            return None
+        return self.ns.engine.read_now(entry.stream, offset, size, self.readahead)
+
+    async def read(self, offset: int, size: int) -> bytes:
+        entry, w = self.entry, self.entry.writing
+        if w is not None and w.stream is not None:  # a file being written: the writer's own layout
+            return await self.ns.engine.read(w.stream, offset, size, readahead=self.readahead)
+        if w is not None and w.pending is not None:  # no NPY header yet: only what was written so far
+            return bytes(w.pending[offset:offset + size])
+        await self.current()
+        if entry.error is not None:
+            raise entry.error
+        return await self.ns.engine.read(entry.stream, offset, size, readahead=self.readahead, reply=True)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        return await self.ns.write(self.entry, offset, data)
+
+    async def flush(self) -> None:
+        """The written chunks are in the store when it returns (or it fails with EIO); a new
+        array completed by this close is committed. One still incomplete is left to the last
+        close (release): FUSE flushes at the close of every descriptor, a forked child's too."""
+        if self.ns.writes_allowed:
+            await self.ns.close(self.entry)
+
+    async def fsync(self) -> None:
+        if self.ns.writes_allowed:
+            await self.ns.sync(self.entry)
+
+
+class NetcdfHandle(Handle):
+    """A group's netCDF file: header bytes, then each variable's big-endian elements read through
+    the engine (one read-ahead state per variable: a reader of the whole file reads each in turn)."""
+
+    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+        super().__init__(ns, entry)
+        self.readaheads: dict[int, ReadAhead] = {}
+
+    async def read(self, offset: int, size: int) -> bytes:
+        await self.current()
+        if self.entry.error is not None:
+            raise self.entry.error
+        out = []
+        for part in self.entry.stream.parts(offset, size):
+            if isinstance(part, bytes):
+                out.append(part)
+            else:
+                i, stream, off, n = part
+                var = self.entry.stream.variables[i]
+                ahead = self.readaheads.setdefault(i, ReadAhead())
+                raw = await self.ns.engine.read(stream, *var.source_range(off, n), readahead=ahead)
+                out.append(var.data_bytes(raw, off, n))
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
+class StatisticsRewriteHandle(Handle):
+    """gdal/PATH.vrt or raw/PATH.raw.aux.xml opened to be rewritten whole (O_TRUNC), as GDAL does
+    to save the statistics it computed: they are kept (read-only mounts too), any other change
+    is refused."""
+
+    # Accepted on a read-only mount: GDAL reports an error when it cannot save statistics.
+    writes_on_read_only = True
+    # Each open reads the text made from the kept statistics, not pages left by the writer.
+    direct_io = True
+
+    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+        super().__init__(ns, entry)
+        self.written = bytearray()
+        self.changed = False  # written to since the last close of a descriptor
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return bytes(self.written[offset:offset + size])
+
+    async def write(self, offset: int, data: bytes) -> int:
+        end = offset + len(data)
+        name = f"{self.entry.view}/{self.entry.node.path}"
+        if end > images.max_rewrite_bytes(self.entry.node):
+            raise TooBig(f"{name}: a rewrite of {end} bytes is more than statistics")
+        grow = end - len(self.written)
+        if grow > 0:
+            if self.ns.rewrite_bytes + grow > REWRITES_MAX_BYTES:
+                error = NoSpace(f"{name}: statistics not saved: the rewrites open on this mount would hold "
+                                f"more than {REWRITES_MAX_BYTES >> 20} MiB")
+                self.ns.engine.note_failure(error, name)  # said once a minute at most
+                raise error
+            self.ns.rewrite_bytes += grow
+            self.written.extend(bytes(grow))
+        self.written[offset:end] = data
+        self.changed = True
+        return len(data)
+
+    async def flush(self) -> None:
+        """close(2): the statistics the written text adds are kept; EROFS (EACCES on a writable
+        mount) for a text that changes anything else."""
+        if not self.changed:
+            return
+        self.changed = False
+        if not await self.ns.keep_statistics(self.entry, bytes(self.written)):
+            log.warning("%s/%s: a rewrite that changes more than band statistics is refused (%s)",
+                        self.entry.view, self.entry.node.path, self.entry.kind)
+            raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved here")
+
+    async def release(self) -> None:
+        self.ns.rewrite_bytes -= len(self.written)
+        self.written = bytearray()
+        await super().release()
+        # The kernel keeps the writer's pages and size: drop them, the text is made again.
+        self.ns.forget_pages([self.entry.inode])
+
+
+class HeldFileHandle(Handle):
+    """A plain file (any name but NAME.npy): its bytes in the daemon while written, kept in
+    the store at fsync and a few seconds after a close (write-back)."""
+
+    def _held(self):  # type: ignore[no-untyped-def]
+        if self.entry.held is None:
+            raise self.entry.error or NotFound("removed")
+        return self.entry.held
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return await self._held().read(offset, size)
+
+    async def write(self, offset: int, data: bytes) -> int:
+        return await self._held().write(offset, data)
+
+    async def flush(self) -> None:
+        """close(2): the file is stored a few seconds later (unless renamed to NAME.npy or
+        removed first), as a file system's page cache writes back; fsync stores it at once."""
+        if self.ns.writes_allowed and self.entry.held is not None:
+            await self.ns.close(self.entry)
+
+    async def fsync(self) -> None:
+        if self.ns.writes_allowed and self.entry.held is not None:
+            await self.ns.sync(self.entry)
+
+
+def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
+    if entry.kind == "stats" and entry.view == "refresh":
+        return SnapshotHandle(ns, entry, b"", direct_io=True)
+    if entry.kind == "stats":
+        return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
+    if entry.kind in ("info", "text", "pam", "preview", "versionlog"):
+        return SnapshotHandle(ns, entry, entry.content or b"")
+    if entry.kind == "storekey":
+        return StoreKeyHandle(ns, entry)
+    if entry.kind == "held":
+        return HeldFileHandle(ns, entry)
+    if entry.kind == "netcdf":
+        return NetcdfHandle(ns, entry)
+    if entry.kind in ("array", "chunk", "tiff", "slice"):
+        return ArrayHandle(ns, entry)
+    return Handle(ns, entry)
+
+
+def opened(ns: "Namespace", entry: "Entry", kind: type[Handle] | None = None) -> Handle:
+    """A handle on `entry` (of class KIND, else the one its kind of file takes), counted as
+    open (a created file, or one `open_file` checked)."""
+    entry.opens += 1
+    ns.open_files += 1
+    return kind(ns, entry) if kind is not None else _handle_for(ns, entry)
+
+
+async def _check_write_open(ns: "Namespace", entry: "Entry", flags: int) -> None:
+    if entry.saves_statistics and flags & os.O_TRUNC and not flags & os.O_APPEND:
+        return  # a rewrite that saves statistics (StatisticsRewriteHandle)
+    if not ns.writes_allowed:
+        raise ReadOnly("read-only mount")
+    if not entry.writable:
+        raise AccessDenied(f"{entry.kind} files cannot be written")
+    if flags & os.O_APPEND and entry.kind != "held":
+        raise InvalidArgument("arrays do not grow: O_APPEND is refused")
+    reason = getattr(entry.node, "read_only", None)
+    if reason and not flags & os.O_TRUNC:  # shown in a form that cannot be written back (vlen strings)
+        log.warning("%s: %s", entry.node.metadata_key, reason)
+        raise NotPermitted(f"{entry.node.path or '/'}: {reason}")
+
+
+async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
+    """open(2) of an existing file: EISDIR, EROFS, EACCES, EINVAL (O_APPEND on an array),
+    EPERM (a read-only representation), or the entry's own error; O_TRUNC starts a replacement."""
+    if entry.is_dir:
+        raise IsADir("a directory")
+    await ns.follow(entry)  # an entry the kernel kept across a refresh shows what the store holds now
+    if flags & WRITE_FLAGS:
+        await _check_write_open(ns, entry, flags)
+        if entry.saves_statistics:
+            return opened(ns, entry, StatisticsRewriteHandle)
+        if flags & os.O_TRUNC:
+            await ns.truncate(entry)
+            return opened(ns, entry)
+    w = entry.writing
+    if entry.error is not None and (w is None or w.pending is None) and entry.kind != "held":
+        node = entry.node
+        what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key
+        if not isinstance(entry.error, Stale):  # (replaced in the store, said once: the kernel looks it up again)
+            ns.engine.note_failure(entry.error, what)
+        raise entry.error
+    if entry.kind == "stats" and entry.view == "refresh":
+        await ns.revalidate(force=True)  # opening .zarrfs/refresh (cat, touch) drops listings and metadata
+    await ns.settle(entry)
+    return opened(ns, entry)
