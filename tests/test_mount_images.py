@@ -322,25 +322,25 @@ def test_preview_of_a_large_array_reads_a_bounded_strided_subset(mount, tmp_path
     with Image.open(m / VIEWS / "preview" / "large.png") as im:
         assert im.size == (254, 254)  # 20000 / ceil(20000 / 256): longest side at most 256
     after = stats(m)
-    budget = 64 << 20  # zarrfs.views.preview.MAX_DECODED_BYTES, the bound the README states
+    budget = 64 << 20  # zarrfs.views.preview.MAX_DECODED_BYTES, the bound docs/VIEWS.md states
     assert 0 < after["preview_decoded_bytes"] - before.get("preview_decoded_bytes", 0) <= budget
     assert after["store_gets"] - before["store_gets"] <= budget // (1000 * 1000 * 4)
 
 
-# --------------------------------------------------------------------------- the README's commands
+# --------------------------------------------------------------------------- the commands of docs/VIEWS.md
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+VIEWS_DOC = Path(__file__).resolve().parent.parent / "docs" / "VIEWS.md"
 
 
 def readme_commands() -> list[str]:
-    """The GDAL and ImageMagick commands of the README's table (`display` needs a screen)."""
-    rows = re.findall(r"^\| (?:GDAL|ImageMagick) \| (.*?) \| .* \|$", README.read_text(), re.M)
+    """The GDAL and ImageMagick commands of the table in docs/VIEWS.md (`display` needs a screen)."""
+    rows = re.findall(r"^\| (?:GDAL|ImageMagick) \| (.*?) \| .* \|$", VIEWS_DOC.read_text(), re.M)
     return [c for row in rows for c in re.findall(r"`([^`]+)`", row) if not c.startswith("display ")]
 
 
 @pytest.fixture(scope="module")
 def readme_store(tmp_path_factory):
-    """The README's example: g/img (2-D) and g/stack (3-D float32, values up to 100)."""
+    """The example of docs/VIEWS.md: g/img (2-D) and g/stack (3-D float32, values up to 100)."""
     root = tmp_path_factory.mktemp("readme") / "readme.zarr"
     rng = np.random.default_rng(9)
     g = zarr.open_group(root, mode="w", zarr_format=3)
@@ -352,7 +352,7 @@ def readme_store(tmp_path_factory):
 
 
 def test_readme_commands_run_cleanly_and_stretch_pages(module_mount, readme_store, tmp_path):
-    """Every GDAL and ImageMagick command the README shows runs on a read-only mount without an
+    """Every GDAL and ImageMagick command docs/VIEWS.md shows runs on a read-only mount without an
     ERROR or Warning line, in the user's environment; its statistics are numpy's; its page
     pictures map min..max to 0..255."""
     need("gdalinfo")

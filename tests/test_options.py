@@ -54,6 +54,7 @@ def test_chunks_in_a_comma_list():
 
 # --------------------------------------------------------------------------- the one option table
 
+import os  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -67,7 +68,8 @@ from zarrfs.options import (
     secrets_in,
 )
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPO = Path(__file__).resolve().parent.parent
+CONFIGURATION = REPO / "docs" / "CONFIGURATION.md"
 EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_options": "{}", "chunks": "4,4",
             "codec": "zstd:3", "log_level": "info", "log_file": "/tmp/x.log", "storage_options_file": "/x.json",
             "fsname": "data", "uid": "1", "gid": "2", "umask": "022", "subtype": "zarr",
@@ -76,11 +78,18 @@ EXAMPLES = {"cache_size": "64M", "format": "v3", "v1_order": "writer", "storage_
             "authorize_virtual_chunk_access": "file:///data/nc/"}
 
 
-def test_readme_option_table_is_generated():
-    text = README.read_text()
-    m = re.search(r"<!-- options:begin -->\n(.*?)<!-- options:end -->", text, re.S)
-    assert m, "README has no <!-- options:begin --> ... <!-- options:end --> block"
-    assert m.group(1) == options_markdown(), "README option table differs from OPTION_TABLE: paste options_markdown()"
+def test_configuration_option_table_is_generated():
+    """docs/CONFIGURATION.md holds the table options.py makes; ZARRFS_WRITE_DOCS=1 rewrites it."""
+    text = CONFIGURATION.read_text()
+    block = re.compile(r"(<!-- options:begin -->\n)(.*?)(<!-- options:end -->)", re.S)
+    m = block.search(text)
+    assert m, "docs/CONFIGURATION.md has no <!-- options:begin --> ... <!-- options:end --> block"
+    if m.group(2) != options_markdown() and os.environ.get("ZARRFS_WRITE_DOCS") == "1":
+        CONFIGURATION.write_text(text[:m.start(2)] + options_markdown() + text[m.end(2):])
+        return
+    assert m.group(2) == options_markdown(), (
+        "docs/CONFIGURATION.md's option table differs from OPTION_TABLE: run "
+        "ZARRFS_WRITE_DOCS=1 pytest tests/test_options.py -k configuration")
 
 
 def test_every_table_option_is_accepted():
@@ -108,29 +117,31 @@ def test_man_page_lists_every_option():
         assert o.spelling in text, o.spelling
 
 
-def _readme_sections() -> set[str]:
-    """README headings as a reader would cite them: without backticks, with or without a closing (...)."""
-    out = set()
-    for line in README.read_text().splitlines():
-        if m := re.match(r"#+ (.*)", line):
-            title = m.group(1).replace("`", "").strip()
-            out |= {title, re.sub(r" \(.*\)$", "", title)}
+def _doc_headings(path: Path) -> set[str]:
+    """The headings of a Markdown file as the help texts cite them: without backticks."""
+    in_code, out = False, set()
+    for line in path.read_text().splitlines():
+        in_code ^= line.startswith("```")
+        if not in_code and (m := re.match(r"#+ (.*)", line)):
+            out.add(m.group(1).replace("`", "").strip())
     return out
 
 
-def test_help_and_man_show_the_tree_and_cite_readme_sections_that_exist():
+def test_help_and_man_show_the_tree_and_cite_docs_that_exist():
     help_text = subprocess.run([sys.executable, "-m", "zarrfs", "--help"], capture_output=True, text=True,
                                timeout=60).stdout
     man = subprocess.run([sys.executable, "-m", "zarrfs", "--man"], capture_output=True, text=True, timeout=60).stdout
     man = re.sub(r"\\f[BRI]", "", man).replace("\\-", "-").replace("\\&", "")
-    sections = _readme_sections()
     for name, text in (("--help", help_text), ("zarrfs.1", man)):
         for view in ("npy-f/PATH.npy", "raw/PATH.raw", "raw/PATH.hdr", "gdal/PATH.vrt", "tiff/PATH.tif",
                      "preview/PATH.png", "netcdf/PATH.nc", "stats.json"):
             assert view in text, f"{name} does not show {view} in its tree"
-        cited = re.findall(r"README: ([A-Z][A-Za-z ]*[a-z])", text) + re.findall(r"\(see ([A-Z][A-Za-z ]*)\)", text)
-        assert cited, name
-        assert [c for c in cited if c not in sections] == [], f"{name} cites README sections that do not exist"
+        assert "README" not in text, f"{name} cites the README, whose sections moved to docs/"
+        cited = re.findall(r"\(docs/([A-Z]+\.md): ([^()]+)\)", re.sub(r"\s+", " ", text))
+        assert {file for file, _ in cited} >= {"SEMANTICS.md", "CONFIGURATION.md", "REMOTE.md", "VIEWS.md"}, name
+        missing = [f"docs/{file}: {heading}" for file, heading in cited
+                   if not (REPO / "docs" / file).is_file() or heading not in _doc_headings(REPO / "docs" / file)]
+        assert missing == [], f"{name} cites documentation that does not exist"
 
 
 def test_remote_options_of_references():

@@ -34,7 +34,7 @@ def parse(argv: list[str]) -> tuple[str, str, list[str], bool]:
     parser = _Parser(
         prog="zarrfs", usage=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount a Zarr hierarchy: groups as directories, arrays as .npy files.",
-        epilog="the tree of a mount (README: The tree):\n" + TREE + "\n\n"
+        epilog="the tree of a mount (docs/VIEWS.md: The tree):\n" + TREE + "\n\n"
                "mount options (-o NAME[=VALUE] or --NAME[=VALUE]):\n" + options_help() + "\n\n"
                "signals: SIGTERM/SIGINT unmount; SIGUSR1 switches debug logging on and off.\n"
                "unmount with: fusermount3 -u MOUNTPOINT (or umount as root)")

@@ -30,7 +30,7 @@ MOUNT_IGNORED = ("rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto
 
 @dataclasses.dataclass(frozen=True)
 class OptionDoc:
-    """One row of the option table that `--help`, the README and zarrfs.1 are generated from."""
+    """One row of the option table that `--help`, docs/CONFIGURATION.md and zarrfs.1 are generated from."""
 
     spelling: str  # as a user writes it: `cache_size=SIZE`
     meaning: str
@@ -41,24 +41,25 @@ class OptionDoc:
         return self.spelling.split("=", 1)[0]
 
 
-# The one table of options: `zarrfs --help`, the README's option table (tests/test_options.py
-# checks it is the generated text) and `zarrfs --man` are all made from it, and build_options
+# The one table of options: `zarrfs --help`, the option table of docs/CONFIGURATION.md
+# (tests/test_options.py checks it is the generated text) and `zarrfs --man` are all made from it, and build_options
 # refuses a name that is not in it, so an option cannot exist undocumented.
 OPTION_TABLE: tuple[OptionDoc, ...] = (
-    OptionDoc("writable", "allow writes (README: Writes); refused for read-only stores such as HTTP; on an "
-              "Icechunk branch each operation is one commit (README: Icechunk repositories)", "off"),
+    OptionDoc("writable", "allow writes (docs/SEMANTICS.md: Writes); refused for read-only stores such as HTTP; on an "
+              "Icechunk branch each operation is one commit (docs/SEMANTICS.md: Icechunk repositories)", "off"),
     OptionDoc("ro", "read-only for the kernel too: `mount` and statvfs say `ro` and every write call gets "
               "EROFS from the kernel, for every user; without it a read-only mount refuses writes itself "
-              "and lets GDAL save statistics beside its views (README: Writes)", "off"),
-    OptionDoc("cache_size=SIZE", "budget of the decoded-chunk cache (`512M`, `2G`); chunks larger than the "
-              "budget are decoded only as far as each read needs, or kept apart (README: Memory)", "`512M`"),
+              "and lets GDAL save statistics beside its views (docs/SEMANTICS.md: Writes)", "off"),
+    OptionDoc("cache_size=SIZE", "budget of the decoded-chunk cache (`512M`, `2G`): a larger one keeps more chunks decoded "
+              "and allows a larger read-ahead window, in the daemon's memory; chunks larger than the "
+              "budget are decoded only as far as each read needs, or kept apart (docs/CONFIGURATION.md: Memory)", "`512M`"),
     OptionDoc("format=auto|v1|v2|v3|v3-draft|icechunk", "skip detection", "`auto`"),
     OptionDoc("ref=NAME", "Icechunk: the branch or tag to mount; a branch mount follows the branch's newest "
-              "snapshot (README: Icechunk repositories)", "branch `main`"),
+              "snapshot (docs/SEMANTICS.md: Icechunk repositories)", "branch `main`"),
     OptionDoc("snapshot=ID", "Icechunk: the snapshot to mount, by its ID", "none"),
     OptionDoc("authorize_virtual_chunk_access=PREFIX[,PREFIX...]", "Icechunk: the virtual chunk containers "
               "(URL prefixes as the repository's config names them, `file:///data/nc/`, `s3://bucket/nc/`) "
-              "whose files virtual chunks may be read from (README: Icechunk repositories)",
+              "whose files virtual chunks may be read from (docs/SEMANTICS.md: Icechunk repositories)",
               "none: virtual chunks read as EIO"),
     OptionDoc("v1_order=spec|writer", "how v1 `order: F` chunks are laid out: `spec` as the v1 specification "
               "says (F order); `writer` as zarr 1.1.0, the one real v1 writer, stored them (F order only with "
@@ -69,24 +70,27 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("storage_options_file=PATH", "the same as a JSON file; refused when group or others may read it "
               "(`chmod 600`). Under systemd a credential named `storage_options.json` (`LoadCredential=`) is "
               "used when this is not given. Merged under `storage_options`", "none"),
-    OptionDoc("remote_protocol=NAME", "references (README: References): the protocol of the data files they point "
+    OptionDoc("remote_protocol=NAME", "references (docs/REMOTE.md: References): the protocol of the data files they point "
               "to (`s3`, `file`, ...)", "the protocol of the first data file's URL"),
     OptionDoc("remote_options=JSON", "references: keyword arguments for the data files' fsspec file system "
               "(`endpoint_url`, `anon`); as visible as `storage_options`",
               "`storage_options` when the data files are on the reference file's protocol, else none"),
     OptionDoc("timeout=SECONDS", "longest wait on the store for one operation (a chunk, a listing, a "
               "metadata document), retries included; then the caller gets EIO and the log says why "
-              "(README: Remote stores)", "`30`"),
+              "(docs/REMOTE.md: Remote stores)", "`30`"),
     OptionDoc("metadata_ttl=SECONDS", "how long listings, metadata documents and the validity of cached "
               "chunks are trusted before they are checked against the store again; `0` checks every time, "
-              "`inf` never (`cat MOUNT/.zarrfs/refresh`, or `touch` on a writable mount, drops them at once)",
+              "`inf` never (`cat MOUNT/.zarrfs/refresh`, or `touch` on a writable mount, drops them at once); "
+              "a longer one costs fewer requests and shows other writers' changes later (docs/REMOTE.md: "
+              "Remote stores)",
               "`10` for remote stores and Icechunk branches, `inf` for local directories"),
-    OptionDoc("cache_dir=PATH", "where the disk cache of remote stores lives (see Disk cache); created mode "
+    OptionDoc("cache_dir=PATH", "where the disk cache of remote stores lives (docs/REMOTE.md: Disk cache); created mode "
               "`0700`, its files `0600`; shared by every mount and process of the user",
               "`$XDG_CACHE_HOME/zarrfs` when XDG_CACHE_HOME is set, else `/var/cache/zarrfs` for root, "
               "`~/.cache/zarrfs` for other users"),
     OptionDoc("disk_cache_size=SIZE", "most bytes the disk cache holds (`4G`, `500M`); least recently used "
-              "entries go first; `0` turns it off. Local stores are never cached", "`4G`"),
+              "entries go first; `0` turns it off (do so for confidential data: entries outlive the mount). Local "
+              "stores are never cached", "`4G`"),
     OptionDoc("show_views", "list `.zarrfs` in the root directory (it is always reachable by path, like ZFS's "
               "`.zfs`, so `cp -r MOUNT` copies only the `.npy` tree)", "off"),
     OptionDoc("chunks=N[,N...]", "chunk shape of arrays created through the mount (with writes)",
@@ -114,7 +118,7 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
 OPTION_NAMES = frozenset(o.name for o in OPTION_TABLE) | {"foreground", "f"}
 
 
-# The tree of a mount, short, for `zarrfs --help` and zarrfs(1); the README's "The tree" says more.
+# The tree of a mount, short, for `zarrfs --help` and zarrfs(1); docs/VIEWS.md says more.
 TREE = """\
 MOUNT/
   GROUP/                a group
@@ -139,11 +143,24 @@ MOUNT/
 PATH: a node's path in the hierarchy; a root array is MOUNT/NAME.npy."""
 
 
+# How the help texts cite the documentation: `(docs/FILE.md: Heading)`.
+DOC_CITATION = re.compile(r"\(docs/([A-Z]+\.md): ([^()]+)\)")
+
+
+def heading_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading (its first one of that text)."""
+    return re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
+
+
 def options_markdown() -> str:
-    """The README's option table."""
+    """The option table of docs/CONFIGURATION.md, its citations of docs/ made links."""
+    def link(m: re.Match) -> str:
+        return f"([{m.group(1)}: {m.group(2)}]({m.group(1)}#{heading_anchor(m.group(2))}))"
+
     rows = ["| option | meaning | default |", "|---|---|---|"]
     for o in OPTION_TABLE:
-        rows.append(f"| `{o.spelling.replace('|', chr(92) + '|')}` | {o.meaning} | {o.default} |")
+        meaning = DOC_CITATION.sub(link, o.meaning)
+        rows.append(f"| `{o.spelling.replace('|', chr(92) + '|')}` | {meaning} | {o.default} |")
     return "\n".join(rows) + "\n"
 
 
@@ -178,7 +195,7 @@ def options_man(version: str) -> str:
              _roff("Groups of the Zarr hierarchy at SOURCE (a local directory or an fsspec URL) become "
                    "directories; arrays become `.npy` files. Without `-f` the command returns once the mount "
                    "is live. Unmount with `fusermount3 -u MOUNTPOINT` or `umount`."),
-             ".SH FILES", _roff("The tree of a mount (README: The tree):"), ".PP", ".nf",
+             ".SH FILES", _roff("The tree of a mount (docs/VIEWS.md: The tree):"), ".PP", ".nf",
              *_roff(TREE).splitlines(), ".fi",
              ".SH OPTIONS", "Every option is given as \\fB\\-o name[=value]\\fR or \\fB\\-\\-name[=value]\\fR.",
              ".TP", ".B \\-f", "stay in the foreground (under systemd: Type=notify readiness)"]
@@ -285,7 +302,7 @@ def parse_size(text: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Everything a mount is configured with; see the README's option table."""
+    """Everything a mount is configured with; see the option table in docs/CONFIGURATION.md."""
 
     writable: bool = False
     cache_size_bytes: int = 512 << 20
