@@ -1,6 +1,6 @@
 """A failing key's lines: said once, counted, said again at most once a window with the count."""
 
-from zarrfs.repeats import OTHER_KEYS, RepeatedFailures
+from zarrfs.repeats import OTHER_KEYS, LogOnce, RepeatedFailures
 
 
 class Clock:
@@ -55,3 +55,13 @@ def test_failures_of_one_key_that_differ_in_byte_range_are_one():
     clock.now += 61
     again = rf.line("a/0", "reading 'a/0' [8192:12288] failed: [Errno 5] Input/output error")
     assert again.startswith("reading 'a/0' [8192:12288] failed: [Errno 5] Input/output error (repeated 19 times"), again
+
+
+def test_log_once_says_each_subject_once_and_forgets_the_oldest_past_its_bound():
+    said = LogOnce(max_tracked=2)
+    assert said.first("a") and said.first(("zlib", "a/.zarray"))
+    assert not said.first("a") and not said.first(("zlib", "a/.zarray"))
+    assert said.first("b")  # "a" is forgotten: the bound holds
+    assert said.first("a")
+    said.forget()
+    assert said.first("b")

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import lzma
 import math
-import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from ..errors import CorruptChunk, MetadataError, UnknownCodec, Unsupported, UserError
+from ..repeats import LogOnce
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +188,9 @@ def is_fill(arr: np.ndarray, fill: np.ndarray) -> bool:
     return bool((raw.reshape(-1, n) == np.frombuffer(want, np.uint8)).all())
 
 
-_TOLD_LOCK = threading.Lock()
 # Quirks said, by (quirk, metadata document): once per array for the daemon's life, not once per
-# parse of its document (each refresh parses it again). The oldest are forgotten past TOLD_MAX.
-_TOLD: dict[tuple[str, str], None] = {}
-TOLD_MAX = 4096
+# parse of its document (each refresh parses it again).
+QUIRKS_SAID = LogOnce()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,13 +225,8 @@ class BytesBytes:
         """Log a quirk of the stored chunks once for this array, named by its document (else
         once for this codec's name); decoding threads race here."""
         subject = self.where or self.name
-        with _TOLD_LOCK:
-            if (what, subject) in _TOLD:
-                return
-            _TOLD[what, subject] = None
-            if len(_TOLD) > TOLD_MAX:
-                del _TOLD[next(iter(_TOLD))]
-        log.warning("%s: %s", subject, text)
+        if QUIRKS_SAID.first((what, subject)):
+            log.warning("%s: %s", subject, text)
 
     def encoded_bound(self, n: int) -> int:
         """The most bytes this codec encodes `n` bytes into (exact for filters and checksums)."""

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Iterator
 
 import google_crc32c
 
+from ..repeats import LogOnce
 from .store import FETCH_MARGIN_S, METADATA_MAX_BYTES, Store
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class DiskCache:
         self._lock = threading.Lock()  # flock is per open file: threads of one process take turns here
         self._lock_fd = -1
         self._usage_fd = -1
-        self._told: set[str] = set()  # failures already logged (one line each)
+        self._said = LogOnce()  # failure reasons logged (one line each)
         self.usable = self._open()
 
     # --- set-up ---------------------------------------------------------------------------
@@ -265,8 +266,7 @@ class DiskCache:
     def _failed(self, what: str, e: OSError) -> None:
         self.errors += 1
         reason = e.strerror or str(e)
-        if reason not in self._told:
-            self._told.add(reason)
+        if self._said.first(reason):
             log.warning("disk cache %s: cannot %s (%s); reads are served from the store", self.directory, what,
                         reason)
 

@@ -221,7 +221,6 @@ class IcechunkStore:
         self._others_lock = threading.Lock()
         # Containers virtual chunks were refused from: said once a minute each, not once per chunk.
         self._refused = RepeatedFailures()
-        self._refused_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"IcechunkStore({self.source!r}, {self.snapshot_id})"
@@ -365,8 +364,7 @@ class IcechunkStore:
         naming it and the option, then EIO for each read it fails."""
         reason = (f"virtual chunks in container {prefix} are not read: the mount is not authorised to "
                   f"(mount with -o {AUTHORIZE}={prefix})")
-        with self._refused_lock:
-            line = self._refused.line(prefix, reason)
+        line = self._refused.line(prefix, reason)
         if line is not None:
             log.warning("%s; %s", line, f"{what} failed")
         error = StoreError(f"{what} failed: {reason}")

@@ -25,6 +25,7 @@ from ..errors import ZarrfsError
 from ..formats.base import RESERVED_PREFIX, STAGING_PREFIX, Hierarchy
 from .keys import join
 from ..model import GroupMeta
+from ..repeats import LogOnce
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ class LeaseKeeper:
         self._mounted_s = clock()
         self._machine = this_machine()
         self._start = process_start_ticks(os.getpid())
-        self._failed_told = False
+        self._failure_said = LogOnce()
 
     def claim(self, staging: str) -> None:
         """A staging area comes into use (the lease must be written before its first key)."""
@@ -189,8 +190,7 @@ class LeaseKeeper:
     def failed(self, error: ZarrfsError) -> None:
         """A lease write or erase failed: said once; the staging goes on without it (an area
         with no lease is kept while its keys are recent)."""
-        if not self._failed_told:
-            self._failed_told = True
+        if self._failure_said.first(self.key):
             log.warning("%s: this writer's lease could not be written or erased: %s", self.key, error)
 
 
