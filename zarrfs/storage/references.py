@@ -23,7 +23,7 @@ from .remote import (
     missing_backend,
     protocol_of,
 )
-from .store import describe_failure
+from .failures import describe_failure
 
 # What a SOURCE naming a reference file ends with: kerchunk's JSON, and its Parquet directories.
 JSON_SUFFIX = ".json"

@@ -6,48 +6,25 @@ Every method is synchronous (ends in `_sync`): the engine calls them in worker t
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import errno
 import logging
 import os
 import shutil
-import stat
 import urllib.parse
-from collections.abc import Callable
 from typing import Any
 
 import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
-from fsspec.implementations.reference import ReferenceNotReachable
 
 from ..errors import StoreError, UserError, ZarrfsError
+from . import local
+from .failures import describe_failure
+from .fsinfo import etag_of, mtime_ns_of, size_of
 from .keys import check_key, join
+from .local import LOCAL_OPEN_FLAGS  # noqa: F401 (re-exported: the engine's direct reads open keys so too)
 from .remote import missing_backend
 
 log = logging.getLogger(__name__)
-
-# Resolved directories of a local store kept for the symlink check (a few MiB at most).
-REAL_DIRS_REMEMBERED = 10_000
-# renameat2(2): swap two paths atomically (Linux 3.15+, glibc 2.28+); AT_FDCWD per <fcntl.h>.
-RENAME_EXCHANGE = 2
-AT_FDCWD = -100
-
-
-def _renameat2_exchange(a: str, b: str) -> bool:
-    """Swap two directories in one step; False when the kernel or file system cannot."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except AttributeError:
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False
-    raise OSError(code, os.strerror(code), a)
 
 
 # Metadata documents (and any key read without a bound of its own) larger than this are
@@ -55,11 +32,6 @@ def _renameat2_exchange(a: str, b: str) -> bool:
 # of JSON per array, hierarchies of tens of thousands of arrays); parsing costs several
 # times a document's size, so this keeps a hostile one to about a GiB of memory.
 METADATA_MAX_BYTES = 256 << 20
-# A local key is opened without blocking (a FIFO would hold a worker thread forever) and
-# read only when it is a regular file. These are what the others are called in errors.
-FILE_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-              (stat.S_ISSOCK, "socket"))
-LOCAL_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 # A stored object's modification time is when its upload began, in whole seconds on S3, by the
 # store's clock: a chunk is kept on the strength of its time only if it was written at least this
 # long before the GET that read it began (an upload under way while we read, a second of rounding,
@@ -101,8 +73,7 @@ class Store:
         # Set once a ranged read came back whole (a server that ignores Range): reading
         # parts of an object then costs the whole object each time, so callers read whole.
         self.ranges_ignored = False
-        self._real_root = os.path.realpath(self.root) if self.is_local else None
-        self._real_dirs: dict[str, str] = {}
+        self._inside = local.InsideRoot(self.root) if self.is_local else None
 
     def _below(self, base: str) -> str:
         """What the names a listing gives below BASE (a path, without a trailing `/`) start with:
@@ -119,69 +90,14 @@ class Store:
         full = join(self.root, key) if self.root != "/" else "/" + key
         if not key:
             full = self.root
-        if self._real_root is not None:
-            self._check_inside(key, full)
+        if self._inside is not None:
+            self._inside.check(key, full)
         return full
-
-    def _check_inside(self, key: str, full: str) -> None:
-        """Local stores: refuse keys that symlinks lead outside the root.
-
-        A key's directory is resolved once and remembered (realpath costs a system call
-        per component); the key itself is resolved only when it is a symlink.
-        """
-        directory = os.path.dirname(full)
-        real_dir = self._real_dirs.get(directory)
-        if real_dir is None:
-            real_dir = os.path.realpath(directory)
-            if len(self._real_dirs) > REAL_DIRS_REMEMBERED:
-                self._real_dirs.clear()
-            self._real_dirs[directory] = real_dir
-        real = os.path.join(real_dir, os.path.basename(full))
-        if os.path.islink(real):
-            real = os.path.realpath(real)
-        if real != self._real_root and not real.startswith(self._real_root + os.sep):
-            raise StoreError(f"key {key!r} resolves outside the store ({real})")
 
     def _read_local(self, key: str, start: int, end: int | None, max_nbytes: int | None = None,
                     into: Any = None) -> Any:
-        """Bytes [start, end) of a local key (start < 0: the last -start bytes; end None: to
-        its end), or None when it is absent or a directory; read into INTO (a writable buffer)
-        when they fit in it: INTO returned when they are exactly its size, else a view of its
-        first bytes.
-
-        Only regular files are values: the key is opened without blocking and checked before
-        a byte is read. `max_nbytes` refuses a read that would return more.
-        """
-        path = self.path(key)
-        try:
-            fd = os.open(path, LOCAL_OPEN_FLAGS)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        try:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                return None
-            if not stat.S_ISREG(st.st_mode):
-                kind = next((name for test, name in FILE_KINDS if test(st.st_mode)), "special file")
-                raise StoreError(f"{key!r} is not a regular file: {kind}")
-            size = st.st_size
-            lo = max(0, size + start) if start < 0 else min(start, size)
-            hi = size if end is None else max(lo, min(end, size))
-            if max_nbytes is not None and hi - lo > max_nbytes:
-                raise StoreError(f"{key!r} holds {hi - lo} bytes, more than the {max_nbytes} it can "
-                                 f"legitimately take")
-            if into is not None and hi - lo <= len(into):
-                view, at = memoryview(into).cast("B"), lo
-                while at < hi and (got := os.preadv(fd, [view[at - lo:hi - lo]], at)):
-                    at += got
-                if at == hi:
-                    return into if hi - lo == len(into) else view[:hi - lo]
-            data = os.pread(fd, hi - lo, lo)  # one call unless past 2 GiB
-            while len(data) < hi - lo and (more := os.pread(fd, hi - lo - len(data), lo + len(data))):
-                data += more
-            return data
-        finally:
-            os.close(fd)
+        """Bytes [start, end) of a local key, or None when it is absent (see local.read_file)."""
+        return local.read_file(self.path(key), key, start, end, max_nbytes, into)
 
     def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
         """The value of a key, or None when the key is absent.
@@ -253,17 +169,17 @@ class Store:
             if entry.get("type") == "directory":
                 dirs.add(leaf)
             else:
-                files[leaf] = _size_of(entry)
+                files[leaf] = size_of(entry)
         return dict(sorted(files.items())), sorted(dirs)
 
     def sizes_below_sync(self, prefix: str) -> dict[str, int | None]:
         """Every key below a prefix (recursively), relative to it, with its size if known."""
-        return {rel: _size_of(info) for rel, info in self._infos_below_sync(prefix).items()}
+        return {rel: size_of(info) for rel, info in self._infos_below_sync(prefix).items()}
 
     def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
         """Every key below a prefix (recursively), relative to it: (size, modification time in ns,
         ETag or generation) as far as one listing tells."""
-        return {rel: (_size_of(info), mtime_ns_of(info), _etag_of(info))
+        return {rel: (size_of(info), mtime_ns_of(info), etag_of(info))
                 for rel, info in self._infos_below_sync(prefix).items()}
 
     def _infos_below_sync(self, prefix: str) -> dict[str, dict[str, Any]]:
@@ -379,7 +295,7 @@ class Store:
         path = self.path(key)
         try:
             if self.is_local:
-                _replace_local(path, id(value), lambda f: f.write(value))
+                local.replace_file(path, id(value), lambda f: f.write(value))
             else:
                 self.fs.pipe_file(path, bytes(value))
         except ZarrfsError:
@@ -393,7 +309,7 @@ class Store:
         path = self.path(key)
         try:
             if self.is_local:
-                _replace_local(path, id(source), lambda f: shutil.copyfileobj(source, f, block_bytes))
+                local.replace_file(path, id(source), lambda f: shutil.copyfileobj(source, f, block_bytes))
             else:
                 with self.fs.open(path, "wb") as f:
                     shutil.copyfileobj(source, f, block_bytes)
@@ -465,19 +381,8 @@ class Store:
     def swap_dirs_sync(self, staging: str, final: str) -> None:
         """Local stores: put directory `staging` at `final` in one step; the old `final` (if any)
         ends up at `staging`. Without renameat2's exchange, two renames (a moment with no `final`)."""
-        a, b = self.path(staging), self.path(final)
         try:
-            os.makedirs(a, exist_ok=True)
-            if not os.path.isdir(b):
-                os.makedirs(os.path.dirname(b), exist_ok=True)
-                os.rename(a, b)
-                return
-            if _renameat2_exchange(a, b):
-                return
-            trash = a + ".old"
-            os.rename(b, trash)
-            os.rename(a, b)
-            os.rename(trash, a)
+            local.swap_dirs(self.path(staging), self.path(final))
         except OSError as e:
             raise StoreError(f"swapping {staging!r} into {final!r} failed: {e}") from None
 
@@ -565,141 +470,10 @@ class Store:
         """Bytes of every key below the root, for statfs; None where that is not cheap (remote stores)."""
         if not self.is_local:
             return None
-        total = 0
-        stack = [self.root]
-        while stack:
-            try:
-                with os.scandir(stack.pop()) as it:
-                    for entry in it:
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                        elif entry.is_file(follow_symlinks=False):
-                            total += entry.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue
-        return total
+        return local.tree_bytes(self.root)
 
     def free_bytes_sync(self) -> int | None:
         """Space left where a local store lives (statfs of its file system), else None."""
         if not self.is_local:
             return None
-        try:
-            st = os.statvfs(self.root)
-        except OSError:
-            return None
-        return st.f_bavail * st.f_frsize
-
-
-def _replace_local(path: str, tag: int, write: Callable[[Any], Any]) -> None:
-    """Write a local file through WRITE into a temporary file beside it (named with TAG, unique
-    among writes in flight), then rename it over PATH: a reader or a crash sees the old bytes or
-    the new ones, never a mix."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.zarrfs-{os.getpid()}-{tag:x}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _size_of(info: dict[str, Any]) -> int | None:
-    """The size in an fsspec info() dict as a Python int (Parquet references give numpy integers)."""
-    size = info.get("size")
-    return None if size is None else int(size)
-
-
-def _etag_of(info: dict[str, Any]) -> str | None:
-    """What changes with every write of a key, where the listing tells it: S3's ETag, GCS's generation."""
-    for field in ("ETag", "etag", "generation"):
-        if info.get(field) is not None:
-            return str(info[field])
-    return None
-
-
-def mtime_ns_of(info: dict[str, Any]) -> int | None:
-    """The modification time in an fsspec info() dict: `mtime` (local, sftp), `LastModified` (s3),
-    `updated` (gcs), `last_modified` (azure), `created` as a last resort; None if absent."""
-    import datetime
-
-    for field in ("mtime", "LastModified", "last_modified", "updated", "modified"):
-        value = info.get(field)
-        if value is None:
-            continue
-        if isinstance(value, (int, float)):
-            return int(value * 1e9)
-        if isinstance(value, datetime.datetime):
-            if value.tzinfo is None:
-                value = value.replace(tzinfo=datetime.timezone.utc)
-            return int(value.timestamp() * 1e9)
-        if isinstance(value, str):
-            try:
-                parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                try:
-                    import email.utils
-
-                    parsed = email.utils.parsedate_to_datetime(value)
-                except (TypeError, ValueError):
-                    continue
-            if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=datetime.timezone.utc)
-            return int(parsed.timestamp() * 1e9)
-    return None
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    out, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        out.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return out
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One phrase naming why a store could not be reached or read, from any backend's exception."""
-    import socket
-
-    if isinstance(exc, ReferenceNotReachable) and exc.__cause__ is not None:
-        # A reference set's data file failed: its own failure says why.
-        target = exc.target[0] if isinstance(exc.target, (list, tuple)) and exc.target else exc.target
-        return f"data file {target}: {describe_failure(exc.__cause__)}"
-    chain = _chain(exc)
-    text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
-    low = text.lower()
-    names = {type(e).__name__ for e in chain}
-    if any(isinstance(e, socket.gaierror) for e in chain) or any(s in low for s in (
-            "name or service not known", "temporary failure in name resolution", "nodename nor servname",
-            "no address associated", "name resolution", "could not resolve", "getaddrinfo")):
-        return f"host name not resolved ({_short(exc)})"
-    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "connection refused" in low \
-            or "connect call failed" in low:
-        return f"connection refused ({_short(exc)})"
-    if "EndpointConnectionError" in names or "ClientConnectorError" in names or "could not connect" in low:
-        return f"cannot connect ({_short(exc)})"
-    if any(isinstance(e, TimeoutError) for e in chain) or "timeout" in low or "timed out" in low:
-        return f"timed out ({_short(exc)})"
-    if "NoCredentialsError" in names or "DefaultCredentialsError" in names or "unable to locate credentials" in low \
-            or "partialcredentials" in low:
-        return ("no credentials found (give them by the backend's environment variables or profile, or "
-                "storage_options_file)")
-    if any(s in low for s in ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken", "invalidtoken")):
-        return f"credentials refused ({_short(exc)})"
-    if any(isinstance(e, PermissionError) for e in chain) or any(s in low for s in (
-            "accessdenied", "access denied", "forbidden", " 403", "401", "unauthorized")):
-        return f"access denied ({_short(exc)})"
-    if "nosuchbucket" in low:
-        return "bucket does not exist"
-    return _short(exc)
-
-
-def _short(exc: BaseException) -> str:
-    message = " ".join(str(exc).split())
-    if len(message) > 200:
-        message = message[:200] + "..."
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+        return local.free_bytes(self.root)
