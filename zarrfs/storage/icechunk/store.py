@@ -1,138 +1,38 @@
-"""An Icechunk repository as a zarrfs store: a session of one snapshot behind the Store interface.
+"""An Icechunk snapshot behind the Store interface: reads, listings and writes of a session, on an asyncio loop of its own.
 
 Icechunk keeps a Zarr v3 hierarchy under transactional control (snapshots, branches, tags);
 its session store is asynchronous and speaks zarr-python's buffer types. This adapter runs
 that store on an asyncio loop of its own, in one thread, and answers the synchronous calls
 zarrfs's engine makes from its worker threads: reads of the snapshot mounted (and of any
 other, for `.zarrfs/versions`), and on a writable branch, writes into a session that
-`commit_sync` commits once per operation. `icechunk` is imported here only, lazily: it is an
-optional extra (`zarrfs[icechunk]`).
+`commit_sync` commits once per operation (repository.py keeps the repository's side).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
-import datetime
-import fcntl
-import json
-import logging
 import os
-import re
 import threading
 from typing import Any, Callable, Coroutine
 
-from ..errors import Conflict, ReadOnly, StoreError, UserError, ZarrfsError
-from .keys import join
-from ..options import AUTHORIZE
-from ..repeats import RepeatedFailures
-from .staging import LEASE_PREFIX
-from .store import METADATA_MAX_BYTES, Store
+from ...errors import ReadOnly, StoreError, ZarrfsError
+from ..keys import join
+from ..staging import LEASE_PREFIX
+from ..store import METADATA_MAX_BYTES, Store
+from .repository import Repository, Version, icechunk_module
 
-log = logging.getLogger(__name__)
-
-EXTRA = "zarrfs[icechunk]"
-# What a repository holds at its root (every Icechunk version writes `snapshots/`; format 1
-# keeps its branches and tags under `refs/`, later formats a `repo` object): one listing tells.
-SNAPSHOTS_DIR = "snapshots"
-REFS_DIR = "refs"
-REPO_OBJECT = "repo"
-# A Zarr hierarchy's own root documents: a store holding one is a hierarchy, whatever else it holds.
-ZARR_ROOT_DOCS = ("zarr.json", ".zgroup", ".zarray", ".zmetadata", "meta")
 # Keys below `SNAPSHOT_PREFIX + ID` are those of snapshot ID (the history under `.zarrfs/versions`):
 # one store, one engine and one cache serve every version, each cached under its own paths.
 # The prefix starts with `.zarrfs`, which no node name may.
 SNAPSHOT_PREFIX = ".zarrfs-snapshot-"
-RESERVED = ".zarrfs"  # names of the mount's own (staging areas of arrays being written)
-# Sessions of other snapshots kept open (each holds its snapshot's node table in memory).
-SESSIONS_KEPT = 32
-# What an Icechunk snapshot ID looks like: 12 bytes in Crockford's base32.
-SNAPSHOT_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}")
 # Errors icechunk raises for a key it cannot hold at all (a view asking for `t`, not `t/zarr.json`):
 # such a key is simply absent.
 INVALID_KEY = "invalid zarr key"
 # ... or for a key of a node that does not exist (a staged array none of whose chunks is stored yet).
 NO_NODE = "node not found"
-# ... for a virtual chunk whose container the mount was not authorised to read (its URL prefix named).
-UNAUTHORIZED = re.compile(r"resolves to the url prefix (\S+?),? to be able to fetch the chunk you need to authorize")
 # ... and for a prefix that is no node (a staged array none of whose chunks was stored): empty.
 BAD_PREFIX = "bad key prefix"
-
-
-def looks_like_repository_sync(store: Store) -> bool:
-    """Whether SOURCE (opened as a plain store) holds an Icechunk repository, from one listing."""
-    try:
-        files, dirs = store.list_dir_sync("")
-    except ZarrfsError:
-        return False
-    if any(doc in files or doc in dirs for doc in ZARR_ROOT_DOCS):
-        return False
-    return SNAPSHOTS_DIR in dirs and (REFS_DIR in dirs or REPO_OBJECT in files)
-
-
-def _icechunk() -> Any:
-    try:
-        import icechunk
-    except ImportError:
-        raise UserError(f"Icechunk repositories need the icechunk package: pip install '{EXTRA}'") from None
-    return icechunk
-
-
-def _reason(error: BaseException) -> str:
-    """One line from icechunk's multi-line error report: its first statement."""
-    for line in str(error).splitlines():
-        line = line.strip().lstrip("x").strip()
-        if line:
-            return line[:200]
-    return type(error).__name__
-
-
-def virtual_access(prefixes: tuple[str, ...], storage_options: dict[str, Any]) -> dict[str, Any] | None:
-    """Icechunk's `authorize_virtual_chunk_access` for the containers PREFIXES name: S3 ones read with
-    the credentials of storage_options when it has some, every other (and S3 without) with what
-    the environment gives, or anonymously where the container allows it."""
-    if not prefixes:
-        return None
-    icechunk = _icechunk()
-    key = storage_options.get("key") or storage_options.get("aws_access_key_id")
-    secret = storage_options.get("secret") or storage_options.get("aws_secret_access_key")
-    access: dict[str, Any] = {}
-    for prefix in prefixes:
-        s3 = prefix.startswith(("s3://", "s3a://"))
-        access[prefix] = (icechunk.containers_credentials({prefix: icechunk.s3_credentials(
-            access_key_id=key, secret_access_key=secret, session_token=storage_options.get("token"))})[prefix]
-            if s3 and key and secret else None)
-    return access
-
-
-def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
-    """Icechunk's Storage for SOURCE: a local directory, or s3:// / gs:// with fsspec-style options."""
-    icechunk = _icechunk()
-    scheme, sep, rest = source.partition("://")
-    if not sep:
-        return icechunk.local_filesystem_storage(os.path.abspath(source))
-    if scheme == "file":
-        return icechunk.local_filesystem_storage(rest)
-    bucket, _, prefix = rest.partition("/")
-    prefix = prefix.strip("/") or None
-    if scheme in ("s3", "s3a"):
-        client = storage_options.get("client_kwargs", {})
-        endpoint = storage_options.get("endpoint_url") or client.get("endpoint_url")
-        key = storage_options.get("key") or storage_options.get("aws_access_key_id")
-        secret = storage_options.get("secret") or storage_options.get("aws_secret_access_key")
-        anonymous = bool(storage_options.get("anon")) or None
-        return icechunk.s3_storage(
-            bucket=bucket, prefix=prefix, endpoint_url=endpoint,
-            region=storage_options.get("region_name") or client.get("region_name"),
-            allow_http=bool(endpoint and endpoint.startswith("http://")),
-            access_key_id=key, secret_access_key=secret, session_token=storage_options.get("token"),
-            anonymous=anonymous, from_env=None if key or anonymous else True,
-            # Path-style addressing: what S3-compatible servers on an endpoint_url expect.
-            force_path_style=bool(endpoint))
-    if scheme in ("gs", "gcs"):
-        return icechunk.gcs_storage(bucket=bucket, prefix=prefix, from_env=True)
-    raise UserError(f"{source}: Icechunk repositories are mounted from a local directory, s3:// or gs://")
 
 
 class _Bytes:
@@ -147,15 +47,6 @@ class _Bytes:
 def _plain(data: Any) -> bytes:
     """A value as bytes (JSON parsing and slicing do not take icechunk's buffer)."""
     return data if isinstance(data, bytes) else bytes(data)
-
-
-class Version:
-    """One snapshot of a repository, opened as a session (read-only, or writable on a branch)."""
-
-    def __init__(self, session: Any) -> None:
-        self.session = session
-        self.snapshot_id: str = session.snapshot_id
-        self.store = session.store
 
 
 class IcechunkStore:
@@ -173,7 +64,7 @@ class IcechunkStore:
     def __init__(self, source: str, storage_options: dict[str, Any] | None = None, ref: str | None = None,
                  snapshot: str | None = None, log_level: str = "warning", timeout_s: float | None = None,
                  writable: bool = False, authorized: tuple[str, ...] = ()) -> None:
-        icechunk = _icechunk()
+        icechunk = icechunk_module()
         if "ICECHUNK_LOG" not in os.environ:  # icechunk's own log goes to stderr, not ours
             icechunk.set_logs_filter("icechunk=info" if log_level == "debug" else "error")
         self.source = source
@@ -181,153 +72,64 @@ class IcechunkStore:
         self._loop = asyncio.new_event_loop()
         thread = threading.Thread(target=self._loop.run_forever, name="zarrfs-icechunk", daemon=True)
         thread.start()
-        try:
-            self.repo = icechunk.Repository.open(
-                storage_of(source, storage_options or {}),
-                authorize_virtual_chunk_access=virtual_access(authorized, storage_options or {}))
-        except icechunk.IcechunkError as e:
-            raise UserError(f"{source}: cannot open the Icechunk repository: {_reason(e)}") from None
-        self.branch: str | None = None
-        self.tag: str | None = None
-        try:
-            if snapshot is not None:
-                session = self.repo.readonly_session(snapshot_id=snapshot)
-            elif ref is None or ref in self.repo.list_branches():
-                self.branch = ref or "main"
-                session = self.repo.readonly_session(branch=self.branch)
-            elif ref in self.repo.list_tags():
-                self.tag = ref
-                session = self.repo.readonly_session(tag=ref)
-            else:
-                raise UserError(f"{source}: ref={ref}: no such branch or tag (branches: "
-                                f"{', '.join(sorted(self.repo.list_branches()))}; tags: "
-                                f"{', '.join(sorted(self.repo.list_tags())) or 'none'})")
-        except icechunk.IcechunkError as e:
-            what = f"snapshot={snapshot}" if snapshot is not None else f"ref={ref or 'main'}"
-            raise UserError(f"{source}: {what}: {_reason(e)}") from None
-        if writable and self.branch is None:
-            raise UserError(f"{source}: writes go to a branch; ref={ref or snapshot} is not one")
+        self.repository = Repository(source, storage_options or {}, ref, snapshot, writable, authorized)
         self.read_only = not writable
-        self.version = Version(self.repo.writable_session(self.branch) if writable else session)
-        self.tip_pending: str | None = None  # a newer snapshot of the branch, taken once no file is open
-        # Set when a commit of ours took in other writers' commits: what the mount cached may be stale.
-        self.others_taken_in = False
         self._staging_docs: dict[str, dict[str, bytes]] = {}  # arrays being written: their documents
-        self._lock_path = _lock_path(source) if writable else None
         self._error = icechunk.IcechunkError
         self._prototype = _prototype()
-        # Sessions of other snapshots (the history), most recently used last.
-        self._others: collections.OrderedDict[str, Any] = collections.OrderedDict()
-        self._others_lock = threading.Lock()
-        # Containers virtual chunks were refused from: said once a minute each, not once per chunk.
-        self._refused = RepeatedFailures()
 
     def __repr__(self) -> str:
         return f"IcechunkStore({self.source!r}, {self.snapshot_id})"
 
+    # --- the repository's side: the version shown, its branch's tip, the history, commits ---
+
+    @property
+    def version(self) -> Version:
+        return self.repository.version
+
     @property
     def snapshot_id(self) -> str:
-        return self.version.snapshot_id
+        return self.repository.snapshot_id
 
     @property
     def follows_branch(self) -> bool:
-        return self.branch is not None
+        return self.repository.branch is not None
 
-    # --- the branch's tip -------------------------------------------------------------
+    @property
+    def tip_pending(self) -> str | None:
+        """A newer snapshot of the branch, shown once no file of the mount is open."""
+        return self.repository.tip_pending
 
     def follow_tip_sync(self, may_move: bool) -> bool:
-        """Look up the branch's newest snapshot; move to it when MAY_MOVE (no file open), else
-        remember it for later. True when the mount now shows another snapshot."""
-        if self.branch is None:
-            return False
-        if self.others_taken_in:  # the session is at the tip already; what the mount cached is not
-            if may_move:
-                self.others_taken_in, self.tip_pending = False, None
-            return may_move
-        if self.writable and self.version.session.has_uncommitted_changes:
-            return False  # an operation under way: the next commit takes the tip in
-        try:
-            tip = self.repo.lookup_branch(self.branch)
-        except self._error as e:
-            raise StoreError(f"looking up branch {self.branch!r} failed: {_reason(e)}") from None
-        if tip == self.snapshot_id:
-            self.tip_pending = None
-            return False
-        if not may_move:
-            if self.tip_pending != tip:
-                log.info("branch %s moved to snapshot %s: shown once no file of the mount is open",
-                         self.branch, tip)
-            self.tip_pending = tip
-            return False
-        try:
-            session = (self.repo.writable_session(self.branch) if self.writable
-                       else self.repo.readonly_session(snapshot_id=tip))
-        except self._error as e:
-            raise StoreError(f"opening snapshot {tip} of branch {self.branch!r} failed: {_reason(e)}") from None
-        log.info("branch %s: now showing snapshot %s (was %s)", self.branch, tip, self.snapshot_id)
-        self.version = Version(session)
-        self.tip_pending = None
-        return True
-
-    # --- the history ------------------------------------------------------------------
+        """See Repository.follow_tip_sync."""
+        return self.repository.follow_tip_sync(may_move)
 
     def refs_sync(self, kind: str) -> dict[str, str]:
         """Branches or tags (KIND) -> the snapshot each names now."""
-        try:
-            if kind == "branches":
-                return {name: self.repo.lookup_branch(name) for name in sorted(self.repo.list_branches())}
-            return {name: self.repo.lookup_tag(name) for name in sorted(self.repo.list_tags())}
-        except self._error as e:
-            raise StoreError(f"listing the {kind} failed: {_reason(e)}") from None
+        return self.repository.refs_sync(kind)
 
     def ancestry_sync(self) -> list[dict[str, Any]]:
-        """The snapshot shown and its ancestors, newest first: id, time, message, parent."""
-        try:
-            found = list(self.repo.ancestry(snapshot_id=self.snapshot_id))
-        except self._error as e:
-            raise StoreError(f"reading the ancestry of snapshot {self.snapshot_id} failed: {_reason(e)}") from None
-        return [{"id": s.id, "time": s.written_at.astimezone(datetime.timezone.utc).isoformat(),
-                 "message": s.message, "parent": s.parent_id} for s in found]
+        """The snapshot shown and its ancestors, newest first."""
+        return self.repository.ancestry_sync()
 
     def log_json_sync(self) -> bytes:
         """`.zarrfs/versions/log.json`: what is mounted and its ancestry."""
-        doc = {"branch": self.branch, "tag": self.tag, "snapshot": self.snapshot_id,
-               "ancestry": self.ancestry_sync()}
-        return (json.dumps(doc, indent=2) + "\n").encode()
+        return self.repository.log_json_sync()
 
     def has_snapshot_sync(self, snapshot_id: str) -> bool:
         """Whether the repository holds a snapshot of that ID."""
-        return self._session_store(snapshot_id) is not None
+        return self.repository.has_snapshot_sync(snapshot_id)
 
-    def _session_store(self, snapshot_id: str) -> Any:
-        """The store of a read-only session at SNAPSHOT_ID (kept for later), None when there is none."""
-        if snapshot_id == self.snapshot_id:
-            return self.version.store
-        with self._others_lock:
-            store = self._others.get(snapshot_id)
-            if store is not None:
-                self._others.move_to_end(snapshot_id)
-                return store
-        if not SNAPSHOT_ID.fullmatch(snapshot_id):
-            return None
-        try:
-            store = self.repo.readonly_session(snapshot_id=snapshot_id).store
-        except self._error as e:
-            if "not found" in str(e):
-                return None
-            raise self._failed(f"opening snapshot {snapshot_id}", e) from None
-        with self._others_lock:
-            self._others[snapshot_id] = store
-            while len(self._others) > SESSIONS_KEPT:
-                self._others.popitem(last=False)
-        return store
+    def commit_sync(self, message: str) -> str | None:
+        """Commit what the session holds (see Repository.commit_sync); None when it holds nothing."""
+        return self.repository.commit_sync(message, self._staging_docs)
 
     def _route(self, key: str) -> tuple[Any, str]:
         """The session store a key belongs to (None: a snapshot that does not exist) and the key there."""
         if not key.startswith(SNAPSHOT_PREFIX):
             return self.version.store, key
         head, _, rest = key.partition("/")
-        return self._session_store(head[len(SNAPSHOT_PREFIX):]), rest
+        return self.repository.snapshot_store(head[len(SNAPSHOT_PREFIX):]), rest
 
     # --- reads ------------------------------------------------------------------------
 
@@ -354,22 +156,7 @@ class IcechunkStore:
             raise
 
     def _failed(self, what: str, error: BaseException) -> StoreError:
-        refused = UNAUTHORIZED.search(str(error))
-        if refused is not None:
-            return self._unauthorized(what, refused.group(1))
-        return StoreError(f"{what} failed (snapshot {self.snapshot_id}): {_reason(error)}")
-
-    def _unauthorized(self, what: str, prefix: str) -> StoreError:
-        """A virtual chunk of a container not authorised: one line per container (not per chunk)
-        naming it and the option, then EIO for each read it fails."""
-        reason = (f"virtual chunks in container {prefix} are not read: the mount is not authorised to "
-                  f"(mount with -o {AUTHORIZE}={prefix})")
-        line = self._refused.line(prefix, reason)
-        if line is not None:
-            log.warning("%s; %s", line, f"{what} failed")
-        error = StoreError(f"{what} failed: {reason}")
-        error.logged = error.logged_by_store = True  # said above, once per container: only counted
-        return error
+        return self.repository.failed(what, error)
 
     def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
         """The value of a key, or None; larger than `max_nbytes`: StoreError. A value that fits in
@@ -645,95 +432,6 @@ class IcechunkStore:
 
     def swap_dirs_sync(self, staging: str, final: str) -> None:
         raise ReadOnly("directories are swapped on local stores only")
-
-    def commit_sync(self, message: str) -> str | None:
-        """Commit what the session holds as one snapshot of the branch (None when it holds nothing).
-
-        Another writer's commit in between is taken in where the changes do not overlap
-        (icechunk's conflict detection); where they do, the change becomes a branch of its own
-        and Conflict says which. Either way the mount then writes on the branch's newest snapshot.
-        Local repositories: commits of several mounts take turns (a lock file beside it).
-        """
-        icechunk = _icechunk()
-        session = self.version.session
-        if self.read_only or not session.has_uncommitted_changes:
-            return None
-        base = session.snapshot_id
-        with _locked(self._lock_path):
-            try:
-                tip = self.repo.lookup_branch(self.branch)
-                # icechunk's detector lets two replacements of one array (each a deletion and a new
-                # node) both through: a node both sides changed is a conflict here.
-                both = (_touched(session.status()) & _touched(self.repo.diff(from_snapshot_id=base,
-                                                                               to_snapshot_id=tip))
-                        if tip != base else set())
-                if both:
-                    return self._conflict(message, f"both changed {', '.join(sorted(both))}")
-                new = session.commit(message, rebase_with=icechunk.ConflictDetector())
-            except (icechunk.ConflictError, icechunk.RebaseFailedError) as e:
-                return self._conflict(message, _reason(e))
-            except self._error as e:
-                raise self._failed(f"committing {message!r}", e) from None
-            finally:
-                self._staging_docs.clear()
-            parent = self.repo.lookup_snapshot(new).parent_id
-            self.version = Version(self.repo.writable_session(self.branch))
-        if parent != base:  # others' commits are in it now
-            self.others_taken_in, self.tip_pending = True, new
-        log.info("committed snapshot %s on branch %s: %s", new, self.branch, message)
-        return new
-
-    def _conflict(self, message: str, reason: str) -> str:
-        """The session's change saved as a snapshot of its own, on a new branch; Conflict raised."""
-        session = self.version.session
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-        name = f"{self.branch}.zarrfs-conflict-{stamp}-{os.getpid()}"
-        try:
-            saved = session.flush(f"{message} (conflicted with branch {self.branch})")
-            self.repo.create_branch(name, snapshot_id=saved)
-        except self._error as e:
-            raise self._failed(f"saving {message!r} after a conflict", e) from None
-        finally:
-            self.version = Version(self.repo.writable_session(self.branch))
-            self.others_taken_in, self.tip_pending = True, self.version.snapshot_id
-        log.warning("%s: conflicts with another commit on branch %s (%s); the change is on branch %s",
-                    message, self.branch, reason, name)
-        raise Conflict(f"{message}: conflicts with another commit on branch {self.branch}; "
-                       f"the change is on branch {name}")
-
-
-def _touched(diff: Any) -> set[str]:
-    """The nodes a change (icechunk's Diff) created, removed or changed; staging areas left out."""
-    paths = (diff.new_groups | diff.new_arrays | diff.deleted_groups | diff.deleted_arrays | diff.updated_groups
-             | diff.updated_arrays | set(diff.updated_chunks))
-    return {p for p in paths if "/" + RESERVED not in p}
-
-
-def _lock_path(source: str) -> str | None:
-    """The lock file commits of a local repository take turns on: beside the repository."""
-    scheme, sep, rest = source.partition("://")
-    if sep and scheme != "file":
-        return None  # object stores: icechunk's own conditional writes order the commits
-    path = os.path.abspath(rest if sep else source).rstrip("/")
-    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.zarrfs-lock")
-
-
-class _locked:
-    """Hold an exclusive flock on PATH (None: nothing to hold) for a `with` block."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.fd: int | None = None
-
-    def __enter__(self) -> None:
-        if self.path is not None:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # releases the lock
-            self.fd = None
 
 
 def _prototype() -> Any:
