@@ -25,16 +25,8 @@ from zarr.codecs import numcodecs as znc
 
 from zarrfs import grid
 from zarrfs.storage.chunksource import read_chunk_sync
-from zarrfs.codecs.chain import (
-    BytesBytes,
-    BytesLayout,
-    CodecChain,
-    NumcodecsArray,
-    NumcodecsArrayBytes,
-    Transpose,
-    is_fill,
-    numcodecs_codec,
-)
+from zarrfs.codecs.adapters import BytesBytes, NumcodecsArray, NumcodecsArrayBytes, numcodecs_codec
+from zarrfs.codecs.chain import BytesLayout, CodecChain, Transpose, is_fill
 from zarrfs.codecs.sharding import ABSENT, ShardingIndexed
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.options import Options
@@ -521,3 +513,17 @@ def test_fixture_chains_round_trip(fmt):
             assert same(np.asarray(again), np.asarray(chunk)), (name, idx)
             checked += 1
     assert checked > 20
+
+
+def test_a_chain_refuses_a_step_outside_its_role_when_built():
+    """Each step is checked against its role's protocol once, when the chain is built: a
+    compressor given as the array->bytes step, or a layout given as a compressor, is refused
+    then (a format's mistake), not at the first chunk decoded."""
+    zstd = BytesBytes(numcodecs.Zstd(), "zstd")
+    with pytest.raises(TypeError, match="BytesBytes cannot stand in the ArrayBytesCodec role"):
+        CodecChain((), zstd, ())
+    with pytest.raises(TypeError, match="BytesLayout cannot stand in the BytesBytesCodec role"):
+        CodecChain((), BytesLayout(), (BytesLayout(),))
+    with pytest.raises(TypeError, match="ArrayArrayCodec"):
+        CodecChain((zstd,), BytesLayout(), ())
+    assert CodecChain((Transpose((1, 0)),), BytesLayout(), (zstd,)).order == "F"

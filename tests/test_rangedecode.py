@@ -23,7 +23,8 @@ import zarr
 
 from zarrfs.codecs import rangedecode
 from zarrfs.engine.cache import ChunkCache
-from zarrfs.codecs.chain import BytesBytes, BytesLayout, CodecChain
+from zarrfs.codecs.adapters import BytesBytes
+from zarrfs.codecs.chain import BytesLayout, CodecChain
 from zarrfs.engine import Engine
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync

@@ -19,7 +19,8 @@ from typing import Any
 import numcodecs.blosc
 import numpy as np
 
-from .chain import BytesLayout, CodecChain, grown_bound, is_zlib_stream
+from .bounded import grown_bound, is_zlib_stream
+from .chain import BytesLayout, CodecChain
 from ..errors import CorruptChunk
 
 try:  # zstd frames decoded as a stream (numcodecs' Zstd decodes whole frames only)

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import grid
-from .chain import BytesLayout, CodecChain, is_fill, u1
+from .bounded import u1
+from .chain import BytesLayout, CodecChain, is_fill
 from ..errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
 
 ABSENT = 2**64 - 1  # index entry of an inner chunk that is not stored

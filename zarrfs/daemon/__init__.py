@@ -31,7 +31,7 @@ from ..storage.diskcache import DiskCache, DiskCachedStore, default_cache_dir, s
 from ..engine.fastpath.direct import DirectReads
 from ..engine import Engine
 from ..errors import UserError, ZarrfsError
-from ..codecs.chain import compressor_config
+from ..codecs.adapters import compressor_config
 from ..formats.icechunk import IcechunkHierarchy
 from ..fuse_ops import ZarrOperations, invalidate_data_sync, invalidate_name
 from ..tree.namespace import Namespace

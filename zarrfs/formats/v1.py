@@ -11,7 +11,8 @@ from typing import Any
 
 
 from .. import dtypes
-from ..codecs.chain import UnusableChain, compressor_config
+from ..codecs.adapters import compressor_config
+from ..codecs.chain import UnusableChain
 from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..storage.keys import ChunkKeys
 from ..model import ArrayMeta, NewArray, Node, fill_fields, ints

@@ -11,14 +11,8 @@ from typing import Any
 
 from .. import dtypes
 from ..codecs import vlen
-from ..codecs.chain import (
-    BytesBytes,
-    BytesLayout,
-    CodecChain,
-    UnusableChain,
-    compressor_config,
-    numcodecs_codec,
-)
+from ..codecs.adapters import BytesBytes, compressor_config, numcodecs_codec
+from ..codecs.chain import BytesLayout, CodecChain, UnusableChain
 from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..storage.keys import ChunkKeys, join
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints

@@ -10,20 +10,16 @@ from typing import Any
 
 from .. import dtypes
 from ..codecs import vlen
-from ..codecs.chain import (
+from ..codecs.adapters import (
     BLOSC_SHUFFLE_NAMES,
     BytesBytes,
-    BytesLayout,
-    CodecChain,
     NumcodecsArray,
     NumcodecsArrayBytes,
-    Transpose,
-    UnusableChain,
     blosc_shuffle,
     compressor_config,
     numcodecs_codec,
-    transpose_order,
 )
+from ..codecs.chain import BytesLayout, CodecChain, Transpose, UnusableChain, transpose_order
 from ..codecs.sharding import ShardingIndexed
 from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
 from ..storage.keys import ChunkKeys, join

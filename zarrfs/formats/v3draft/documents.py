@@ -11,15 +11,8 @@ import numpy as np
 
 from ... import dtypes
 from ...storage.chunksource import ShardedChunks
-from ...codecs.chain import (
-    BytesBytes,
-    BytesLayout,
-    CodecChain,
-    Transpose,
-    blosc_shuffle,
-    numcodecs_codec,
-    transpose_order,
-)
+from ...codecs.adapters import BytesBytes, blosc_shuffle, numcodecs_codec
+from ...codecs.chain import BytesLayout, CodecChain, Transpose, transpose_order
 from ...errors import MetadataError, UnknownCodec, Unsupported, ZarrfsError
 from ...storage.keys import ChunkKeys, join
 from ...model import ArrayMeta, GroupMeta, fill_fields, ints

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ... import dtypes
-from ...codecs.chain import compressor_config
+from ...codecs.adapters import compressor_config
 from ...errors import InvalidArgument, Unsupported
 from ...model import NewArray
 from ..base import guess_chunks
