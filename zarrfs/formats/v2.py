@@ -18,7 +18,8 @@ from ..storage.keys import ChunkKeys, join
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
 from ..storage.store import Store
-from .base import NodeDocsHierarchy, consolidated_path, guess_chunks, json_object
+from .base import consolidated_path, guess_chunks, json_object
+from .nodedocs import NodeDocsHierarchy
 from .datasets import V2_DIMENSIONS_ATTR
 
 log = logging.getLogger(__name__)

@@ -26,13 +26,8 @@ from ..storage.keys import ChunkKeys, join
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
 from ..storage.store import Store
-from .base import (
-    NodeDocsHierarchy,
-    consolidated_path,
-    guess_chunks,
-    json_object,
-    root_zarr_json_sync,
-)
+from .base import consolidated_path, guess_chunks, json_object, root_zarr_json_sync
+from .nodedocs import NodeDocsHierarchy
 
 log = logging.getLogger(__name__)
 
