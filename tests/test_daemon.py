@@ -11,6 +11,7 @@ import socket
 import pytest
 
 from zarrfs import daemon
+from zarrfs.daemon import lifecycle, logs
 from zarrfs.options import build_options
 
 # A name as os.fsdecode gives it for the bytes b"bad\xffname" (invalid UTF-8), and one with
@@ -87,8 +88,8 @@ def test_syslog_records_are_one_encodable_line(tmp_path, restore_root_logger, mo
             super().__init__(sock_path, **kwargs)
 
     real_exists = os.path.exists
-    monkeypatch.setattr(daemon.os.path, "exists", lambda p: True if p == "/dev/log" else real_exists(p))
-    monkeypatch.setattr(daemon.logging.handlers, "SysLogHandler", LocalSysLogHandler)
+    monkeypatch.setattr(logs.os.path, "exists", lambda p: True if p == "/dev/log" else real_exists(p))
+    monkeypatch.setattr(logs.logging.handlers, "SysLogHandler", LocalSysLogHandler)
     try:
         daemon.setup_logging(build_options([]), daemon=True)
         assert isinstance(logging.getLogger().handlers[0], LocalSysLogHandler)
@@ -192,7 +193,7 @@ def test_the_lease_is_refreshed_while_the_staging_sweep_still_runs(monkeypatch):
         try:
             with trio.fail_after(3.5 * staging.LEASE_REFRESH_S):  # the mock clock's seconds
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(daemon._tend_staging, ops)
+                    nursery.start_soon(lifecycle._tend_staging, ops)
                     while len(refreshes) < 3:
                         await trio.sleep(1)
                     nursery.cancel_scope.cancel()

@@ -23,8 +23,9 @@ from ..dtypes import _bytes_value
 from ..errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
 from ..model import ArrayMeta
 
-# The width scan reads at most this many stored bytes (64 MiB: a few seconds of decoding), and decodes at most this many bytes of strings (vlen codecs are
-# not bounded by a chunk's declared size: a small stored chunk can hold huge strings).
+# The width scan reads at most this many stored bytes (which bounds the time it takes), and
+# decodes at most this many bytes of strings (vlen codecs are not bounded by a chunk's declared
+# size: a small stored chunk can hold huge strings).
 VLEN_SCAN_MAX_STORED_BYTES = 64 << 20
 VLEN_SCAN_MAX_DECODED_BYTES = 256 << 20
 # Without a listing of the array's keys, at most this many grid positions are tried.
