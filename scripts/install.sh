@@ -7,8 +7,8 @@
 #   - $ZARRFS_BINDIR/zarrfs (/usr/local/bin) linked to it: mount -t fuse.zarrfs, /etc/fstab
 #     and systemd find it there (mount.fuse3 runs the program without PATH);
 #   - the manual page zarrfs(1), the template unit zarrfs@.service in
-#     /usr/local/lib/systemd/system and the .mount/.automount examples in
-#     /usr/local/share/doc/zarrfs.
+#     /usr/local/lib/systemd/system, and the .mount/.automount examples with README.md and
+#     docs/ (which zarrfs(1) and --help cite) in /usr/local/share/doc/zarrfs.
 # The dependencies are installed again only when pyproject.toml or the extras change; the
 # package alone when its sources change. Prints one line saying what it did.
 set -euo pipefail
@@ -77,5 +77,7 @@ mkdir -p "$bindir" "$mandir" "$unitdir" "$docdir"
 "$prefix/bin/zarrfs" --man > "$mandir/zarrfs.1.new" && mv "$mandir/zarrfs.1.new" "$mandir/zarrfs.1"
 install -m 0644 "$repo/systemd/zarrfs@.service" "$unitdir/zarrfs@.service"
 install -m 0644 "$repo/systemd/mnt-zarr.mount" "$repo/systemd/mnt-zarr.automount" "$docdir/"
+install -m 0644 -D "$repo/README.md" "$docdir/README.md"
+install -m 0644 -D -t "$docdir/docs" "$repo"/docs/*.md
 if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
 echo "install.sh: zarrfs $did in $prefix (extras: ${extras:-none}); $bindir/zarrfs -> $prefix/bin/zarrfs"

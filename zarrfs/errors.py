@@ -53,7 +53,7 @@ class Unsupported(ZarrfsError):
 
 
 class UnknownCodec(ZarrfsError):
-    """A codec that numcodecs does not know: the array's data cannot be decoded (EIO, as the README says)."""
+    """A codec that numcodecs does not know: the array's data cannot be decoded (EIO; docs/VIEWS.md: The tree)."""
 
     errno = errno.EIO
 

@@ -16,7 +16,7 @@ log = logging.getLogger("zarrfs")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SYSLOG_FORMAT = "zarrfs[%(process)d]: %(levelname)s %(name)s: %(message)s"
-# Where a daemon logs without log_file when there is no syslog socket (README "Logging").
+# Where a daemon logs without log_file when there is no syslog socket (docs/CONFIGURATION.md: Logging).
 DEFAULT_LOG_FILE_ROOT = "/var/log/zarrfs.log"
 # Records of this logger (mount and unmount) are written whatever log_level says.
 lifecycle_log = logging.getLogger("zarrfs.lifecycle")

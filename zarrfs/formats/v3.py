@@ -50,7 +50,7 @@ class V3Hierarchy(NodeDocsHierarchy):
     def open_sync(cls, store: Store, options: Options | None = None) -> "V3Hierarchy":
         root = json_object("zarr.json", store.get_sync("zarr.json")) or {}
         if root.get("node_type") == "group":
-            # The root group is the mount: one it must not read refuses the mount (README).
+            # The root group is the mount: one it must not read refuses the mount (docs/SEMANTICS.md).
             try:
                 check_fields(root, GROUP_FIELDS, "zarr.json")
             except Unsupported as e:

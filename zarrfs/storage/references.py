@@ -73,7 +73,7 @@ def open_references_sync(source: str, storage_options: dict[str, Any], remote_pr
         if named is None:
             if _local_archive(source):
                 raise UserError(f"{shown}: a netCDF4/HDF5 file, not a Zarr store: mount kerchunk's references "
-                                f"of it (README: References)")
+                                f"of it (docs/REMOTE.md: References)")
             return None
         references = _read_sync(*named, shown)
     target = _first_target(references)
