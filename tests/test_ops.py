@@ -81,7 +81,10 @@ def test_install_is_idempotent(installed):
                        env={**os.environ, "ZARRFS_EXTRAS": ""}, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert "up to date" in r.stdout, r.stdout
-    assert Path("/usr/local/share/man/man1/zarrfs.1").read_text().startswith(".TH ZARRFS 1")
+    man = Path("/usr/local/share/man/man1/zarrfs.1").read_text()
+    assert man.startswith(".TH ZARRFS 1")
+    cited = set(re.findall(r"docs/[A-Z]+\.md", man))  # what the manual sends its reader to is installed
+    assert cited and all((Path("/usr/local/share/doc/zarrfs") / c).is_file() for c in cited), cited
     # the installed copy is this work tree's
     r = _env_i(os.fspath(BIN), "--help")
     assert r.returncode == 0 and "storage_options_file=PATH" in r.stdout, r.stderr
