@@ -18,7 +18,8 @@ from .tree.commits import Commits, entry_path
 from .engine import Engine
 from .errors import InvalidArgument, NotADir, ReadOnly, ZarrfsError
 from .tree.handles import Handle
-from .tree.namespace import Entry, Namespace, fs_name
+from .tree.entries import Entry, Kind, fs_name
+from .tree.namespace import Namespace
 from .options import Options
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class ZarrOperations(pyfuse3.Operations):
         attr.generation = 0
         # The kernel keeps names and sizes no longer than zarrfs trusts them (metadata_ttl).
         attr.entry_timeout = attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.metadata_ttl_s)
-        writable = ((self.options.writable and (entry.writable or (entry.kind == "group" and entry.view == "")))
+        writable = ((self.options.writable and (entry.writable or (entry.kind is Kind.GROUP and entry.view == "")))
                     or entry.saves_statistics)
         if entry.is_dir:
             attr.st_mode = stat.S_IFDIR | ((0o755 if writable else 0o555) & ~self.umask)
@@ -132,12 +133,12 @@ class ZarrOperations(pyfuse3.Operations):
             attr.entry_timeout = WRITABLE_ATTR_TIMEOUT_S
             attr.attr_timeout = 0.0
             staged = entry.writing is not None and entry.writing.staged is not None
-            if entry.kind == "held" or (entry.kind == "array" and (entry.node is None or staged)):
+            if entry.kind is Kind.HELD or (entry.kind is Kind.ARRAY and (entry.node is None or staged)):
                 attr.entry_timeout = attr.attr_timeout = 0.0  # may vanish, or become an array
         attr.st_size = max(entry.size, 0)
         stored = entry.stored_bytes if entry.stored_bytes is not None else entry.size
         attr.st_blocks = -(-max(stored, 0) // BLOCK_SIZE)
-        if entry.kind == "stats":
+        if entry.kind is Kind.STATS:
             attr.attr_timeout = 0.0  # its size changes with every read
         attr.st_blksize = IO_BLOCK_SIZE
         attr.st_uid = self.uid
@@ -152,7 +153,7 @@ class ZarrOperations(pyfuse3.Operations):
         stores with consolidated metadata: that document's, for every node (one request, not one per
         node); without it, the mount time: a document's time would cost a request per node (the GET
         that reads it does not return it through fsspec), doubling what `ls -l` of a group costs."""
-        if entry.kind == "storekey":
+        if entry.kind is Kind.STOREKEY:
             return entry.key
         if entry.held is not None and entry.held.stored and self.engine.store.is_local:
             return entry.held.key  # a kept plain file: its key's time
@@ -233,7 +234,7 @@ class ZarrOperations(pyfuse3.Operations):
     @boundary
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         entry = self.ns.get(inode)
-        if entry.kind == "stats":
+        if entry.kind is Kind.STATS:
             entry.stored_bytes = None
         with self.engine.interrupts.watch(getattr(ctx, "pid", None)):
             await self.ns.settle(entry)
@@ -359,7 +360,7 @@ class ZarrOperations(pyfuse3.Operations):
         # The kernel does not refuse these on a read-only mount (it is not mounted `ro`).
         self._check_writable()
         if fields.update_size:
-            if attr.st_size == 0 or entry.kind == "held":
+            if attr.st_size == 0 or entry.kind is Kind.HELD:
                 await self.ns.truncate(entry, attr.st_size)
             elif attr.st_size != entry.size:
                 raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
@@ -426,7 +427,7 @@ class ZarrOperations(pyfuse3.Operations):
         if mode & os.W_OK and not entry.saves_statistics:
             if not self.options.writable:
                 raise ReadOnly("read-only mount")
-            if not (entry.writable or (entry.kind == "group" and entry.view == "")):
+            if not (entry.writable or (entry.kind is Kind.GROUP and entry.view == "")):
                 raise pyfuse3.FUSEError(errno.EACCES)
         return True
 

@@ -18,9 +18,11 @@ from ..storage.keys import join
 from ..formats.datasets import attributes_kept
 from ..model import ArrayMeta, BrokenNode, Node
 from .. import grid
+from .kinds import Kind
 
 if TYPE_CHECKING:
-    from .namespace import Entry, Namespace
+    from .entries import Entry
+    from .namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class NamespaceWrites(IncomingWrites):
         """The directory `inode` if it takes new names (`plain`: plain files, which the root of a
         store whose root is an array takes when its format keeps them there)."""
         entry = self.get(inode)
-        if entry.kind != "group" or entry.view != "":
+        if entry.kind is not Kind.GROUP or entry.view != "":
             raise NotPermitted("only groups of the main tree take new files and directories")
         if entry.error is not None:
             raise entry.error
@@ -64,7 +66,7 @@ class NamespaceWrites(IncomingWrites):
             if fresh is None or fresh.kind != was.kind:
                 other.error = NotFound(f"{was.path} is gone")
                 continue
-            if other.kind == "chunk" and isinstance(fresh, ArrayMeta) and (
+            if other.kind is Kind.CHUNK and isinstance(fresh, ArrayMeta) and (
                     len(other.origin) != len(fresh.shape) or any(
                         i >= n for i, n in zip(other.origin, grid.grid_shape(fresh.shape, fresh.chunk_shape)))):
                 other.error = NotFound(f"chunk {other.origin} of {fresh.path} no longer exists")
@@ -91,7 +93,7 @@ class NamespaceWrites(IncomingWrites):
         self._below.clear()
         self.forget_nodes()
         for entry in self._entries.values():
-            if entry.kind in ("group", "versions") and entry.listing is not None:
+            if entry.kind in (Kind.GROUP, Kind.VERSIONS) and entry.listing is not None:
                 entry.listing = None
 
     async def children(self: "Namespace", inode: int) -> dict[str, Any]:
@@ -147,11 +149,11 @@ class NamespaceWrites(IncomingWrites):
             raise Exists(name)
         if is_held_name(name):
             key = self._plain_key(parent_inode, name)
-            entry = self._new("held", "", None, key=name)
+            entry = self._new(Kind.HELD, "", None, key=name)
             entry.held = HeldFile(self.engine, key)
         else:
             path = await self._new_array_path(parent_inode, name, names)
-            entry = self._new("array", "", None, key=path)
+            entry = self._new(Kind.ARRAY, "", None, key=path)
             entry.writing = Incoming(replacing=None)
         self._register(parent_inode, name, entry)
         return entry
@@ -184,7 +186,7 @@ class NamespaceWrites(IncomingWrites):
     async def rmdir(self: "Namespace", parent_inode: int, name: str) -> None:
         self._group_dir(parent_inode)
         entry = await self.lookup(parent_inode, name)
-        if entry.kind != "group" or entry.node is None:
+        if entry.kind is not Kind.GROUP or entry.node is None:
             raise NotADir(name)
         self._below.pop(entry.node.path, None)
         entry.listing = None
@@ -197,9 +199,9 @@ class NamespaceWrites(IncomingWrites):
     async def unlink(self: "Namespace", parent_inode: int, name: str) -> None:
         self._group_dir(parent_inode, plain=True)
         entry = await self.lookup(parent_inode, name)
-        if entry.kind != "held":
+        if entry.kind is not Kind.HELD:
             self._group_dir(parent_inode)
-        if entry.kind == "held":
+        if entry.kind is Kind.HELD:
             held = entry.held
             if held is not None:
                 async with held.lock:  # after a write-back under way, if any
@@ -211,7 +213,7 @@ class NamespaceWrites(IncomingWrites):
             self._by_name.pop((parent_inode, name), None)
             self._invalidate()
             return
-        if entry.kind != "array":
+        if entry.kind is not Kind.ARRAY:
             raise IsADir(name)
         w = entry.writing
         if w is not None and (w.staged is not None or w.pending is not None):
@@ -231,23 +233,23 @@ class NamespaceWrites(IncomingWrites):
         self._group_dir(old_parent, plain=True)
         target_dir = self._group_dir(new_parent, plain=True)
         entry = await self.lookup(old_parent, old_name)
-        if entry.kind != "held":
+        if entry.kind is not Kind.HELD:
             self._group_dir(old_parent)
             target_dir = self._group_dir(new_parent)
         if not replace:
             other = await self.child(new_parent, new_name)
             if other is not None and other.inode != entry.inode:
                 raise Exists(new_name)
-        if entry.kind == "held":
+        if entry.kind is Kind.HELD:
             await self._rename_held(entry, new_parent, new_name)
             return
         node, w = entry.node, entry.writing
-        if node is None or entry.kind not in ("group", "array") or (
+        if node is None or entry.kind not in (Kind.GROUP, Kind.ARRAY) or (
                 w is not None and (w.pending is not None or w.staged is not None)):
             raise NotPermitted(f"{old_name} cannot be moved now")
-        if (entry.kind == "array") != new_name.endswith(NPY_SUFFIX) or new_name == NPY_SUFFIX:
+        if (entry.kind is Kind.ARRAY) != new_name.endswith(NPY_SUFFIX) or new_name == NPY_SUFFIX:
             raise NotPermitted(f"{new_name}: arrays are NAME.npy files, groups are directories")
-        stem = new_name[: -len(NPY_SUFFIX)] if entry.kind == "array" else new_name
+        stem = new_name[: -len(NPY_SUFFIX)] if entry.kind is Kind.ARRAY else new_name
         new_path = join(target_dir.node.path if target_dir.node else "", stem)
         if new_path == node.path or (node.path and new_path.startswith(node.path + "/")):
             raise InvalidArgument(f"cannot move {node.path} into itself")
@@ -255,10 +257,10 @@ class NamespaceWrites(IncomingWrites):
         self.hierarchy.check_name(stem, _stems([n for n in siblings if n != old_name or new_parent != old_parent]))
         if new_name in siblings:
             other = await self.child(new_parent, new_name)
-            if other.kind != "array" or entry.kind != "array":
+            if other.kind is not Kind.ARRAY or entry.kind is not Kind.ARRAY:
                 raise Exists(new_name)
             await self.unlink(new_parent, new_name)  # mv onto an array replaces it
-        await self.engine.flush(node.path) if entry.kind == "array" else await self.engine.flush()
+        await self.engine.flush(node.path) if entry.kind is Kind.ARRAY else await self.engine.flush()
         async with contextlib.AsyncExitStack() as stack:
             for held in self._plain_inside(node.path):  # no write-back of a plain file inside crosses the move
                 await stack.enter_async_context(held.lock)
@@ -284,7 +286,7 @@ class NamespaceWrites(IncomingWrites):
         key = self._plain_key(new_parent, new_name)
         other = await self.child(new_parent, new_name)
         if other is not None and other.inode != entry.inode:
-            if other.kind != "held":
+            if other.kind is not Kind.HELD:
                 raise Exists(new_name)
         held = entry.held
         replaced = other.held if other is not None and other.inode != entry.inode else None
@@ -330,7 +332,7 @@ class NamespaceWrites(IncomingWrites):
     async def set_times(self: "Namespace", entry: "Entry", mtime_ns: int) -> None:
         """utimensat: an array's or a plain file's modification time, kept where the store can
         (a local store: the time of the metadata document or key) and for the mount's life."""
-        if entry.kind == "held":
+        if entry.kind is Kind.HELD:
             if entry.held is None:
                 raise entry.error or NotFound("removed")
             held = entry.held
@@ -339,7 +341,7 @@ class NamespaceWrites(IncomingWrites):
                 if held.stored and not held.dirty and not held.gone:
                     await self.engine.run_io(self.hierarchy.store.set_mtime_sync, held.key, mtime_ns)
             return
-        if entry.kind != "array" or entry.view != "":
+        if entry.kind is not Kind.ARRAY or entry.view != "":
             return  # views and chunk files show their array's time
         w = entry.writing
         if w is not None and (w.pending is not None or w.staged is not None):
@@ -356,7 +358,7 @@ class NamespaceWrites(IncomingWrites):
         """The modification time a writer set on `entry` (None: the store's)."""
         if entry.held is not None:
             return entry.held.mtime_ns
-        if entry.kind == "array" and entry.view == "" and entry.node is not None:
+        if entry.kind is Kind.ARRAY and entry.view == "" and entry.node is not None:
             return self.times.get(entry.node.path)
         return None
 
@@ -378,7 +380,7 @@ class NamespaceWrites(IncomingWrites):
         if not isinstance(attrs, dict):
             raise InvalidArgument("user.zarr.attributes must be a JSON object")
         node = entry.node
-        if node is None or entry.kind not in ("group", "array", "chunkdir") or isinstance(node, BrokenNode):
+        if node is None or entry.kind not in (Kind.GROUP, Kind.ARRAY, Kind.CHUNKDIR) or isinstance(node, BrokenNode):
             raise NotPermitted("only groups and arrays have attributes")
         entry.node = await self.engine.run_io(self.hierarchy.set_attributes_sync, node, attributes_kept(node, attrs))
         entry.checked = self.fresh_epoch

@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING
 from ..views import netcdf
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
+from .kinds import Kind
 from .versions import is_version_path
 
 if TYPE_CHECKING:
-    from .namespace import Entry, Namespace
+    from .entries import Entry
+    from .namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,7 @@ class NamespaceFreshness:
         if entry.checked == epoch:
             return
         node = entry.node
-        if (not (isinstance(node, ArrayMeta) or (entry.kind == "netcdf" and isinstance(node, GroupMeta)))
+        if (not (isinstance(node, ArrayMeta) or (entry.kind is Kind.NETCDF and isinstance(node, GroupMeta)))
                 or entry.writing is not None or entry.held is not None or entry.error is not None):
             entry.checked = epoch  # groups: their listings are read again; the rest has no node to follow
             return
@@ -95,7 +97,7 @@ class NamespaceFreshness:
         if entry.node is not node or entry.checked == epoch or self.fresh_epoch != epoch or entry.writing is not None:
             return  # changed while it was read: checked again at its next use
         entry.checked = epoch
-        if entry.kind == "netcdf":
+        if entry.kind is Kind.NETCDF:
             if isinstance(fresh, GroupMeta):
                 await self._follow_netcdf(entry, fresh)
         elif fresh is not node:
@@ -197,7 +199,7 @@ class NamespaceFreshness:
         self._sizes.clear()
         self.forget_statistics()
         for entry in self._entries.values():
-            if entry.kind in ("array", "chunk") and entry.writing is None and entry.held is None:
+            if entry.kind in (Kind.ARRAY, Kind.CHUNK) and entry.writing is None and entry.held is None:
                 entry.stored_bytes = None  # settled again from what the store holds now
         if force:
             self.engine.drop_clean_chunks()
@@ -205,7 +207,7 @@ class NamespaceFreshness:
         else:  # checked against the store when next read (engine/revalidate.py)
             self.engine.chunks_stale()
         if force and self.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
-            files = [e.inode for e in self._entries.values() if not e.is_dir and e.kind != "stats"]
+            files = [e.inode for e in self._entries.values() if not e.is_dir and e.kind is not Kind.STATS]
             if files:
                 await self.engine.run_io(self.on_data_stale_sync, files)
         log.debug("listings, metadata and cached chunks dropped (%s)", "refresh" if force else "metadata_ttl")

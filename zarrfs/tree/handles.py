@@ -26,9 +26,11 @@ from ..errors import (
     TooBig,
 )
 from ..model import BrokenNode
+from .kinds import Kind
 
 if TYPE_CHECKING:
-    from .namespace import Entry, Namespace
+    from .entries import Entry
+    from .namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ class Handle:
         return None
 
     async def write(self, offset: int, data: bytes) -> int:
-        raise AccessDenied(f"{self.entry.kind} files cannot be written")
+        raise AccessDenied(f"{self.entry.kind.value} files cannot be written")
 
     async def flush(self) -> None:
         """close(2) of one descriptor."""
@@ -212,7 +214,7 @@ class StatisticsRewriteHandle(Handle):
         self.changed = False
         if not await self.ns.keep_statistics(self.entry, bytes(self.written)):
             log.warning("%s/%s: a rewrite that changes more than band statistics is refused (%s)",
-                        self.entry.view, self.entry.node.path, self.entry.kind)
+                        self.entry.view, self.entry.node.path, self.entry.kind.value)
             raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved here")
 
     async def release(self) -> None:
@@ -250,19 +252,19 @@ class HeldFileHandle(Handle):
 
 
 def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
-    if entry.kind == "stats" and entry.view == "refresh":
+    if entry.kind is Kind.STATS and entry.view == "refresh":
         return SnapshotHandle(ns, entry, b"", direct_io=True)
-    if entry.kind == "stats":
+    if entry.kind is Kind.STATS:
         return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
-    if entry.kind in ("info", "text", "pam", "preview", "versionlog"):
+    if entry.kind in (Kind.INFO, Kind.TEXT, Kind.PAM, Kind.PREVIEW, Kind.VERSIONLOG):
         return SnapshotHandle(ns, entry, entry.content or b"")
-    if entry.kind == "storekey":
+    if entry.kind is Kind.STOREKEY:
         return StoreKeyHandle(ns, entry)
-    if entry.kind == "held":
+    if entry.kind is Kind.HELD:
         return HeldFileHandle(ns, entry)
-    if entry.kind == "netcdf":
+    if entry.kind is Kind.NETCDF:
         return NetcdfHandle(ns, entry)
-    if entry.kind in ("array", "chunk", "tiff", "slice"):
+    if entry.kind in (Kind.ARRAY, Kind.CHUNK, Kind.TIFF, Kind.SLICE):
         return ArrayHandle(ns, entry)
     return Handle(ns, entry)
 
@@ -281,8 +283,8 @@ async def _check_write_open(ns: "Namespace", entry: "Entry", flags: int) -> None
     if not ns.writes_allowed:
         raise ReadOnly("read-only mount")
     if not entry.writable:
-        raise AccessDenied(f"{entry.kind} files cannot be written")
-    if flags & os.O_APPEND and entry.kind != "held":
+        raise AccessDenied(f"{entry.kind.value} files cannot be written")
+    if flags & os.O_APPEND and entry.kind is not Kind.HELD:
         raise InvalidArgument("arrays do not grow: O_APPEND is refused")
     reason = getattr(entry.node, "read_only", None)
     if reason and not flags & os.O_TRUNC:  # shown in a form that cannot be written back (vlen strings)
@@ -304,13 +306,13 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
             await ns.truncate(entry)
             return opened(ns, entry)
     w = entry.writing
-    if entry.error is not None and (w is None or w.pending is None) and entry.kind != "held":
+    if entry.error is not None and (w is None or w.pending is None) and entry.kind is not Kind.HELD:
         node = entry.node
         what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key
         if not isinstance(entry.error, Stale):  # (replaced in the store, said once: the kernel looks it up again)
             ns.engine.note_failure(entry.error, what)
         raise entry.error
-    if entry.kind == "stats" and entry.view == "refresh":
+    if entry.kind is Kind.STATS and entry.view == "refresh":
         await ns.revalidate(force=True)  # opening .zarrfs/refresh (cat, touch) drops listings and metadata
     await ns.settle(entry)
     return opened(ns, entry)

@@ -34,9 +34,11 @@ from ..errors import (
 from ..formats.datasets import in_dataset
 from ..views.streams import ArrayStream
 from ..model import NewArray, Node
+from .kinds import Kind
 
 if TYPE_CHECKING:
-    from .namespace import Entry, Namespace
+    from .entries import Entry
+    from .namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -312,14 +314,14 @@ class IncomingWrites:
     async def truncate(self: "Namespace", entry: "Entry", size: int = 0) -> None:
         """A held file takes any size; a .npy file only 0: its next NPY header defines the
         array that replaces it (the old one stays until the new one is complete)."""
-        if entry.kind == "held":
+        if entry.kind is Kind.HELD:
             if entry.held is None:
                 raise entry.error or NotFound("removed")
             await entry.held.resize(size)
             if entry.opens == 0:  # truncate(2) by path: no close will follow
                 self._keep_later(entry)
             return
-        if entry.kind != "array" or entry.view != "":
+        if entry.kind is not Kind.ARRAY or entry.view != "":
             raise InvalidArgument("only .npy files of the main tree can be truncated (to replace the array)")
         if size != 0:
             raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
@@ -518,7 +520,7 @@ class IncomingWrites:
             held.unload()
 
     async def _flush_entry(self: "Namespace", entry: "Entry") -> None:
-        if entry.kind == "held":
+        if entry.kind is Kind.HELD:
             try:
                 await self._keep(entry)
             except ZarrfsError as e:
@@ -528,7 +530,7 @@ class IncomingWrites:
             return
         w = entry.writing
         stream = w.stream if w is not None and w.staged is not None else entry.stream
-        if stream is not None and entry.kind in ("array", "chunk"):
+        if stream is not None and entry.kind in (Kind.ARRAY, Kind.CHUNK):
             await self.engine.flush(stream.meta.path)
             self._sizes.pop(stream.meta.path, None)
             entry.stored_bytes = None
@@ -539,7 +541,7 @@ class IncomingWrites:
         descriptor sharing the open file (a forked child's, a dup's) comes here, while others
         may still write, so only the last close (`release`) ends it. A plain file is stored
         later (write-back), unless renamed to NAME.npy or removed first."""
-        if entry.kind == "held":
+        if entry.kind is Kind.HELD:
             self._keep_later(entry)
             if entry.held is not None and self.engine.held_memory_bytes > PLAIN_MEMORY_MAX_BYTES:
                 try:
@@ -562,9 +564,9 @@ class IncomingWrites:
         NAME.npy stays, held aside); a committed writer's own layout is forgotten. Nothing here
         reaches the closing process (close(2) has returned): the log line says it."""
         w = entry.writing
-        if entry.kind == "held" and entry.held is not None:
+        if entry.kind is Kind.HELD and entry.held is not None:
             entry.held.unload()
-        if entry.kind != "array" or w is None:
+        if entry.kind is not Kind.ARRAY or w is None:
             return
         if w.rejected is not None:  # its write failed with the reason already
             log.warning("%s: closed before it was a complete array; dropped", self._name_of(entry))
@@ -638,7 +640,7 @@ class IncomingWrites:
         other = await self.child(parent_inode, name)
         busy = other is not None and other.writing is not None and (
             other.writing.staged is not None or other.writing.pending is not None)
-        if other is not None and (other.kind != "array" or other.node is None or busy):
+        if other is not None and (other.kind is not Kind.ARRAY or other.node is None or busy):
             raise Exists(f"{name} is being written or is not an array")
         names = await self.children(parent_inode)
         path = await self._new_array_path(parent_inode, name, {n: m for n, m in names.items() if n != name})
@@ -673,7 +675,7 @@ class IncomingWrites:
         if old_name is not None and self._by_name.get(old_name) == entry.inode:
             del self._by_name[old_name]
         mtime_ns = held.mtime_ns
-        entry.held, entry.kind, entry.key = None, "array", path
+        entry.held, entry.kind, entry.key = None, Kind.ARRAY, path
         entry.show(staged.final)
         entry.checked = self.fresh_epoch
         if not path:

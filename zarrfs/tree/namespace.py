@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from typing import Any, Callable
 
@@ -21,143 +20,21 @@ from ..views import registry, images, netcdf, slices
 from .. import grid
 from . import handles
 from ..views.previews import Previews
-from ..views.registry import ARRAY_VIEWS, STATS_FILE, VIEW_DIRS, VIEWS_DIR
+from ..views.registry import STATS_FILE, VIEW_DIRS, VIEWS_DIR
 from ..engine import Engine
 from ..errors import NotFound, Stale, ZarrfsError
 from ..formats.base import RESERVED_PREFIX, Hierarchy
 from ..storage.staging import LeaseKeeper
-from ..views.streams import ArrayStream, chunk_file_size
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
 from .freshness import REFRESH_FILE, NamespaceFreshness
 from .ingest import HeldFile
 from .versions import VERSIONS_DIR, NamespaceVersions
 from .changes import NamespaceWrites
+from .entries import NPY_SUFFIX, Entry, Kind, Maker, name_problem, root_array_stem, slice_stream
 
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
-NPY_SUFFIX = ".npy"
-# Linux's NAME_MAX: the kernel refuses a whole readdir reply that holds a longer name.
-NAME_MAX_BYTES = 255
-DIR_KINDS = ("group", "views", "chunkdir", "storedir", "versions")
-
-Maker = Callable[[], "Entry"]
-
-
-class Entry:
-    """One file or directory of the mount, as long as the kernel or an open file refers to it."""
-
-    __slots__ = ("inode", "kind", "view", "node", "error", "key", "origin", "_stream", "_size", "stored_bytes",
-                 "listing", "content", "lookups", "opens", "writing", "held", "name_key", "checked")
-
-    def __init__(self, inode: int, kind: str, view: str = "", node: Node | None = None,
-                 error: ZarrfsError | None = None, key: str | None = None, size: int = 0,
-                 origin: tuple[int, ...] | None = None) -> None:
-        self.inode = inode
-        # kind: group | array | views | chunkdir | chunk | storedir | storekey | info | stats | held (a plain
-        #       file) | slice
-        #       | netcdf (a group's netCDF file) | tiff | text (ENVI/VRT) | pam (GDAL's .aux.xml)
-        #       | preview (images.py)
-        #       | versions (a directory of versions.py) | versionlog
-        self.kind = kind
-        self.view = view  # the .zarrfs view directory it is in ("" for the main tree)
-        self.node = node
-        self.error = error
-        self.key = key  # store key (store view), prefix (store dirs), path or name of a new file, slice file name
-        self.origin = origin  # grid position of a chunk file
-        self._stream: ArrayStream | None = None
-        self._size = size
-        self.stored_bytes: int | None = None  # bytes the store holds for it, when known
-        self.listing: dict[str, Maker] | None = None  # a directory's names, as last loaded
-        self.content: bytes | None = None  # a generated file's bytes (info JSON)
-        self.lookups = 0  # references the kernel holds (lookup, create, mkdir, readdirplus)
-        self.opens = 0  # open files (handles)
-        self.writing: Any = None  # incoming.Incoming: an NPY file being written into an array
-        self.held: Any = None  # incoming.HeldFile: a plain file (any name but NAME.npy)
-        self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
-        self.checked = -1  # the namespace's freshness epoch in which its node was last checked (freshness.py)
-
-    @property
-    def is_dir(self) -> bool:
-        return self.kind in DIR_KINDS
-
-    @property
-    def writable(self) -> bool:
-        """Data files that writes go to (the .npy tree, npy-f, raw, raw-f, chunk files, held files)."""
-        return self.kind in ("array", "chunk", "held")
-
-    @property
-    def saves_statistics(self) -> bool:
-        """A file GDAL rewrites to save the statistics it computed (gdal/PATH.vrt,
-        raw/PATH.raw.aux.xml): such a rewrite is accepted, on any mount."""
-        return self.kind == "pam" or (self.kind == "text" and self.view == "gdal")
-
-    @property
-    def stream(self) -> ArrayStream | None:
-        """The byte layout of an array's file (built when first needed: a chunk directory lists
-        millions of files that are never opened)."""
-        if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ("array", "chunk", "tiff", "slice"):
-            if self.kind == "tiff":
-                self._stream = images.tiff_stream(self.node)
-            elif self.kind == "chunk":
-                self._stream = ArrayStream(self.node, "C", True, chunk=self.origin)
-            elif self.kind == "slice":
-                try:
-                    self._stream = slice_stream(self.node, self.key)
-                except slices.BadSelection as e:  # the array was replaced by one of another shape
-                    self.error = NotFound(f"{self.key}: {e}")
-            else:
-                _, order, header = ARRAY_VIEWS[self.view]
-                self._stream = ArrayStream(self.node, order, header)
-        return self._stream
-
-    def show(self, node: Node | None) -> None:
-        """Show another node (a replaced or moved array); its layout is built again when needed."""
-        self.node, self._stream, self.stored_bytes, self.content, self.error = node, None, None, None, None
-
-    @property
-    def size(self) -> int:
-        if self.writing is not None and self.writing.size is not None:
-            return self.writing.size
-        if self.held is not None:
-            return self.held.size
-        if self.kind == "chunk" and self._stream is None and isinstance(self.node, ArrayMeta):
-            return chunk_file_size(self.node, self.origin)
-        stream = self.stream
-        return stream.size if stream is not None else self._size
-
-    @size.setter
-    def size(self, value: int) -> None:
-        self._size = value
-
-
-def name_problem(name: str) -> str | None:
-    """Why `name` cannot be a directory entry (None when it can)."""
-    if name in ("", ".", ".."):
-        return f"{name!r} is not a file name"
-    if "/" in name or "\0" in name:
-        return "a file name cannot hold / or NUL"
-    try:
-        n = len(os.fsencode(name))
-    except UnicodeEncodeError:  # a lone surrogate from a JSON escape
-        return "a file name must be valid text"
-    if n > NAME_MAX_BYTES:
-        return f"a name of {n} bytes is longer than a file name can be ({NAME_MAX_BYTES})"
-    return None
-
-
-def slice_stream(meta: ArrayMeta, name: str) -> slices.SliceStream:
-    """The layout of `slice/BASE[SEL].npy` (or `.raw`) of an array (BadSelection says why not)."""
-    _, text, header = slices.split_name(name)
-    dims, scalar = slices.selection(text, meta.shape)
-    return slices.SliceStream(meta, dims, header, scalar)
-
-
-def root_array_stem(source: str) -> str:
-    """The name of a root array: SOURCE's last component without `.zarr`, else `array`."""
-    last = re.split(r"[/\\]|::|://", source.rstrip("/"))[-1]
-    stem = last[: -len(".zarr")] if last.endswith(".zarr") else last
-    return stem or "array"
 
 
 def _node_key(node: Node) -> str:
@@ -218,11 +95,11 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
         # Modification times writers set (utimensat) on arrays, by hierarchy path: shown for the
         # mount's life (a local store also keeps them as its metadata document's time).
         self.times: dict[str, int] = {}
-        self._new("group", "", root if isinstance(root, GroupMeta) else None)
+        self._new(Kind.GROUP, "", root if isinstance(root, GroupMeta) else None)
 
     # --- entries and lookup counts ----------------------------------------------------
 
-    def _new(self, kind: str, view: str, node: Node | None = None, **kw: Any) -> Entry:
+    def _new(self, kind: Kind, view: str, node: Node | None = None, **kw: Any) -> Entry:
         entry = Entry(self._next_inode, kind, view, node, **kw)
         self._entries[entry.inode] = entry
         self._next_inode += 1
@@ -337,23 +214,23 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
     async def _load_listing(self, entry: Entry) -> dict[str, Maker]:
         if entry.error is not None:
             raise entry.error
-        if entry.kind == "views":
+        if entry.kind is Kind.VIEWS:
             names: dict[str, Maker] = {}
             for view in VIEW_DIRS:
                 if view == "store":
-                    names[view] = lambda: self._new("storedir", "store", key="")
+                    names[view] = lambda: self._new(Kind.STOREDIR, "store", key="")
                 else:
-                    names[view] = lambda v=view: self._new("group", v, self._root_group())
-            names[STATS_FILE] = lambda: self._new("stats", "stats")
-            names[REFRESH_FILE] = lambda: self._new("stats", "refresh")
+                    names[view] = lambda v=view: self._new(Kind.GROUP, v, self._root_group())
+            names[STATS_FILE] = lambda: self._new(Kind.STATS, "stats")
+            names[REFRESH_FILE] = lambda: self._new(Kind.STATS, "refresh")
             if self.has_versions:
-                names[VERSIONS_DIR] = lambda: self._new("versions", VERSIONS_DIR, key="")
+                names[VERSIONS_DIR] = lambda: self._new(Kind.VERSIONS, VERSIONS_DIR, key="")
             return names
-        if entry.kind == "versions":
+        if entry.kind is Kind.VERSIONS:
             return await self._versions_listing(entry)
-        if entry.kind == "storedir":
+        if entry.kind is Kind.STOREDIR:
             return await self._store_listing(entry.key)
-        if entry.kind != "group":
+        if entry.kind is not Kind.GROUP:
             raise NotFound("not a directory")
         return await self._group_listing(entry)
 
@@ -363,11 +240,11 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
         for d in dirs:
             key = f"{prefix}/{d}" if prefix else d
             if self._listable(d, key):
-                names[d] = lambda key=key: self._new("storedir", "store", key=key)
+                names[d] = lambda key=key: self._new(Kind.STOREDIR, "store", key=key)
         for f, size in files.items():
             key = f"{prefix}/{f}" if prefix else f
             if self._listable(f, key):
-                names[f] = lambda key=key, s=size: self._new("storekey", "store", key=key,
+                names[f] = lambda key=key, s=size: self._new(Kind.STOREKEY, "store", key=key,
                                                              size=s if s is not None else -1)
         return names
 
@@ -378,10 +255,11 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
         else:
             nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
         if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
-            names[".json"] = lambda: self._new("info", "info", entry.node)
-        suffix = registry.GROUP_FILE_VIEWS.get(entry.view)
-        if suffix and isinstance(entry.node, GroupMeta) and entry.node.path == "":  # the root group: NAME.nc
-            names[self.root_stem + suffix] = lambda: self._new(entry.view, entry.view, entry.node)
+            names[".json"] = lambda: self._new(Kind.INFO, "info", entry.node)
+        group_file = registry.GROUP_FILE_VIEWS.get(entry.view)
+        if group_file and isinstance(entry.node, GroupMeta) and entry.node.path == "":  # the root group: NAME.nc
+            suffix, kind = group_file
+            names[self.root_stem + suffix] = lambda: self._new(kind, entry.view, entry.node)
         for node in nodes:
             if node.path.rsplit("/", 1)[-1].startswith(RESERVED_PREFIX):
                 continue  # a staging area of an array being written (or left by a killed daemon)
@@ -420,7 +298,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
             names[name] = lambda key=key, name=name, size=size: self._plain_entry(key, name, size)
 
     def _plain_entry(self, key: str, name: str, size: int | None) -> Entry:
-        entry = self._new("held", "", None, key=name)
+        entry = self._new(Kind.HELD, "", None, key=name)
         entry.held = HeldFile(self.engine, key, size or 0, stored=True)
         return entry
 
@@ -444,7 +322,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
     async def dir_len(self, inode: int) -> int:
         entry = self.get(inode)
         await self.follow(entry)
-        if entry.kind == "chunkdir":
+        if entry.kind is Kind.CHUNKDIR:
             return math.prod(self._grid(entry))
         n = len(await self.children(inode))
         return n + (1 if inode == ROOT_INODE and self.show_views else 0)
@@ -455,7 +333,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
         entry = self.get(inode)
         await self.follow(entry)
         makers: dict[str, Maker] = {}
-        if entry.kind == "chunkdir":
+        if entry.kind is Kind.CHUNKDIR:
             shape = self._grid(entry)
             for i in range(start, min(start + count, math.prod(shape))):
                 idx = tuple(int(x) for x in np.unravel_index(i, shape)) if shape else ()
@@ -468,7 +346,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
                 names.append(VIEWS_DIR)
             for name in names[start:start + count]:
                 if name == VIEWS_DIR and inode == ROOT_INODE:
-                    makers[name] = lambda: self._new("views", "views")
+                    makers[name] = lambda: self._new(Kind.VIEWS, "views")
                 else:
                     makers[name] = children[name]
         out = [(name, self._child(inode, name, make)) for name, make in makers.items()]
@@ -486,21 +364,21 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
         return out
 
     def _chunk_entry(self, parent: Entry, idx: tuple[int, ...]) -> Entry:
-        return self._new("chunk", "chunks", parent.node, origin=idx)
+        return self._new(Kind.CHUNK, "chunks", parent.node, origin=idx)
 
     async def child(self, parent: int, name: str) -> Entry | None:
         """The entry `name` in directory `parent`, None when there is none (not counted)."""
         entry = self.get(parent)
         await self.follow(entry)
         if parent == ROOT_INODE and name == VIEWS_DIR:
-            return self._child(parent, name, lambda: self._new("views", "views"))
-        if entry.kind == "chunkdir":
+            return self._child(parent, name, lambda: self._new(Kind.VIEWS, "views"))
+        if entry.kind is Kind.CHUNKDIR:
             idx = self._chunk_index(entry, name)
             return None if idx is None else self._child(parent, name, lambda: self._chunk_entry(entry, idx))
         make = (await self.children(parent)).get(name)
-        if make is None and entry.view in registry.LOOKUP_ONLY_VIEWS and entry.kind == "group":
+        if make is None and entry.view in registry.LOOKUP_ONLY_VIEWS and entry.kind is Kind.GROUP:
             make = await self._slice_maker(entry, name)
-        if make is None and entry.kind == "versions" and entry.key == "snapshots":
+        if make is None and entry.kind is Kind.VERSIONS and entry.key == "snapshots":
             make = await self._snapshot_maker(name)
         return None if make is None else self._child(parent, name, make)
 
@@ -521,7 +399,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
                 except slices.BadSelection as e:
                     log.warning("slice/%s: %s", name, e)
                     return None
-                return lambda: self._new("slice", "slice", node, key=name)
+                return lambda: self._new(Kind.SLICE, "slice", node, key=name)
         log.warning("slice/%s: no array %r here", name, base)
         return None
 
@@ -586,45 +464,45 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
         await self.follow(entry)
         if isinstance(entry.error, Stale):  # (the kernel looks its name up again: errors.Stale)
             raise entry.error
-        if entry.kind == "versionlog" and entry.key != getattr(self.hierarchy.store, "snapshot_id", None):
+        if entry.kind is Kind.VERSIONLOG and entry.key != getattr(self.hierarchy.store, "snapshot_id", None):
             entry.stored_bytes = None  # the mount shows another snapshot: its log is another
         if entry.stored_bytes is not None or entry.error is not None:
             return
-        if entry.kind == "array" and entry.node is None:  # created, no header yet
+        if entry.kind is Kind.ARRAY and entry.node is None:  # created, no header yet
             entry.stored_bytes = 0
-        elif entry.kind == "array" or entry.kind == "chunk":
+        elif entry.kind is Kind.ARRAY or entry.kind is Kind.CHUNK:
             lazy = self.stored_sizes_lazy and entry.node.path not in self._sizes
             sizes = None if lazy else await self.stored_sizes(entry.node)
             if sizes is None:
                 entry.stored_bytes = entry.size
-            elif entry.kind == "array":
+            elif entry.kind is Kind.ARRAY:
                 entry.stored_bytes = sum(s or 0 for s in sizes.values())
             else:
                 entry.stored_bytes = await self._chunk_stored_bytes(entry, sizes)
-        elif entry.kind == "info":
+        elif entry.kind is Kind.INFO:
             entry.content = registry.info_json(
                 entry.node, await self.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None)
             entry.size = entry.stored_bytes = len(entry.content)
-        elif entry.kind in ("text", "pam"):
+        elif entry.kind in (Kind.TEXT, Kind.PAM):
             kept = self.statistics.get(entry.node.path)
             statistics = kept[1] if kept is not None and kept[0] is entry.node else None
-            entry.content = (images.pam(entry.node, statistics) if entry.kind == "pam" else
+            entry.content = (images.pam(entry.node, statistics) if entry.kind is Kind.PAM else
                              images.text(entry.view, entry.node, self._npy_name(entry.node), statistics))
             entry.size = entry.stored_bytes = len(entry.content)
-        elif entry.kind == "preview":
+        elif entry.kind is Kind.PREVIEW:
             entry.content = await self.previews.get(entry.node)
             entry.size = entry.stored_bytes = len(entry.content)
-        elif entry.kind == "storekey":
+        elif entry.kind is Kind.STOREKEY:
             if entry.size < 0:
                 size = await self.engine.run_io(self.hierarchy.store.size_sync, entry.key)
                 entry.size = size or 0
             entry.stored_bytes = entry.size
-        elif entry.kind == "stats":
+        elif entry.kind is Kind.STATS:
             entry.size = 0 if entry.view == "refresh" else len(self.stats_bytes())
             entry.stored_bytes = 0
-        elif entry.kind == "netcdf":
+        elif entry.kind is Kind.NETCDF:
             await self._settle_netcdf(entry)
-        elif entry.kind == "versionlog":
+        elif entry.kind is Kind.VERSIONLOG:
             await self._settle_version_log(entry)
         else:
             entry.stored_bytes = entry.size
@@ -638,7 +516,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
         kept, when it changes anything else)."""
         meta, epoch = entry.node, self._statistics_epoch
         # Parsed in a worker thread: a text of thousands of bands takes a while.
-        if entry.kind == "pam":
+        if entry.kind is Kind.PAM:
             statistics = await self.engine.run_cpu(images.pam_statistics, written, meta)
         else:
             statistics = await self.engine.run_cpu(images.vrt_statistics, written, meta, self._npy_name(meta))
@@ -714,10 +592,7 @@ class Namespace(NamespaceWrites, NamespaceFreshness, NamespaceVersions):
 
     def xattrs(self, entry: Entry) -> dict[str, bytes]:
         """The read-only `user.zarr.*` attributes of groups and arrays (main tree and views)."""
-        if entry.kind not in ("group", "array", "chunkdir"):
+        if entry.kind not in (Kind.GROUP, Kind.ARRAY, Kind.CHUNKDIR):
             return {}
         return registry.xattrs(entry.node)
 
-
-def fs_name(name: bytes) -> str:
-    return os.fsdecode(name)

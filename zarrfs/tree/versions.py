@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..storage.icechunk import SNAPSHOT_PREFIX
 from ..model import GroupMeta
+from .kinds import Kind
 
 if TYPE_CHECKING:
-    from .namespace import Entry, Namespace
+    from .entries import Entry
+    from .namespace import Namespace
 
 VERSIONS_DIR = "versions"
 LOG_FILE = "log.json"
@@ -39,15 +41,15 @@ class NamespaceVersions:
         return hasattr(self.hierarchy.store, "refs_sync")
 
     def _version_root(self: "Namespace", snapshot_id: str) -> "Entry":
-        return self._new("group", "", GroupMeta(version_path(snapshot_id), {}, self.hierarchy.name))
+        return self._new(Kind.GROUP, "", GroupMeta(version_path(snapshot_id), {}, self.hierarchy.name))
 
     async def _versions_listing(self: "Namespace", entry: "Entry") -> dict[str, Callable[[], "Entry"]]:
         """Names in `versions/` (entry.key ""), `branches/`, `tags/` or `snapshots/`."""
         store = self.hierarchy.store
         if entry.key == "":
             names: dict[str, Callable[[], Entry]] = {
-                d: (lambda d=d: self._new("versions", VERSIONS_DIR, key=d)) for d in (*REF_DIRS, SNAPSHOTS_DIR)}
-            names[LOG_FILE] = lambda: self._new("versionlog", VERSIONS_DIR)
+                d: (lambda d=d: self._new(Kind.VERSIONS, VERSIONS_DIR, key=d)) for d in (*REF_DIRS, SNAPSHOTS_DIR)}
+            names[LOG_FILE] = lambda: self._new(Kind.VERSIONLOG, VERSIONS_DIR)
             return names
         if entry.key in REF_DIRS:
             refs = await self.engine.run_io(store.refs_sync, entry.key, key=("refs", entry.key))
@@ -75,7 +77,7 @@ class NamespaceVersions:
     async def recheck_versions(self: "Namespace") -> None:
         """After metadata_ttl or a refresh: `versions/` directories are listed again, and branch
         directories the kernel holds whose branch moved lose their names."""
-        dirs = {e.inode: e for e in self._entries.values() if e.kind == "versions"}
+        dirs = {e.inode: e for e in self._entries.values() if e.kind is Kind.VERSIONS}
         for entry in dirs.values():
             entry.listing = None
         named = [(parent, name) for parent, name in self._by_name

@@ -17,6 +17,7 @@ import numpy as np
 from . import preview, tiff
 from .streams import ArrayStream, npy_header
 from ..model import ArrayMeta, Node
+from ..tree.kinds import Kind
 
 # ENVI `data type` codes (ENVI header format; GDAL's ENVI driver reads the same table).
 ENVI_TYPES = {"u1": 1, "b1": 1, "i2": 2, "i4": 3, "f4": 4, "f8": 5, "c8": 6, "c16": 9,
@@ -63,26 +64,26 @@ def vrt_ok(meta: ArrayMeta) -> bool:
 
 
 # view directory -> (file suffix, entry kind, which arrays it shows)
-IMAGE_VIEWS: dict[str, tuple[str, str, Callable[[ArrayMeta], bool]]] = {
-    "tiff": (".tif", "tiff", tiff_ok),
-    "gdal": (".vrt", "text", vrt_ok),
-    "preview": (".png", "preview", preview.supported),
+IMAGE_VIEWS: dict[str, tuple[str, Kind, Callable[[ArrayMeta], bool]]] = {
+    "tiff": (".tif", Kind.TIFF, tiff_ok),
+    "gdal": (".vrt", Kind.TEXT, vrt_ok),
+    "preview": (".png", Kind.PREVIEW, preview.supported),
 }
 # Files beside the arrays of an existing view directory: view -> (suffix, kind, which arrays)...
 # raw/PATH.raw.aux.xml is where GDAL looks for, and saves, the statistics of PATH.raw.
-BESIDE = {"raw": ((".hdr", "text", envi_ok), (".raw.aux.xml", "pam", envi_ok))}
+BESIDE = {"raw": ((".hdr", Kind.TEXT, envi_ok), (".raw.aux.xml", Kind.PAM, envi_ok))}
 
 
-def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
+def view_names(view: str, node: Node, base: str) -> list[tuple[str, Kind]]:
     """(name, entry kind) of a node in an image view directory (groups are directories;
     arrays the view cannot show are left out)."""
     if node.kind != "array":
-        return [(base, "group")]
+        return [(base, Kind.GROUP)]
     suffix, kind, ok = IMAGE_VIEWS[view]
     return [(base + suffix, kind)] if isinstance(node, ArrayMeta) and ok(node) else []
 
 
-def beside(view: str, node: Node, base: str) -> list[tuple[str, str]]:
+def beside(view: str, node: Node, base: str) -> list[tuple[str, Kind]]:
     """(name, kind) of files an image view adds beside an array in another view (raw/PATH.hdr)."""
     if not isinstance(node, ArrayMeta):
         return []

@@ -16,6 +16,7 @@ import numpy as np
 from .. import grid
 from . import images
 from ..model import ArrayMeta, GroupMeta, Node
+from ..tree.kinds import Kind
 
 VIEWS_DIR = ".zarrfs"
 STATS_FILE = "stats.json"
@@ -27,27 +28,28 @@ VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", "slice", "netcd
              *images.IMAGE_VIEWS)
 # Views whose directories list groups only: their files are looked up by name (slice/A[SEL].npy).
 LOOKUP_ONLY_VIEWS = ("slice",)
-# Views of groups, not arrays: name -> file suffix (a group's file sits beside its directory).
-GROUP_FILE_VIEWS = {"netcdf": ".nc"}
+# Views of groups, not arrays: name -> (file suffix, entry kind) (a group's file sits beside its directory).
+GROUP_FILE_VIEWS = {"netcdf": (".nc", Kind.NETCDF)}
 
 
-def view_names(view: str, node: Node, base: str) -> list[tuple[str, str]]:
+def view_names(view: str, node: Node, base: str) -> list[tuple[str, Kind]]:
     """(name, entry kind) of a node named `base` in a view directory (info lists groups twice:
     NAME.json and the directory NAME)."""
     is_array = node.kind == "array"
     if view in images.IMAGE_VIEWS:
         return images.view_names(view, node, base)
     if view == "info":
-        return [(base + ".json", "info")] + ([] if is_array else [(base, "group")])
+        return [(base + ".json", Kind.INFO)] + ([] if is_array else [(base, Kind.GROUP)])
     if view in GROUP_FILE_VIEWS:
-        return [] if is_array else [(base + GROUP_FILE_VIEWS[view], view), (base, "group")]
+        suffix, kind = GROUP_FILE_VIEWS[view]
+        return [] if is_array else [(base + suffix, kind), (base, Kind.GROUP)]
     if not is_array:
-        return [(base, "group")]
+        return [(base, Kind.GROUP)]
     if view in LOOKUP_ONLY_VIEWS:
         return []
     if view == "chunks":
-        return [(base, "chunkdir")]
-    return [(base + ARRAY_VIEWS[view][0], "array")] + images.beside(view, node, base)
+        return [(base, Kind.CHUNKDIR)]
+    return [(base + ARRAY_VIEWS[view][0], Kind.ARRAY)] + images.beside(view, node, base)
 
 
 def chunk_name(idx: tuple[int, ...]) -> str:
