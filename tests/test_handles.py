@@ -144,9 +144,9 @@ async def test_held_files_read_write_truncate_and_vanish(store_dir):
 async def test_closed_plain_files_keep_a_bounded_memory(store_dir, monkeypatch):
     """Plain files closed and waiting for their write-back hold at most PLAIN_MEMORY_MAX_BYTES
     in memory together; a file closed past it moves to TMPDIR and reads back the same."""
-    from zarrfs.tree import ingest
+    from zarrfs.tree import held
 
-    monkeypatch.setattr(ingest, "PLAIN_MEMORY_MAX_BYTES", 150_000)
+    monkeypatch.setattr(held, "PLAIN_MEMORY_MAX_BYTES", 150_000)
     ns = make_ns(store_dir, writable=True)
     data = {f"f{i}.bin": os.urandom(100_000) for i in range(3)}
     for name, value in data.items():
@@ -169,7 +169,7 @@ async def test_a_sparse_plain_file_keeps_memory_bounded(store_dir):
     for the gap: it goes to TMPDIR first (where the gap costs no memory either)."""
     import tracemalloc
 
-    from zarrfs.tree.ingest import HELD_MEMORY_BYTES
+    from zarrfs.tree.held import HELD_MEMORY_BYTES
 
     ns = make_ns(store_dir, writable=True)
     far = 256 << 20
@@ -195,7 +195,7 @@ async def test_a_read_of_a_kept_plain_file_during_its_move_reads_the_new_key(sto
     read waits for the move and reads the new key instead of failing on the old one."""
     import trio.testing
 
-    from zarrfs.tree.ingest import HeldFile
+    from zarrfs.tree.held import HeldFile
 
     ns = make_ns(store_dir, writable=True)
     (store_dir / "old.txt").write_bytes(b"kept bytes")

@@ -15,7 +15,8 @@ from zarrfs.formats.v2 import V2Hierarchy
 from zarrfs.formats.v3 import V3Hierarchy
 from zarrfs.model import BrokenNode
 from zarrfs.storage.store import Store
-from zarrfs.tree.ingest import Coverage, is_held_name
+from zarrfs.tree.held import is_held_name
+from zarrfs.tree.ingest import Coverage
 
 
 def test_coverage_counts_each_byte_once_whatever_the_order():

@@ -36,7 +36,7 @@ IO_BLOCK_SIZE = 1 << 20  # st_blksize: tools like cp read in units of this size
 # Directory entries made per step of a readdir: a readdirplus reply of one page holds about
 # 25 (each carries its attributes), so few entries are made for nothing when it fills up.
 READDIR_BATCH = 32
-XATTR_PREFIX = b"user.zarr."  # the only extended attributes there are (dotzarrfs.xattrs)
+XATTR_PREFIX = b"user.zarr."  # the only extended attributes there are (registry.xattrs)
 
 
 def invalidate_name(parent_inode: int, name: str) -> None:
@@ -118,7 +118,7 @@ class ZarrOperations(pyfuse3.Operations):
         attr.st_ino = entry.inode
         attr.generation = 0
         # The kernel keeps names and sizes no longer than zarrfs trusts them (metadata_ttl).
-        attr.entry_timeout = attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.metadata_ttl_s)
+        attr.entry_timeout = attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.freshness.metadata_ttl_s)
         writable = ((self.options.writable and (entry.writable or (entry.kind is Kind.GROUP and entry.view == "")))
                     or entry.saves_statistics)
         if entry.is_dir:
@@ -285,7 +285,7 @@ class ZarrOperations(pyfuse3.Operations):
         # have changed the data, so each open starts without cached pages. Generated files
         # bypass the page cache so each open sees its own snapshot.
         return pyfuse3.FileInfo(fh=fh, keep_cache=not handle.direct_io and not self.options.writable
-                                and self.ns.metadata_ttl_s == math.inf,  # else each open reads anew
+                                and self.ns.freshness.metadata_ttl_s == math.inf,  # else each open reads anew
                                 direct_io=handle.direct_io)
 
     @boundary
@@ -434,9 +434,8 @@ class ZarrOperations(pyfuse3.Operations):
     @boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         if not name.startswith(XATTR_PREFIX):
-            # `ls -l` asks every file for security.selinux and system.posix_acl_access: 4,000
-            # requests for 2,000 arrays, each of which built every user.zarr.* value (JSON)
-            # before answering that it has none.
+            # `ls -l` asks every file for security.* and system.* attributes: answered before
+            # any user.zarr.* value (JSON) is built.
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = self.ns.xattrs(self.ns.get(inode)).get(fs_name(name))
         if value is None:

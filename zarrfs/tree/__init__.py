@@ -1,1 +1,1 @@
-"""The tree: entries, the namespace, open files, freshness, changes and arriving files."""
+"""The tree: entries and their kinds, the namespace and its parts, open files, commits of versioned stores."""

@@ -1,6 +1,6 @@
-"""Changes to the tree in a writable mount: create, mkdir, rmdir, unlink, rename, attributes.
+"""Changes to the tree in a writable mount: create, mkdir, rmdir, unlink, rename, times, attributes.
 
-Mixed into Namespace; every store change runs in a worker thread through the engine, and
+Part of the Namespace; every store change runs in a worker thread through the engine, and
 the entries and names the kernel may still hold are kept in step with the store (moved
 nodes keep their inodes, removed ones answer ENOENT).
 """
@@ -12,12 +12,15 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .. import grid
 from ..errors import Exists, InvalidArgument, IsADir, NotADir, NotEmpty, NotFound, NotPermitted
-from .ingest import NPY_SUFFIX, HeldFile, Incoming, IncomingWrites, is_held_name
-from ..storage.keys import join
 from ..formats.datasets import attributes_kept
 from ..model import ArrayMeta, BrokenNode, Node
-from .. import grid
+from ..storage.keys import join
+from .entries import NPY_SUFFIX
+from .held import HeldFile, is_held_name
+from .ingest import Incoming
+from .inodes import ROOT_INODE
 from .kinds import Kind
 
 if TYPE_CHECKING:
@@ -26,35 +29,42 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROOT_INODE = 1
-
 
 def _stems(names: Any) -> list[str]:
     """Node names of a group's listing: NAME.npy is node NAME, a directory its own name."""
     return [n[: -len(NPY_SUFFIX)] if n.endswith(NPY_SUFFIX) else n for n in names]
 
 
-class NamespaceWrites(IncomingWrites):
+class Changes:
     """The changes a writable mount makes to names and nodes."""
 
-    def _group_dir(self: "Namespace", inode: int, plain: bool = False) -> "Entry":
+    def __init__(self, ns: "Namespace") -> None:
+        self.ns = ns
+        self.engine = ns.engine
+        self.hierarchy = ns.hierarchy
+        self.inodes = ns.inodes
+        # Modification times writers set (utimensat) on arrays, by hierarchy path: shown for the
+        # mount's life (a local store also keeps them as its metadata document's time).
+        self._times: dict[str, int] = {}
+
+    def _group_dir(self, inode: int, plain: bool = False) -> "Entry":
         """The directory `inode` if it takes new names (`plain`: plain files, which the root of a
         store whose root is an array takes when its format keeps them there)."""
-        entry = self.get(inode)
+        entry = self.inodes.get(inode)
         if entry.kind is not Kind.GROUP or entry.view != "":
             raise NotPermitted("only groups of the main tree take new files and directories")
         if entry.error is not None:
             raise entry.error
-        if entry.node is None and self.root_node.kind == "array" and not (
+        if entry.node is None and self.ns.root_node.kind == "array" and not (
                 plain and self.hierarchy.plain_files_beside_root_array):
             raise NotPermitted("a store whose root is an array holds no other nodes")
         return entry
 
-    async def _repoint(self: "Namespace", old_path: str, new_path: str, skip: int = 0) -> None:
+    async def repoint(self, old_path: str, new_path: str, skip: int = 0) -> None:
         """Entries of nodes at or below `old_path` now show the nodes at `new_path` (after a
         move or a replacement); those with nothing left to show give ENOENT."""
         fresh_nodes: dict[str, Node | None] = {}  # one metadata read per node, however many views
-        for other in list(self._entries.values()):
+        for other in self.inodes.all():
             was = other.node
             if other.inode == skip or was is None or isinstance(was, BrokenNode) or not (
                     was.path == old_path or (old_path and was.path.startswith(old_path + "/"))):
@@ -72,69 +82,26 @@ class NamespaceWrites(IncomingWrites):
                 other.error = NotFound(f"chunk {other.origin} of {fresh.path} no longer exists")
                 continue
             other.show(fresh)
-            other.checked = self.fresh_epoch  # read from the store just now (freshness.py)
-        self._sizes.pop(old_path, None)
-        self._sizes.pop(new_path, None)
+            other.checked = self.ns.freshness.epoch  # read from the store just now (freshness.py)
+        self.ns.listings.forget_sizes(old_path)
+        self.ns.listings.forget_sizes(new_path)
 
-    def _unname(self: "Namespace", path: str, keep: int = 0) -> None:
+    def unname(self, path: str, keep: int = 0) -> None:
         """Entries of a removed or replaced node (and its views, chunk files, descendants)
         lose their names; open files on them get ENOENT from now on."""
-        gone = {e.inode for e in self._entries.values() if e.inode != keep and e.node is not None and (
+        gone = {e.inode: e for e in self.inodes.all() if e.inode != keep and e.node is not None and (
             e.node.path == path or e.node.path.startswith(path + "/") or (not path and e.inode != ROOT_INODE))}
-        for name_key in [k for k, inode in self._by_name.items() if inode in gone or k[0] in gone]:
-            del self._by_name[name_key]
-            self.on_name_gone(*name_key)
-        for inode in gone:
-            self._entries[inode].error = NotFound(f"{path} was removed or replaced")
-        self._sizes.pop(path, None)
+        self.inodes.drop_names_of(gone)
+        for entry in gone.values():
+            entry.error = NotFound(f"{path} was removed or replaced")
+        self.ns.listings.forget_sizes(path)
 
-    def _invalidate(self: "Namespace") -> None:
-        """Listings are read again after a change (inodes of names the kernel holds stay)."""
-        self._below.clear()
-        self.forget_nodes()
-        for entry in self._entries.values():
-            if entry.kind in (Kind.GROUP, Kind.VERSIONS) and entry.listing is not None:
-                entry.listing = None
-
-    async def children(self: "Namespace", inode: int) -> dict[str, Any]:
-        """Name -> maker of a directory's entries: the store's, and files not yet arrays."""
-        names = dict(await self._listing(inode))  # the cached listing stays as the store has it
-        for (parent, name), child in self._pending_names.items():
-            if parent == inode:
-                names.setdefault(name, lambda e=self._entries[child]: e)
-        return names
-
-    def _register(self: "Namespace", parent_inode: int, name: str, entry: "Entry") -> None:
-        """A file that is not (yet) a node: listed under `name` until it is one or is dropped."""
-        self._pending_names[(parent_inode, name)] = entry.inode
-        self._name(parent_inode, name, entry)
-
-    def _unregister(self: "Namespace", entry: "Entry", keep_name: bool = False, forget: bool = True) -> None:
-        """No longer a file apart: it became a node (`keep_name`: same inode, same name) or is
-        gone (`forget`: the kernel drops the name; not while it renames it itself)."""
-        for key, inode in list(self._pending_names.items()):
-            if inode == entry.inode:
-                del self._pending_names[key]
-                if keep_name or self._by_name.get(key) != inode:
-                    continue
-                del self._by_name[key]
-                if forget:
-                    self.on_name_gone(*key)
-
-    def _name_of(self: "Namespace", entry: "Entry") -> str:
-        """The file's path in the mount, for log lines."""
-        key = entry.name_key
-        if key is not None and self._by_name.get(key) == entry.inode and key[0] in self._entries:
-            base = self._entries[key[0]].node
-            return join(base.path if base is not None else "", key[1])
-        return entry.key or (entry.node.path + NPY_SUFFIX if entry.node is not None else f"inode {entry.inode}")
-
-    async def _new_array_path(self: "Namespace", parent_inode: int, name: str, names: Any) -> str:
+    async def new_array_path(self, parent_inode: int, name: str, names: Any) -> str:
         """The hierarchy path of a new array NAME.npy in a group, its name checked against the format."""
         parent = self._group_dir(parent_inode, plain=True)
         stem = name[: -len(NPY_SUFFIX)]
-        if parent.node is None and self.root_node.kind == "array":  # a file renamed onto the root array
-            if name != self.root_stem + NPY_SUFFIX:
+        if parent.node is None and self.ns.root_node.kind == "array":  # a file renamed onto the root array
+            if name != self.ns.root_stem + NPY_SUFFIX:
                 raise NotPermitted("a store whose root is an array holds no other nodes")
             return ""
         if stem in names:  # an array and a group cannot share a path
@@ -142,23 +109,23 @@ class NamespaceWrites(IncomingWrites):
         self.hierarchy.check_name(stem, _stems(names))
         return join(parent.node.path if parent.node else "", stem)
 
-    async def create(self: "Namespace", parent_inode: int, name: str) -> "Entry":
+    async def create(self, parent_inode: int, name: str) -> "Entry":
         self._group_dir(parent_inode, plain=is_held_name(name))
-        names = await self.children(parent_inode)
+        names = await self.ns.listings.children(parent_inode)
         if name in names:
             raise Exists(name)
         if is_held_name(name):
             key = self._plain_key(parent_inode, name)
-            entry = self._new(Kind.HELD, "", None, key=name)
+            entry = self.inodes.new(Kind.HELD, "", None, key=name)
             entry.held = HeldFile(self.engine, key)
         else:
-            path = await self._new_array_path(parent_inode, name, names)
-            entry = self._new(Kind.ARRAY, "", None, key=path)
+            path = await self.new_array_path(parent_inode, name, names)
+            entry = self.inodes.new(Kind.ARRAY, "", None, key=path)
             entry.writing = Incoming(replacing=None)
-        self._register(parent_inode, name, entry)
+        self.inodes.register(parent_inode, name, entry)
         return entry
 
-    def _plain_key(self: "Namespace", parent_inode: int, name: str) -> str:
+    def _plain_key(self, parent_inode: int, name: str) -> str:
         """The store key a plain file `name` is kept under; refused (logged) when the format
         keeps none or the name could be taken for one of the format's own keys."""
         problem = self.hierarchy.plain_name_problem(name)
@@ -172,33 +139,33 @@ class NamespaceWrites(IncomingWrites):
 
     # --- groups and names ------------------------------------------------------------------
 
-    async def mkdir(self: "Namespace", parent_inode: int, name: str) -> "Entry":
+    async def mkdir(self, parent_inode: int, name: str) -> "Entry":
         parent = self._group_dir(parent_inode)
-        names = await self.children(parent_inode)
+        names = await self.ns.listings.children(parent_inode)
         if name in names or name + NPY_SUFFIX in names:  # an array and a group cannot share a path
             raise Exists(name)
         self.hierarchy.check_name(name, _stems(names))
         path = join(parent.node.path if parent.node else "", name)
         await self.engine.run_io(self.hierarchy.create_group_sync, path)
-        self._invalidate()
-        return await self.lookup(parent_inode, name)
+        self.ns.invalidate()
+        return await self.ns.lookup(parent_inode, name)
 
-    async def rmdir(self: "Namespace", parent_inode: int, name: str) -> None:
+    async def rmdir(self, parent_inode: int, name: str) -> None:
         self._group_dir(parent_inode)
-        entry = await self.lookup(parent_inode, name)
+        entry = await self.ns.lookup(parent_inode, name)
         if entry.kind is not Kind.GROUP or entry.node is None:
             raise NotADir(name)
-        self._below.pop(entry.node.path, None)
+        self.ns.listings.forget_below(entry.node.path)
         entry.listing = None
-        if await self.nodes_below(entry.node.path) or await self.children(entry.inode):
+        if await self.ns.listings.nodes_below(entry.node.path) or await self.ns.listings.children(entry.inode):
             raise NotEmpty(name)  # arrays, groups or plain files
         await self.engine.run_io_long(self.hierarchy.erase_node_sync, entry.node)
-        self._unname(entry.node.path)
-        self._invalidate()
+        self.unname(entry.node.path)
+        self.ns.invalidate()
 
-    async def unlink(self: "Namespace", parent_inode: int, name: str) -> None:
+    async def unlink(self, parent_inode: int, name: str) -> None:
         self._group_dir(parent_inode, plain=True)
-        entry = await self.lookup(parent_inode, name)
+        entry = await self.ns.lookup(parent_inode, name)
         if entry.kind is not Kind.HELD:
             self._group_dir(parent_inode)
         if entry.kind is Kind.HELD:
@@ -208,36 +175,36 @@ class NamespaceWrites(IncomingWrites):
                     if held.stored:
                         await self.engine.run_io(self.hierarchy.store.erase_sync, held.key)
                     held.close()
-            self._unregister(entry)
-            self._forget_held(entry, NotFound(f"{name} was removed"))
-            self._by_name.pop((parent_inode, name), None)
-            self._invalidate()
+            self.inodes.unregister(entry)
+            self.ns.plain.forget(entry, NotFound(f"{name} was removed"))
+            self.inodes.drop_name((parent_inode, name))
+            self.ns.invalidate()
             return
         if entry.kind is not Kind.ARRAY:
             raise IsADir(name)
         w = entry.writing
         if w is not None and (w.staged is not None or w.pending is not None):
-            await self._abandon(entry)
+            await self.ns.ingest.abandon(entry)
         node = entry.node
         if node is not None:
             await self.engine.run_io_long(self.hierarchy.erase_node_sync, node)
             self.engine.discard(node.path)
-            self._unname(node.path)
-        self._pending_names.pop((parent_inode, name), None)
-        self._by_name.pop((parent_inode, name), None)
-        self._invalidate()
+            self.unname(node.path)
+        self.inodes.drop_pending(parent_inode, name)
+        self.inodes.drop_name((parent_inode, name))
+        self.ns.invalidate()
 
-    async def rename(self: "Namespace", old_parent: int, old_name: str, new_parent: int, new_name: str,
+    async def rename(self, old_parent: int, old_name: str, new_parent: int, new_name: str,
                      replace: bool = True) -> None:
         """Move a node; with replace false an existing target is refused (EEXIST), as RENAME_NOREPLACE asks."""
         self._group_dir(old_parent, plain=True)
         target_dir = self._group_dir(new_parent, plain=True)
-        entry = await self.lookup(old_parent, old_name)
+        entry = await self.ns.lookup(old_parent, old_name)
         if entry.kind is not Kind.HELD:
             self._group_dir(old_parent)
             target_dir = self._group_dir(new_parent)
         if not replace:
-            other = await self.child(new_parent, new_name)
+            other = await self.ns.child(new_parent, new_name)
             if other is not None and other.inode != entry.inode:
                 raise Exists(new_name)
         if entry.kind is Kind.HELD:
@@ -253,38 +220,38 @@ class NamespaceWrites(IncomingWrites):
         new_path = join(target_dir.node.path if target_dir.node else "", stem)
         if new_path == node.path or (node.path and new_path.startswith(node.path + "/")):
             raise InvalidArgument(f"cannot move {node.path} into itself")
-        siblings = await self.children(new_parent)
+        siblings = await self.ns.listings.children(new_parent)
         self.hierarchy.check_name(stem, _stems([n for n in siblings if n != old_name or new_parent != old_parent]))
         if new_name in siblings:
-            other = await self.child(new_parent, new_name)
+            other = await self.ns.child(new_parent, new_name)
             if other.kind is not Kind.ARRAY or entry.kind is not Kind.ARRAY:
                 raise Exists(new_name)
             await self.unlink(new_parent, new_name)  # mv onto an array replaces it
         await self.engine.flush(node.path) if entry.kind is Kind.ARRAY else await self.engine.flush()
         async with contextlib.AsyncExitStack() as stack:
-            for held in self._plain_inside(node.path):  # no write-back of a plain file inside crosses the move
+            for held in self.ns.plain.inside(node.path):  # no write-back of a plain file inside crosses the move
                 await stack.enter_async_context(held.lock)
             await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path)
             # Plain files moved with their group: those there now (one removed or moved away
             # while this waited is not, one created meanwhile is).
             old_dir, new_dir = self.hierarchy.plain_dir(node.path), self.hierarchy.plain_dir(new_path)
-            for held in self._plain_inside(node.path):
+            for held in self.ns.plain.inside(node.path):
                 held.key = new_dir + held.key[len(old_dir):]
         self.engine.discard(node.path)
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.
-        await self._repoint(node.path, new_path)
-        self._by_name.pop((old_parent, old_name), None)
-        self._name(new_parent, new_name, entry)
-        self._invalidate()
+        await self.repoint(node.path, new_path)
+        self.inodes.drop_name((old_parent, old_name))
+        self.inodes.name(new_parent, new_name, entry)
+        self.ns.invalidate()
 
-    async def _rename_held(self: "Namespace", entry: "Entry", new_parent: int, new_name: str) -> None:
+    async def _rename_held(self, entry: "Entry", new_parent: int, new_name: str) -> None:
         """A held file renamed: to NAME.npy it becomes that array; to another held name it moves."""
         if not is_held_name(new_name):
-            await self._adopt(entry, new_parent, new_name)
+            await self.ns.ingest.adopt(entry, new_parent, new_name)
             return
         key = self._plain_key(new_parent, new_name)
-        other = await self.child(new_parent, new_name)
+        other = await self.ns.child(new_parent, new_name)
         if other is not None and other.inode != entry.inode:
             if other.kind is not Kind.HELD:
                 raise Exists(new_name)
@@ -300,36 +267,19 @@ class NamespaceWrites(IncomingWrites):
                 replaced.close()
             held.key = key
         if other is not None and other.inode != entry.inode:
-            self._unregister(other, forget=False)
-            self._forget_held(other, NotFound(f"{new_name} was replaced"))
+            self.inodes.unregister(other, forget=False)
+            self.ns.plain.forget(other, NotFound(f"{new_name} was replaced"))
         old_key = entry.name_key
-        self._unregister(entry, forget=False)
-        if old_key is not None and self._by_name.get(old_key) == entry.inode:
-            del self._by_name[old_key]
+        self.inodes.unregister(entry, forget=False)
+        self.inodes.drop_name(old_key, entry)
         entry.key = new_name
         if held.stored:  # listed from the store from now on
-            self._name(new_parent, new_name, entry)
+            self.inodes.name(new_parent, new_name, entry)
         else:
-            self._register(new_parent, new_name, entry)
-        self._invalidate()
+            self.inodes.register(new_parent, new_name, entry)
+        self.ns.invalidate()
 
-    def _plain_inside(self: "Namespace", path: str) -> list[HeldFile]:
-        """The plain files kept below group `path` (none for the root), by inode."""
-        if not path:
-            return []
-        prefix = self.hierarchy.plain_dir(path) + "/"
-        inside = [e for e in self._entries.values() if e.held is not None and e.held.key is not None
-                  and not e.held.gone and e.held.key.startswith(prefix)]
-        return [e.held for e in sorted(inside, key=lambda e: e.inode)]
-
-    def _forget_held(self: "Namespace", entry: "Entry", error: Exception) -> None:
-        """A plain file removed or replaced: open files on it get `error`."""
-        if entry.held is not None:
-            entry.held.close()
-        entry.held = None
-        entry.error = error
-
-    async def set_times(self: "Namespace", entry: "Entry", mtime_ns: int) -> None:
+    async def set_times(self, entry: "Entry", mtime_ns: int) -> None:
         """utimensat: an array's or a plain file's modification time, kept where the store can
         (a local store: the time of the metadata document or key) and for the mount's life."""
         if entry.kind is Kind.HELD:
@@ -350,19 +300,23 @@ class NamespaceWrites(IncomingWrites):
         node = entry.node
         if not isinstance(node, ArrayMeta):
             return
-        self.times[node.path] = mtime_ns
+        self._times[node.path] = mtime_ns
         if node.metadata_key:
             await self.engine.run_io(self.hierarchy.store.set_mtime_sync, node.metadata_key, mtime_ns)
 
-    def time_of(self: "Namespace", entry: "Entry") -> int | None:
+    def forget_time(self, path: str) -> None:
+        """A new array at `path`: the time a writer set on the one before is gone."""
+        self._times.pop(path, None)
+
+    def time_of(self, entry: "Entry") -> int | None:
         """The modification time a writer set on `entry` (None: the store's)."""
         if entry.held is not None:
             return entry.held.mtime_ns
         if entry.kind is Kind.ARRAY and entry.view == "" and entry.node is not None:
-            return self.times.get(entry.node.path)
+            return self._times.get(entry.node.path)
         return None
 
-    def touched(self: "Namespace", entry: "Entry") -> None:
+    def touched(self, entry: "Entry") -> None:
         """A write: the time a writer set before is replaced by now."""
         if entry.held is not None:
             entry.held.mtime_ns = None
@@ -370,9 +324,9 @@ class NamespaceWrites(IncomingWrites):
         if entry.writing is not None:  # a new array's time, given to it at the commit
             entry.writing.mtime_ns = None
         if entry.node is not None:
-            self.times.pop(entry.node.path, None)
+            self._times.pop(entry.node.path, None)
 
-    async def set_attributes(self: "Namespace", entry: "Entry", value: bytes) -> None:
+    async def set_attributes(self, entry: "Entry", value: bytes) -> None:
         try:
             attrs = json.loads(value)
         except (ValueError, UnicodeDecodeError) as e:
@@ -383,5 +337,5 @@ class NamespaceWrites(IncomingWrites):
         if node is None or entry.kind not in (Kind.GROUP, Kind.ARRAY, Kind.CHUNKDIR) or isinstance(node, BrokenNode):
             raise NotPermitted("only groups and arrays have attributes")
         entry.node = await self.engine.run_io(self.hierarchy.set_attributes_sync, node, attributes_kept(node, attrs))
-        entry.checked = self.fresh_epoch
-        self._invalidate()
+        entry.checked = self.ns.freshness.epoch
+        self.ns.invalidate()

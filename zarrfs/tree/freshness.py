@@ -1,6 +1,6 @@
-"""Freshness of what the namespace holds: listings, metadata and cached chunks are trusted for `metadata_ttl`, then asked again.
+"""Freshness: listings, metadata and cached chunks are trusted for `metadata_ttl`, then asked again.
 
-A mixin of Namespace (runs in the trio thread, like it). zarrfs adds no coordination of
+Part of the Namespace (runs in the trio thread, like it). zarrfs adds no coordination of
 its own between clients of one store: after the TTL (or `cat MOUNT/.zarrfs/refresh`) the
 listings, consolidated metadata and stored sizes are dropped and read again when next
 needed, and cached chunks that no write of this mount holds are dropped and read again.
@@ -38,21 +38,22 @@ log = logging.getLogger(__name__)
 REFRESH_FILE = "refresh"
 
 
-class NamespaceFreshness:
+class Freshness:
     """Drops listings and metadata older than `metadata_ttl_s` (inf: never, unless refreshed)."""
 
-    metadata_ttl_s: float = math.inf
-    _fresh_since: float = 0.0
-    fresh_epoch = 0  # bumped by each revalidation: entries checked in an older one are checked again
-
-    def start_fresh(self: "Namespace", metadata_ttl_s: float) -> None:
+    def __init__(self, ns: "Namespace", metadata_ttl_s: float = math.inf) -> None:
+        self.ns = ns
+        self.engine = ns.engine
+        self.hierarchy = ns.hierarchy
+        self.inodes = ns.inodes
         self.metadata_ttl_s = metadata_ttl_s
+        self.epoch = 0  # bumped by each revalidation: entries checked in an older one are checked again
         self._fresh_since = time.monotonic()
         # Nodes read from the store in this epoch, by path (listings, or one array's document)
         self._now_nodes: dict[str, Node | None] = {}
         self._told_replaced: set[str] = set()  # paths whose replacement was logged in this epoch
 
-    def saw_nodes(self: "Namespace", nodes: list[Node | None], paths: list[str] | None = None) -> None:
+    def saw_nodes(self, nodes: list[Node | None], paths: list[str] | None = None) -> None:
         """Nodes read from the store in this epoch (a listing, or one node at each of `paths`): the
         entries of their paths follow them, and the engine their arrays' chunk layouts."""
         for i, node in enumerate(nodes):
@@ -60,28 +61,28 @@ class NamespaceFreshness:
             if isinstance(node, ArrayMeta):
                 self.engine.see_layout(node)
 
-    def forget_nodes(self: "Namespace") -> None:
+    def forget_nodes(self) -> None:
         """This mount changed the store: nodes read before are not what it holds now."""
         self._now_nodes.clear()
 
-    async def _node_now(self: "Namespace", path: str) -> Node | None:
+    async def node_now(self, path: str) -> Node | None:
         """The node at `path` as the store holds it in this epoch (read once per epoch)."""
         if path in self._now_nodes:
             return self._now_nodes[path]
-        epoch = self.fresh_epoch
+        epoch = self.epoch
 
         async def load() -> Node | None:
             node = await self.engine.run_io(self.hierarchy.node_sync, path, key=("node", path))
-            if epoch == self.fresh_epoch:
+            if epoch == self.epoch:
                 self.saw_nodes([node], [path])
             return node
 
         return await self.engine.once(("node", path, epoch), load)
 
-    async def follow(self: "Namespace", entry: "Entry") -> None:
+    async def follow(self, entry: "Entry") -> None:
         """Make an entry showing an array (or a group's netCDF file) show what the store holds now,
         once per epoch; a failure to read its metadata fails the request (EIO, logged)."""
-        epoch = self.fresh_epoch
+        epoch = self.epoch
         if entry.checked == epoch:
             return
         node = entry.node
@@ -90,11 +91,11 @@ class NamespaceFreshness:
             entry.checked = epoch  # groups: their listings are read again; the rest has no node to follow
             return
         try:
-            fresh = await self._node_now(node.path)
+            fresh = await self.node_now(node.path)
         except ZarrfsError as e:
             log.warning("%s: metadata not read again: %s", node.metadata_key or node.path or "/", e)
             raise
-        if entry.node is not node or entry.checked == epoch or self.fresh_epoch != epoch or entry.writing is not None:
+        if entry.node is not node or entry.checked == epoch or self.epoch != epoch or entry.writing is not None:
             return  # changed while it was read: checked again at its next use
         entry.checked = epoch
         if entry.kind is Kind.NETCDF:
@@ -103,91 +104,88 @@ class NamespaceFreshness:
         elif fresh is not node:
             self._take(entry, node, fresh)
 
-    def _take(self: "Namespace", entry: "Entry", old: ArrayMeta, fresh: Node | None) -> None:
+    def _take(self, entry: "Entry", old: ArrayMeta, fresh: Node | None) -> None:
         """An entry of array `old` meets `fresh`, what the store holds at its path now: shown in
         place when its files' bytes keep their layout, else every entry of the old array retires."""
         if not old.path and fresh is not None:  # a root array: the root's listing shows it
-            self.root_node = fresh
-            self._invalidate()
+            self.ns.root_node = fresh
+            self.ns.invalidate()
         if isinstance(fresh, ArrayMeta) and fresh.file_layout == old.file_layout:
             entry.show(fresh)  # (attributes changed)
-            entry.checked = self.fresh_epoch
+            entry.checked = self.epoch
         else:
             self._retire(old.path, fresh)
 
-    def _retire(self: "Namespace", path: str, fresh: Node | None) -> None:
+    def _retire(self, path: str, fresh: Node | None) -> None:
         """Entries of the array at `path` that show another layout than `fresh` (or of an array that
         is gone) lose their names and read ESTALE: the kernel then looks the names up again and gets
         new inodes (fresh pages); files opened before keep the old inode, its pages, and ESTALE."""
         layout = fresh.file_layout if isinstance(fresh, ArrayMeta) else None
-        gone = [e for e in self._entries.values()
+        gone = [e for e in self.inodes.all()
                 if isinstance(e.node, ArrayMeta) and e.node.path == path and e.writing is None and e.held is None
                 and e.error is None and e.node.file_layout != layout]
-        self._retire_entries(gone, f"{path or '/'} was replaced in the store ({_what_now(fresh)})")
-        self._sizes.pop(path, None)
+        self.retire_entries(gone, f"{path or '/'} was replaced in the store ({_what_now(fresh)})")
+        self.ns.listings.forget_sizes(path)
         if gone and path not in self._told_replaced:
             self._told_replaced.add(path)
             log.info("%s: replaced in the store (%s); files of it opened before read ESTALE",
                      path or "/", _what_now(fresh))
 
-    def _retire_entries(self: "Namespace", gone: list["Entry"], why: str) -> None:
+    def retire_entries(self, gone: list["Entry"], why: str) -> None:
+        """These entries lose their names and answer ESTALE (`why`) from now on."""
         inodes = {e.inode for e in gone}
         for e in gone:
             e.error = Stale(why)
-        for key in [k for k, inode in self._by_name.items() if inode in inodes or k[0] in inodes]:
-            del self._by_name[key]
-            self.on_name_gone(*key)
-        self.drop_unused(gone)
+        self.inodes.drop_names_of(inodes)
+        self.inodes.drop_unused(gone)
 
-    async def _follow_netcdf(self: "Namespace", entry: "Entry", group: GroupMeta) -> None:
+    async def _follow_netcdf(self, entry: "Entry", group: GroupMeta) -> None:
         """A group's netCDF file laid out again from its arrays now; it retires if its bytes moved
         (its header changed)."""
-        old = entry._stream
+        old = entry.laid_out
         entry.node = group
         if old is None:  # not laid out yet: done when first needed
             return
-        nc = netcdf.group_file(group.attributes, await self.nodes_below(group.path))
-        if entry._stream is not old or entry.error is not None:
+        nc = netcdf.group_file(group.attributes, await self.ns.listings.nodes_below(group.path))
+        if entry.laid_out is not old or entry.error is not None:
             return  # laid out again, or retired, meanwhile
         if nc.header != old.header or nc.size != old.size:
-            self._retire_entries([entry], f"netcdf/{group.path or self.root_stem}: its arrays changed in the store")
+            self.retire_entries([entry], f"netcdf/{group.path or self.ns.root_stem}: its arrays changed in the store")
         else:
-            entry._stream = nc  # the same bytes, read through the arrays' new metadata
+            entry.lay_out(nc)  # the same bytes, read through the arrays' new metadata
 
-    def _array_changed(self: "Namespace", path: str) -> None:
+    def array_changed(self, path: str) -> None:
         """Chunks of the array at `path` changed in the store: the kernel drops its files' pages (in
         the background: a read of that array may hold one of them locked until it is answered)."""
-        self.forget_statistics(path)
-        files = [e.inode for e in self._entries.values()
-                 if not e.is_dir and e.node is not None and getattr(e.node, "path", None) == path]
-        if files and self.on_data_stale_sync is not None:
-            self.engine.start_soon_thread(self.on_data_stale_sync, files)
+        self.ns.statistics.forget(path)
+        self.ns.forget_pages([e.inode for e in self.inodes.all()
+                              if not e.is_dir and e.node is not None and getattr(e.node, "path", None) == path])
 
-    async def _show_other_snapshot(self: "Namespace") -> None:
+    async def _show_other_snapshot(self) -> None:
         """The store shows another snapshot: entries the kernel holds show their node in it (or
         give ENOENT when it has none), as after a replacement."""
-        tops = {e.node.path.split("/", 1)[0] for e in self._entries.values()
+        tops = {e.node.path.split("/", 1)[0] for e in self.inodes.all()
                 if e.node is not None and not isinstance(e.node, BrokenNode) and not is_version_path(e.node.path)}
         for top in sorted(tops):
-            await self._repoint(top, top)
+            await self.ns.changes.repoint(top, top)
 
-    async def revalidate(self: "Namespace", force: bool = False) -> None:
+    async def revalidate(self, force: bool = False) -> None:
         """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
         now = time.monotonic()
         store = self.hierarchy.store
-        pending = getattr(store, "tip_pending", None) is not None and self.open_files == 0
+        pending = getattr(store, "tip_pending", None) is not None and self.ns.open_files == 0
         if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
             return
         self._fresh_since = now
         moved = False
         follow = getattr(store, "follow_tip_sync", None)
         if follow is not None:  # a versioned store: only a move to another snapshot makes anything stale
-            moved = await self.engine.run_io(follow, self.open_files == 0)
-            await self.recheck_versions()
+            moved = await self.engine.run_io(follow, self.ns.open_files == 0)
+            await self.ns.versions.recheck()
             if not moved:
                 return
             force = True
-        self.fresh_epoch += 1
+        self.epoch += 1
         self._now_nodes.clear()
         self._told_replaced.clear()
         if moved:
@@ -195,10 +193,10 @@ class NamespaceFreshness:
         reread = getattr(self.hierarchy, "reread_consolidated_sync", None)
         if reread is not None:
             await self.engine.run_io(reread)
-        self._invalidate()
-        self._sizes.clear()
-        self.forget_statistics()
-        for entry in self._entries.values():
+        self.ns.invalidate()
+        self.ns.listings.forget_sizes()
+        self.ns.statistics.forget()
+        for entry in self.inodes.all():
             if entry.kind in (Kind.ARRAY, Kind.CHUNK) and entry.writing is None and entry.held is None:
                 entry.stored_bytes = None  # settled again from what the store holds now
         if force:
@@ -206,10 +204,10 @@ class NamespaceFreshness:
             self.engine.store.refresh()  # a disk cache's entries are checked before their next use
         else:  # checked against the store when next read (engine/revalidate.py)
             self.engine.chunks_stale()
-        if force and self.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
-            files = [e.inode for e in self._entries.values() if not e.is_dir and e.kind is not Kind.STATS]
+        if force and self.ns.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
+            files = [e.inode for e in self.inodes.all() if not e.is_dir and e.kind is not Kind.STATS]
             if files:
-                await self.engine.run_io(self.on_data_stale_sync, files)
+                await self.engine.run_io(self.ns.on_data_stale_sync, files)
         log.debug("listings, metadata and cached chunks dropped (%s)", "refresh" if force else "metadata_ttl")
 
 

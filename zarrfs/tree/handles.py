@@ -26,7 +26,7 @@ from ..errors import (
     TooBig,
 )
 from ..model import BrokenNode
-from .kinds import Kind
+from .kinds import ARRAY_FILE_KINDS, Kind
 
 if TYPE_CHECKING:
     from .entries import Entry
@@ -56,7 +56,7 @@ class Handle:
     async def current(self) -> None:
         """Before a read of an array's bytes: the entry follows the store (once per TTL or refresh);
         one replaced in the store since this open fails from then on (ESTALE: freshness.py)."""
-        await self.ns.follow(self.entry)
+        await self.ns.freshness.follow(self.entry)
         if isinstance(self.entry.error, Stale) and not self._told_stale:
             self._told_stale = True
             log.warning("%s; reads of a file opened before fail with ESTALE (open it again)", self.entry.error)
@@ -115,7 +115,7 @@ class ArrayHandle(Handle):
 
     def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
         entry = self.entry
-        if entry.writing is not None or entry.error is not None or entry.checked != self.ns.fresh_epoch:
+        if entry.writing is not None or entry.error is not None or entry.checked != self.ns.freshness.epoch:
             return None
         return self.ns.engine.read_now(entry.stream, offset, size, self.readahead)
 
@@ -212,7 +212,7 @@ class StatisticsRewriteHandle(Handle):
         if not self.changed:
             return
         self.changed = False
-        if not await self.ns.keep_statistics(self.entry, bytes(self.written)):
+        if not await self.ns.statistics.keep(self.entry, bytes(self.written)):
             log.warning("%s/%s: a rewrite that changes more than band statistics is refused (%s)",
                         self.entry.view, self.entry.node.path, self.entry.kind.value)
             raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved here")
@@ -264,7 +264,7 @@ def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
         return HeldFileHandle(ns, entry)
     if entry.kind is Kind.NETCDF:
         return NetcdfHandle(ns, entry)
-    if entry.kind in (Kind.ARRAY, Kind.CHUNK, Kind.TIFF, Kind.SLICE):
+    if entry.kind in ARRAY_FILE_KINDS:
         return ArrayHandle(ns, entry)
     return Handle(ns, entry)
 
@@ -297,7 +297,7 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
     EPERM (a read-only representation), or the entry's own error; O_TRUNC starts a replacement."""
     if entry.is_dir:
         raise IsADir("a directory")
-    await ns.follow(entry)  # an entry the kernel kept across a refresh shows what the store holds now
+    await ns.freshness.follow(entry)  # an entry the kernel kept across a refresh shows what the store holds now
     if flags & WRITE_FLAGS:
         await _check_write_open(ns, entry, flags)
         if entry.saves_statistics:
@@ -313,6 +313,6 @@ async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
             ns.engine.note_failure(entry.error, what)
         raise entry.error
     if entry.kind is Kind.STATS and entry.view == "refresh":
-        await ns.revalidate(force=True)  # opening .zarrfs/refresh (cat, touch) drops listings and metadata
+        await ns.freshness.revalidate(force=True)  # opening .zarrfs/refresh (cat, touch) drops listings and metadata
     await ns.settle(entry)
     return opened(ns, entry)

@@ -1,0 +1,121 @@
+"""What a file's attributes need: its stored bytes, and the bytes or layout of a generated file.
+
+Generated files (info JSON, ENVI/VRT/PAM texts, previews, a group's netCDF file, log.json,
+stats.json) are made when their attributes are first asked for, and again after they
+were dropped (a change, a refresh, saved statistics).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .. import grid
+from ..errors import Stale, ZarrfsError
+from ..model import ArrayMeta
+from ..views import images, netcdf, registry
+from ..views.previews import Previews
+from .kinds import Kind
+
+if TYPE_CHECKING:
+    from .entries import Entry
+    from .namespace import Namespace
+
+log = logging.getLogger(__name__)
+
+
+class Contents:
+    """Settles entries: fills in stored bytes and the contents of generated files."""
+
+    def __init__(self, ns: "Namespace") -> None:
+        self.ns = ns
+        self.engine = ns.engine
+        self.hierarchy = ns.hierarchy
+        # Remote stores: an array's stored bytes cost a listing of its chunks, so stat reports the
+        # logical size until info/ asked for them (README: Remote stores).
+        self.stored_sizes_lazy = not ns.hierarchy.store.is_local
+        self.previews = Previews(ns.engine)
+
+    async def settle(self, entry: "Entry") -> None:
+        """Fill in what an entry's attributes need (after following what the store holds now):
+        stored bytes, sizes of generated files."""
+        ns, listings = self.ns, self.ns.listings
+        await ns.freshness.follow(entry)
+        if isinstance(entry.error, Stale):  # (the kernel looks its name up again: errors.Stale)
+            raise entry.error
+        if entry.kind is Kind.VERSIONLOG and entry.key != getattr(self.hierarchy.store, "snapshot_id", None):
+            entry.stored_bytes = None  # the mount shows another snapshot: its log is another
+        if entry.stored_bytes is not None or entry.error is not None:
+            return
+        if entry.kind is Kind.ARRAY and entry.node is None:  # created, no header yet
+            entry.stored_bytes = 0
+        elif entry.kind is Kind.ARRAY or entry.kind is Kind.CHUNK:
+            lazy = self.stored_sizes_lazy and not listings.has_sizes(entry.node.path)
+            sizes = None if lazy else await listings.stored_sizes(entry.node)
+            if sizes is None:
+                entry.stored_bytes = entry.size
+            elif entry.kind is Kind.ARRAY:
+                entry.stored_bytes = sum(s or 0 for s in sizes.values())
+            else:
+                entry.stored_bytes = await self._chunk_stored_bytes(entry, sizes)
+        elif entry.kind is Kind.INFO:
+            entry.content = registry.info_json(
+                entry.node, await listings.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None)
+            entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind in (Kind.TEXT, Kind.PAM):
+            statistics = ns.statistics.of(entry.node)
+            entry.content = (images.pam(entry.node, statistics) if entry.kind is Kind.PAM else
+                             images.text(entry.view, entry.node, ns.npy_name(entry.node), statistics))
+            entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind is Kind.PREVIEW:
+            entry.content = await self.previews.get(entry.node)
+            entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind is Kind.STOREKEY:
+            if entry.size < 0:
+                size = await self.engine.run_io(self.hierarchy.store.size_sync, entry.key)
+                entry.size = size or 0
+            entry.stored_bytes = entry.size
+        elif entry.kind is Kind.STATS:
+            entry.size = 0 if entry.view == "refresh" else len(ns.stats_bytes())
+            entry.stored_bytes = 0
+        elif entry.kind is Kind.NETCDF:
+            await self._settle_netcdf(entry)
+        elif entry.kind is Kind.VERSIONLOG:
+            await ns.versions.settle_log(entry)
+        else:
+            entry.stored_bytes = entry.size
+
+    async def _settle_netcdf(self, entry: "Entry") -> None:
+        """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""
+        group = entry.node
+        children = await self.ns.listings.nodes_below(group.path)
+        fit = {meta.path for meta in netcdf.group_arrays(children)
+               if netcdf.scan_wanted(meta) and await self._fits_int32(meta)}
+        nc = netcdf.group_file(group.attributes, children, fit)
+        if nc.left_out:
+            log.warning("netcdf/%s: left out: %s", group.path or self.ns.root_stem, "; ".join(nc.left_out))
+        entry.lay_out(nc)
+        entry.size = entry.stored_bytes = nc.size
+
+    async def _fits_int32(self, meta: ArrayMeta) -> bool:
+        """Whether every value of a (small) 64-bit integer array fits netCDF's int; when its
+        chunks cannot be read, no (the variable stays 64-bit)."""
+        wanted = list(grid.all_chunks(meta.shape, meta.chunk_shape))
+        try:
+            chunks = await self.engine.chunks(meta, wanted)
+        except ZarrfsError as e:  # the engine logged the key
+            log.warning("netcdf: %s kept 64-bit (CDF-5): its values could not be read: %s", meta.path, e)
+            return False
+        return all(netcdf.fits_int32(chunks[idx][tuple(slice(0, n) for n in
+                                                        grid.data_shape(idx, meta.shape, meta.chunk_shape))])
+                   for idx in wanted)
+
+    async def _chunk_stored_bytes(self, entry: "Entry", sizes: dict[str, int | None]) -> int:
+        stored = sizes.get(entry.node.chunk_key(entry.origin)) or 0
+        inner_size = getattr(entry.node.source, "stored_nbytes_sync", None)
+        if inner_size is not None and stored:  # an inner chunk: its part of the shard
+            try:
+                stored = await self.engine.run_io(inner_size, self.hierarchy.store, entry.origin)
+            except ZarrfsError as e:
+                log.info("stored size of chunk %s of %s unknown: %s", entry.origin, entry.node.path or "/", e)
+        return stored

@@ -1,0 +1,242 @@
+"""What directories list: a group's child nodes, each directory's names, store prefixes, plain files, stored sizes.
+
+Listings are loaded once for concurrent readers and kept until a change or a revalidation
+drops them (`invalidate`); a name that cannot be a file name is logged once and left out.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ..errors import NotFound, ZarrfsError
+from ..formats.base import RESERVED_PREFIX
+from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
+from ..views import registry
+from ..views.registry import STATS_FILE, VIEW_DIRS
+from .entries import Entry, Kind, Maker, name_problem
+from .freshness import REFRESH_FILE
+from .held import HeldFile
+from .versions import VERSIONS_DIR
+
+if TYPE_CHECKING:
+    from .namespace import Namespace
+
+log = logging.getLogger(__name__)
+
+
+def _node_key(node: Node) -> str:
+    """The store key a log line names for a node: its metadata document, else its path."""
+    key = node.key if isinstance(node, BrokenNode) else node.metadata_key
+    return key or node.path or "/"
+
+
+class Listings:
+    """Directory listings and what they are made of, cached until invalidated."""
+
+    def __init__(self, ns: "Namespace") -> None:
+        self.ns = ns
+        self.hierarchy = ns.hierarchy
+        self.engine = ns.engine
+        self.inodes = ns.inodes
+        # Shared by every view of a group: its child nodes; and per array, its stored keys' sizes.
+        self._below: dict[str, list[Node]] = {}
+        self._sizes: dict[str, dict[str, int | None] | None] = {}
+        # Keys whose names cannot be file names (logged once, never listed)
+        self._unlistable: set[str] = set()
+
+    def invalidate(self) -> None:
+        """Listings are read again after a change (inodes of names the kernel holds stay)."""
+        self._below.clear()
+        for entry in self.inodes.all():
+            if entry.kind in (Kind.GROUP, Kind.VERSIONS) and entry.listing is not None:
+                entry.listing = None
+
+    def forget_below(self, path: str) -> None:
+        """The child nodes of group `path` are read again when next needed."""
+        self._below.pop(path, None)
+
+    # --- stored sizes ------------------------------------------------------------------
+
+    def has_sizes(self, path: str) -> bool:
+        """Whether the sizes of the array at `path`'s stored keys were listed (and kept)."""
+        return path in self._sizes
+
+    def forget_sizes(self, path: str | None = None) -> None:
+        """The stored sizes of the array at `path` (every array when None) are listed again."""
+        if path is None:
+            self._sizes.clear()
+        else:
+            self._sizes.pop(path, None)
+
+    async def stored_sizes(self, meta: ArrayMeta) -> dict[str, int | None] | None:
+        """Sizes of an array's stored chunk keys (None when the store cannot list them)."""
+        if meta.path not in self._sizes:
+            try:
+                self._sizes[meta.path] = await self.engine.run_io(self.hierarchy.chunk_sizes_sync, meta)
+            except ZarrfsError as e:
+                log.info("stored size of %s unknown: %s", meta.path or "/", e)
+                self._sizes[meta.path] = None
+        return self._sizes[meta.path]
+
+    # --- nodes and names ---------------------------------------------------------------
+
+    async def nodes_below(self, path: str) -> list[Node]:
+        freshness = self.ns.freshness
+        await freshness.revalidate()
+        nodes = self._below.get(path)
+        if nodes is None:
+            epoch = freshness.epoch
+
+            async def load() -> list[Node]:
+                try:
+                    found = await self.engine.run_io(self.hierarchy.children_sync, path, key=("children", path))
+                except ZarrfsError as e:
+                    log.warning("listing %s: %s", path or "/", e)
+                    raise
+                for node in found:
+                    if isinstance(node, BrokenNode):
+                        self.engine.note_failure(node.error, node.key)
+                if epoch == freshness.epoch:  # (else read before a refresh: its callers' alone)
+                    self._below[path] = found
+                    freshness.saw_nodes(found)
+                return found
+
+            # Views of one group list it at once: one read, so no older listing lands after a newer one
+            nodes = await self.engine.once(("below", path, epoch), load)
+        return nodes
+
+    async def children(self, inode: int) -> dict[str, Maker]:
+        """Name -> maker of a directory's entries: the store's, and files not yet arrays."""
+        names = dict(await self._listing(inode))  # the cached listing stays as the store has it
+        for name, child in self.inodes.pending_in(inode).items():
+            names.setdefault(name, lambda e=child: e)
+        return names
+
+    async def _listing(self, inode: int) -> dict[str, Maker]:
+        """Name -> maker of a directory's entries (all but chunk directories, which are computed),
+        loaded once for concurrent readers."""
+        entry = self.inodes.get(inode)
+        await self.ns.freshness.revalidate()
+        if entry.listing is None:
+            async def load() -> dict[str, Maker]:
+                if entry.listing is None:
+                    entry.listing = await self._load_listing(entry)
+                return entry.listing
+
+            return await self.engine.once(("listing", inode), load)
+        return entry.listing
+
+    async def _load_listing(self, entry: Entry) -> dict[str, Maker]:
+        if entry.error is not None:
+            raise entry.error
+        new = self.inodes.new
+        if entry.kind is Kind.VIEWS:
+            names: dict[str, Maker] = {}
+            for view in VIEW_DIRS:
+                if view == "store":
+                    names[view] = lambda: new(Kind.STOREDIR, "store", key="")
+                else:
+                    names[view] = lambda v=view: new(Kind.GROUP, v, self._root_group())
+            names[STATS_FILE] = lambda: new(Kind.STATS, "stats")
+            names[REFRESH_FILE] = lambda: new(Kind.STATS, "refresh")
+            if self.ns.versions.present:
+                names[VERSIONS_DIR] = lambda: new(Kind.VERSIONS, VERSIONS_DIR, key="")
+            return names
+        if entry.kind is Kind.VERSIONS:
+            return await self.ns.versions.listing(entry)
+        if entry.kind is Kind.STOREDIR:
+            return await self._store_listing(entry.key)
+        if entry.kind is not Kind.GROUP:
+            raise NotFound("not a directory")
+        return await self._group_listing(entry)
+
+    async def _store_listing(self, prefix: str) -> dict[str, Maker]:
+        files, dirs = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix, key=("list", prefix))
+        names: dict[str, Maker] = {}
+        new = self.inodes.new
+        for d in dirs:
+            key = f"{prefix}/{d}" if prefix else d
+            if self.listable(d, key):
+                names[d] = lambda key=key: new(Kind.STOREDIR, "store", key=key)
+        for f, size in files.items():
+            key = f"{prefix}/{f}" if prefix else f
+            if self.listable(f, key):
+                names[f] = lambda key=key, s=size: new(Kind.STOREKEY, "store", key=key,
+                                                       size=s if s is not None else -1)
+        return names
+
+    async def _group_listing(self, entry: Entry) -> dict[str, Maker]:
+        names: dict[str, Maker] = {}
+        ns = self.ns
+        if entry.node is None and ns.root_node.kind == "array":
+            nodes: list[Node] = [ns.root_node]  # a root array: the root holds NAME.npy (and plain files)
+        else:
+            nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
+        if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
+            names[".json"] = lambda: self.inodes.new(Kind.INFO, "info", entry.node)
+        group_file = registry.GROUP_FILE_VIEWS.get(entry.view)
+        if group_file and isinstance(entry.node, GroupMeta) and entry.node.path == "":  # the root group: NAME.nc
+            suffix, kind = group_file
+            names[ns.root_stem + suffix] = lambda: self.inodes.new(kind, entry.view, entry.node)
+        for node in nodes:
+            if node.path.rsplit("/", 1)[-1].startswith(RESERVED_PREFIX):
+                continue  # a staging area of an array being written (or left by a killed daemon)
+            for name, make in self._node_entry(entry.view, node):
+                if name not in names and self.listable(name, _node_key(node)):
+                    names[name] = make
+        group = self._plain_group(entry)
+        if group is not None and (self.hierarchy.store.is_local or ns.writes_allowed):
+            await self._plain_files(group, names)
+        return names
+
+    def _node_entry(self, view: str, node: Node) -> list[tuple[str, Maker]]:
+        """(name, maker) of a node's entries in a view directory."""
+        base = node.path.rsplit("/", 1)[-1] if node.path else self.ns.root_stem
+        error = node.error if isinstance(node, BrokenNode) else None
+        return [(name, lambda kind=kind: self.inodes.new(kind, view, node, error=error))
+                for name, kind in registry.view_names(view, node, base)]
+
+    def _plain_group(self, entry: Entry) -> str | None:
+        """The group whose plain files directory `entry` lists (None: it lists none)."""
+        if entry.view != "" or not self.hierarchy.keeps_plain_files:
+            return None
+        if isinstance(entry.node, GroupMeta):
+            return entry.node.path
+        if (entry.node is None and self.ns.root_node.kind == "array"
+                and self.hierarchy.plain_files_beside_root_array):
+            return ""
+        return None
+
+    async def _plain_files(self, path: str, names: dict[str, Maker]) -> None:
+        """Plain files kept in a group's directory: its keys that are no format's own. Remote
+        read-only mounts leave them out: a listing per group (consolidated metadata needs none),
+        and some servers (HTTP) cannot list."""
+        prefix = self.hierarchy.plain_dir(path)
+        try:
+            files, _ = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix, key=("list", prefix))
+        except ZarrfsError as e:
+            log.warning("plain files of %s not listed: %s", path or "/", e)
+            return
+        for name, size in files.items():
+            key = f"{prefix}/{name}" if prefix else name
+            if name in names or self.hierarchy.plain_name_problem(name) is not None or not self.listable(name, key):
+                continue
+            names[name] = lambda key=key, name=name, size=size: self._plain_entry(key, name, size)
+
+    def _plain_entry(self, key: str, name: str, size: int | None) -> Entry:
+        entry = self.inodes.new(Kind.HELD, "", None, key=name)
+        entry.held = HeldFile(self.engine, key, size or 0, stored=True)
+        return entry
+
+    def listable(self, name: str, key: str) -> bool:
+        """Whether `name` can be listed; if not, say so once (naming the key) and leave it out."""
+        problem = name_problem(name)
+        if problem is not None and key not in self._unlistable:
+            self._unlistable.add(key)
+            log.warning("%s: not listed: %s", key, problem)
+        return problem is None
+
+    def _root_group(self) -> GroupMeta | None:
+        root = self.ns.root_node
+        return root if isinstance(root, GroupMeta) else None
