@@ -32,7 +32,7 @@ class Contents:
         self.engine = ns.engine
         self.hierarchy = ns.hierarchy
         # Remote stores: an array's stored bytes cost a listing of its chunks, so stat reports the
-        # logical size until info/ asked for them (README: Remote stores).
+        # logical size until info/ asked for them (docs/REMOTE.md).
         self.stored_sizes_lazy = not ns.hierarchy.store.is_local
         self.previews = Previews(ns.engine)
 
