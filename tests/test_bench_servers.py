@@ -1,4 +1,4 @@
-"""The benchmark's reference servers serve exact bytes: scripts/empty_server.py, plain and with --array.
+"""The benchmark's reference servers serve exact bytes: benchmarks/empty_server.py, plain and with --array.
 
 bench.py's `bound`, `gather` and `g*` rows say what zarrfs's reads could reach on the machine
 at hand by timing `empty_server.py --array`, which gathers an array's `.npy` from its chunk
@@ -26,7 +26,7 @@ from zarr.codecs import BloscCodec, ZstdCodec
 
 import mounted
 
-SERVER = Path(__file__).resolve().parent.parent / "scripts" / "empty_server.py"
+SERVER = Path(__file__).resolve().parent.parent / "benchmarks" / "empty_server.py"
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from test_mount_http import HttpServer
 from test_mount_remote import proxy  # noqa: F401  (the latency proxy before moto)
 from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from latency_proxy import Proxy  # noqa: E402
 
 SHAPE = (96, 96)

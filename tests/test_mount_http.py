@@ -19,7 +19,7 @@ import pytest
 
 import mounted
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from latency_proxy import Proxy  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Remote stores behind a fault-injecting proxy (scripts/latency_proxy.py) in front of moto's S3 server:
+"""Remote stores behind a fault-injecting proxy (benchmarks/latency_proxy.py) in front of moto's S3 server:
 bounded waits, recovery, request counts of consolidated listings, TTL between two mounts, refresh."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import zarr
 import mounted
 from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from latency_proxy import Proxy  # noqa: E402
 
 # The `timeout` the bounded-wait tests mount with, and what a reader may wait past it (a

@@ -1,5 +1,5 @@
 """A store that stops answering or refuses, as a reader meets it: EIO within `timeout` (not once per
-kernel retry), recovery without remount, what SIGINT does; behind scripts/latency_proxy.py and moto."""
+kernel retry), recovery without remount, what SIGINT does; behind benchmarks/latency_proxy.py and moto."""
 
 from __future__ import annotations
 

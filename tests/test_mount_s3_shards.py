@@ -1,4 +1,4 @@
-"""Sharded arrays on S3 (moto behind scripts/latency_proxy.py, which counts requests and bytes):
+"""Sharded arrays on S3 (moto behind benchmarks/latency_proxy.py, which counts requests and bytes):
 a sequential reader gets whole shards, one GET each; a random reader only the index and its inner chunk."""
 
 from __future__ import annotations

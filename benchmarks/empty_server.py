@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The ceiling of a Python FUSE server: pyfuse3 serving files of given sizes from memory.
 
-``empty_server.py [--push THREADS] MOUNTPOINT SIZE [SIZE...]`` mounts files ``f0``, ``f1``,
+``empty_server.py MOUNTPOINT SIZE [SIZE...]`` mounts files ``f0``, ``f1``,
 ... of those byte sizes (read-only, zarrfs's mount options: keep_cache, the kernel's read-ahead
 raised to 1 MiB) and serves every read as a memoryview slice of one buffer; it unmounts on
-SIGTERM or SIGINT. ``scripts/bench.py`` measures zarrfs against it in the same run.
+SIGTERM or SIGINT. ``benchmarks/bench.py`` measures zarrfs against it in the same run.
 
 ``empty_server.py --array DIR [--array DIR...] MOUNTPOINT`` serves instead, as ``f0``, ``f1``,
 ..., the ``.npy`` of each uncompressed 2-d array DIR (Zarr v2 or v3, C order, native byte
@@ -14,10 +14,7 @@ does to serve those bytes (the chunk files' rows are not contiguous in the ``.np
 be copied), in a few lines and without zarrfs's planning, cache or checks: the most a cold read
 of zarrfs's ``.npy`` can reach on this machine.
 
-With ``--push``, the first open of a file also starts THREADS threads that store the whole file
-in the kernel's page cache (``pyfuse3.notify_store``, PUSH_BYTES at a time, each thread every
-THREADS-th piece) while the reader reads: the bytes a reader then finds cached never reach the
-server as reads. ``scripts/bench_push.py`` measures what that gains. Never imports zarrfs.
+Never imports zarrfs.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ import os
 import signal
 import stat
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numcodecs
@@ -40,19 +36,14 @@ import pyfuse3
 import trio
 
 READ_AHEAD_KB = 1024  # what zarrfs's daemon writes to the mount's bdi (1 MiB requests)
-PUSH_BYTES = 4 << 20  # one notify_store: whole pages but for the file's last
-PUSH_JOIN_S = 10.0
 DECODE_AHEAD = 1  # --array: chunk rows decoded ahead of the one being read
 
 
 class Empty(pyfuse3.Operations):
-    def __init__(self, sizes: list[int], push_threads: int = 0) -> None:
+    def __init__(self, sizes: list[int]) -> None:
         super().__init__()
         self.sizes = sizes
         self.buf = memoryview(bytearray(max(sizes)))  # touched: bytearray zero-fills
-        self.push_threads = push_threads
-        self.pushed: set[int] = set()
-        self.pushers: list[threading.Thread] = []
 
     def _attr(self, inode: int) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -83,22 +74,7 @@ class Empty(pyfuse3.Operations):
                 return
 
     async def open(self, inode, flags, ctx):
-        if self.push_threads and inode not in self.pushed:
-            self.pushed.add(inode)
-            for k in range(self.push_threads):
-                self.pushers.append(threading.Thread(target=self.push, args=(inode, k), daemon=True))
-                self.pushers[-1].start()
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
-
-    def push(self, inode: int, k: int) -> None:
-        """Store pieces K, K + threads, ... of the file in the page cache. A worker thread: a
-        piece whose pages a read is filling waits for its reply, which the main loop sends."""
-        size, step = self.sizes[inode - 2], PUSH_BYTES * self.push_threads
-        try:
-            for at in range(k * PUSH_BYTES, size, step):
-                pyfuse3.notify_store(inode, at, self.buf[at:min(size, at + PUSH_BYTES)])
-        except OSError as e:  # unmounted meanwhile
-            print(f"empty_server: push of inode {inode} stopped: {e}", file=sys.stderr)
 
     async def read(self, fh, off, size):
         end = min(off + size, self.sizes[fh - 2])
@@ -253,7 +229,6 @@ async def serve(mnt: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--push", type=int, default=0, metavar="THREADS")
     parser.add_argument("--array", action="append", default=[], metavar="DIR")
     parser.add_argument("mountpoint")
     parser.add_argument("sizes", type=int, nargs="*")
@@ -261,13 +236,11 @@ def main() -> None:
     if bool(args.array) == bool(args.sizes):
         parser.error("give either file sizes or --array directories")
     opts = set(pyfuse3.default_options) | {"fsname=empty", "ro"}
-    ops = GatherArrays(args.array) if args.array else Empty(args.sizes, args.push)
+    ops = GatherArrays(args.array) if args.array else Empty(args.sizes)
     pyfuse3.init(ops, args.mountpoint, opts)
     try:
         trio.run(serve, args.mountpoint)
     finally:
-        for t in ops.pushers:  # not past the session's end (a push waiting for a read's pages: bounded)
-            t.join(PUSH_JOIN_S)
         pyfuse3.close(unmount=True)
 
 

@@ -12,8 +12,8 @@ repetition (so no cache carries over), interleaved with zarr-python 3:
   seq      the whole file start to end in 1 MiB reads, against ``arr[...]``; GB/s
 
 Reports medians and the ratios mount/zarr (latency: zarr/mount, so above 1 is faster).
-Run with the venv's Python: ``.venv/bin/python scripts/bench_shards.py``. It never imports
-zarrfs; mounting and timing helpers come from scripts/bench.py.
+Run with the venv's Python: ``.venv/bin/python benchmarks/bench_shards.py``. It never imports
+zarrfs; mounting and timing helpers come from benchmarks/bench.py.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402  (mount, unmount, touch_memory, read_file)
+import bench  # (mount, unmount, touch_memory, read_file)
 
 MIB = 1 << 20
 SHARD = (4096, 4096)

@@ -9,7 +9,7 @@ median of the per-pair ratios with their spread (min-max), and the seconds of bo
 each ratio (the numerator is the peer's, or zarrfs's own reference read; rand4k: 20,000 reads).
 
   ceiling  cold ``cat`` of the uncompressed ``bench.npy`` / cat of a file of the same size
-           from ``scripts/empty_server.py`` (same mount options and read-ahead)
+           from ``benchmarks/empty_server.py`` (same mount options and read-ahead)
   bound    cold cat of the same ``.npy`` from ``empty_server.py --array`` (a server that only
            gathers each read from the chunk files: the least work serving it takes) / cat from
            the empty server: the most the ceiling row can reach on this machine
@@ -49,7 +49,7 @@ its fastest): their medians may be off.
 
 Before every timed read a buffer of the read's size is written and freed: memory left free
 for ~2 s goes back to the host and the first touch afterwards is up to 10x slower.
-Run it as root with the venv's Python: ``.venv/bin/python scripts/bench.py --size-mib 256``.
+Run it as root with the venv's Python: ``.venv/bin/python benchmarks/bench.py --size-mib 256``.
 This script never imports zarrfs; it runs its command line (``python -m zarrfs``).
 """
 
@@ -243,14 +243,12 @@ class Bench:
             self.peak_rss = max(self.peak_rss, vm_hwm_bytes(pid))
             unmount(mnt)
 
-    def empty(self, sizes: list[int], timed, push: int = 0, arrays: tuple[Path, ...] = ()):
-        """TIMED(mount point) on a fresh mount of the empty server with files f0.. of SIZES (with
-        PUSH threads storing each file in the page cache at its first open), or, given ARRAYS,
-        with their .npy gathered from chunk files; the server's CPU seconds over TIMED go to
-        `empty_cpu_s`."""
+    def empty(self, sizes: list[int], timed, arrays: tuple[Path, ...] = ()):
+        """TIMED(mount point) on a fresh mount of the empty server with files f0.. of SIZES, or,
+        given ARRAYS, with their .npy gathered from chunk files; the server's CPU seconds over
+        TIMED go to `empty_cpu_s`."""
         mnt = self._mnt()
         proc = subprocess.Popen([sys.executable, os.fspath(HERE / "empty_server.py"),
-                                 *(["--push", str(push)] if push else []),
                                  *[x for a in arrays for x in ("--array", os.fspath(a))], os.fspath(mnt),
                                  *map(str, sizes)], stdin=subprocess.DEVNULL)
         try:

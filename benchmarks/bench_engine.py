@@ -15,7 +15,7 @@ work's seconds / zarrfs's: 1 is zarrfs doing only the least work), both sides' s
 CPU seconds of the thread that serves the reads (the trio thread: the one a FUSE daemon cannot
 spread over cores) and of all the others (decoding). The stores are bench.py's, written to
 ``--dir`` if missing and left there. Run with the venv's Python:
-``.venv/bin/python scripts/bench_engine.py``. Unlike the other benchmarks it imports zarrfs
+``.venv/bin/python benchmarks/bench_engine.py``. Unlike the other benchmarks it imports zarrfs
 (its zarrfs side is the package's own code).
 """
 
@@ -32,8 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402  (build_store, STORES, COLS, MIB)
+import bench  # (build_store, STORES, COLS, MIB)
 
 READ = 1 << 20
 KINDS = ("none", "blosc", "zstd")

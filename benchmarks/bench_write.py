@@ -8,8 +8,8 @@ the daemon's resident memory (VmRSS every few ms, VmHWM from /proc/PID/status at
 Prints peak RSS beside file size and throughput. It never imports zarrfs: the daemon is
 the command line, as a user runs it.
 
-    .venv/bin/python scripts/bench_write.py --size 1
-    .venv/bin/python scripts/bench_write.py --size 2 --format 2 --codec none --verify
+    .venv/bin/python benchmarks/bench_write.py --size 1
+    .venv/bin/python benchmarks/bench_write.py --size 2 --format 2 --codec none --verify
 
 Mind the RAM: /dev/shm holds the source file and the store (the store's size depends on
 the codec; the default values compress a little), so --size 2 needs about 5 GiB free.

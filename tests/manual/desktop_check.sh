@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Desktop check of .zarrfs/preview/ (by hand, not in the test suite): a file manager (pcmanfm)
 # under Xvfb opens the preview directory of a small hierarchy; the screenshot is written to
-# OUT (default desktop_check.png). Needs root for apt and FUSE. Usage: scripts/desktop_check.sh [OUT]
+# OUT (default desktop_check.png). Needs root for apt and FUSE. Usage: tests/manual/desktop_check.sh [OUT]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=$(realpath -m "${1:-desktop_check.png}")
 PY=${PYTHON:-.venv/bin/python}
 for tool in pcmanfm:pcmanfm Xvfb:xvfb import:imagemagick; do

@@ -1,6 +1,6 @@
 """A fault-injecting TCP proxy for HTTP stores: adds latency, stops answering, refuses; counts requests.
 
-Used by scripts/bench_remote.py and the mounted remote tests (imported by path; never by the
+Used by benchmarks/bench_remote.py and the mounted remote tests (imported by path; never by the
 package). It keeps the request line of every request, the bytes sent back, and the most
 connections open at once. Modes, switched while running:
   pass    forward both ways, each client->server message delayed by `latency_s`
@@ -8,7 +8,7 @@ connections open at once. Modes, switched while running:
   refuse  close the listening socket: new connections are refused; open ones are cut
   deny    answer every request with S3's 403 AccessDenied (open connections are cut first)
 
-    python scripts/latency_proxy.py --target 127.0.0.1:5000 --latency 0.02 [--port 0]
+    python benchmarks/latency_proxy.py --target 127.0.0.1:5000 --latency 0.02 [--port 0]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """zarrfs on a remote store vs zarr-python 3 + s3fs, in one run: moto's S3 server on loopback behind
-scripts/latency_proxy.py (which adds LATENCY to each request and counts requests).
+benchmarks/latency_proxy.py (which adds LATENCY to each request and counts requests).
 
 Rows (each with both sides' seconds, their ratio peer/zarrfs where there is a peer, and
 the requests the proxy counted):
@@ -30,7 +30,7 @@ the requests the proxy counted):
              then by a second one: requests and bytes of the second read (needs rclone: apt install rclone)
 (rows other than the disk cache's mount with disk_cache_size=0: they measure the store)
 
-    .venv/bin/python scripts/bench_remote.py --latency 0.02
+    .venv/bin/python benchmarks/bench_remote.py --latency 0.02
 It never imports zarrfs; it runs its command line (PYTHONPATH selects which zarrfs).
 """
 
@@ -52,9 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402  (mount, unmount)
-from latency_proxy import Proxy  # noqa: E402
+import bench  # (mount, unmount)
+from latency_proxy import Proxy
 
 BUCKET = "bench"
 CREDENTIALS = {"key": "testing", "secret": "testing"}

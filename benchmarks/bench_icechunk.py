@@ -7,8 +7,8 @@ commit on `main`). Then, in interleaved pairs, each is mounted afresh (no cache 
 over) and its ``a.npy`` read whole with `cat`. Prints each pair's times and ratio
 (icechunk / plain), then the median ratio.
 
-Run with the venv's Python: ``.venv/bin/python scripts/bench_icechunk.py``. It never
-imports zarrfs; mounting and timing helpers come from scripts/bench.py.
+Run with the venv's Python: ``.venv/bin/python benchmarks/bench_icechunk.py``. It never
+imports zarrfs; mounting and timing helpers come from benchmarks/bench.py.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench  # noqa: E402  (tmpfs_dir, is_mounted, unmount, cat)
+import bench  # (tmpfs_dir, is_mounted, unmount, cat)
 
 CHUNK = 1024
 
