@@ -1,7 +1,7 @@
 """Zarr v3 draft stores mounted for real: zarr 2.18's layout and the May 2022 spec fixtures.
 
 Oracles are the .npy files saved beside the fixtures (zarr 2.18's reads, or numpy in
-scripts/make_fixtures_v3draft_spec.py); zarrfs is reached only through its command line.
+tests/fixtures/make_fixtures_v3draft_spec.py); zarrfs is reached only through its command line.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 fixtures written from the spec text, the sharding transformer, refusals and detection.
 
 Oracles: the .npy files saved beside the fixtures (by zarr 2.18 for v3draft-zarr218/, by
-numpy in scripts/make_fixtures_v3draft_spec.py for v3draft-2022-05/), never zarrfs' output.
+numpy in tests/fixtures/make_fixtures_v3draft_spec.py for v3draft-2022-05/), never zarrfs' output.
 """
 
 from __future__ import annotations

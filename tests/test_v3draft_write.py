@@ -6,7 +6,7 @@
   2.18 wrote are modified in place and read back by zarr 2.18.
 - The May 2022 core draft (`meta/P.array.json`, `data/P/c0/0`): no writer exists, so
   documents are checked against the spec text, chunk bytes against the fixture
-  generator's own encoder (scripts/make_fixtures_v3draft_spec.py, which does not import
+  generator's own encoder (tests/fixtures/make_fixtures_v3draft_spec.py, which does not import
   zarrfs) and a small decoder written here from the spec, values against the fixture's
   expected .npy files.
 """
@@ -45,7 +45,7 @@ from corehelp import read_npy
 FIXTURES = Path(__file__).parent / "fixtures"
 Z218 = FIXTURES / "v3draft-zarr218"
 SPEC = FIXTURES / "v3draft-2022-05"
-GENERATOR = Path(__file__).parent.parent / "scripts" / "make_fixtures_v3draft_spec.py"
+GENERATOR = FIXTURES / "make_fixtures_v3draft_spec.py"
 # zarr 2.18 in a venv of its own (numpy<2): scripts/test.sh makes .venv-zarr218 in the repo.
 Z218_PYTHON = Path(os.environ.get("ZARR218_PYTHON", Path(__file__).parent.parent / ".venv-zarr218/bin/python"))
 ABSENT = 2**64 - 1
@@ -229,7 +229,7 @@ def zarr218_read(store_path: str, arrays=(), groups=(), workdir: Path | None = N
 
 @cache
 def generator():
-    """scripts/make_fixtures_v3draft_spec.py as a module (numpy and numcodecs only, no zarrfs)."""
+    """tests/fixtures/make_fixtures_v3draft_spec.py as a module (numpy and numcodecs only, no zarrfs)."""
     spec = importlib.util.spec_from_file_location("make_fixtures_v3draft_spec", GENERATOR)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
