@@ -4,9 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ZARRFS_EXTRAS="test,http" source scripts/setup.sh
-# tests/test_ops.py copies a mount with rsync (file times across remounts); the image views'
+# tests/mounted/test_ops.py copies a mount with rsync (file times across remounts); the image views'
 # tests open files with GDAL (gdalinfo) and ImageMagick (identify): 20 s each to install here;
-# tests/test_mount_netcdf.py asks file(1) what the netCDF view is.
+# tests/mounted/test_mount_netcdf.py asks file(1) what the netCDF view is.
 for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick file:file; do
     if ! command -v "${tool%%:*}" >/dev/null; then
         sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -15,7 +15,7 @@ for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick file:file; do
     fi
 done
 
-# tests/test_mount_netcdf.py prints the netCDF view's headers with ncdump (about 12 s to install here).
+# tests/mounted/test_mount_netcdf.py prints the netCDF view's headers with ncdump (about 12 s to install here).
 if ! command -v ncdump >/dev/null; then
     sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get install -y -qq netcdf-bin >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq netcdf-bin >/dev/null; }
@@ -28,7 +28,7 @@ if ! .venv-zarr218/bin/python -c "import zarr, pytest; assert zarr.__version__.s
     "${PYTHON:-python3}" -m venv .venv-zarr218
     .venv-zarr218/bin/python -m pip install -q 'zarr==2.18.*' 'numpy<2' pytest
 fi
-# zarrfs as a plain `pip install` gives it (no extras), for tests/test_install.py: built here so
+# zarrfs as a plain `pip install` gives it (no extras), for tests/mounted/test_install.py: built here so
 # that the first test does not spend a minute compiling pyfuse3; cached outside the clone.
-.venv/bin/python tests/plain_venv.py
+.venv/bin/python tests/support/plain_venv.py
 exec .venv/bin/python -m pytest "$@"

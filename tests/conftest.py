@@ -7,15 +7,11 @@ those too) or ``mount.expect_errors()``.
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import mounted  # noqa: E402
+from support import builders, mounting
 
 
 def pytest_configure(config):
@@ -27,7 +23,7 @@ def pytest_configure(config):
 
 
 def _require_fuse() -> None:
-    problem = mounted.check_fuse_available()
+    problem = mounting.check_fuse_available()
     if problem:
         pytest.fail(f"mounted tests need FUSE: {problem}", pytrace=False)
 
@@ -39,7 +35,7 @@ def _marker_expectations(node) -> tuple[bool, bool]:
     return True, bool(marker.kwargs.get("tracebacks", False))
 
 
-def _finish(mounter: mounted.Mounter) -> None:
+def _finish(mounter: mounting.Mounter) -> None:
     problems = mounter.close()
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)
@@ -50,9 +46,9 @@ def _unmount_leftovers(tmp_path_factory):
     """Safety net: whatever is still mounted under this session's tmp dirs at the end gets unmounted."""
     base = tmp_path_factory.getbasetemp()
     yield
-    leftovers = mounted.mounts_under(base)
+    leftovers = mounting.mounts_under(base)
     for mp in leftovers:
-        how = mounted.unmount(mp)
+        how = mounting.unmount(mp)
         warnings.warn(f"zarrfs tests left {mp} mounted; {how}")
 
 
@@ -68,7 +64,7 @@ def mount(request, tmp_path):
     """``mount(source, *opts, foreground=False) -> mountpoint``; unmounted and log-checked at teardown."""
     _require_fuse()
     errors, tracebacks = _marker_expectations(request.node)
-    mounter = mounted.Mounter(tmp_path / "mounts", errors_expected=errors, tracebacks_expected=tracebacks)
+    mounter = mounting.Mounter(tmp_path / "mounts", errors_expected=errors, tracebacks_expected=tracebacks)
     yield mounter
     _finish(mounter)
 
@@ -78,7 +74,7 @@ def module_mount(request, tmp_path_factory):
     """Like ``mount`` but shared by a module's tests (one mount per source, unmounted at module end)."""
     _require_fuse()
     errors, tracebacks = _marker_expectations(request.node)  # the module's own pytestmark
-    mounter = mounted.Mounter(tmp_path_factory.mktemp("module-mounts"), errors_expected=errors,
+    mounter = mounting.Mounter(tmp_path_factory.mktemp("module-mounts"), errors_expected=errors,
                               tracebacks_expected=tracebacks)
     yield mounter
     _finish(mounter)
@@ -89,18 +85,18 @@ def hierarchy_factory(tmp_path_factory):
     """``hierarchy_factory(zarr_format, implied=True) -> Hierarchy``, each built once per session."""
     built: dict = {}
 
-    def get(zarr_format: int, implied: bool = True) -> mounted.Hierarchy:
+    def get(zarr_format: int, implied: bool = True) -> builders.Hierarchy:
         key = (zarr_format, implied)
         if key not in built:
             base = tmp_path_factory.mktemp(f"hier-v{zarr_format}")
-            built[key] = mounted.build_hierarchy(base / f"tree_v{zarr_format}.zarr", zarr_format, implied=implied)
+            built[key] = builders.build_hierarchy(base / f"tree_v{zarr_format}.zarr", zarr_format, implied=implied)
         return built[key]
 
     return get
 
 
 @pytest.fixture(scope="session", params=[2, 3], ids=["v2", "v3"])
-def hierarchy(request, hierarchy_factory) -> mounted.Hierarchy:
+def hierarchy(request, hierarchy_factory) -> builders.Hierarchy:
     """The varied test hierarchy, once per format."""
     return hierarchy_factory(request.param)
 
@@ -122,7 +118,7 @@ def hierarchy_mount(module_mount, hierarchy_factory):
 @pytest.fixture(scope="session")
 def plain_venv():
     """zarrfs as a plain ``pip install`` gives it (no extras), in a venv of the system python; cached across runs."""
-    import plain_venv as pv
+    from support import plain_venv as pv
 
     try:
         return pv.plain_venv()

@@ -1,0 +1,124 @@
+"""The Icechunk store adapter without a mount: reads, listings, ranges, detection, following a branch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+from support import icechunk_repo
+from zarrfs.errors import ReadOnly, UserError
+from zarrfs.storage.icechunk import IcechunkStore, looks_like_repository_sync
+from zarrfs.storage.store import Store
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return icechunk_repo.build(tmp_path_factory.mktemp("ice") / "repo")
+
+
+def _session_store(repo, snapshot_id):
+    return repo.open().readonly_session(snapshot_id=snapshot_id).store
+
+
+def _oracle_get(repo, snapshot_id, key):
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    got = sync(_session_store(repo, snapshot_id).get(key, default_buffer_prototype()))
+    return None if got is None else got.to_bytes()
+
+
+def test_detection(repo, tmp_path):
+    assert looks_like_repository_sync(Store(str(repo.path)))
+    plain = tmp_path / "plain.zarr"
+    zarr.open_group(str(plain), mode="w", zarr_format=3).create_group("snapshots")
+    assert not looks_like_repository_sync(Store(str(plain)))
+
+
+def test_reads_equal_icechunk(repo):
+    store = IcechunkStore(str(repo.path))
+    tip = repo.snapshots["main"]
+    assert store.snapshot_id == tip
+    for key in ("zarr.json", "g/t/zarr.json", "g/t/c/0/0", "s/c/0/0"):
+        assert store.get_sync(key, None) == _oracle_get(repo, tip, key)
+    assert store.get_sync("g/t/c/3/1") is None  # never written: the fill value
+    assert store.get_sync("g") is None and store.get_sync("g/t") is None  # prefixes, not keys
+    many = store.get_many_sync(["zarr.json", "g/zarr.json", "nope/zarr.json"])
+    assert many["nope/zarr.json"] is None and many["g/zarr.json"] == _oracle_get(repo, tip, "g/zarr.json")
+
+
+
+def test_chunks_come_uncopied(repo):
+    """A chunk is handed on in icechunk's own buffer (a copy of each would lie on every read's
+    path); a document, which JSON parses, as bytes."""
+    store = IcechunkStore(str(repo.path))
+    chunk = store.get_sync("g/t/c/0/0", 1 << 20)
+    assert not isinstance(chunk, bytes) and memoryview(chunk).readonly
+    assert bytes(chunk) == _oracle_get(repo, repo.snapshots["main"], "g/t/c/0/0")
+    assert isinstance(store.get_sync("g/t/zarr.json"), bytes)
+
+def test_ranges_and_suffixes(repo):
+    store = IcechunkStore(str(repo.path))
+    whole = _oracle_get(repo, repo.snapshots["main"], "s/c/0/0")
+    assert store.get_range_sync("s/c/0/0", 3, 40) == whole[3:40]
+    assert store.get_ranges_sync("s/c/0/0", [(0, 4), (10, 10), (5, 9)]) == [whole[:4], b"", whole[5:9]]
+    assert store.get_suffix_sync("s/c/0/0", 20) == whole[-20:]
+    assert store.get_suffix_sync("s/c/0/0", len(whole) + 100) == whole  # longer than the object
+    assert store.get_prefix_sync("s/c/0/0", 10) == whole[:10]
+    assert store.get_suffix_sync("s/c/9/9", 16) is None
+    assert store.size_sync("s/c/0/0") == len(whole) and store.size_sync("s/c/9/9") is None
+
+
+def test_listings(repo):
+    store = IcechunkStore(str(repo.path))
+    files, dirs = store.list_dir_sync("")
+    assert set(files) == {"zarr.json"} and dirs == ["a", "g", "s"]
+    files, dirs = store.list_dir_sync("g/t")
+    assert list(files) == ["zarr.json"] and dirs == ["c"]
+    sizes = store.sizes_below_sync("g/t")
+    assert "zarr.json" in sizes and "c/0/0" in sizes and "c/3/1" not in sizes
+    assert sizes["c/0/0"] == len(_oracle_get(repo, repo.snapshots["main"], "g/t/c/0/0"))
+
+
+def test_versions_and_refusals(repo):
+    assert IcechunkStore(str(repo.path), ref="v1").snapshot_id == repo.snapshots["v1"]
+    assert IcechunkStore(str(repo.path), ref="dev").snapshot_id == repo.snapshots["dev"]
+    assert IcechunkStore(str(repo.path), snapshot=repo.snapshots["v1"]).snapshot_id == repo.snapshots["v1"]
+    with pytest.raises(UserError, match="no such branch or tag.*dev, main.*v1"):
+        IcechunkStore(str(repo.path), ref="nope")
+    with pytest.raises(UserError, match="snapshot=AAAA"):
+        IcechunkStore(str(repo.path), snapshot="AAAA")
+    with pytest.raises(ReadOnly):
+        IcechunkStore(str(repo.path)).set_sync("a/zarr.json", b"{}")
+
+
+def test_follows_the_branch_when_allowed(tmp_path):
+    repo = icechunk_repo.build(tmp_path / "repo")
+    store = IcechunkStore(str(repo.path))
+    tag = IcechunkStore(str(repo.path), ref="v1")
+    new = icechunk_repo.commit(repo.open(), "main", "third", lambda root: root["a"].__setitem__(slice(None), 5.0))
+    assert not store.follow_tip_sync(may_move=False)  # a file is open: later
+    assert store.snapshot_id == repo.snapshots["main"] and store.tip_pending == new
+    assert store.follow_tip_sync(may_move=True)
+    assert store.snapshot_id == new and store.tip_pending is None
+    assert not store.follow_tip_sync(may_move=True)
+    assert not tag.follow_tip_sync(may_move=True) and tag.snapshot_id == repo.snapshots["v1"]
+    chunk = np.frombuffer(store.get_sync("a/c/0", None), dtype="u1")
+    assert chunk.size > 0
+
+
+def test_a_call_that_hangs_is_a_store_error(repo):
+    import asyncio
+
+    from zarrfs.errors import StoreError
+
+    store = IcechunkStore(str(repo.path), timeout_s=0.2)
+
+    class Hanging:
+        async def get(self, *args):
+            await asyncio.sleep(60)
+
+    store.version.store = Hanging()
+    with pytest.raises(StoreError, match="timed out"):
+        store.get_sync("zarr.json")
