@@ -78,26 +78,69 @@ ROWS_PER_WRITE = 1024  # generate and write one chunk row at a time, never the w
 RAND_READS = 20_000
 RAND_SIZE = 4096
 HERE = Path(__file__).resolve().parent
-ROWS = ("ceiling", "bound", "gather", "none", "blosc", "zstd", "zstd2", "gzip", "gnone", "gblosc", "gzstd",
-        "columns", "fview", "rand4k", "warm", "boundwarm", "two", "bound2", "netcdf")
+ROWS = (
+    "ceiling",
+    "bound",
+    "gather",
+    "none",
+    "blosc",
+    "zstd",
+    "zstd2",
+    "gzip",
+    "gnone",
+    "gblosc",
+    "gzstd",
+    "columns",
+    "fview",
+    "rand4k",
+    "warm",
+    "boundwarm",
+    "two",
+    "bound2",
+    "netcdf",
+)
 GATHERED = {"gnone": "none", "gblosc": "blosc", "gzstd": "zstd"}  # row: the row it bounds
 # A row whose reads on one side took over this many times their fastest ran while the machine
 # stalled (these VMs stop for seconds at times); the table names them below it.
 STALL_SPREAD = 2.0
 # target row: the row of the least work that reading takes (the table's "least" column)
 LEAST = {"ceiling": "bound", "two": "bound2", "warm": "boundwarm", **{of: row for row, of in GATHERED.items()}}
-TARGETS = {"ceiling": ">= 0.80", "bound": "-", "boundwarm": "-", "gather": "-", "bound2": "-", "gnone": "-", "gblosc": "-", "gzstd": "-",
-           "none": ">= 0.75", "blosc": ">= 0.75", "zstd": ">= 1.0", "zstd2": ">= 1.0",
-           "gzip": ">= 1.3", "columns": ">= 0.5", "fview": ">= 0.7", "rand4k": ">= 0.80", "warm": ">= 0.90",
-           "two": ">= 0.75", "netcdf": "-"}
+TARGETS = {
+    "ceiling": ">= 0.80",
+    "bound": "-",
+    "boundwarm": "-",
+    "gather": "-",
+    "bound2": "-",
+    "gnone": "-",
+    "gblosc": "-",
+    "gzstd": "-",
+    "none": ">= 0.75",
+    "blosc": ">= 0.75",
+    "zstd": ">= 1.0",
+    "zstd2": ">= 1.0",
+    "gzip": ">= 1.3",
+    "columns": ">= 0.5",
+    "fview": ">= 0.7",
+    "rand4k": ">= 0.80",
+    "warm": ">= 0.90",
+    "two": ">= 0.75",
+    "netcdf": "-",
+}
 # Store kind per row: (codec, zarr_format, chunk columns or None for CHUNK)
-STORES = {"none": ("none", 3, None), "blosc": ("blosc", 3, None), "zstd": ("zstd", 3, None),
-          "zstd2": ("zstd", 2, None), "gzip": ("gzip", 3, None), "columns": ("none", 3, COLUMN_CHUNK_COLS)}
+STORES = {
+    "none": ("none", 3, None),
+    "blosc": ("blosc", 3, None),
+    "zstd": ("zstd", 3, None),
+    "zstd2": ("zstd", 2, None),
+    "gzip": ("gzip", 3, None),
+    "columns": ("none", 3, COLUMN_CHUNK_COLS),
+}
 
 
 def compressors(codec: str, zarr_format: int):
     if zarr_format == 2:
         import numcodecs
+
         return {"none": None, "zstd": [numcodecs.Zstd(level=1)]}[codec]
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
@@ -109,22 +152,35 @@ def compressors(codec: str, zarr_format: int):
     }[codec]
 
 
-def build_store(store: Path, codec: str, zarr_format: int, rows: int, chunk_cols: int | None,
-                copies: int = 1) -> None:
+def build_store(store: Path, codec: str, zarr_format: int, rows: int, chunk_cols: int | None, copies: int = 1) -> None:
     """A root group holding float32 arrays ``bench`` (and ``bench2``...: copies) of shape (rows, COLS)."""
     import zarr
 
     chunks = (rows, chunk_cols) if chunk_cols else (min(CHUNK[0], rows), CHUNK[1])
-    params = {"codec": codec, "rows": rows, "cols": COLS, "chunks": list(chunks), "version": 3,
-              "zarr_format": zarr_format, "copies": copies}
+    params = {
+        "codec": codec,
+        "rows": rows,
+        "cols": COLS,
+        "chunks": list(chunks),
+        "version": 3,
+        "zarr_format": zarr_format,
+        "copies": copies,
+    }
     marker = store / "bench-params.json"
     if marker.exists() and json.loads(marker.read_text()) == params:
         return
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.perf_counter()
     zarr.open_group(os.fspath(store), mode="w", zarr_format=zarr_format)
-    arr = zarr.create_array(store=os.fspath(store), name="bench", shape=(rows, COLS), chunks=chunks,
-                            dtype="float32", compressors=compressors(codec, zarr_format), zarr_format=zarr_format)
+    arr = zarr.create_array(
+        store=os.fspath(store),
+        name="bench",
+        shape=(rows, COLS),
+        chunks=chunks,
+        dtype="float32",
+        compressors=compressors(codec, zarr_format),
+        zarr_format=zarr_format,
+    )
     rng = np.random.default_rng(0)
     x = np.linspace(0, 8 * np.pi, COLS, dtype=np.float32)
     step = max(ROWS_PER_WRITE, chunks[0])
@@ -230,10 +286,18 @@ class Bench:
     def zarrfs(self, store: Path, timed):
         """TIMED(mount point) on a fresh zarrfs mount of STORE; records the daemon's peak RSS."""
         mnt = self._mnt()
-        cmd = [sys.executable, "-m", "zarrfs", os.fspath(store), os.fspath(mnt),
-               "-o", ",".join(["log_level=warning", f"cache_size={self.args.cache_mib}M", *self.options])]
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True, timeout=120)
+        cmd = [
+            sys.executable,
+            "-m",
+            "zarrfs",
+            os.fspath(store),
+            os.fspath(mnt),
+            "-o",
+            ",".join(["log_level=warning", f"cache_size={self.args.cache_mib}M", *self.options]),
+        ]
+        r = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120
+        )
         if r.returncode != 0 or not is_mounted(mnt):
             raise SystemExit(f"bench: mounting failed (exit {r.returncode}): {r.stderr.strip()}")
         pid = daemon_pid(mnt)
@@ -248,9 +312,16 @@ class Bench:
         given ARRAYS, with their .npy gathered from chunk files; the server's CPU seconds over
         TIMED go to `empty_cpu_s`."""
         mnt = self._mnt()
-        proc = subprocess.Popen([sys.executable, os.fspath(HERE / "empty_server.py"),
-                                 *[x for a in arrays for x in ("--array", os.fspath(a))], os.fspath(mnt),
-                                 *map(str, sizes)], stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                os.fspath(HERE / "empty_server.py"),
+                *[x for a in arrays for x in ("--array", os.fspath(a))],
+                os.fspath(mnt),
+                *map(str, sizes),
+            ],
+            stdin=subprocess.DEVNULL,
+        )
         try:
             wait_mounted(mnt, proc)
             time.sleep(0.2)  # the read-ahead is tuned right after the mount answers
@@ -313,8 +384,9 @@ t0 = time.perf_counter(); a.get_basic_selection(..., out=buf); print(time.perf_c
 
 
 def zarr_best(store: Path) -> float:
-    r = subprocess.run([sys.executable, "-c", ZARR_BEST, os.fspath(store / "bench")],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", ZARR_BEST, os.fspath(store / "bench")], capture_output=True, text=True, check=True
+    )
     return float(r.stdout.strip().splitlines()[-1])
 
 
@@ -330,14 +402,16 @@ def check_exact(mnt: Path, store: Path) -> None:
     del mm
 
 
-def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
-             seconds: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+def one_pair(
+    b: Bench, stores: dict[str, Path], rows: list[str], rep: int, seconds: dict[str, list[tuple[float, float]]]
+) -> dict[str, float]:
     """Every wanted row's ratio for one pair of runs (numerator / denominator); both appended to SECONDS."""
     ratios: dict[str, float] = {}
 
     def ratio(row: str, num: float, den: float) -> None:
         ratios[row] = num / den
         seconds[row].append((num, den))
+
     npy = "bench.npy"
     none = stores["none"]
     results: dict[str, float] = {}
@@ -350,15 +424,18 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
     store_now = [none]
     need_none = any(r in rows for r in ("ceiling", "gather", "none", "columns", "rand4k", "warm"))
     if need_none:
+
         def none_run(mnt: Path) -> dict[str, float]:
             out = {"cold": npy_cold(mnt)}
             out["warm"] = cat(mnt / npy)
             if "rand4k" in rows:
                 out["rand"] = rand4k(mnt / npy, rep)
             return out
+
         results.update({f"none_{k}": v for k, v in b.zarrfs(none, none_run).items()})
     fsize = b.file_size
     if "ceiling" in rows or "rand4k" in rows or "bound" in rows or "boundwarm" in rows:
+
         def empty_run(mnt: Path) -> dict[str, float]:
             out = {"cold": cat(mnt / "f0")}
             if "boundwarm" in rows:
@@ -366,6 +443,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
             if "rand4k" in rows:
                 out["rand"] = rand4k(mnt / "f0", rep)
             return out
+
         results.update({f"empty_{k}": v for k, v in b.empty([fsize], empty_run).items()})
     if "ceiling" in rows:
         ratio("ceiling", results["empty_cold"], results["none_cold"])
@@ -383,7 +461,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
             with open(tmp, "wb") as f:  # written bytes: a sparse file's holes read as zero pages, 4x faster
                 block = np.full(64 * MIB, 1, np.uint8)
                 for at in range(0, fsize, len(block)):
-                    f.write(block[:fsize - at])
+                    f.write(block[: fsize - at])
             # its first cat: like the .npy's second, it meets pages touched once before (written
             # here, filled by the cold cat there), which this read moves to the active list
             t_tmp = cat(tmp)
@@ -418,7 +496,7 @@ def one_pair(b: Bench, stores: dict[str, Path], rows: list[str], rep: int,
         ratio("fview", t_c, t_f)
     if "netcdf" in rows:
         t_c = b.zarrfs(none, lambda m: cat(m / npy))
-        t_n = b.zarrfs(none, lambda m: cat(m / ".zarrfs" / "netcdf" / (none.name[:-len(".zarr")] + ".nc")))
+        t_n = b.zarrfs(none, lambda m: cat(m / ".zarrfs" / "netcdf" / (none.name[: -len(".zarr")] + ".nc")))
         ratio("netcdf", t_c, t_n)
     if "two" in rows or "bound2" in rows:
         t_e = b.empty([fsize, fsize], lambda m: cat(m / "f0", m / "f1"))
@@ -434,11 +512,19 @@ def main(argv=None) -> int:
     p.add_argument("--size-mib", type=int, default=1024, help="array size in MiB (default 1024 = 16384x16384)")
     p.add_argument("--reps", type=int, default=5, help="pairs per row (default 5)")
     p.add_argument("--rows", default=",".join(ROWS), help=f"rows to measure (default all: {','.join(ROWS)})")
-    p.add_argument("--dir", type=Path, default=Path("/dev/shm/zarrfs-bench-stores"),
-                   help="where stores are written (default /dev/shm/zarrfs-bench-stores)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("/dev/shm/zarrfs-bench-stores"),
+        help="where stores are written (default /dev/shm/zarrfs-bench-stores)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the stores afterwards (reused by the next run)")
-    p.add_argument("--cache-mib", type=int, default=0,
-                   help="zarrfs cache_size in MiB (default: the array's size + 25%%, at least 512)")
+    p.add_argument(
+        "--cache-mib",
+        type=int,
+        default=0,
+        help="zarrfs cache_size in MiB (default: the array's size + 25%%, at least 512)",
+    )
     p.add_argument("-o", "--mount-options", default="", help="extra zarrfs -o options")
     args = p.parse_args(argv)
     rows = [r for r in args.rows.split(",") if r]
@@ -478,22 +564,32 @@ def main(argv=None) -> int:
             for s in stores.values():
                 shutil.rmtree(s, ignore_errors=True)
 
-    print(f"\narray {nrows}x{COLS} float32 ({b.nbytes / MIB:.0f} MiB), cache_size {args.cache_mib} MiB, "
-          f"{args.reps} pairs; ratio = median of per-pair ratios [min-max]")
-    print(f"{'row':8} {'target':8} {'ratio':>6}  {'spread':13}  {'least':>5}  "
-          "seconds, median [min-max]: numerator / denominator")
+    print(
+        f"\narray {nrows}x{COLS} float32 ({b.nbytes / MIB:.0f} MiB), cache_size {args.cache_mib} MiB, "
+        f"{args.reps} pairs; ratio = median of per-pair ratios [min-max]"
+    )
+    print(
+        f"{'row':8} {'target':8} {'ratio':>6}  {'spread':13}  {'least':>5}  "
+        "seconds, median [min-max]: numerator / denominator"
+    )
     for r in rows:
         v = per_row[r]
         num, den = zip(*seconds[r])
         least = per_row.get(LEAST.get(r, ""))
-        print(f"{r:8} {TARGETS[r]:8} {ratio_cells(v)}  {f'{statistics.median(least):.2f}' if least else '':>5}  "
-              f"{_spread(num)} / {_spread(den)}")
-    print(f"{'memory':8} {'<= +150':8} {(b.peak_rss >> 20) - args.cache_mib:+6d}  MiB over cache_size "
-          f"(peak VmHWM {b.peak_rss >> 20} MiB)")
+        print(
+            f"{r:8} {TARGETS[r]:8} {ratio_cells(v)}  {f'{statistics.median(least):.2f}' if least else '':>5}  "
+            f"{_spread(num)} / {_spread(den)}"
+        )
+    print(
+        f"{'memory':8} {'<= +150':8} {(b.peak_rss >> 20) - args.cache_mib:+6d}  MiB over cache_size "
+        f"(peak VmHWM {b.peak_rss >> 20} MiB)"
+    )
     stalled = [r for r in rows if any(max(side) > STALL_SPREAD * min(side) for side in zip(*seconds[r]))]
     if stalled:
-        print(f"stalled: {', '.join(stalled)}: a side's slowest read took over {STALL_SPREAD:g}x its fastest "
-              "(the machine stopped for a while; these medians may be off: run again)")
+        print(
+            f"stalled: {', '.join(stalled)}: a side's slowest read took over {STALL_SPREAD:g}x its fastest "
+            "(the machine stopped for a while; these medians may be off: run again)"
+        )
     return 0
 
 

@@ -56,6 +56,7 @@ def child(side: str, store: Path) -> dict[str, float]:
 
     if side == "zarrfs":
         import pyfuse3
+
         from zarrfs import daemon, options
 
         ops = daemon.build(os.fspath(store), options.build_options([f"cache_size={2 << 30}"]))
@@ -100,8 +101,13 @@ def child(side: str, store: Path) -> dict[str, float]:
 
 
 def run(side: str, store: Path) -> dict[str, float]:
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", side, os.fspath(store)],
-                       capture_output=True, text=True, timeout=600, cwd=bench.HERE.parent)
+    r = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", side, os.fspath(store)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=bench.HERE.parent,
+    )
     if r.returncode != 0:
         raise SystemExit(f"bench_engine: the {side} side failed on {store.name}:\n{r.stderr.strip()}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -119,10 +125,14 @@ def main(argv=None) -> int:
         print(json.dumps(child(args.child[0], Path(args.child[1]))))
         return 0
     nrows = max(1, args.size_mib * bench.MIB // (bench.COLS * 4))
-    print(f"sequential 1 MiB reads of the {nrows}x{bench.COLS} float32 .npy in-process, {args.reps} pairs; "
-          "median [min-max]")
-    print(f"{'store':6} {'ratio':>6}  {'spread':13}  seconds least / zarrfs; serving thread CPU least / zarrfs; "
-          "other threads CPU least / zarrfs")
+    print(
+        f"sequential 1 MiB reads of the {nrows}x{bench.COLS} float32 .npy in-process, {args.reps} pairs; "
+        "median [min-max]"
+    )
+    print(
+        f"{'store':6} {'ratio':>6}  {'spread':13}  seconds least / zarrfs; serving thread CPU least / zarrfs; "
+        "other threads CPU least / zarrfs"
+    )
     for kind in [k for k in args.stores.split(",") if k]:
         codec, fmt, cols = bench.STORES[kind]
         store = args.dir / f"zarrfs-bench-{kind}-{nrows}x{bench.COLS}.zarr"
@@ -134,9 +144,13 @@ def main(argv=None) -> int:
             pairs.append((got["least"], got["zarrfs"]))
 
         def cells(key: str) -> str:
-            return " / ".join(f"{statistics.median(p[i][key] for p in pairs):.3f}" for i in (0, 1))
-        print(f"{kind:6} {bench.ratio_cells([a['seconds'] / b['seconds'] for a, b in pairs])}  "
-              f"{cells('seconds')}; {cells('serving_cpu')}; {cells('other_cpu')}", flush=True)
+            return " / ".join(f"{statistics.median(p[i][key] for p in pairs):.3f}" for i in (0, 1))  # noqa: B023
+
+        print(
+            f"{kind:6} {bench.ratio_cells([a['seconds'] / b['seconds'] for a, b in pairs])}  "
+            f"{cells('seconds')}; {cells('serving_cpu')}; {cells('other_cpu')}",
+            flush=True,
+        )
     return 0
 
 

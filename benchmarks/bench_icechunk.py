@@ -38,8 +38,9 @@ def build(root: Path, size_mib: int) -> tuple[Path, Path]:
     side = max(CHUNK, round(math.sqrt(size_mib * (1 << 20) / 4) / CHUNK) * CHUNK)
     data = np.random.default_rng(0).random((side, side), dtype="f4")
     plain, repo_dir = root / "plain.zarr", root / "repo"
-    zarr.create_array(os.fspath(plain), name="a", shape=data.shape, chunks=(CHUNK, CHUNK), dtype="f4",
-                      compressors=None, zarr_format=3)[...] = data
+    zarr.create_array(
+        os.fspath(plain), name="a", shape=data.shape, chunks=(CHUNK, CHUNK), dtype="f4", compressors=None, zarr_format=3
+    )[...] = data
     repo = icechunk.Repository.create(icechunk.local_filesystem_storage(os.fspath(repo_dir)))
     session = repo.writable_session("main")
     group = zarr.group(store=session.store, zarr_format=3)
@@ -51,9 +52,14 @@ def build(root: Path, size_mib: int) -> tuple[Path, Path]:
 
 def cold_cat(source: Path, mnt: Path) -> float:
     """Seconds for `cat` of a.npy on a fresh mount of SOURCE."""
-    r = subprocess.run([sys.executable, "-m", "zarrfs", os.fspath(source), os.fspath(mnt), "-o", "log_level=warning"],
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "zarrfs", os.fspath(source), os.fspath(mnt), "-o", "log_level=warning"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
     if r.returncode != 0 or not bench.is_mounted(mnt):
         raise SystemExit(f"bench_icechunk: mounting {source} failed (exit {r.returncode}): {r.stderr.strip()}")
     try:

@@ -60,9 +60,28 @@ CREDENTIALS = {"key": "testing", "secret": "testing"}
 MIB = 1 << 20
 INNER = (256, 256)
 TIMEOUT_S = 5  # the mount's timeout= for the failure rows
-ROWS = ("seq", "seq-shard", "random", "find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "silent",
-        "refused", "sigint", "fresh", "reval", "rewritten", "recached", "recached-shard", "larger-than-memory",
-        "bounded", "changed", "rclone")
+ROWS = (
+    "seq",
+    "seq-shard",
+    "random",
+    "find-cons",
+    "lslR-cons",
+    "lslR-plain",
+    "lslR-http",
+    "moto-gets",
+    "silent",
+    "refused",
+    "sigint",
+    "fresh",
+    "reval",
+    "rewritten",
+    "recached",
+    "recached-shard",
+    "larger-than-memory",
+    "bounded",
+    "changed",
+    "rclone",
+)
 DISK_CACHE_ON = [""]  # --disk-cache: where the store rows' fresh cache directories go
 DISK_ROWS = ("recached", "recached-shard", "larger-than-memory", "bounded", "changed", "rclone")
 
@@ -76,8 +95,12 @@ def free_port() -> int:
 def start_moto(workdir: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
     log = open(workdir / "moto.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -85,19 +108,22 @@ def start_moto(workdir: Path) -> tuple[subprocess.Popen, int]:
             return proc, port
         except OSError:
             if time.monotonic() > deadline:
-                raise SystemExit("moto server did not start")
+                raise SystemExit("moto server did not start") from None
             time.sleep(0.1)
 
 
 def s3fs_for(port: int):
     import s3fs
 
-    return s3fs.S3FileSystem(client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"}, skip_instance_cache=True,
-                             use_listings_cache=False, **CREDENTIALS)
+    return s3fs.S3FileSystem(
+        client_kwargs={"endpoint_url": f"http://127.0.0.1:{port}"},
+        skip_instance_cache=True,
+        use_listings_cache=False,
+        **CREDENTIALS,
+    )
 
 
-def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int, trees: bool,
-          noisy: bool = False) -> None:
+def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int, trees: bool, noisy: bool = False) -> None:
     import zarr
     from zarr.codecs import ZstdCodec
 
@@ -107,10 +133,12 @@ def build(fs, workdir: Path, side: int, shard: int, groups: int, arrays: int, tr
     x = (np.sin(np.arange(side * side, dtype=np.float32) / 1000).reshape(side, side) * 100).round(1)
     if noisy:
         x += np.random.default_rng(0).random(x.shape, dtype=np.float32)
-    root.create_array("seq", shape=x.shape, chunks=(1024, 1024), dtype="float32",
-                      compressors=[ZstdCodec(level=1)])[:] = x
-    root.create_array("shard", shape=x.shape, shards=(shard, shard), chunks=INNER, dtype="float32",
-                      compressors=[ZstdCodec(level=1)])[:] = x
+    root.create_array("seq", shape=x.shape, chunks=(1024, 1024), dtype="float32", compressors=[ZstdCodec(level=1)])[
+        :
+    ] = x
+    root.create_array(
+        "shard", shape=x.shape, shards=(shard, shard), chunks=INNER, dtype="float32", compressors=[ZstdCodec(level=1)]
+    )[:] = x
     fs.put(str(local), f"{BUCKET}/data.zarr", recursive=True)
     for name, consolidated in (("tree-cons.zarr", True), ("tree-plain.zarr", False)) if trees else ():
         tree = workdir / name
@@ -138,8 +166,9 @@ def mount(port: int, name: str, mnt: Path, *extra: str) -> None:
 
 def mount_source(source: str, mnt: Path, *options: str) -> None:
     cmd = [sys.executable, "-m", "zarrfs", source, os.fspath(mnt), "-o", ",".join(["log_level=warning", *options])]
-    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120
+    )
     if r.returncode != 0 or not bench.is_mounted(mnt):
         raise SystemExit(f"bench_remote: mounting failed (exit {r.returncode}): {r.stderr.strip()}")
 
@@ -157,8 +186,9 @@ def read_whole(path: Path) -> None:
             pass
 
 
-def row(name: str, ours: float, ours_req: int, peer: float | None = None, peer_req: int | None = None,
-        extra: str = "") -> None:
+def row(
+    name: str, ours: float, ours_req: int, peer: float | None = None, peer_req: int | None = None, extra: str = ""
+) -> None:
     ratio = f"{peer / ours:6.2f}x" if peer else "      "
     peer_s = f"{peer:8.3f} s {peer_req:6d} req" if peer is not None else ""
     print(f"{name:11s} zarrfs {ours:8.3f} s {ours_req:6d} req   {ratio}   zarr+s3fs {peer_s}{extra}", flush=True)
@@ -186,8 +216,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs of the seq rows; each side's best is shown")
     p.add_argument("--noisy", action="store_true", help="add noise to the arrays' values (compress little)")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run (default: all)")
-    p.add_argument("--disk-cache", action="store_true",
-                   help="run the store's rows with an empty disk cache (what writing entries costs)")
+    p.add_argument(
+        "--disk-cache",
+        action="store_true",
+        help="run the store's rows with an empty disk cache (what writing entries costs)",
+    )
     args = p.parse_args(argv)
     rows = set(args.rows.split(","))
     if rows - set(ROWS):
@@ -202,8 +235,18 @@ def main(argv=None) -> int:
     if args.disk_cache:
         DISK_CACHE_ON[0] = str(work)
     try:
-        build(s3fs_for(port), work, args.side, args.shard, args.groups, args.arrays,
-              bool(rows & {"find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "fresh", "reval", "rewritten"}), args.noisy)
+        build(
+            s3fs_for(port),
+            work,
+            args.side,
+            args.shard,
+            args.groups,
+            args.arrays,
+            bool(
+                rows & {"find-cons", "lslR-cons", "lslR-plain", "lslR-http", "moto-gets", "fresh", "reval", "rewritten"}
+            ),
+            args.noisy,
+        )
         proxy.latency_s = args.latency
         print(f"latency {args.latency * 1000:g} ms; arrays {args.side}^2 float32; tree {args.groups}x{args.arrays}")
         peer_fs = s3fs_for(proxy.port)
@@ -219,15 +262,22 @@ def main(argv=None) -> int:
             for _ in range(args.repeat):  # each side's best, on a fresh mount and a fresh array each time
                 mount(proxy.port, "data.zarr", mnt)
                 proxy.reset_counts()
-                ours_runs.append(timed(lambda: read_whole(mnt / f"{name}.npy")))
+                ours_runs.append(timed(lambda: read_whole(mnt / f"{name}.npy")))  # noqa: B023
                 ours_req, ours_mb = proxy.count(), proxy.bytes_down / 1e6
                 hwm = bench.vm_hwm_bytes(bench.daemon_pid(mnt)) >> 20
                 bench.unmount(mnt)
                 proxy.reset_counts()
-                peer_runs.append(timed(lambda: peer_array(name)[...]))
-            row(label, min(ours_runs), ours_req, min(peer_runs), proxy.count(),
-                f"   fetched {ours_mb:.0f} MB (zarr+s3fs {proxy.bytes_down / 1e6:.0f}) of {stored_mb(peer_fs, name):.0f} "
-                f"MB stored; daemon VmHWM {hwm} MiB; runs zarrfs {spread(ours_runs)}, zarr+s3fs {spread(peer_runs)}")
+                peer_runs.append(timed(lambda: peer_array(name)[...]))  # noqa: B023
+            row(
+                label,
+                min(ours_runs),
+                ours_req,
+                min(peer_runs),
+                proxy.count(),
+                f"   fetched {ours_mb:.0f} MB (zarr+s3fs {proxy.bytes_down / 1e6:.0f}) "
+                f"of {stored_mb(peer_fs, name):.0f} MB stored; daemon VmHWM {hwm} MiB; "
+                f"runs zarrfs {spread(ours_runs)}, zarr+s3fs {spread(peer_runs)}",
+            )
 
         if "random" in rows:
             random_row(args, proxy, mnt, peer_array)
@@ -268,36 +318,43 @@ def random_row(args, proxy, mnt: Path, peer_array) -> None:
     bench.unmount(mnt)
     arr = peer_array("seq")
     proxy.reset_counts()
-    peer = timed(lambda: [arr[r, c:c + 1024] for r, c in picks])
+    peer = timed(lambda: [arr[r, c : c + 1024] for r, c in picks])
     row("random", ours / args.random, ours_req, peer / args.random, proxy.count())
 
 
 def tree_rows(rows: set[str], proxy, mnt: Path, peer_opts: dict) -> None:
     import zarr
 
-    for label, name, cmd in (("find-cons", "tree-cons.zarr", ["find", str(mnt), "-name", "*.npy"]),
-                             ("lslR-cons", "tree-cons.zarr", ["ls", "-lR", str(mnt)]),
-                             ("lslR-plain", "tree-plain.zarr", ["ls", "-lR", str(mnt)])):
+    for label, name, cmd in (
+        ("find-cons", "tree-cons.zarr", ["find", str(mnt), "-name", "*.npy"]),
+        ("lslR-cons", "tree-cons.zarr", ["ls", "-lR", str(mnt)]),
+        ("lslR-plain", "tree-plain.zarr", ["ls", "-lR", str(mnt)]),
+    ):
         if label not in rows:
             continue
         mount(proxy.port, name, mnt)
         proxy.reset_counts()
-        ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))
+        ours = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True))  # noqa: B023
         ours_req = proxy.count()
         bench.unmount(mnt)
         if name == "tree-cons.zarr":
             proxy.reset_counts()
 
             def peer_list():
-                g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)
+                g = zarr.open_consolidated(store=f"s3://{BUCKET}/{name}", storage_options=peer_opts)  # noqa: B023
                 return [a.shape for _, a in g.arrays()] + [list(sub.arrays()) for _, sub in g.groups()]
         else:
             proxy.reset_counts()
 
             def peer_list():
-                g = zarr.open_group(store=f"s3://{BUCKET}/{name}", mode="r", use_consolidated=False,
-                                    storage_options=peer_opts)
+                g = zarr.open_group(
+                    store=f"s3://{BUCKET}/{name}",  # noqa: B023
+                    mode="r",
+                    use_consolidated=False,
+                    storage_options=peer_opts,
+                )
                 return list(g.members(max_depth=None))
+
         peer = timed(peer_list)
         peer_req = proxy.count()
         row(label, ours, ours_req, peer, peer_req)
@@ -306,8 +363,11 @@ def tree_rows(rows: set[str], proxy, mnt: Path, peer_opts: dict) -> None:
 def http_row(proxy, mnt: Path, work: Path) -> None:
     """`ls -lR` of the plain tree served by `python -m http.server` (through its own latency proxy)."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "http.server", "-b", "127.0.0.1", "-d", str(work), str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "-b", "127.0.0.1", "-d", str(work), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     hproxy = Proxy(port, proxy.latency_s).start()
     try:
         deadline = time.monotonic() + 20
@@ -317,7 +377,7 @@ def http_row(proxy, mnt: Path, work: Path) -> None:
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise SystemExit("http.server did not start")
+                    raise SystemExit("http.server did not start") from None
                 time.sleep(0.1)
         mount_source(f"http://127.0.0.1:{hproxy.port}/tree-plain.zarr", mnt)
         hproxy.reset_counts()
@@ -335,8 +395,11 @@ def moto_row(args, proxy) -> None:
     keys = [f"{BUCKET}/tree-plain.zarr/g{g}/a{a}/zarr.json" for g in range(args.groups) for a in range(args.arrays)]
     proxy.reset_counts()
     seconds = timed(lambda: fs.cat(keys))
-    print(f"{'moto-gets':11s} s3fs   {seconds:8.3f} s {proxy.count():6d} req   {proxy.count() / seconds:8.0f} req/s "
-          f"(the store's own rate: s3fs alone fetching the plain tree's {len(keys)} documents at once)", flush=True)
+    print(
+        f"{'moto-gets':11s} s3fs   {seconds:8.3f} s {proxy.count():6d} req   {proxy.count() / seconds:8.0f} req/s "
+        f"(the store's own rate: s3fs alone fetching the plain tree's {len(keys)} documents at once)",
+        flush=True,
+    )
 
 
 def failure_rows(rows: set[str], args, proxy, mnt: Path) -> None:
@@ -366,16 +429,26 @@ def sigint_row(proxy, mnt: Path) -> None:
     proxy.set_mode("silent")
     # Python takes SIGINT only if it was not ignored when it started, and a shell's background job
     # (`bench_remote.py ... &`) starts with SIGINT ignored: the reader takes it in any case.
-    reader = subprocess.Popen([sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                               f"open({str(mnt / 'seq.npy')!r}, 'rb').read()"], stderr=subprocess.DEVNULL)
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"open({str(mnt / 'seq.npy')!r}, 'rb').read()",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(1)
     t0 = time.perf_counter()
     reader.send_signal(signal.SIGINT)
     reader.wait(60)
     waited = time.perf_counter() - t0
     proxy.set_mode("pass")
-    print(f"{'sigint':11s} zarrfs {waited:8.3f} s until a Python reader (which catches SIGINT) ended "
-          f"(timeout={TIMEOUT_S})", flush=True)
+    print(
+        f"{'sigint':11s} zarrfs {waited:8.3f} s until a Python reader (which catches SIGINT) ended "
+        f"(timeout={TIMEOUT_S})",
+        flush=True,
+    )
     bench.unmount(mnt)
 
 
@@ -389,14 +462,19 @@ def revalidation_rows(proxy, mnt: Path, peer_fs) -> None:
     proxy.reset_counts()
     again = [f.read_bytes() for f in files]
     chunk_gets = sum(1 for m, p in proxy.requests if m == "GET" and "/c/" in p)
-    print(f"{'reval':11s} zarrfs {proxy.count():6d} req ({chunk_gets} chunk GETs) to read 10 arrays again after "
-          f"metadata_ttl=1 (same bytes: {first == again})", flush=True)
+    print(
+        f"{'reval':11s} zarrfs {proxy.count():6d} req ({chunk_gets} chunk GETs) to read 10 arrays again after "
+        f"metadata_ttl=1 (same bytes: {first == again})",
+        flush=True,
+    )
     peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g1/a0/c/0/0", peer_fs.cat(f"{BUCKET}/tree-plain.zarr/g1/a1/c/0/0"))
     t0 = time.perf_counter()
     while files[0].read_bytes() == first[0] and time.perf_counter() - t0 < 60:
         time.sleep(0.1)
-    print(f"{'rewritten':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a rewritten chunk is read "
-          f"(metadata_ttl=1)", flush=True)
+    print(
+        f"{'rewritten':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a rewritten chunk is read (metadata_ttl=1)",
+        flush=True,
+    )
     bench.unmount(mnt)
 
 
@@ -433,9 +511,11 @@ def disk_cache_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_fs)
         mount_source(str(work / "data.zarr"), mnt)
         local = timed(lambda: read_whole(mnt / "seq.npy"))
         bench.unmount(mnt)
-        print(f"{'recached':11s} zarrfs {ours:8.3f} s {req:6d} req ({gets} chunk GETs); the same array on a local "
-              f"directory {local:.3f} s: {ours / local:.2f}x its time; cache {du_bytes(cache) / 1e6:.0f} MB",
-              flush=True)
+        print(
+            f"{'recached':11s} zarrfs {ours:8.3f} s {req:6d} req ({gets} chunk GETs); the same array on a local "
+            f"directory {local:.3f} s: {ours / local:.2f}x its time; cache {du_bytes(cache) / 1e6:.0f} MB",
+            flush=True,
+        )
     if "recached-shard" in rows:
         cache = work / "dc-shard"
         mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}")
@@ -451,20 +531,31 @@ def disk_cache_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_fs)
         mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}")
         proxy.reset_counts()
         ours = timed(lambda: read_whole(mnt / "shard.npy"))
-        print(f"{'recached-shard':11s} zarrfs {ours:8.3f} s {proxy.count():6d} req: fetched "
-              f"{proxy.bytes_down / 1e6:.0f} MB of {stored_mb(peer_fs, 'shard'):.0f} MB stored, after "
-              f"{args.random // 4} random reads of a first mount fetched {first_mb:.0f} MB", flush=True)
+        print(
+            f"{'recached-shard':11s} zarrfs {ours:8.3f} s {proxy.count():6d} req: fetched "
+            f"{proxy.bytes_down / 1e6:.0f} MB of {stored_mb(peer_fs, 'shard'):.0f} MB stored, after "
+            f"{args.random // 4} random reads of a first mount fetched {first_mb:.0f} MB",
+            flush=True,
+        )
         bench.unmount(mnt)
     if "larger-than-memory" in rows:
         cache = work / "dc-ltm"
-        mount(proxy.port, "data.zarr", mnt, f"cache_dir={cache}", f"cache_size={max(nbytes // 4, 16 * MIB)}",
-              f"disk_cache_size={2 * nbytes}")
+        mount(
+            proxy.port,
+            "data.zarr",
+            mnt,
+            f"cache_dir={cache}",
+            f"cache_size={max(nbytes // 4, 16 * MIB)}",
+            f"disk_cache_size={2 * nbytes}",
+        )
         first = timed(lambda: read_whole(mnt / "seq.npy"))
         proxy.reset_counts()
         second = timed(lambda: read_whole(mnt / "seq.npy"))
-        print(f"{'larger-than-memory':11s} zarrfs pass 1 {first:.3f} s, pass 2 {second:.3f} s {proxy.count()} req "
-              f"({len(chunk_gets(proxy, 'seq'))} chunk GETs), cache_size {max(nbytes // 4, 16 * MIB) >> 20} MiB",
-              flush=True)
+        print(
+            f"{'larger-than-memory':11s} zarrfs pass 1 {first:.3f} s, pass 2 {second:.3f} s {proxy.count()} req "
+            f"({len(chunk_gets(proxy, 'seq'))} chunk GETs), cache_size {max(nbytes // 4, 16 * MIB) >> 20} MiB",
+            flush=True,
+        )
         bench.unmount(mnt)
     if "bounded" in rows:
         cache = work / "dc-bounded"
@@ -483,8 +574,11 @@ def disk_cache_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_fs)
         done.set()
         watcher.join()
         stats = json.loads((mnt / ".zarrfs" / "stats.json").read_bytes())
-        print(f"{'bounded':11s} zarrfs du of cache_dir at most {peak[0] / 1e6:.1f} MB, disk_cache_size "
-              f"{bound / 1e6:.1f} MB ({peak[0] / bound:.3f}x); {stats['disk_evictions']} evictions", flush=True)
+        print(
+            f"{'bounded':11s} zarrfs du of cache_dir at most {peak[0] / 1e6:.1f} MB, disk_cache_size "
+            f"{bound / 1e6:.1f} MB ({peak[0] / bound:.3f}x); {stats['disk_evictions']} evictions",
+            flush=True,
+        )
         bench.unmount(mnt)
     if "changed" in rows:
         cache = work / "dc-changed"
@@ -495,8 +589,11 @@ def disk_cache_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_fs)
         proxy.reset_counts()
         after = (mnt / "seq.npy").read_bytes()
         gets = chunk_gets(proxy, "seq")
-        print(f"{'changed':11s} zarrfs {len(gets)} chunk GETs ({gets.count(f'/{BUCKET}/data.zarr/seq/c/0/0')} of the "
-              f"rewritten one), {proxy.count()} req; new bytes read: {after != before}", flush=True)
+        print(
+            f"{'changed':11s} zarrfs {len(gets)} chunk GETs ({gets.count(f'/{BUCKET}/data.zarr/seq/c/0/0')} of the "
+            f"rewritten one), {proxy.count()} req; new bytes read: {after != before}",
+            flush=True,
+        )
         bench.unmount(mnt)
         peer_fs.pipe(f"{BUCKET}/data.zarr/seq/c/0/0", (work / "data.zarr" / "seq" / "c" / "0" / "0").read_bytes())
     if "rclone" in rows and shutil.which("rclone"):
@@ -505,46 +602,77 @@ def disk_cache_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_fs)
 
 def rclone_row(proxy, mnt: Path, work: Path) -> None:
     """rclone's VFS cache on the same bucket: the chunk objects of seq read twice, a remount between."""
-    env = {**os.environ, "RCLONE_CONFIG_MOTO_TYPE": "s3", "RCLONE_CONFIG_MOTO_PROVIDER": "Other",
-           "RCLONE_CONFIG_MOTO_ENDPOINT": f"http://127.0.0.1:{proxy.port}",
-           "RCLONE_CONFIG_MOTO_ACCESS_KEY_ID": CREDENTIALS["key"],
-           "RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY": CREDENTIALS["secret"]}
+    env = {
+        **os.environ,
+        "RCLONE_CONFIG_MOTO_TYPE": "s3",
+        "RCLONE_CONFIG_MOTO_PROVIDER": "Other",
+        "RCLONE_CONFIG_MOTO_ENDPOINT": f"http://127.0.0.1:{proxy.port}",
+        "RCLONE_CONFIG_MOTO_ACCESS_KEY_ID": CREDENTIALS["key"],
+        "RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY": CREDENTIALS["secret"],
+    }
     env.pop("AWS_CA_BUNDLE", None)  # rclone's S3 client cannot take one over plain HTTP
     cache = work / "rclone-cache"
     seconds, reqs, mbs = [], [], []
     for _ in range(2):
-        proc = subprocess.Popen(["rclone", "mount", f"moto:{BUCKET}/data.zarr/seq", str(mnt), "--vfs-cache-mode",
-                                 "full", "--cache-dir", str(cache)], env=env, stdout=subprocess.DEVNULL,
-                                stderr=open(work / "rclone.log", "ab"))
+        proc = subprocess.Popen(
+            [
+                "rclone",
+                "mount",
+                f"moto:{BUCKET}/data.zarr/seq",
+                str(mnt),
+                "--vfs-cache-mode",
+                "full",
+                "--cache-dir",
+                str(cache),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(work / "rclone.log", "ab"),
+        )
         deadline = time.monotonic() + 30
         while not bench.is_mounted(mnt) and time.monotonic() < deadline:
             time.sleep(0.1)
         proxy.reset_counts()
         files = [Path(top) / f for top, _, names in os.walk(mnt) for f in names]
-        seconds.append(timed(lambda: [read_whole(f) for f in files]))
+        seconds.append(timed(lambda: [read_whole(f) for f in files]))  # noqa: B023
         reqs.append(proxy.count())
         mbs.append(proxy.bytes_down / 1e6)
         subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
         proc.wait(30)
     if not reqs[0]:
         print(f"rclone did not mount: {(work / 'rclone.log').read_text()[-2000:]}", flush=True)
-    print(f"{'rclone':11s} rclone first read {seconds[0]:.3f} s {reqs[0]} req {mbs[0]:.1f} MB; after a remount "
-          f"{seconds[1]:.3f} s {reqs[1]} req {mbs[1]:.1f} MB fetched (encoded chunk objects, not .npy)", flush=True)
+    print(
+        f"{'rclone':11s} rclone first read {seconds[0]:.3f} s {reqs[0]} req {mbs[0]:.1f} MB; after a remount "
+        f"{seconds[1]:.3f} s {reqs[1]} req {mbs[1]:.1f} MB fetched (encoded chunk objects, not .npy)",
+        flush=True,
+    )
 
 
 def fresh_row(proxy, mnt: Path, peer_fs) -> None:
     mount(proxy.port, "tree-plain.zarr", mnt)
     os.listdir(mnt / "g0")
     t0 = time.perf_counter()
-    peer_fs.pipe(f"{BUCKET}/tree-plain.zarr/g0/new/zarr.json", json.dumps({
-        "zarr_format": 3, "node_type": "array", "shape": [2], "data_type": "int8",
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
-        "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
-        "codecs": [{"name": "bytes"}]}).encode())
+    peer_fs.pipe(
+        f"{BUCKET}/tree-plain.zarr/g0/new/zarr.json",
+        json.dumps(
+            {
+                "zarr_format": 3,
+                "node_type": "array",
+                "shape": [2],
+                "data_type": "int8",
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+                "chunk_key_encoding": {"name": "default"},
+                "fill_value": 0,
+                "codecs": [{"name": "bytes"}],
+            }
+        ).encode(),
+    )
     while "new.npy" not in os.listdir(mnt / "g0") and time.perf_counter() - t0 < 60:
         time.sleep(0.2)
-    print(f"{'fresh':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a new array is listed "
-          f"(metadata_ttl default)", flush=True)
+    print(
+        f"{'fresh':11s} zarrfs {time.perf_counter() - t0:8.3f} s until a new array is listed (metadata_ttl default)",
+        flush=True,
+    )
     bench.unmount(mnt)
 
 

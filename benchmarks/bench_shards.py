@@ -49,8 +49,16 @@ def build_store(store: Path, side: int) -> None:
         return
     shutil.rmtree(store, ignore_errors=True)
     zarr.open_group(os.fspath(store), mode="w", zarr_format=3)
-    arr = zarr.create_array(store=os.fspath(store), name="bench", shape=(side, side), dtype="float32",
-                            shards=SHARD, chunks=INNER, compressors=[ZstdCodec(level=1)], zarr_format=3)
+    arr = zarr.create_array(
+        store=os.fspath(store),
+        name="bench",
+        shape=(side, side),
+        dtype="float32",
+        shards=SHARD,
+        chunks=INNER,
+        compressors=[ZstdCodec(level=1)],
+        zarr_format=3,
+    )
     rng = np.random.default_rng(0)
     for r0 in range(0, side, SHARD[0]):
         r1 = min(side, r0 + SHARD[0])
@@ -59,8 +67,7 @@ def build_store(store: Path, side: int) -> None:
         arr[r0:r1] = (np.round(block * 16) / 16).astype(np.float32)
     marker.write_text(json.dumps(params))
     stored = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
-    print(f"wrote {store}: {side}x{side} float32, shards {SHARD}, inner chunks {INNER}, "
-          f"{stored / MIB:.0f} MiB stored")
+    print(f"wrote {store}: {side}x{side} float32, shards {SHARD}, inner chunks {INNER}, {stored / MIB:.0f} MiB stored")
 
 
 def random_offsets(n: int, side: int, header: int, seed: int) -> list[int]:
@@ -93,7 +100,7 @@ def time_zarr_random(store: Path, offsets: list[int], header: int, side: int) ->
         first = (off - header) // 4
         row, col = divmod(first, side)
         t0 = time.perf_counter()
-        arr[row, col:min(side, col + READ // 4)]  # what one 4 KiB read of the row holds
+        arr[row, col : min(side, col + READ // 4)]  # what one 4 KiB read of the row holds
         out.append(time.perf_counter() - t0)
     return out
 
@@ -145,19 +152,23 @@ def main(argv=None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(store, ignore_errors=True)
+
     def lat(xs: list[float]) -> str:
-        return f"median {statistics.median(xs) * 1e3:.2f} ms, mean {statistics.mean(xs) * 1e3:.2f} ms, " \
-               f"max {max(xs) * 1e3:.1f} ms"
+        return (
+            f"median {statistics.median(xs) * 1e3:.2f} ms, mean {statistics.mean(xs) * 1e3:.2f} ms, "
+            f"max {max(xs) * 1e3:.1f} ms"
+        )
 
     m_seq, z_seq = statistics.median(seq["mount"]), statistics.median(seq["zarr"])
     shard_mib = SHARD[0] * SHARD[1] * 4 / MIB
     print(f"random {READ} B reads, cold mount, {args.reads} per repetition:")
-    print(f"  zarrfs {lat(rand['mount'])}; fetched {statistics.median(fetched) / 1024:.0f} KiB per read "
-          f"from shards of {shard_mib:.0f} MiB")
+    print(
+        f"  zarrfs {lat(rand['mount'])}; fetched {statistics.median(fetched) / 1024:.0f} KiB per read "
+        f"from shards of {shard_mib:.0f} MiB"
+    )
     print(f"  zarr   {lat(rand['zarr'])}")
     print(f"  mean latency zarr/zarrfs {statistics.mean(rand['zarr']) / statistics.mean(rand['mount']):.2f}")
-    print(f"sequential, cold mount: zarrfs {m_seq:.2f} GB/s, zarr {z_seq:.2f} GB/s "
-          f"(zarrfs/zarr {m_seq / z_seq:.2f})")
+    print(f"sequential, cold mount: zarrfs {m_seq:.2f} GB/s, zarr {z_seq:.2f} GB/s (zarrfs/zarr {m_seq / z_seq:.2f})")
     return 0
 
 

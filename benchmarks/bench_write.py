@@ -162,20 +162,25 @@ def main(argv: list[str] | None = None) -> int:
             a = np.load(mnt / "a.npy", mmap_mode="r")
             b = np.load(src, mmap_mode="r")
             step = max(1, (256 << 20) // (4 * shape[1]))
-            ok = all(np.array_equal(a[i:i + step], b[i:i + step]) for i in range(0, shape[0], step))
+            ok = all(np.array_equal(a[i : i + step], b[i : i + step]) for i in range(0, shape[0], step))
             del a, b
         subprocess.run(["fusermount3", "-u", os.fspath(mnt)], check=True)
         wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 30)
 
         mib = 1 << 20
-        print(f"zarr v{args.format}, chunks {chunks}, codec {args.codec or 'default'}, "
-              f"stored {stored / mib:.0f} MiB")
-        print(f"{'file MiB':>9} {'cp s':>7} {'MiB/s':>7} {'RSS before':>11} {'peak RSS':>9} {'VmHWM':>9} "
-              f"{'peak-before':>12}")
-        print(f"{size / mib:9.0f} {seconds:7.2f} {size / mib / seconds:7.0f} {rss_before / 1024:9.0f}Mi "
-              f"{sampler.peak_kib / 1024:7.0f}Mi {hwm / 1024:7.0f}Mi {(hwm - rss_before) / 1024:10.0f}Mi")
-        print(f"({sampler.samples} RSS samples)" + ("" if ok is None else f"; read back through the mount: "
-                                                    f"{'identical' if ok else 'DIFFERENT'}"))
+        print(f"zarr v{args.format}, chunks {chunks}, codec {args.codec or 'default'}, stored {stored / mib:.0f} MiB")
+        print(
+            f"{'file MiB':>9} {'cp s':>7} {'MiB/s':>7} {'RSS before':>11} {'peak RSS':>9} {'VmHWM':>9} "
+            f"{'peak-before':>12}"
+        )
+        print(
+            f"{size / mib:9.0f} {seconds:7.2f} {size / mib / seconds:7.0f} {rss_before / 1024:9.0f}Mi "
+            f"{sampler.peak_kib / 1024:7.0f}Mi {hwm / 1024:7.0f}Mi {(hwm - rss_before) / 1024:10.0f}Mi"
+        )
+        print(
+            f"({sampler.samples} RSS samples)"
+            + ("" if ok is None else f"; read back through the mount: {'identical' if ok else 'DIFFERENT'}")
+        )
         return 0 if ok in (None, True) else 1
     finally:
         if is_mounted(mnt):

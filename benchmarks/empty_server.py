@@ -26,7 +26,6 @@ import json
 import os
 import signal
 import stat
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numcodecs
@@ -61,7 +60,12 @@ class Empty(pyfuse3.Operations):
 
     async def lookup(self, parent, name, ctx=None):
         n = name.decode()
-        if parent != pyfuse3.ROOT_INODE or not n.startswith("f") or not n[1:].isdigit() or int(n[1:]) >= len(self.sizes):
+        if (
+            parent != pyfuse3.ROOT_INODE
+            or not n.startswith("f")
+            or not n[1:].isdigit()
+            or int(n[1:]) >= len(self.sizes)
+        ):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attr(int(n[1:]) + 2)
 
@@ -98,10 +102,10 @@ class GatherArrays(Empty):
             return b""
         if end - off > len(self.out):
             self.out = bytearray(end - off)
-        out = memoryview(self.out)[:end - off]
+        out = memoryview(self.out)[: end - off]
         h = arr.header
         n = max(0, min(len(h), end) - off)
-        out[:n] = h[off:off + n]
+        out[:n] = h[off : off + n]
         d0, d1 = off + n - len(h), end - len(h)  # the read's bytes of the array's data
         rb, cb, ch = arr.row_bytes, arr.strip_bytes, arr.chunk_rows
         while d0 < d1:
@@ -114,25 +118,25 @@ class GatherArrays(Empty):
                 a, b = max(s, d0), min(s + cb, stop)
                 at = (r % ch) * cb + a - s if a < b else (r % ch + 1) * cb  # in the chunk's bytes
                 if decoded is None:  # the chunk's file holds its bytes: read them into place
-                    iov = [out[a - base:b - base]] if a < b else []
+                    iov = [out[a - base : b - base]] if a < b else []
                     # the later rows' strips follow each other in the chunk's file
-                    iov += [out[t - base:min(t + cb, stop) - base] for t in range(s + rb, stop, rb)]
+                    iov += [out[t - base : min(t + cb, stop) - base] for t in range(s + rb, stop, rb)]
                     fd = arr.fd(r // ch, j)
                     for k in range(0, len(iov), 1024):  # IOV_MAX
-                        at += os.preadv(fd, iov[k:k + 1024], at)
+                        at += os.preadv(fd, iov[k : k + 1024], at)
                     continue
                 c = decoded[j]
                 if a < b:
-                    out[a - base:b - base] = c[at:at + b - a]
+                    out[a - base : b - base] = c[at : at + b - a]
                     at += b - a
                 full = max(0, (stop - s - cb) // rb)  # later rows' strips wholly before STOP
                 if full > 0:  # whole strips: one strided copy
                     dst = np.ndarray((full, cb), np.uint8, self.out, s + rb - base, (rb, 1))
-                    dst[...] = c[at:at + full * cb].reshape(full, cb)
+                    dst[...] = c[at : at + full * cb].reshape(full, cb)
                     at += full * cb
                 t = s + (full + 1) * rb
                 if t < stop:  # the last row's part
-                    out[t - base:stop - base] = c[at:at + stop - t]
+                    out[t - base : stop - base] = c[at : at + stop - t]
             n += stop - d0
             d0 = stop
         return out
@@ -150,10 +154,10 @@ class _Array:
             shape, chunks = m["shape"], m["chunk_grid"]["configuration"]["chunk_shape"]
             codecs = m["codecs"]
             dtype = np.dtype(m["data_type"]).newbyteorder(
-                "<" if codecs[0].get("configuration", {}).get("endian", "little") == "little" else ">")
+                "<" if codecs[0].get("configuration", {}).get("endian", "little") == "little" else ">"
+            )
             plain = codecs[0]["name"] == "bytes" and len(codecs) <= 2
-            compressor = ({"id": codecs[1]["name"], **codecs[1].get("configuration", {})}
-                          if len(codecs) == 2 else None)
+            compressor = {"id": codecs[1]["name"], **codecs[1].get("configuration", {})} if len(codecs) == 2 else None
             enc = m["chunk_key_encoding"]
             sep = enc.get("configuration", {}).get("separator", "/" if enc["name"] == "default" else ".")
             self.key = ("c" + sep if enc["name"] == "default" else "") + "{}" + sep + "{}"
@@ -166,17 +170,23 @@ class _Array:
         if compressor is not None and compressor["id"] not in ("blosc", "zstd", "gzip"):
             plain = False
         if len(shape) != 2 or not plain or not dtype.isnative or shape[1] % chunks[1]:
-            raise SystemExit(f"empty_server: {path} is not a 2-d array of whole chunk columns, "
-                             "without filters, compressed by blosc, zstd, gzip or nothing")
-        self.codec = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "gzip": numcodecs.GZip}[
-            compressor["id"]]() if compressor else None
+            raise SystemExit(
+                f"empty_server: {path} is not a 2-d array of whole chunk columns, "
+                "without filters, compressed by blosc, zstd, gzip or nothing"
+            )
+        self.codec = (
+            {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "gzip": numcodecs.GZip}[compressor["id"]]()
+            if compressor
+            else None
+        )
         self.nbytes = shape[0] * shape[1] * dtype.itemsize
         self.row_bytes, self.strip_bytes = shape[1] * dtype.itemsize, chunks[1] * dtype.itemsize
         self.chunk_rows, self.chunk_cols = chunks[0], shape[1] // chunks[1]
         self.chunk_bytes = chunks[0] * self.strip_bytes
         h = io.BytesIO()
-        np.lib.format.write_array_header_1_0(h, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                                 "fortran_order": False, "shape": tuple(shape)})
+        np.lib.format.write_array_header_1_0(
+            h, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": tuple(shape)}
+        )
         self.header = h.getvalue()
         self.fds: dict[tuple[int, int], int] = {}
         self.rows: dict[int, list] = {}  # chunk row -> its chunks' decodes (futures)
@@ -195,8 +205,10 @@ class _Array:
             self.spare += [f.result() for f in self.rows.pop(k)]
         for k in range(i, min(i + 1 + DECODE_AHEAD, -(-self.nbytes // (self.chunk_rows * self.row_bytes)))):
             if k not in self.rows:
-                self.rows[k] = [pool.submit(self._decode, k, j, self.spare.pop() if self.spare else None)
-                                for j in range(self.chunk_cols)]
+                self.rows[k] = [
+                    pool.submit(self._decode, k, j, self.spare.pop() if self.spare else None)
+                    for j in range(self.chunk_cols)
+                ]
         return [f.result() for f in self.rows[i]]
 
     def _decode(self, i: int, j: int, buf: np.ndarray | None) -> np.ndarray:
@@ -210,6 +222,7 @@ class _Array:
 
 async def serve(mnt: str) -> None:
     async with trio.open_nursery() as nursery:
+
         async def stop() -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:

@@ -27,8 +27,7 @@ READ_BYTES = 1 << 16
 class Proxy:
     """One proxy on 127.0.0.1 in its own thread and event loop; `port` is where clients connect."""
 
-    def __init__(self, target_port: int, latency_s: float = 0.0, target_host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+    def __init__(self, target_port: int, latency_s: float = 0.0, target_host: str = "127.0.0.1", port: int = 0) -> None:
         self.target = (target_host, target_port)
         self.latency_s = latency_s
         self.mode = "pass"
@@ -45,7 +44,7 @@ class Proxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="latency-proxy", daemon=True)
 
-    def start(self) -> "Proxy":
+    def start(self) -> Proxy:
         self._thread.start()
         self._call(self._listen())
         return self
@@ -109,8 +108,9 @@ class Proxy:
             return
         self._writers.add(up_w)
         try:
-            await asyncio.gather(self._pump(reader, up_w, True, id(writer)),
-                                 self._pump(up_r, writer, False, id(writer), counted))
+            await asyncio.gather(
+                self._pump(reader, up_w, True, id(writer)), self._pump(up_r, writer, False, id(writer), counted)
+            )
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -120,8 +120,10 @@ class Proxy:
 
     async def _deny(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer each request on this connection as S3 does when the credentials may not do it."""
-        body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
-                b'<Message>Access Denied</Message><RequestId>0</RequestId></Error>')
+        body = (
+            b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+            b"<Message>Access Denied</Message><RequestId>0</RequestId></Error>"
+        )
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -131,8 +133,10 @@ class Proxy:
                 length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
                 if length:
                     await reader.readexactly(int(length.group(1)))
-                writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                writer.write(
+                    b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
@@ -140,14 +144,20 @@ class Proxy:
             self._writers.discard(writer)
             writer.transport.abort()
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, upstream: bool,
-                    conn: int, counted: list[bool] | None = None) -> None:
+    async def _pump(
+        self,
+        src: asyncio.StreamReader,
+        dst: asyncio.StreamWriter,
+        upstream: bool,
+        conn: int,
+        counted: list[bool] | None = None,
+    ) -> None:
         while data := await src.read(READ_BYTES):
             while self.mode == "silent":  # hold everything: the peer waits as on a dead store
                 await asyncio.sleep(0.05)
             if upstream:
                 for m in REQUEST_LINE.finditer(data):
-                    if m.start() == 0 or data[m.start() - 2:m.start()] == b"\r\n":
+                    if m.start() == 0 or data[m.start() - 2 : m.start()] == b"\r\n":
                         self.requests.append((m.group(1).decode(), m.group(2).decode()))
                         if self.timeline is not None:
                             self.timeline.append((conn, time.perf_counter(), m.group(2).decode(), 0))

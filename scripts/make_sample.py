@@ -17,9 +17,16 @@ import numpy as np
 def write_array(store, path, data, chunks, compressor, order="C", fill_value=0, attrs=None):
     base = os.path.join(store, path)
     os.makedirs(base, exist_ok=True)
-    meta = {"zarr_format": 2, "shape": list(data.shape), "chunks": list(chunks),
-            "dtype": data.dtype.str, "compressor": compressor.get_config() if compressor else None,
-            "fill_value": fill_value, "order": order, "filters": None}
+    meta = {
+        "zarr_format": 2,
+        "shape": list(data.shape),
+        "chunks": list(chunks),
+        "dtype": data.dtype.str,
+        "compressor": compressor.get_config() if compressor else None,
+        "fill_value": fill_value,
+        "order": order,
+        "filters": None,
+    }
     with open(os.path.join(base, ".zarray"), "w") as f:
         json.dump(meta, f, indent=2)
     if attrs:
@@ -54,17 +61,30 @@ def main(store):
     write_group(store, "climate", {"units": "kelvin", "source": "synthetic"})
     y, x = np.mgrid[0:180, 0:360]
     temperature = (273.15 + 30 * np.cos(np.radians(y - 90)) + rng.normal(0, 1, y.shape)).astype("<f4")
-    write_array(store, "climate/temperature", temperature, (60, 90),
-                numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE), attrs={"long_name": "air temperature"})
+    write_array(
+        store,
+        "climate/temperature",
+        temperature,
+        (60, 90),
+        numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE),
+        attrs={"long_name": "air temperature"},
+    )
     counts = np.zeros((100, 100), dtype="<i2")
     counts[:50] = rng.integers(0, 1000, (50, 100))  # the lower half stays unwritten (fill value)
     write_array(store, "climate/counts", counts, (50, 50), numcodecs.Zstd(3))
     write_array(store, "climate/land_mask", temperature > 280, (90, 180), None)
-    write_array(store, "stations/names", np.array([b"alpha", b"bravo", b"charlie", b"delta"], dtype="S8"),
-                (2,), numcodecs.Zlib(1), fill_value="")
+    write_array(
+        store,
+        "stations/names",
+        np.array([b"alpha", b"bravo", b"charlie", b"delta"], dtype="S8"),
+        (2,),
+        numcodecs.Zlib(1),
+        fill_value="",
+    )
     write_group(store, "stations", {"count": 4})
-    write_array(store, "stations/elevation", rng.normal(500, 200, (4, 12)).astype(">f8"), (4, 5),
-                numcodecs.GZip(5), order="F")
+    write_array(
+        store, "stations/elevation", rng.normal(500, 200, (4, 12)).astype(">f8"), (4, 5), numcodecs.GZip(5), order="F"
+    )
     print(f"wrote sample hierarchy to {store}")
 
 

@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ZARRFS_EXTRAS="test,http" source scripts/setup.sh
 # tests/mounted/test_ops.py copies a mount with rsync (file times across remounts); the image views'
-# tests open files with GDAL (gdalinfo) and ImageMagick (identify): 20 s each to install here;
-# tests/mounted/test_mount_netcdf.py asks file(1) what the netCDF view is.
+# tests open files with GDAL (gdalinfo) and ImageMagick (identify); tests/mounted/test_mount_netcdf.py
+# asks file(1) what the netCDF view is.
 for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick file:file; do
     if ! command -v "${tool%%:*}" >/dev/null; then
         sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -15,7 +15,7 @@ for tool in rsync:rsync gdalinfo:gdal-bin identify:imagemagick file:file; do
     fi
 done
 
-# tests/mounted/test_mount_netcdf.py prints the netCDF view's headers with ncdump (about 12 s to install here).
+# tests/mounted/test_mount_netcdf.py prints the netCDF view's headers with ncdump.
 if ! command -v ncdump >/dev/null; then
     sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get install -y -qq netcdf-bin >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq netcdf-bin >/dev/null; }
@@ -31,4 +31,8 @@ fi
 # zarrfs as a plain `pip install` gives it (no extras), for tests/mounted/test_install.py: built here so
 # that the first test does not spend a minute compiling pyfuse3; cached outside the clone.
 .venv/bin/python tests/support/plain_venv.py
+# Lint and format check before the tests. For now only tests/, scripts/ and benchmarks/: zarrfs/
+# is reformatted in one step of its own, after which this checks the whole repository (`.`).
+.venv/bin/python -m ruff check tests scripts benchmarks
+.venv/bin/python -m ruff format --check tests scripts benchmarks
 exec .venv/bin/python -m pytest "$@"

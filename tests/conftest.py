@@ -1,4 +1,4 @@
-"""Fixtures for the mounted tests: real zarrfs mounts, Zarr hierarchies written by zarr-python 3, a safety net for mounts.
+"""Fixtures for the mounted tests: real zarrfs mounts, Zarr hierarchies written by zarr-python 3, a mount safety net.
 
 A mounted test fails on any ERROR line or Traceback in its daemon's log unless it says
 it expects them: ``@pytest.mark.log_errors_expected`` (``tracebacks=True`` to allow
@@ -49,7 +49,7 @@ def _unmount_leftovers(tmp_path_factory):
     leftovers = mounting.mounts_under(base)
     for mp in leftovers:
         how = mounting.unmount(mp)
-        warnings.warn(f"zarrfs tests left {mp} mounted; {how}")
+        warnings.warn(f"zarrfs tests left {mp} mounted; {how}", stacklevel=2)
 
 
 @pytest.fixture(autouse=True)
@@ -74,8 +74,9 @@ def module_mount(request, tmp_path_factory):
     """Like ``mount`` but shared by a module's tests (one mount per source, unmounted at module end)."""
     _require_fuse()
     errors, tracebacks = _marker_expectations(request.node)  # the module's own pytestmark
-    mounter = mounting.Mounter(tmp_path_factory.mktemp("module-mounts"), errors_expected=errors,
-                              tracebacks_expected=tracebacks)
+    mounter = mounting.Mounter(
+        tmp_path_factory.mktemp("module-mounts"), errors_expected=errors, tracebacks_expected=tracebacks
+    )
     yield mounter
     _finish(mounter)
 

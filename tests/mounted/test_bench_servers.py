@@ -36,8 +36,12 @@ def _serve(mnt: Path, options: list[str], sizes: tuple[int, ...] = ()):
     if problem:
         pytest.fail(f"this test mounts: {problem}", pytrace=False)
     mnt.mkdir(exist_ok=True)
-    proc = subprocess.Popen([sys.executable, os.fspath(SERVER), *options, os.fspath(mnt), *map(str, sizes)],
-                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.fspath(SERVER), *options, os.fspath(mnt), *map(str, sizes)],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         mounting.wait_until(lambda: mounting.is_mounted(mnt) or proc.poll() is not None, mounting.MOUNT_TIMEOUT_S)
         if not mounting.is_mounted(mnt):
@@ -70,7 +74,7 @@ def _direct_reads_match(path: Path, want: bytes, rng: random.Random) -> None:
             off = rng.randrange(0, len(want)) // 4096 * 4096
             buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT wants
             got = os.preadv(fd, [buf], off)
-            assert buf[:got] == want[off:off + size], (path.name, off, size)
+            assert buf[:got] == want[off : off + size], (path.name, off, size)
     finally:
         os.close(fd)
 
@@ -80,18 +84,36 @@ def test_array_servers_serve_the_npy_of_zarr_values(tmp_path):
     stores = []
 
     def make(name, values, chunks, compressors, zarr_format, **kw):
-        arr = zarr.create_array(store=os.fspath(tmp_path / name), shape=values.shape, chunks=chunks,
-                                dtype=values.dtype, compressors=compressors, zarr_format=zarr_format, **kw)
+        arr = zarr.create_array(
+            store=os.fspath(tmp_path / name),
+            shape=values.shape,
+            chunks=chunks,
+            dtype=values.dtype,
+            compressors=compressors,
+            zarr_format=zarr_format,
+            **kw,
+        )
         arr[...] = values
         stores.append(tmp_path / name)
 
     # rows not a whole number of chunks (edge chunks padded in their files), chunk rows narrower
     # than a page, every codec the server decodes, both formats and key separators
-    make("v2-none", rng.standard_normal((1000, 96)), (64, 32), None, 2,
-         chunk_key_encoding={"name": "v2", "separator": "/"})
+    make(
+        "v2-none",
+        rng.standard_normal((1000, 96)),
+        (64, 32),
+        None,
+        2,
+        chunk_key_encoding={"name": "v2", "separator": "/"},
+    )
     make("v3-none", rng.integers(-999, 999, (333, 48)).astype("<i2"), (100, 16), None, 3)
-    make("v3-blosc", rng.standard_normal((777, 120)).astype("<f4"), (50, 40),
-         [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")], 3)
+    make(
+        "v3-blosc",
+        rng.standard_normal((777, 120)).astype("<f4"),
+        (50, 40),
+        [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+        3,
+    )
     make("v3-zstd", rng.standard_normal((300, 64)).astype("<f4"), (128, 32), [ZstdCodec(level=1)], 3)
     make("v2-zstd", rng.standard_normal((300, 64)).astype("<f8"), (64, 64), numcodecs.Zstd(level=1), 2)
     make("v2-gzip", rng.integers(0, 255, (200, 300)).astype("u1"), (64, 100), numcodecs.GZip(level=1), 2)
@@ -108,9 +130,15 @@ def test_array_servers_serve_the_npy_of_zarr_values(tmp_path):
 
 def test_array_server_refuses_what_it_cannot_gather(tmp_path):
     bad = tmp_path / "bad"
-    zarr.create_array(store=os.fspath(bad), shape=(10, 10), chunks=(5, 3), dtype="f4", zarr_format=3)  # 3 does not divide 10
-    r = subprocess.run([sys.executable, os.fspath(SERVER), "--array", os.fspath(bad), os.fspath(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+    zarr.create_array(
+        store=os.fspath(bad), shape=(10, 10), chunks=(5, 3), dtype="f4", zarr_format=3
+    )  # 3 does not divide 10
+    r = subprocess.run(
+        [sys.executable, os.fspath(SERVER), "--array", os.fspath(bad), os.fspath(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and "whole chunk columns" in r.stderr
     assert not mounting.is_mounted(tmp_path)
 

@@ -21,8 +21,9 @@ def small_store(tmp_path_factory):
     import zarr
 
     zarr.open_group(os.fspath(root), mode="w", zarr_format=3)
-    builders.create_array(root, builders.ArraySpec("g/x", "int16", (30, 10), (8, 8), "zstd"), 3,
-                         np.random.default_rng(3))
+    builders.create_array(
+        root, builders.ArraySpec("g/x", "int16", (30, 10), (8, 8), "zstd"), 3, np.random.default_rng(3)
+    )
     return root, oracles.expected_for(root, "g/x")
 
 
@@ -32,8 +33,7 @@ def small_store_v2(tmp_path_factory):
     import zarr
 
     zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
-    builders.create_array(root, builders.ArraySpec("x", "int16", (30, 10), (8, 8), "zstd"), 2,
-                         np.random.default_rng(3))
+    builders.create_array(root, builders.ArraySpec("x", "int16", (30, 10), (8, 8), "zstd"), 2, np.random.default_rng(3))
     return root
 
 
@@ -49,8 +49,10 @@ def test_daemon_mode_returns_only_once_live(mount, small_store):
     try:
         r = subprocess.run(cmd, capture_output=True, timeout=mounting.MOUNT_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        pytest.fail("zarrfs without -f did not return (a daemon still holding the stdout/stderr pipes "
-                    "of its parent keeps subprocess.run waiting too)")
+        pytest.fail(
+            "zarrfs without -f did not return (a daemon still holding the stdout/stderr pipes "
+            "of its parent keeps subprocess.run waiting too)"
+        )
     assert r.returncode == 0, r.stderr
     # no polling: the mount must be live the moment the command has returned
     assert mounting.is_mounted(mnt)
@@ -78,8 +80,13 @@ def test_format_option_forms(mount, small_store, form):
     mnt, log = mount.new_mountpoint()
     cmd = mount.command(store, mnt, log) + form.split()
     mount.adopt(mnt, log)
-    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       timeout=mounting.MOUNT_TIMEOUT_S)
+    r = subprocess.run(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=mounting.MOUNT_TIMEOUT_S,
+    )
     assert r.returncode == 0, r.stderr
     assert (mnt / "g" / "x.npy").read_bytes() == expected.npy
 
@@ -97,8 +104,14 @@ def test_relative_source_shows_as_absolute_path(mount, small_store):
     mnt, log = mount.new_mountpoint()
     mount.adopt(mnt, log)
     cmd = mount.command(store.name, mnt, log)
-    r = subprocess.run(cmd, cwd=store.parent, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=mounting.MOUNT_TIMEOUT_S)
+    r = subprocess.run(
+        cmd,
+        cwd=store.parent,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=mounting.MOUNT_TIMEOUT_S,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert (mnt / "g" / "x.npy").read_bytes() == expected.npy
     source = next(row[0] for row in mounting.mount_table() if row[1] == os.fspath(mnt))
@@ -209,10 +222,23 @@ def _error_case(tmp_path, small_store, small_store_v2, case):
     }[case]
 
 
-ERROR_CASES = ["source_missing", "source_not_zarr_dir", "source_empty_dir", "source_plain_file",
-               "mountpoint_missing", "mountpoint_not_empty", "mountpoint_is_file", "unknown_o_option",
-               "unknown_o_option_value", "unknown_long_option", "bad_cache_size", "bad_format",
-               "bad_format_long", "format_mismatch", "unknown_codec"]
+ERROR_CASES = [
+    "source_missing",
+    "source_not_zarr_dir",
+    "source_empty_dir",
+    "source_plain_file",
+    "mountpoint_missing",
+    "mountpoint_not_empty",
+    "mountpoint_is_file",
+    "unknown_o_option",
+    "unknown_o_option_value",
+    "unknown_long_option",
+    "bad_cache_size",
+    "bad_format",
+    "bad_format_long",
+    "format_mismatch",
+    "unknown_codec",
+]
 
 
 @pytest.mark.parametrize("foreground", [False, True], ids=["daemon", "foreground"])
@@ -239,8 +265,12 @@ def test_user_error_one_line_from_plain_install(plain_venv, tmp_path, with_crc32
     import when it is the only checksum library)."""
     extra = plain_venv.crc32c_dir() if with_crc32c else None
     if extra is not None:
-        r = subprocess.run(plain_venv.python_command(["-c", "import crc32c"], pythonpath=extra),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            plain_venv.python_command(["-c", "import crc32c"], pythonpath=extra),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, f"crc32c not importable in the plain venv: {r.stderr}"
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -258,14 +288,18 @@ def test_user_error_one_line_from_plain_install(plain_venv, tmp_path, with_crc32
 LOG_LINE = re.compile(r"^\S.*? (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 
 
-@pytest.mark.parametrize("level,allowed", [
-    ("debug", {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}),
-    ("info", {"INFO", "WARNING", "ERROR", "CRITICAL"}),
-    ("warning", {"WARNING", "ERROR", "CRITICAL"}),
-])
+@pytest.mark.parametrize(
+    "level,allowed",
+    [
+        ("debug", {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}),
+        ("info", {"INFO", "WARNING", "ERROR", "CRITICAL"}),
+        ("warning", {"WARNING", "ERROR", "CRITICAL"}),
+    ],
+)
 def test_log_file_format_and_level(mount, small_store, level, allowed):
     """``-o log_file=PATH,log_level=LEVEL``: every line is ``<time> <LEVEL> <logger>: <message>``, none below LEVEL
-    but the mount and unmount lines of ``zarrfs.lifecycle``, written at every level (the first says where the log goes)."""
+    but the mount and unmount lines of ``zarrfs.lifecycle``, written at every level (the first says where the log
+    goes)."""
     store, expected = small_store
     mnt = mount(store, f"log_level={level}")
     assert (mnt / "g" / "x.npy").read_bytes() == expected.npy
@@ -291,8 +325,9 @@ def test_log_escapes_names(mount, tmp_path):
 
     root = tmp_path / "names.zarr"
     zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
-    builders.create_array(root, builders.ArraySpec("good", "int16", (6, 5), (4, 4), "zstd"), 2,
-                         np.random.default_rng(5))
+    builders.create_array(
+        root, builders.ArraySpec("good", "int16", (6, 5), (4, 4), "zstd"), 2, np.random.default_rng(5)
+    )
     bad_names = {b"new\nline": "new\\nline", b"bad\xffutf8": "bad\\xffutf8", b"cr\rtab\tesc\x1b": "cr\\rtab\\tesc\\x1b"}
     for name in bad_names:
         os.mkdir(os.fsencode(root) + b"/" + name)
@@ -313,7 +348,9 @@ def test_log_escapes_names(mount, tmp_path):
     text = raw.decode("utf-8")  # strict: every record was written in full
     for line in text.splitlines():
         assert LOG_LINE.match(line), f"log line not in '<time> <LEVEL> <logger>: <message>' form: {line!r}"
-    for name, escaped in bad_names.items():
-        assert mounting.log_lines_naming(text, f"{escaped}/.zarray", ("WARNING",)), f"no WARNING naming {escaped}:\n{text}"
+    for escaped in bad_names.values():
+        assert mounting.log_lines_naming(text, f"{escaped}/.zarray", ("WARNING",)), (
+            f"no WARNING naming {escaped}:\n{text}"
+        )
     output = (mount.workdir / f"{mnt.name}.cli-output").read_text(errors="replace")
     assert "Logging error" not in output, output

@@ -1,4 +1,4 @@
-"""A plain `pip install zarrfs` (its own dependencies, no extras) reads v3 arrays whose codecs or shard indexes carry crc32c.
+"""A plain `pip install zarrfs` (its own dependencies, no extras) reads v3 arrays whose codecs or shards carry crc32c.
 
 The test extra once brought the checksum library along, so green tests hid that a plain
 install failed every such read with EIO. Here zarrfs runs from a venv of its own
@@ -35,8 +35,8 @@ class PlainMounter(mounting.Mounter):
 
     def command(self, source, mountpoint, log_file, opts=(), foreground=False):
         cmd = super().command(source, mountpoint, log_file, opts, foreground)
-        assert cmd[:len(mounting.ZARRFS)] == mounting.ZARRFS
-        return self.venv.command(cmd[len(mounting.ZARRFS):])
+        assert cmd[: len(mounting.ZARRFS)] == mounting.ZARRFS
+        return self.venv.command(cmd[len(mounting.ZARRFS) :])
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +62,13 @@ def test_store_uses_crc32c(crc_store):
 
 def test_plain_venv_runs_its_own_copy(plain_venv, tmp_path):
     """The venv's python imports the installed zarrfs (not the work tree) and has no extras' packages."""
-    probe = ("import importlib.util as u, zarrfs; print(zarrfs.__file__); "
-             "print(*[m for m in ('zarr', 'pytest', 'crc32c') if u.find_spec(m)])")
-    r = subprocess.run(plain_venv.python_command(["-c", probe]), capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)  # not the work tree: `-c` puts the current directory first
+    probe = (
+        "import importlib.util as u, zarrfs; print(zarrfs.__file__); "
+        "print(*[m for m in ('zarr', 'pytest', 'crc32c') if u.find_spec(m)])"
+    )
+    r = subprocess.run(
+        plain_venv.python_command(["-c", probe]), capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )  # not the work tree: `-c` puts the current directory first
     assert r.returncode == 0, r.stderr
     where, extras = r.stdout.splitlines()
     assert where.startswith(os.fspath(plain_venv.path)), where
@@ -106,19 +109,36 @@ def test_plain_install_reads_crc32c_arrays(plain_venv, crc_store, tmp_path):
 
 def _references_on_s3() -> dict:
     """JSON references whose data file is on S3 (made by hand: only the start-up is tested)."""
-    zarray = {"zarr_format": 2, "shape": [2], "chunks": [2], "dtype": "<f4", "compressor": None, "filters": None,
-              "fill_value": 0, "order": "C"}
-    return {"version": 1, "refs": {".zgroup": json.dumps({"zarr_format": 2}), "a/.zarray": json.dumps(zarray),
-                                   "a/0": ["s3://no-bucket/t.nc", 0, 8]}}
+    zarray = {
+        "zarr_format": 2,
+        "shape": [2],
+        "chunks": [2],
+        "dtype": "<f4",
+        "compressor": None,
+        "filters": None,
+        "fill_value": 0,
+        "order": "C",
+    }
+    return {
+        "version": 1,
+        "refs": {
+            ".zgroup": json.dumps({"zarr_format": 2}),
+            "a/.zarray": json.dumps(zarray),
+            "a/0": ["s3://no-bucket/t.nc", 0, 8],
+        },
+    }
 
 
-@pytest.mark.parametrize("source, extra", [
-    ("http://127.0.0.1:9/x.zarr", "http"),
-    ("s3://no-bucket/x.zarr", "s3"),
-    ("gs://no-bucket/x.zarr", "gcs"),
-    ("refs.json", "s3"),
-    ("refs.parq", "references"),
-])
+@pytest.mark.parametrize(
+    "source, extra",
+    [
+        ("http://127.0.0.1:9/x.zarr", "http"),
+        ("s3://no-bucket/x.zarr", "s3"),
+        ("gs://no-bucket/x.zarr", "gcs"),
+        ("refs.json", "s3"),
+        ("refs.parq", "references"),
+    ],
+)
 def test_missing_backend_is_one_line_naming_the_extra(plain_venv, tmp_path, source, extra):
     """A plain install meeting a protocol whose backend it lacks (for the store, or for the data files
     references point to) prints one line naming the extra to install, not an import error."""
@@ -131,8 +151,7 @@ def test_missing_backend_is_one_line_naming_the_extra(plain_venv, tmp_path, sour
         source = rf.write_parquet(refs, str(tmp_path / "refs.parq"))
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    code, stdout, stderr, was_mounted = mounting.run_expecting_failure(plain_venv.command([source, mnt]), mnt,
-                                                                       tmp_path)
+    code, stdout, stderr, was_mounted = mounting.run_expecting_failure(plain_venv.command([source, mnt]), mnt, tmp_path)
     assert not was_mounted and code == 1, stderr
     lines = stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"zarrfs: {source}: "), stderr

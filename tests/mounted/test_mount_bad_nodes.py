@@ -23,8 +23,11 @@ HUGE = 2**62  # 2^62 x 2^62 elements: the byte size overflows st_size
 DEEP = 200_000  # levels of nesting: far past the JSON parser's recursion limit
 LONG_NAME = "n" * 5000  # bytes: a kernel directory entry holds at most 255
 LOCAL_LONG_NAME = "m" * 253  # a directory the local file system allows; NAME.npy has 257 bytes
-HEALTHY = {"ok": ("int32", (40, 30), (16, 16), "zstd"), "g/sibling": ("float32", (20, 20), (8, 8), "gzip"),
-           "unknown_codec": ("int16", (10, 3), (4, 2), "zstd")}
+HEALTHY = {
+    "ok": ("int32", (40, 30), (16, 16), "zstd"),
+    "g/sibling": ("float32", (20, 20), (8, 8), "gzip"),
+    "unknown_codec": ("int16", (10, 3), (4, 2), "zstd"),
+}
 
 
 def doc_name(fmt: int) -> str:
@@ -45,6 +48,7 @@ def _absurd_shape(fmt: int):
             doc["chunks"] = [1, 1]
         else:
             doc["chunk_grid"]["configuration"]["chunk_shape"] = [1, 1]
+
     return change
 
 
@@ -54,6 +58,7 @@ def _unknown_codec(fmt: int):
             doc["compressor"] = {"id": "doesnotexist", "level": 3}
         else:
             doc["codecs"].append({"name": "numcodecs.doesnotexist", "configuration": {}})
+
     return change
 
 
@@ -99,10 +104,15 @@ def bad(module_mount, tmp_path_factory):
 
 def _assert_log_names(mounter, mnt, *needles):
     """Some WARNING/ERROR line of the daemon's log holds every one of NEEDLES (key and reason)."""
+
     def found():
-        return any(all(n in line for n in needles) for line in mounting.log_lines_naming(mounter.log_text(mnt), needles[0]))
-    assert mounting.wait_until(found, 3.0, 0.05), \
+        return any(
+            all(n in line for n in needles) for line in mounting.log_lines_naming(mounter.log_text(mnt), needles[0])
+        )
+
+    assert mounting.wait_until(found, 3.0, 0.05), (
         f"no WARNING/ERROR log line names {needles!r}; log:\n{mounter.log_text(mnt)[-3000:]}"
+    )
 
 
 def _assert_healthy(expected: dict, mnt: Path) -> None:
@@ -141,8 +151,9 @@ def test_root_lists_and_stats_with_bad_nodes(bad, fmt):
 
 
 @FORMATS
-@pytest.mark.parametrize("name,reason", [("huge", "too large"), ("deep", "nested too deeply"),
-                                         ("link", "outside the store")])
+@pytest.mark.parametrize(
+    "name,reason", [("huge", "too large"), ("deep", "nested too deeply"), ("link", "outside the store")]
+)
 def test_bad_node_fails_alone(bad, module_mount, fmt, name, reason):
     expected, mnt = bad(fmt)
     p = _listed(mnt, name)
@@ -174,8 +185,13 @@ def test_unknown_codec_keeps_its_metadata(bad, module_mount, fmt):
     want = expected["unknown_codec"]
     p = mnt / "unknown_codec.npy"
     assert os.stat(p).st_size == len(want.npy)
-    assert set(os.listxattr(p)) >= {"user.zarr.attributes", "user.zarr.shape", "user.zarr.dtype",
-                                    "user.zarr.chunks", "user.zarr.codecs"}
+    assert set(os.listxattr(p)) >= {
+        "user.zarr.attributes",
+        "user.zarr.shape",
+        "user.zarr.dtype",
+        "user.zarr.chunks",
+        "user.zarr.codecs",
+    }
     assert json.loads(os.getxattr(p, "user.zarr.shape")) == want.shape
     assert json.loads(os.getxattr(p, "user.zarr.dtype")) == want.descr
     assert json.loads(os.getxattr(p, "user.zarr.chunks")) == want.chunks
@@ -192,6 +208,7 @@ def test_unknown_codec_keeps_its_metadata(bad, module_mount, fmt):
 
 
 # --------------------------------------------------------------------------- consolidated metadata
+
 
 def build_consolidated(root: Path, fmt: int) -> tuple[dict, list[str]]:
     """A consolidated store with hand-written hostile entries; returns the healthy values and those keys."""
@@ -237,11 +254,23 @@ def test_consolidated_metadata_keys_are_checked(mount, tmp_path, fmt):
 
 # --------------------------------------------------------------------------- root arrays
 
+
 def _v1_root(root: Path) -> None:
     root.mkdir()
-    (root / "meta").write_text(json.dumps({
-        "zarr_format": 1, "shape": [HUGE, HUGE], "chunks": [1, 1], "dtype": "<i4", "compression": "none",
-        "compression_opts": None, "fill_value": 0, "order": "C"}))
+    (root / "meta").write_text(
+        json.dumps(
+            {
+                "zarr_format": 1,
+                "shape": [HUGE, HUGE],
+                "chunks": [1, 1],
+                "dtype": "<i4",
+                "compression": "none",
+                "compression_opts": None,
+                "fill_value": 0,
+                "order": "C",
+            }
+        )
+    )
     (root / "attrs").write_text("{}")
 
 

@@ -1,5 +1,6 @@
 """Mounted: a sequential reader of a read-only mount whose reads are cut into small pieces
-(narrow chunks) or copied across the chunks' order (the F view) is served from bands assembled ahead in worker threads (engine/bands.py). The bytes equal np.save's of what zarr-python reads, in the
+(narrow chunks) or copied across the chunks' order (the F view) is served from bands assembled ahead
+in worker threads (engine/bands.py). The bytes equal np.save's of what zarr-python reads, in the
 C and F views, for uncompressed, compressed and sharded arrays with edge chunks; a refresh
 never lets an assembled band serve bytes of chunks rewritten since; band buffers stay within
 their budget with many readers and are freed when the files close."""
@@ -56,7 +57,7 @@ def test_bands_serve_exact_bytes_of_every_kind_of_array(mount, tmp_path):
         assert read_sequentially(mnt / f"{name}.npy") == want, name
         assert read_sequentially(mnt / f"{name}.npy", size=3 * MIB + 4096, direct=True) == want, name
         # a reader that starts past the first band, in reads that straddle band ends
-        assert read_sequentially(mnt / f"{name}.npy", size=700_000, start=BAND + 12_345) == want[BAND + 12_345:]
+        assert read_sequentially(mnt / f"{name}.npy", size=700_000, start=BAND + 12_345) == want[BAND + 12_345 :]
         assert read_sequentially(mnt / VIEWS / "npy-f" / f"{name}.npy", direct=True) == npy_f_bytes(value), name
     s = stats(mnt)
     assert s["band_reads"] > 0
@@ -68,8 +69,9 @@ def test_a_cat_assembles_each_band_once(mount, tmp_path):
     a band the reader has just left is still there for them, not assembled a second time."""
     value = np.arange(5000 * 2048, dtype="<f4").reshape(5000, 2048)  # 41 MB: six bands
     root = tmp_path / "c.zarr"
-    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(5000, 32),
-                      compressors=None)[...] = value
+    zarr.create_array(
+        store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(5000, 32), compressors=None
+    )[...] = value
     mnt = mount(root)
     assert (mnt / "a.npy").read_bytes() == npy_bytes(value)  # buffered: the kernel's concurrent reads
     s = stats(mnt)
@@ -83,8 +85,14 @@ def test_the_f_view_of_wide_c_chunks_is_served_from_bands(mount, tmp_path):
     the size of their pieces; the C view of the same array, in pieces of 64 KiB, is not."""
     value = np.random.default_rng(3).standard_normal((2000, 3000)).astype("<f4")  # 24 MB: three bands
     root = tmp_path / "f.zarr"
-    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(500, 600),
-                      compressors=[zarr.codecs.ZstdCodec(level=1)])[...] = value
+    zarr.create_array(
+        store=os.fspath(root),
+        name="a",
+        shape=value.shape,
+        dtype=value.dtype,
+        chunks=(500, 600),
+        compressors=[zarr.codecs.ZstdCodec(level=1)],
+    )[...] = value
     mnt = mount(root)
     assert read_sequentially(mnt / "a.npy") == npy_bytes(value)
     assert stats(mnt)["band_reads"] == 0
@@ -104,17 +112,33 @@ def test_transposing_views_of_uncompressed_local_chunks_are_read_from_their_file
     zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
     arrays = {}
     for name, order in (("c", "C"), ("f", "F"), ("h", "C")):
-        arrays[name] = zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
-                                         chunks=(300, 256), compressors=None, zarr_format=2, order=order,
-                                         fill_value=-1.5)
+        arrays[name] = zarr.create_array(
+            store=os.fspath(root),
+            name=name,
+            shape=value.shape,
+            dtype=value.dtype,
+            chunks=(300, 256),
+            compressors=None,
+            zarr_format=2,
+            order=order,
+            fill_value=-1.5,
+        )
         arrays[name][...] = value
     os.unlink(root / "h" / "4.3")  # a chunk of the F view's second band
     mnt = mount(root)
-    views = {"c": mnt / VIEWS / "npy-f" / "c.npy", "f": mnt / "f.npy", "h": mnt / VIEWS / "npy-f" / "h.npy",
-             "c-raw": mnt / VIEWS / "raw-f" / "c.raw"}
+    views = {
+        "c": mnt / VIEWS / "npy-f" / "c.npy",
+        "f": mnt / "f.npy",
+        "h": mnt / VIEWS / "npy-f" / "h.npy",
+        "c-raw": mnt / VIEWS / "raw-f" / "c.raw",
+    }
     read_back = {name: zarr.open_array(os.fspath(root / name), mode="r")[...] for name in ("c", "f", "h")}
-    wants = {"c": npy_f_bytes(read_back["c"]), "f": npy_bytes(read_back["f"]), "h": npy_f_bytes(read_back["h"]),
-             "c-raw": read_back["c"].tobytes(order="F")}
+    wants = {
+        "c": npy_f_bytes(read_back["c"]),
+        "f": npy_bytes(read_back["f"]),
+        "h": npy_f_bytes(read_back["h"]),
+        "c-raw": read_back["c"].tobytes(order="F"),
+    }
     for path in views.values():
         path.stat()  # (the array's metadata read)
     for name in ("c", "f", "c-raw"):
@@ -150,8 +174,17 @@ def test_transposing_views_of_compressed_local_chunks_are_decoded_into_their_ban
     zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
     blosc, zstd = numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE), numcodecs.Zstd(level=1)
     for name, order, codec in (("cz", "C", zstd), ("fb", "F", blosc), ("hz", "C", zstd), ("bad", "C", zstd)):
-        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype, chunks=(300, 256),
-                          zarr_format=2, order=order, compressors=codec, fill_value=-1.5)[...] = value
+        zarr.create_array(
+            store=os.fspath(root),
+            name=name,
+            shape=value.shape,
+            dtype=value.dtype,
+            chunks=(300, 256),
+            zarr_format=2,
+            order=order,
+            compressors=codec,
+            fill_value=-1.5,
+        )[...] = value
     os.unlink(root / "hz" / "4.3")  # a chunk of the F view's second band
     (root / "bad" / "4.3").write_bytes(b"not zstd at all")
     mnt = mount(root)
@@ -178,7 +211,7 @@ def test_transposing_views_of_compressed_local_chunks_are_decoded_into_their_ban
             got.append(part)
     assert failed.value.errno == errno.EIO
     got = b"".join(got)
-    assert second <= len(got) < second + 1200 * 4 and got == good[:len(got)]  # up to row 1200 of column 768
+    assert second <= len(got) < second + 1200 * 4 and got == good[: len(got)]  # up to row 1200 of column 768
     assert mounting.log_lines_naming(mount.log_text(mnt), "bad/4.3")
 
 
@@ -188,8 +221,9 @@ def test_a_refresh_keeps_bands_from_serving_what_the_store_no_longer_holds(mount
     zarr-python replaces each file by a new one: a refresh makes every thread open them again."""
     root = tmp_path / "r.zarr"
     old = np.arange(3000 * 2000, dtype="<f4").reshape(3000, 2000)  # 24 MB: three bands
-    arr = zarr.create_array(store=os.fspath(root), name="a", shape=old.shape, dtype=old.dtype, chunks=(500, 40),
-                            compressors=compressors)
+    arr = zarr.create_array(
+        store=os.fspath(root), name="a", shape=old.shape, dtype=old.dtype, chunks=(500, 40), compressors=compressors
+    )
     arr[...] = old
     mnt = mount(root)
     fd = os.open(mnt / "a.npy", os.O_RDONLY | os.O_DIRECT)
@@ -200,8 +234,8 @@ def test_a_refresh_keeps_bands_from_serving_what_the_store_no_longer_holds(mount
         arr[...] = new  # another writer rewrites every chunk
         (mnt / VIEWS / "refresh").read_bytes()
         rest = f.read()
-    assert head == npy_bytes(old)[:len(head)]
-    assert rest == npy_bytes(new)[len(head):]
+    assert head == npy_bytes(old)[: len(head)]
+    assert rest == npy_bytes(new)[len(head) :]
 
 
 def test_many_readers_stay_within_the_band_budget(mount, tmp_path):
@@ -210,12 +244,20 @@ def test_many_readers_stay_within_the_band_budget(mount, tmp_path):
     values = {}
     for i in range(12):  # 12 readers that could each hold four 8 MiB buffers: 384 MiB without a budget
         values[f"a{i}"] = np.full((2300, 1000), i, "<i4") + np.arange(1000, dtype="<i4")
-        zarr.create_array(store=os.fspath(root), name=f"a{i}", shape=(2300, 1000), dtype="<i4", chunks=(500, 25),
-                          compressors=[zarr.codecs.BloscCodec(cname="lz4")])[...] = values[f"a{i}"]
+        zarr.create_array(
+            store=os.fspath(root),
+            name=f"a{i}",
+            shape=(2300, 1000),
+            dtype="<i4",
+            chunks=(500, 25),
+            compressors=[zarr.codecs.BloscCodec(cname="lz4")],
+        )[...] = values[f"a{i}"]
     mnt = mount(root)
     got = {}
-    threads = [threading.Thread(target=lambda n=n: got.__setitem__(n, read_sequentially(mnt / f"{n}.npy", direct=True)))
-               for n in values]
+    threads = [
+        threading.Thread(target=lambda n=n: got.__setitem__(n, read_sequentially(mnt / f"{n}.npy", direct=True)))
+        for n in values
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -231,8 +273,14 @@ def test_many_readers_stay_within_the_band_budget(mount, tmp_path):
 def test_a_reader_that_seeks_back_gets_bands_again(mount, tmp_path):
     root = tmp_path / "s.zarr"
     value = np.arange(3000 * 2000, dtype="<f4").reshape(3000, 2000)  # 24 MB: three bands
-    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(500, 40),
-                      compressors=[zarr.codecs.ZstdCodec(level=1)])[...] = value
+    zarr.create_array(
+        store=os.fspath(root),
+        name="a",
+        shape=value.shape,
+        dtype=value.dtype,
+        chunks=(500, 40),
+        compressors=[zarr.codecs.ZstdCodec(level=1)],
+    )[...] = value
     mnt = mount(root)
     want = npy_bytes(value)
     fd = os.open(mnt / "a.npy", os.O_RDONLY | os.O_DIRECT)
@@ -252,8 +300,9 @@ def test_slice_views_of_uncompressed_arrays_read_in_large_reads(mount, tmp_path)
     value = np.arange(3000 * 3000, dtype="<f4").reshape(3000, 3000)
     zarr.open_group(os.fspath(root), mode="w")
     for name, chunks in (("wide", (500, 3000)), ("narrow", (500, 40))):
-        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype, chunks=chunks,
-                          compressors=None)[...] = value
+        zarr.create_array(
+            store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype, chunks=chunks, compressors=None
+        )[...] = value
     mnt = mount(root)
     for name in ("wide", "narrow"):
         path = mnt / VIEWS / "slice" / f"{name}[100:2900:2, ::-1].npy"

@@ -1,4 +1,5 @@
-"""Mounted: uncompressed local arrays are read straight from their chunk files on read-only mounts, and equal np.save bytes; writable mounts, compressed arrays and absent chunks take the chunk cache."""
+"""Mounted: uncompressed local arrays are read straight from their chunk files on read-only mounts, and equal
+np.save bytes; writable mounts, compressed arrays and absent chunks take the chunk cache."""
 
 import json
 import os
@@ -20,8 +21,16 @@ def stats(mnt):
 
 
 def make(root, name, data, zarr_format, compressors=None, chunks=(200, 500)):
-    arr = zarr.create_array(store=os.fspath(root), name=name, shape=data.shape, dtype=data.dtype, chunks=chunks,
-                            zarr_format=zarr_format, compressors=compressors, fill_value=7)
+    arr = zarr.create_array(
+        store=os.fspath(root),
+        name=name,
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=chunks,
+        zarr_format=zarr_format,
+        compressors=compressors,
+        fill_value=7,
+    )
     arr[...] = data
     return arr
 
@@ -35,7 +44,7 @@ def check_reads(mnt, root, name, sizes=(256 << 10, 600_000)):
         for _ in range(50):
             off, n = random.randrange(len(want)), random.randrange(*sizes)
             f.seek(off)
-            assert f.read(n) == want[off:off + n], (name, off, n)
+            assert f.read(n) == want[off : off + n], (name, off, n)
 
 
 def test_uncompressed_arrays_are_read_from_their_files(mount, tmp_path):
@@ -54,7 +63,7 @@ def test_uncompressed_arrays_are_read_from_their_files(mount, tmp_path):
     assert s["direct_reads"] > 0 and s["direct_bytes"] >= 2 * data.nbytes
     assert s["bytes_decoded"] == 0  # no chunk went through the chunk cache
     for i, j in ((0, 0), (2, 1), (4, 1)):  # one chunk's file: a stream of its own grid, placed in the array's
-        want = npy_bytes(data[i * 200:(i + 1) * 200, j * 500:(j + 1) * 500])
+        want = npy_bytes(data[i * 200 : (i + 1) * 200, j * 500 : (j + 1) * 500])
         assert (mnt2 / VIEWS / "chunks" / "a" / f"{i}.{j}.npy").read_bytes() == want, (i, j)
     assert stats(mnt2)["direct_reads"] > s["direct_reads"]
     mnt3 = mount(v3)
@@ -109,6 +118,6 @@ def test_narrow_chunks_are_read_from_their_files_with_many_kept_open(mount, tmp_
     with open(fd, "rb", buffering=0) as f:
         for off in (0, 5 << 20, 20 << 20):
             f.seek(off)
-            assert f.read(512 << 10) == want[off:off + (512 << 10)]
+            assert f.read(512 << 10) == want[off : off + (512 << 10)]
     assert stats(mnt)["bytes_decoded"] == 0, stats(mnt)  # no chunk loaded whole
     check_reads(mnt, root, "a", sizes=(1 << 20, 3 << 20))  # and reads at random places

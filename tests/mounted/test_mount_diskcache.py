@@ -10,7 +10,6 @@ import re
 import signal
 import stat
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -20,12 +19,10 @@ import numpy as np
 import pytest
 import zarr
 
-from support import mounting, oracles
-from test_mount_http import HttpServer
-from test_mount_remote import proxy  # noqa: F401  (the latency proxy before moto)
-from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
-
 from benchmarks.latency_proxy import Proxy
+from support import mounting, oracles
+from support.s3 import BUCKET, CREDENTIALS
+from test_mount_http import HttpServer
 
 SHAPE = (96, 96)
 CHUNKS = (16, 16)  # 36 chunks of 2 KiB
@@ -39,7 +36,7 @@ def _value(seed: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def bucket(s3, tmp_path_factory):  # noqa: F811
+def bucket(s3, tmp_path_factory):
     """Arrays in the bucket (dense `a`, sharded `s`, per store name); yields (fs, endpoint, values)."""
     endpoint, fs = s3
     local = tmp_path_factory.mktemp("dc-src")
@@ -137,7 +134,7 @@ def test_size_bound_under_a_stream_of_distinct_chunks(bucket, proxy, mount, tmp_
     assert peak[0] <= bound + 16 * 8192 + 3 * 4096, peak[0]
 
 
-def test_kill_9_while_writing_entries_then_a_remount_reads_exact_bytes(bucket, s3, mount, tmp_path):  # noqa: F811
+def test_kill_9_while_writing_entries_then_a_remount_reads_exact_bytes(bucket, s3, mount, tmp_path):
     _, endpoint, values, _ = bucket
     cache = tmp_path / "cache"
     slow = Proxy(urllib.parse.urlparse(endpoint).port, latency_s=0.05).start()
@@ -146,8 +143,9 @@ def test_kill_9_while_writing_entries_then_a_remount_reads_exact_bytes(bucket, s
         mnt = mount(src, *_opts(slow.port, cache))
         pids = mount.records[-1].daemon_pids
         assert pids
-        reader = subprocess.Popen(["cat", str(mnt / "a.npy"), str(mnt / "s.npy")], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        reader = subprocess.Popen(
+            ["cat", str(mnt / "a.npy"), str(mnt / "s.npy")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         assert mounting.wait_until(lambda: len(_entry_files(cache)) >= 8, 30)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
@@ -318,8 +316,9 @@ def test_remount_reads_from_disk_then_revalidates_by_listing(bucket, proxy, moun
     mounting.unmount_and_wait(mount, mnt)
 
     # zarrfs --clear-cache empties it: the next mount reads the store again.
-    r = subprocess.run([*mounting.ZARRFS, "--clear-cache", "-o", f"cache_dir={cache}"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [*mounting.ZARRFS, "--clear-cache", "-o", f"cache_dir={cache}"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert _entry_files(cache) == []
     proxy.reset_counts()

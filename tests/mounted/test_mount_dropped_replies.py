@@ -12,7 +12,7 @@ from support import builders, mounting, oracles
 
 # zarrfs whose release waits until its mount is gone before it answers: the race of a close
 # just before an unmount, made certain (the kernel sends RELEASE after close(2) returns).
-SLOW_RELEASE = '''
+SLOW_RELEASE = """
 import errno
 import os
 import sys
@@ -40,7 +40,7 @@ async def release(self, fh):
 
 fuse_ops.ZarrOperations.release = release
 sys.exit(main())
-'''
+"""
 
 
 def test_a_release_answered_after_the_unmount_is_logged_at_debug(mount, tmp_path):
@@ -51,7 +51,7 @@ def test_a_release_answered_after_the_unmount_is_logged_at_debug(mount, tmp_path
     script.write_text(SLOW_RELEASE)
     mnt, log = mount.new_mountpoint()
     cmd = mount.command(root, mnt, log, ["log_level=debug"], foreground=True)
-    cmd = [sys.executable, os.fspath(script), *cmd[len(mounting.ZARRFS):]]
+    cmd = [sys.executable, os.fspath(script), *cmd[len(mounting.ZARRFS) :]]
     with open(tmp_path / "daemon.out", "wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     mount.adopt(mnt, log, proc)

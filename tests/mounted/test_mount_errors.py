@@ -58,8 +58,10 @@ def build_damaged_store(root: Path, fmt: int) -> DamagedStore:
         builders.ArraySpec("g/ok", "float32", (20, 20), (8, 8), "gzip"),
         builders.ArraySpec("g/a", "float32", (20, 20), (8, 8), "gzip"),
         builders.ArraySpec("unknown_codec", "int16", (10,), (4,), "zstd"),
-    ] + [builders.ArraySpec(name, "float64", CORRUPT_SHAPE, CORRUPT_CHUNKS, codec)
-         for name, codec in CORRUPT_ARRAYS.items()]
+    ] + [
+        builders.ArraySpec(name, "float64", CORRUPT_SHAPE, CORRUPT_CHUNKS, codec)
+        for name, codec in CORRUPT_ARRAYS.items()
+    ]
     for spec in specs:
         builders.create_array(root, spec, fmt, rng)
     expected = {spec.path: oracles.expected_for(root, spec.path) for spec in specs}

@@ -41,11 +41,11 @@ def _vlen_store(root: Path, fmt: int) -> None:
     builders.write_vlen_string_array(root, "words", fmt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = zarr.create_array(store=os.fspath(root), name="g/grid", shape=(5, 9), chunks=(2, 4), dtype=str,
-                              zarr_format=fmt)
+        a = zarr.create_array(
+            store=os.fspath(root), name="g/grid", shape=(5, 9), chunks=(2, 4), dtype=str, zarr_format=fmt
+        )
         a[:2, :5] = np.array([["α", "", "naïve", "日本語テキスト", "x"], ["", "b", "", "c", "🙂"]], dtype=object)
-    builders.create_array(root, builders.ArraySpec("nums", "int16", (6,), (4,), "zstd"), fmt,
-                         np.random.default_rng(1))
+    builders.create_array(root, builders.ArraySpec("nums", "int16", (6,), (4,), "zstd"), fmt, np.random.default_rng(1))
 
 
 def _fixed_width_oracle(root: Path, path: str) -> np.ndarray:
@@ -69,8 +69,9 @@ def test_vlen_strings_read_as_fixed_width_unicode(mount, tmp_path, fmt):
         assert got.dtype == want.dtype and got.tolist() == want.tolist(), path
     # a copying tool gets every byte, not an empty file
     out = tmp_path / "copy.tar"
-    r = subprocess.run(["tar", "-cf", os.fspath(out), "-C", os.fspath(mnt), "g/grid.npy"], capture_output=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["tar", "-cf", os.fspath(out), "-C", os.fspath(mnt), "g/grid.npy"], capture_output=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     with tarfile.open(out) as tar:
         member = tar.getmember("g/grid.npy")
@@ -100,8 +101,9 @@ def test_vlen_width_scan_limit_fails_the_array_alone(mount, tmp_path):
     builders.create_array(root, builders.ArraySpec("nums", "int16", (6,), (4,), "zstd"), 2, np.random.default_rng(1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        big = zarr.create_array(store=os.fspath(root), name="big", shape=(2,), chunks=(1,), dtype=str,
-                                zarr_format=2, compressors=None)
+        big = zarr.create_array(
+            store=os.fspath(root), name="big", shape=(2,), chunks=(1,), dtype=str, zarr_format=2, compressors=None
+        )
         big[0] = "x" * (40 << 20)  # two chunks of 40 MiB each
         big[1] = "y" * (40 << 20)
     mnt = mount(root)
@@ -132,8 +134,9 @@ def test_v3_group_that_must_be_understood_fails_alone(mount, tmp_path):
 
     root = tmp_path / "store.zarr"
     zarr.open_group(os.fspath(root), mode="w", zarr_format=3).create_group("strict")
-    builders.create_array(root, builders.ArraySpec("strict/a", "int16", (6,), (4,), "zstd"), 3,
-                         np.random.default_rng(1))
+    builders.create_array(
+        root, builders.ArraySpec("strict/a", "int16", (6,), (4,), "zstd"), 3, np.random.default_rng(1)
+    )
     builders.create_array(root, builders.ArraySpec("ok", "int16", (6,), (4,), "zstd"), 3, np.random.default_rng(2))
     doc = json.loads((root / "strict" / "zarr.json").read_text())
     (root / "strict" / "zarr.json").write_text(json.dumps({**doc, "ext": {"must_understand": True}}))
@@ -158,7 +161,8 @@ def test_v3_root_group_that_must_be_understood_refuses_the_mount(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     code, out, err, was_mounted = mounting.run_expecting_failure(
-        [*mounting.ZARRFS, os.fspath(root), os.fspath(mnt)], mnt, tmp_path)
+        [*mounting.ZARRFS, os.fspath(root), os.fspath(mnt)], mnt, tmp_path
+    )
     assert not was_mounted and code == 1
     assert err.splitlines() == [f"zarrfs: {root}: zarr.json: unknown field 'ext' that must be understood"]
 
@@ -240,7 +244,8 @@ def test_v1_malformed_meta_is_named_at_start_up(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     code, out, err, was_mounted = mounting.run_expecting_failure(
-        [*mounting.ZARRFS, os.fspath(root), os.fspath(mnt)], mnt, tmp_path)
+        [*mounting.ZARRFS, os.fspath(root), os.fspath(mnt)], mnt, tmp_path
+    )
     assert not was_mounted and code == 1
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"zarrfs: {root}: meta: malformed JSON: "), err

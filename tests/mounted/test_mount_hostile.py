@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import bombs
-from support import mounting, oracles
+from support import bombs, mounting, oracles
 
 # A read that the daemon answers takes well under a second; one that a FIFO blocks never
 # returns. Past this we call it blocked (and the reader is killed).
@@ -58,17 +57,20 @@ def _assert_eio(path: Path) -> None:
 
 def _assert_logged(mounter, mnt, *words) -> None:
     """Some WARNING/ERROR line of the daemon's log holds every one of WORDS."""
+
     def found():
         lines = mounting.log_lines_naming(mounter.log_text(mnt), words[0])
         return any(all(w in ln for w in words) for ln in lines)
+
     assert mounting.wait_until(found, 5, 0.05), f"no log line with {words}:\n{mounter.log_text(mnt)[-3000:]}"
 
 
 def _v2_array(root: Path, name: str, compressor, rng, spec=SMALL) -> np.ndarray:
     import zarr
 
-    arr = zarr.create_array(store=os.fspath(root), name=name, zarr_format=2, compressors=compressor,
-                            fill_value=0.0, **spec)
+    arr = zarr.create_array(
+        store=os.fspath(root), name=name, zarr_format=2, compressors=compressor, fill_value=0.0, **spec
+    )
     value = rng.random(spec["shape"])
     arr[...] = value
     return value
@@ -84,8 +86,10 @@ def test_store_values_that_are_not_regular_files(mount, tmp_path):
     root = tmp_path / "s.zarr"
     zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
     rng = np.random.default_rng(5)
-    good = {name: _v2_array(root, name, numcodecs.Zstd(level=1), rng)
-            for name in ("good", "fifo_chunk", "dev_chunk", "zero_link", "h/ok", "h/fifo_meta")}
+    good = {
+        name: _v2_array(root, name, numcodecs.Zstd(level=1), rng)
+        for name in ("good", "fifo_chunk", "dev_chunk", "zero_link", "h/ok", "h/fifo_meta")
+    }
     os.unlink(root / "fifo_chunk/0.0")
     os.mkfifo(root / "fifo_chunk/0.0")
     os.unlink(root / "dev_chunk/0.0")
@@ -98,8 +102,11 @@ def test_store_values_that_are_not_regular_files(mount, tmp_path):
     mnt = mount(root)
     # The node is there, broken (`ls`, not os.listdir: a blocked lookup must not hang the tests).
     assert _run(["ls", os.fspath(mnt / "h")]).stdout.split() == [b"fifo_meta.npy", b"ok.npy"]
-    for name, why in (("fifo_chunk", "not a regular file: FIFO"), ("dev_chunk", "not a regular file: character device"),
-                      ("zero_link", "outside the store")):
+    for name, why in (
+        ("fifo_chunk", "not a regular file: FIFO"),
+        ("dev_chunk", "not a regular file: character device"),
+        ("zero_link", "outside the store"),
+    ):
         _assert_eio(mnt / f"{name}.npy")
         _assert_logged(mount, mnt, f"{name}/0.0", why)
         # In the store view such a key has size 0 (what stat says), so no read reaches it.
@@ -160,8 +167,15 @@ def _two_big_arrays(root: Path, compressor) -> dict[str, np.ndarray]:
 
     values = {}
     for name in ("one", "two"):
-        arr = zarr.create_array(store=os.fspath(root), name=name, zarr_format=2, shape=BIG_SHAPE,
-                                chunks=BIG_SHAPE, dtype="<f8", compressors=compressor)
+        arr = zarr.create_array(
+            store=os.fspath(root),
+            name=name,
+            zarr_format=2,
+            shape=BIG_SHAPE,
+            chunks=BIG_SHAPE,
+            dtype="<f8",
+            compressors=compressor,
+        )
         values[name] = np.arange(np.prod(BIG_SHAPE), dtype="<f8").reshape(BIG_SHAPE) * (2 if name == "two" else 1)
         arr[...] = values[name]
     return values

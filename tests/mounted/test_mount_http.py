@@ -12,14 +12,12 @@ import time
 import urllib.request
 import warnings
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from support import builders, mounting, oracles
-
 from benchmarks.latency_proxy import Proxy
+from support import builders, mounting, oracles
 
 
 def _free_port() -> int:
@@ -30,7 +28,10 @@ def _free_port() -> int:
 
 # ``python -m http.server`` as it is: one thread a connection, HTTP/1.0 (each answer closes its
 # connection), a listen backlog of 5. zarrfs opens at most remote.HTTP_CONNECTIONS to it at once.
-HTTP_SERVER_MAIN = "import runpy, sys; sys.argv = ['http.server'] + sys.argv[1:]; runpy.run_module('http.server', run_name='__main__', alter_sys=True)"
+HTTP_SERVER_MAIN = (
+    "import runpy, sys; sys.argv = ['http.server'] + sys.argv[1:]; "
+    "runpy.run_module('http.server', run_name='__main__', alter_sys=True)"
+)
 HTTP_CONNECTIONS = 6  # zarrfs/storage/remote.py
 
 
@@ -46,9 +47,19 @@ class HttpServer:
             self.port = _free_port()
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-c", HTTP_SERVER_MAIN, "--bind", "127.0.0.1", str(self.port),
-                     "--directory", str(self.directory)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    [
+                        sys.executable,
+                        "-c",
+                        HTTP_SERVER_MAIN,
+                        "--bind",
+                        "127.0.0.1",
+                        str(self.port),
+                        "--directory",
+                        str(self.directory),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
                 )
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and self.proc.poll() is None:
@@ -111,8 +122,9 @@ def _check_mounted_hierarchy(h: builders.Hierarchy, mnt) -> list[str]:
         dirs.add("" if rel == "." else rel)
         files.update(os.path.join("" if rel == "." else rel, f) for f in filenames)
     if dirs != set(h.all_groups()):
-        problems.append(f"directories: extra {sorted(dirs - set(h.all_groups()))}, "
-                        f"missing {sorted(set(h.all_groups()) - dirs)}")
+        problems.append(
+            f"directories: extra {sorted(dirs - set(h.all_groups()))}, missing {sorted(set(h.all_groups()) - dirs)}"
+        )
     want_files = {a + ".npy" for a in h.arrays}
     if files != want_files:
         problems.append(f"files: extra {sorted(files - want_files)}, missing {sorted(want_files - files)}")
@@ -135,7 +147,7 @@ def _check_mounted_hierarchy(h: builders.Hierarchy, mnt) -> list[str]:
             for _ in range(8):
                 off = int(rng.integers(0, len(expected) + 10))
                 n = int(rng.integers(0, 70_000))
-                if os.pread(f.fileno(), n, off) != expected[off:off + n]:
+                if os.pread(f.fileno(), n, off) != expected[off : off + n]:
                     problems.append(f"{path}: pread({n}, {off}) differs")
                     break
     for group in h.all_groups():
@@ -194,7 +206,8 @@ def test_http_missing_source_is_a_user_error(served, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     code, stdout, stderr, was_mounted = mounting.run_expecting_failure(
-        [*mounting.ZARRFS, server.url("no_such_store.zarr"), str(mnt)], mnt, tmp_path)
+        [*mounting.ZARRFS, server.url("no_such_store.zarr"), str(mnt)], mnt, tmp_path
+    )
     assert not was_mounted
     lines = stderr.splitlines()
     assert code != 0
@@ -211,8 +224,9 @@ def test_http_server_ignoring_range_gets_whole_shards(mount, served):
     server, _ = served
     root = server.directory / "sharded_big.zarr"
     zarr.open_group(str(root), mode="w", zarr_format=3)
-    arr = zarr.create_array(str(root), name="s", shape=(512, 512), dtype="<f4", shards=(256, 256),
-                            chunks=(32, 32), zarr_format=3)
+    arr = zarr.create_array(
+        str(root), name="s", shape=(512, 512), dtype="<f4", shards=(256, 256), chunks=(32, 32), zarr_format=3
+    )
     value = np.random.default_rng(5).normal(size=(512, 512)).astype("<f4")
     arr[:] = value
     with warnings.catch_warnings():

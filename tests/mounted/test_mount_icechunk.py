@@ -12,9 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from support import icechunk_repo
-from support import mounting, oracles
-from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
+from support import icechunk_repo, mounting, oracles
+from support.s3 import BUCKET, CREDENTIALS
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def _assert_tree_equals(mnt, repo, snapshot_id):
         assert (mnt / (path + ".npy")).read_bytes() == oracles.npy_bytes(value), path
     for group in icechunk_repo.groups_of(repo, snapshot_id):
         assert (mnt / group).is_dir(), group
-    listed = {str(p.relative_to(mnt))[:-len(".npy")] for p in mnt.rglob("*.npy")}
+    listed = {str(p.relative_to(mnt))[: -len(".npy")] for p in mnt.rglob("*.npy")}
     assert listed == set(arrays)
 
 
@@ -54,6 +53,7 @@ def test_views_of_a_repository(main_mnt, repo):
     oracle = repo.open().readonly_session(branch="main").store
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
+
     doc = sync(oracle.get("g/t/zarr.json", default_buffer_prototype())).to_bytes()
     assert (views / "store" / "g" / "t" / "zarr.json").read_bytes() == doc
     assert sorted(os.listdir(views / "store")) == ["a", "g", "s", "zarr.json"]
@@ -68,9 +68,14 @@ def test_version_directories_equal_icechunk(main_mnt, repo):
     assert os.listdir(versions / "tags") == ["v1"]
     assert sorted(os.listdir(versions / "snapshots")) == sorted(ancestry)
     snapshots = repo.snapshots
-    for where, version in (("tags/v1", "v1"), ("branches/main", "main"), ("branches/dev", "dev"),
-                           (f"snapshots/{snapshots['v1']}", "v1"), (f"snapshots/{snapshots['main']}", "main"),
-                           (f"snapshots/{snapshots['dev']}", "dev")):  # dev's tip: not listed, found by ID
+    for where, version in (
+        ("tags/v1", "v1"),
+        ("branches/main", "main"),
+        ("branches/dev", "dev"),
+        (f"snapshots/{snapshots['v1']}", "v1"),
+        (f"snapshots/{snapshots['main']}", "main"),
+        (f"snapshots/{snapshots['dev']}", "dev"),
+    ):  # dev's tip: not listed, found by ID
         _assert_tree_equals(versions / where, repo, snapshots[version])
     assert not (versions / "snapshots" / "AAAAAAAAAAAAAAAAAAAA").exists()
     assert not (versions / "tags" / "nope").exists()
@@ -96,8 +101,9 @@ def test_diff_of_a_tag_with_the_tip(main_mnt):
     assert same.returncode == 0, same
 
 
-@pytest.mark.parametrize("option, version", [("ref=v1", "v1"), ("ref=dev", "dev"), ("snapshot", "v1")],
-                         ids=["tag", "branch", "snapshot"])
+@pytest.mark.parametrize(
+    "option, version", [("ref=v1", "v1"), ("ref=dev", "dev"), ("snapshot", "v1")], ids=["tag", "branch", "snapshot"]
+)
 def test_ref_and_snapshot_mounts(repo, module_mount, option, version):
     if option == "snapshot":
         option = f"snapshot={repo.snapshots[version]}"
@@ -117,8 +123,7 @@ def _fails(tmp_path, source, *opts, env=None):
     cmd = [*mounting.ZARRFS, str(source), str(mnt), "-f"] + (["-o", ",".join(opts)] if opts else [])
     out_p = tmp_path / "out"
     with open(out_p, "wb") as out:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                              timeout=60)
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=60)
     assert not mounting.is_mounted(mnt)
     assert proc.returncode != 0
     return out_p.read_text()
@@ -194,14 +199,21 @@ def test_a_branch_is_followed_within_metadata_ttl(repo, tmp_path, mount):
     assert mounting.wait_until(lambda: (branch / "a.npy").read_bytes() == want, 20)
 
 
-def test_a_repository_on_s3(s3, module_mount):  # noqa: F811
+def test_a_repository_on_s3(s3, module_mount):
     import icechunk
     import zarr
 
     endpoint, _ = s3
-    storage = icechunk.s3_storage(bucket=BUCKET, prefix="ice/repo", endpoint_url=endpoint, allow_http=True,
-                                  access_key_id=CREDENTIALS["key"], secret_access_key=CREDENTIALS["secret"],
-                                  region="us-east-1", force_path_style=True)
+    storage = icechunk.s3_storage(
+        bucket=BUCKET,
+        prefix="ice/repo",
+        endpoint_url=endpoint,
+        allow_http=True,
+        access_key_id=CREDENTIALS["key"],
+        secret_access_key=CREDENTIALS["secret"],
+        region="us-east-1",
+        force_path_style=True,
+    )
     repo = icechunk.Repository.create(storage)
     value = np.arange(600, dtype="<f8").reshape(20, 30)
 

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 
 from support import mounting, oracles
+from support.s3 import BUCKET, CREDENTIALS
 
 icechunk = pytest.importorskip("icechunk")
 zarr = pytest.importorskip("zarr")
 SingleHdf5ToZarr = pytest.importorskip("kerchunk.hdf").SingleHdf5ToZarr
 zarr_numcodecs = pytest.importorskip("zarr.codecs.numcodecs")
-
-from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: E402,F401  (the moto server fixture)
 
 icechunk.set_logs_filter("error")  # local storage warns that it is not for concurrent commits
 
@@ -31,8 +30,9 @@ def write_netcdf(path) -> dict[str, np.ndarray]:
         ds.createDimension("y", 20)
         ds.createDimension("x", 30)
         ds.createVariable("plain", "<f4", ("y", "x"), chunksizes=(8, 16))[:] = rng.random((20, 30))
-        ds.createVariable("packed", "<i2", ("y", "x"), zlib=True, complevel=4, shuffle=True,
-                          chunksizes=(10, 10))[:] = rng.integers(-3000, 3000, (20, 30))
+        ds.createVariable("packed", "<i2", ("y", "x"), zlib=True, complevel=4, shuffle=True, chunksizes=(10, 10))[:] = (
+            rng.integers(-3000, 3000, (20, 30))
+        )
         ds.createVariable("whole", "<f8", ("y", "x"), contiguous=True)[:] = rng.random((20, 30))
     with netCDF4.Dataset(path) as ds:
         ds.set_auto_maskandscale(False)
@@ -53,8 +53,15 @@ def add_virtual_arrays(store, nc_path: str, location: str) -> None:
     root = zarr.open_group(store, mode="w", zarr_format=3)
     for name in VARIABLES:
         meta = json.loads(refs[f"{name}/.zarray"])
-        root.create_array(name, shape=meta["shape"], chunks=meta["chunks"], dtype=meta["dtype"],
-                          compressors=_codecs(meta) or None, filters=None, fill_value=0)
+        root.create_array(
+            name,
+            shape=meta["shape"],
+            chunks=meta["chunks"],
+            dtype=meta["dtype"],
+            compressors=_codecs(meta) or None,
+            filters=None,
+            fill_value=0,
+        )
     for key, ref in refs.items():
         if isinstance(ref, list) and len(ref) == 3:
             name, index = key.split("/")
@@ -69,8 +76,9 @@ def local_repo(tmp_path_factory):
     values = write_netcdf(base / "nc" / "f.nc")
     container = f"file://{base / 'nc'}/"
     config = icechunk.RepositoryConfig.default()
-    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(container, icechunk.local_filesystem_store(
-        str(base / "nc"))))
+    config.set_virtual_chunk_container(
+        icechunk.VirtualChunkContainer(container, icechunk.local_filesystem_store(str(base / "nc")))
+    )
     repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(base / "repo")), config=config)
     session = repo.writable_session("main")
     add_virtual_arrays(session.store, str(base / "nc" / "f.nc"), container + "f.nc")
@@ -104,22 +112,36 @@ def test_an_unauthorised_container_is_eio_and_one_line(local_repo, mount):
     assert json.loads((mnt / ".zarrfs" / "info" / "plain.json").read_bytes())["shape"] == [20, 30]
 
 
-def test_virtual_chunks_into_a_netcdf_file_on_s3(s3, tmp_path, mount):  # noqa: F811
+def test_virtual_chunks_into_a_netcdf_file_on_s3(s3, tmp_path, mount):
     endpoint, fs = s3
     values = write_netcdf(tmp_path / "f.nc")
     fs.put(str(tmp_path / "f.nc"), f"{BUCKET}/nc/f.nc")
     container = f"s3://{BUCKET}/nc/"
     config = icechunk.RepositoryConfig.default()
-    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(container, icechunk.s3_store(
-        region="us-east-1", endpoint_url=endpoint, allow_http=True, s3_compatible=True, force_path_style=True)))
-    storage = icechunk.s3_storage(bucket=BUCKET, prefix="ice/virtual", endpoint_url=endpoint, allow_http=True,
-                                  access_key_id=CREDENTIALS["key"], secret_access_key=CREDENTIALS["secret"],
-                                  region="us-east-1", force_path_style=True)
+    config.set_virtual_chunk_container(
+        icechunk.VirtualChunkContainer(
+            container,
+            icechunk.s3_store(
+                region="us-east-1", endpoint_url=endpoint, allow_http=True, s3_compatible=True, force_path_style=True
+            ),
+        )
+    )
+    storage = icechunk.s3_storage(
+        bucket=BUCKET,
+        prefix="ice/virtual",
+        endpoint_url=endpoint,
+        allow_http=True,
+        access_key_id=CREDENTIALS["key"],
+        secret_access_key=CREDENTIALS["secret"],
+        region="us-east-1",
+        force_path_style=True,
+    )
     session = icechunk.Repository.create(storage, config=config).writable_session("main")
     add_virtual_arrays(session.store, str(tmp_path / "f.nc"), container + "f.nc")
     session.commit("virtual arrays on S3")
     so = {"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS}
-    mnt = mount(f"s3://{BUCKET}/ice/virtual", "storage_options=" + json.dumps(so),
-                f"authorize_virtual_chunk_access={container}")
+    mnt = mount(
+        f"s3://{BUCKET}/ice/virtual", "storage_options=" + json.dumps(so), f"authorize_virtual_chunk_access={container}"
+    )
     for name in VARIABLES:
         assert (mnt / f"{name}.npy").read_bytes() == oracles.npy_bytes(values[name]), name

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 import zarr
 
-from support import icechunk_repo
-from support import mounting, oracles
-from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
+from support import icechunk_repo, mounting, oracles
+from support.s3 import BUCKET, CREDENTIALS
 
 # Replacements of one array on S3 while another mount reads it (each a commit to moto).
 REPLACEMENTS_ON_S3 = 40
@@ -82,7 +81,7 @@ def test_each_operation_is_one_commit(repo, mount):
     steps.append("zarrfs: rmdir h " + who)
 
     log = _log(repo)
-    assert [m for _, m in log[:len(steps)]][::-1] == steps
+    assert [m for _, m in log[: len(steps)]][::-1] == steps
     assert len(log) == before + len(steps)
     assert set(_tip_arrays(repo)) == {"a", "g/t", "g/u", "s"}
     assert (repo.path.parent / ".repo.zarrfs-lock").exists()  # commits take turns on it
@@ -147,7 +146,7 @@ def test_an_array_written_in_small_pieces_is_one_commit(repo, mount):
     fd = os.open(mnt / "g" / "n.npy", os.O_WRONLY | os.O_CREAT)
     try:
         for at in range(0, len(data), 1000):
-            os.write(fd, data[at:at + 1000])
+            os.write(fd, data[at : at + 1000])
     finally:
         os.close(fd)
     log = _log(repo)
@@ -212,16 +211,25 @@ def test_a_reader_never_sees_a_mix_of_two_replacements(repo, mount):
     _replace_while_reading(mount(repo.path, "writable"), mount(repo.path, "metadata_ttl=0"), 20)
 
 
-def test_on_s3_a_reader_never_sees_a_mix_of_two_replacements(s3, built, mount):  # noqa: F811
+def test_on_s3_a_reader_never_sees_a_mix_of_two_replacements(s3, built, mount):
     """The same with two mounts of one repository on S3 (moto), where icechunk alone orders the
     commits."""
     import icechunk
 
     endpoint, fs = s3
     fs.put(str(built.path), f"{BUCKET}/ice/replaced", recursive=True)
-    repo = icechunk.Repository.open(icechunk.s3_storage(
-        bucket=BUCKET, prefix="ice/replaced", endpoint_url=endpoint, allow_http=True, region="us-east-1",
-        access_key_id=CREDENTIALS["key"], secret_access_key=CREDENTIALS["secret"], force_path_style=True))
+    repo = icechunk.Repository.open(
+        icechunk.s3_storage(
+            bucket=BUCKET,
+            prefix="ice/replaced",
+            endpoint_url=endpoint,
+            allow_http=True,
+            region="us-east-1",
+            access_key_id=CREDENTIALS["key"],
+            secret_access_key=CREDENTIALS["secret"],
+            force_path_style=True,
+        )
+    )
     opts = "storage_options=" + json.dumps({"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS})
     source = f"s3://{BUCKET}/ice/replaced"
     versions = REPLACEMENTS_ON_S3

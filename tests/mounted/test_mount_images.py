@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from xml.etree import ElementTree
 
 import numpy as np
@@ -21,6 +20,7 @@ import pytest
 import tifffile
 import zarr
 from PIL import Image
+
 from support import REPO
 
 VIEWS = ".zarrfs"
@@ -72,15 +72,17 @@ def stats(mnt):
 def test_views_list_arrays_they_can_show(mnt):
     assert {"tiff", "gdal"} <= set(os.listdir(mnt / VIEWS))
     assert sorted(os.listdir(mnt / VIEWS / "tiff")) == sorted(
-        ["img_u1.tif", "grp", "be_i4.tif", "cube_f8.tif", "flags.tif", "sharded_u2.tif", "sparse_f4.tif"])
+        ["img_u1.tif", "grp", "be_i4.tif", "cube_f8.tif", "flags.tif", "sharded_u2.tif", "sparse_f4.tif"]
+    )
     raw = set(os.listdir(mnt / VIEWS / "raw"))
     assert {"img_u1.hdr", "be_i4.hdr", "flags.hdr", "sparse_f4.hdr"} <= raw
     assert "cube_f8.hdr" not in raw  # 4-D: no ENVI cube
     assert "cube_f8.vrt" not in os.listdir(mnt / VIEWS / "gdal")
 
 
-@pytest.mark.parametrize("path", ["img_u1", "grp/img_u2", "grp/stack_f4", "be_i4", "cube_f8", "flags",
-                                  "sharded_u2", "sparse_f4"])
+@pytest.mark.parametrize(
+    "path", ["img_u1", "grp/img_u2", "grp/stack_f4", "be_i4", "cube_f8", "flags", "sharded_u2", "sparse_f4"]
+)
 def test_tifffile_reads_the_array(mnt, store, path):
     want = zarr.open_array(store[0] / path)[...]
     f = mnt / VIEWS / "tiff" / (path + ".tif")
@@ -185,12 +187,22 @@ def parse_stats(stdout: str) -> tuple[tuple[int, int], list[tuple[str, dict[str,
     size = tuple(int(x) for x in re.search(r"Size is (\d+), (\d+)", stdout).groups())
     bands = []
     for m in re.finditer(r"Type=(\w+).*?Minimum=(\S+), Maximum=(\S+), Mean=(\S+), StdDev=(\S+)", stdout, re.S):
-        bands.append((m.group(1), dict(zip(("min", "max", "mean", "std"), (float(x.rstrip(",")) for x in m.groups()[1:])))))
+        bands.append(
+            (m.group(1), dict(zip(("min", "max", "mean", "std"), (float(x.rstrip(",")) for x in m.groups()[1:]))))
+        )
     return size, bands
 
 
-@pytest.mark.parametrize("path,gdal_type", [("img_u1", "Byte"), ("grp/img_u2", "UInt16"), ("be_i4", "Int32"),
-                                            ("grp/stack_f4", "Float32"), ("sparse_f4", "Float32")])
+@pytest.mark.parametrize(
+    "path,gdal_type",
+    [
+        ("img_u1", "Byte"),
+        ("grp/img_u2", "UInt16"),
+        ("be_i4", "Int32"),
+        ("grp/stack_f4", "Float32"),
+        ("sparse_f4", "Float32"),
+    ],
+)
 @pytest.mark.parametrize("how", ["hdr", "vrt"])
 def test_gdalinfo_stats_match_numpy(mnt, store, path, gdal_type, how):
     need("gdalinfo")
@@ -285,6 +297,7 @@ def test_gdal_and_imagemagick_accept_the_tiffs(mnt, path):
 
 # --------------------------------------------------------------------------- previews
 
+
 def test_previews_are_pngs_of_the_middle_page(mnt, store):
     names = os.listdir(mnt / VIEWS / "preview")
     assert {"img_u1.png", "be_i4.png", "cube_f8.png", "grp"} <= set(names)
@@ -366,8 +379,11 @@ def test_readme_commands_run_cleanly_and_stretch_pages(module_mount, readme_stor
     assert len(commands) >= 6, commands
     env = GDAL_ENV
     for command in commands:
-        command = (command.replace("MNT", os.fspath(mnt))
-                   .replace("LO", repr(float(page.min()))).replace("HI", repr(float(page.max()))))
+        command = (
+            command.replace("MNT", os.fspath(mnt))
+            .replace("LO", repr(float(page.min())))
+            .replace("HI", repr(float(page.max())))
+        )
         r = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
         noise = [ln for ln in (r.stdout + r.stderr).splitlines() if re.search(r"\b(ERROR|Warning)\b", ln)]
         assert r.returncode == 0 and not noise, f"{command}: exit {r.returncode}\n{r.stderr}\n{noise}"

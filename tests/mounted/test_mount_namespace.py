@@ -75,8 +75,9 @@ def test_find_over_a_million_chunk_files_then_drop_caches_frees_the_entries(moun
     finally:
         os.close(held)
     np.testing.assert_array_equal(np.load(chunks / "3.4.npy"), want)
-    np.testing.assert_array_equal(np.load(chunks / "999.999.npy"),
-                                  np.asarray(zarr.open_array(str(src / "A"))[999:, 999:]))
+    np.testing.assert_array_equal(
+        np.load(chunks / "999.999.npy"), np.asarray(zarr.open_array(str(src / "A"))[999:, 999:])
+    )
 
 
 def test_writes_keep_working_across_forgets(mount, tmp_path):

@@ -28,12 +28,18 @@ def classic_dataset():
     temp = rng.standard_normal((4, 6, 8)).astype(">f4")  # a big-endian source
     temp[1] = np.nan  # with the fill value NaN: chunks not stored
     ds = xr.Dataset(
-        {"temp": (("t", "lat", "lon"), temp, {"units": "K", "long_name": "air temperature", "valid": [1, 2]}),
-         "pr": (("lat", "lon"), rng.integers(-99, 99, (6, 8)).astype("i2"), {"scale_factor": 0.5}),
-         "p0": ((), 1013.25, {"units": "hPa"})},
-        coords={"lat": ("lat", np.linspace(-50, 50, 6)), "lon": ("lon", np.arange(8, dtype="f4")),
-                "t": ("t", np.arange(4, dtype="i4"))},
-        attrs={"title": "classic", "history": "made by a test", "n": 3})
+        {
+            "temp": (("t", "lat", "lon"), temp, {"units": "K", "long_name": "air temperature", "valid": [1, 2]}),
+            "pr": (("lat", "lon"), rng.integers(-99, 99, (6, 8)).astype("i2"), {"scale_factor": 0.5}),
+            "p0": ((), 1013.25, {"units": "hPa"}),
+        },
+        coords={
+            "lat": ("lat", np.linspace(-50, 50, 6)),
+            "lon": ("lon", np.arange(8, dtype="f4")),
+            "t": ("t", np.arange(4, dtype="i4")),
+        },
+        attrs={"title": "classic", "history": "made by a test", "n": 3},
+    )
     return ds
 
 
@@ -43,11 +49,19 @@ def stores(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("nc-stores")
     ds = classic_dataset()
-    ds.to_zarr(root / "classic.zarr", zarr_format=2, consolidated=False,
-               encoding={"temp": {"chunks": (1, 3, 4)}, "pr": {"chunks": (3, 8)}})
-    timed = xr.Dataset({"v": (("time", "x"), np.arange(12, dtype="u2").reshape(3, 4)),
-                        "big": (("x",), np.array([2**40, -1, 0, 5], dtype="i8"))},
-                       coords={"time": np.array(["2000-01-01", "2000-01-02", "2000-01-05"], "datetime64[ns]")})
+    ds.to_zarr(
+        root / "classic.zarr",
+        zarr_format=2,
+        consolidated=False,
+        encoding={"temp": {"chunks": (1, 3, 4)}, "pr": {"chunks": (3, 8)}},
+    )
+    timed = xr.Dataset(
+        {
+            "v": (("time", "x"), np.arange(12, dtype="u2").reshape(3, 4)),
+            "big": (("x",), np.array([2**40, -1, 0, 5], dtype="i8")),
+        },
+        coords={"time": np.array(["2000-01-01", "2000-01-02", "2000-01-05"], "datetime64[ns]")},
+    )
     timed.to_zarr(root / "timed.zarr", zarr_format=3, consolidated=False)
     return root
 
@@ -81,7 +95,8 @@ def test_reading_a_slab_loads_only_its_chunks(mount, tmp_path):
 
     big = np.random.default_rng(2).standard_normal((6, 256, 512)).astype("f4")  # 512 KiB chunks
     xr.Dataset({"a": (("x",), np.arange(3.0)), "z": (("t", "y", "x2"), big)}).to_zarr(
-        tmp_path / "big.zarr", zarr_format=2, consolidated=False, encoding={"z": {"chunks": (1, 256, 512)}})
+        tmp_path / "big.zarr", zarr_format=2, consolidated=False, encoding={"z": {"chunks": (1, 256, 512)}}
+    )
     mnt = mount(tmp_path / "big.zarr")
     p = mnt / NETCDF / "big.nc"
     with netCDF4.Dataset(p) as f:
@@ -136,11 +151,14 @@ def test_groups_listing_left_out_and_ncdump(mount, tmp_path):
     out = subprocess.run([ncdump, "-h", str(mnt / NETCDF / "h.nc")], capture_output=True, text=True, check=True).stdout
     assert "zarrfs_left_out" in out and "c: data type complex128" in out and "sub: a child group" in out
     out = subprocess.run([ncdump, str(mnt / NETCDF / "sub.nc")], capture_output=True, text=True, check=True).stdout
-    assert "double a(a_dim0, a_dim1)" in out and "a:_FillValue = 1.5" in out and "_, _, _" in out  # unwritten chunks: the fill value
+    assert (
+        "double a(a_dim0, a_dim1)" in out and "a:_FillValue = 1.5" in out and "_, _, _" in out
+    )  # unwritten chunks: the fill value
     assert any("left out" in line for line in mounting.log_lines_naming(mount.log_text(mnt), "netcdf/"))
 
 
 # --- xarray's conventions: fill values per format, netCDF3's coercions (CDF-2) -----------
+
 
 def cf_dataset():
     """A dataset as xarray users write them: daily time (int64 days since, first value 0),
@@ -155,15 +173,28 @@ def cf_dataset():
     flag = rng.integers(0, 2**16 - 1, (5, 3, 4)).astype("u2")
     flag[0, 0, 0] = 65535
     return xr.Dataset(
-        {"t2m": (("time", "lat", "lon"), t2m, {"units": "K", "standard_name": "air_temperature",
-                                                 "long_name": "2 m temperature", "cell_methods": "time: mean"}),
-         "count": (("time", "lat", "lon"), rng.integers(0, 256, (5, 3, 4)).astype("u1"), {"long_name": "count"}),
-         "flag": (("time", "lat", "lon"), flag),
-         "station": (("lat",), np.array([10, -7, 2**31 - 1], "i8"))},
-        coords={"time": pd.date_range("2000-01-01", periods=5, freq="D"),
-                "lat": ("lat", np.array([-30.0, 0.0, 30.0]), {"units": "degrees_north"}),
-                "lon": ("lon", np.arange(0, 360, 90, dtype="f4"), {"units": "degrees_east"})},
-        attrs={"title": "cf", "Conventions": "CF-1.8"})
+        {
+            "t2m": (
+                ("time", "lat", "lon"),
+                t2m,
+                {
+                    "units": "K",
+                    "standard_name": "air_temperature",
+                    "long_name": "2 m temperature",
+                    "cell_methods": "time: mean",
+                },
+            ),
+            "count": (("time", "lat", "lon"), rng.integers(0, 256, (5, 3, 4)).astype("u1"), {"long_name": "count"}),
+            "flag": (("time", "lat", "lon"), flag),
+            "station": (("lat",), np.array([10, -7, 2**31 - 1], "i8")),
+        },
+        coords={
+            "time": pd.date_range("2000-01-01", periods=5, freq="D"),
+            "lat": ("lat", np.array([-30.0, 0.0, 30.0]), {"units": "degrees_north"}),
+            "lon": ("lon", np.arange(0, 360, 90, dtype="f4"), {"units": "degrees_east"}),
+        },
+        attrs={"title": "cf", "Conventions": "CF-1.8"},
+    )
 
 
 def wide_dataset():
@@ -171,8 +202,10 @@ def wide_dataset():
     import pandas as pd
     import xarray as xr
 
-    return xr.Dataset({"ticks": (("time",), np.array([0, 2**40, -2**35], "i8"), {"units": "ns"})},
-                      coords={"time": pd.date_range("2001-01-01", periods=3, freq="D")})
+    return xr.Dataset(
+        {"ticks": (("time",), np.array([0, 2**40, -(2**35)], "i8"), {"units": "ns"})},
+        coords={"time": pd.date_range("2001-01-01", periods=3, freq="D")},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +215,13 @@ def cf_mounts(module_mount, tmp_path_factory):
     out = {}
     for fmt in (2, 3):
         store = root / f"cf{fmt}.zarr"
-        cf_dataset().to_zarr(store, group="cf", zarr_format=fmt, consolidated=False,
-                             encoding={"flag": {"_FillValue": 65535}, "t2m": {"chunks": (2, 3, 4)}})
+        cf_dataset().to_zarr(
+            store,
+            group="cf",
+            zarr_format=fmt,
+            consolidated=False,
+            encoding={"flag": {"_FillValue": 65535}, "t2m": {"chunks": (2, 3, 4)}},
+        )
         if fmt == 3:
             wide_dataset().to_zarr(store, group="wide", zarr_format=fmt, consolidated=False, mode="a")
         out[f"v{fmt}"] = (store, module_mount(store))
@@ -225,7 +263,7 @@ def test_file_ncdump_and_netcdf4_see_cdf2_with_xarray_fill_values(cf_mounts, fmt
     assert magic.startswith("NetCDF Data Format data") and "64-bit offset" in magic, magic
     header = subprocess.run(["ncdump", "-h", str(p)], capture_output=True, text=True, check=True).stdout
     assert "int time(time)" in header and "time:_FillValue" not in header
-    assert 'short flag(time, lat, lon)' in header and "flag:_FillValue = -1s" in header
+    assert "short flag(time, lat, lon)" in header and "flag:_FillValue = -1s" in header
     assert 'flag:_Unsigned = "true"' in header and 'count:_Unsigned = "true"' in header
     assert "t2m:_FillValue = NaNf" in header and "int station(lat)" in header
     with netCDF4.Dataset(p) as f:  # its own masking and _Unsigned decoding
@@ -244,7 +282,7 @@ def test_int64_past_int32_stays_cdf5_beside_an_unmasked_time(cf_mounts):
     assert p.read_bytes()[:4] == b"CDF\x05"
     with netCDF4.Dataset(p) as f:
         assert f.data_model == "NETCDF3_64BIT_DATA"
-        assert f["ticks"].dtype == np.dtype("i8") and list(f["ticks"][:]) == [0, 2**40, -2**35]
+        assert f["ticks"].dtype == np.dtype("i8") and list(f["ticks"][:]) == [0, 2**40, -(2**35)]
         assert not np.ma.is_masked(f["time"][:])
     want = xr.open_zarr(store, group="wide", consolidated=False).load()
     with xr.open_dataset(p, engine="netcdf4") as got:

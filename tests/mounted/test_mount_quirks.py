@@ -33,8 +33,16 @@ READS_OF_CORRUPT = 50
 
 def _write_v2(root: Path, name: str, dtype, shape, chunks, fill, compressor, chunks_bytes: dict) -> None:
     (root / name).mkdir(parents=True)
-    doc = {"zarr_format": 2, "shape": list(shape), "chunks": list(chunks), "dtype": dtype,
-           "compressor": compressor, "fill_value": fill, "order": "C", "filters": None}
+    doc = {
+        "zarr_format": 2,
+        "shape": list(shape),
+        "chunks": list(chunks),
+        "dtype": dtype,
+        "compressor": compressor,
+        "fill_value": fill,
+        "order": "C",
+        "filters": None,
+    }
     (root / name / ".zarray").write_text(json.dumps(doc))
     for key, data in chunks_bytes.items():
         (root / name / key).write_bytes(data)
@@ -47,15 +55,23 @@ def build_store(root: Path) -> dict:
     want = {}
 
     values = np.arange(np.prod(GZ_SHAPE), dtype="<i4").reshape(GZ_SHAPE) * 7 - 50
-    chunks = {f"{row}.0": stream(values[2 * row:2 * row + 2].tobytes()) for row, stream in GZ_STREAMS.items()}
+    chunks = {f"{row}.0": stream(values[2 * row : 2 * row + 2].tobytes()) for row, stream in GZ_STREAMS.items()}
     values[6:] = 3  # the fill value
     _write_v2(root, "zlib_as_gzip", "<i4", GZ_SHAPE, GZ_CHUNKS, 3, {"id": "gzip", "level": 1}, chunks)
     want["zlib_as_gzip"] = values
 
     # Beside it, real gzip chunks, and one of them a zlib stream: each chunk read as it is.
     mixed = np.arange(20, dtype="<f8").reshape(4, 5) / 4
-    _write_v2(root, "mixed_gzip", "<f8", (4, 5), (2, 5), 0.0, {"id": "gzip", "level": 5},
-              {"0.0": gzip.compress(mixed[:2].tobytes()), "1.0": zlib.compress(mixed[2:].tobytes())})
+    _write_v2(
+        root,
+        "mixed_gzip",
+        "<f8",
+        (4, 5),
+        (2, 5),
+        0.0,
+        {"id": "gzip", "level": 5},
+        {"0.0": gzip.compress(mixed[:2].tobytes()), "1.0": zlib.compress(mixed[2:].tobytes())},
+    )
     want["mixed_gzip"] = mixed
 
     # Old zarr-python 2 releases: `S` arrays with `fill_value: 0`. One with every chunk stored
@@ -74,8 +90,16 @@ def build_store(root: Path) -> dict:
     (root / "broken" / ".zarray").write_text('{"zarr_format": 2, "shape": [4], "chunks": [')  # cut short
 
     corrupt = np.arange(8, dtype="<f4")
-    _write_v2(root, "corrupt", "<f4", (8,), (4,), 0.0, {"id": "zlib", "level": 1},
-              {"0": zlib.compress(corrupt[:4].tobytes()), "1": b"\x78\x9cnot a zlib stream at all"})
+    _write_v2(
+        root,
+        "corrupt",
+        "<f4",
+        (8,),
+        (4,),
+        0.0,
+        {"id": "zlib", "level": 1},
+        {"0": zlib.compress(corrupt[:4].tobytes()), "1": b"\x78\x9cnot a zlib stream at all"},
+    )
     return want
 
 
@@ -97,8 +121,7 @@ def test_gzip_chunks_that_are_zlib_read_as_the_writer_meant(quirks, module_mount
     assert _read(mnt / ".zarrfs/raw/zlib_as_gzip.raw") == want["zlib_as_gzip"].tobytes()
     (mnt / ".zarrfs/refresh").read_bytes()  # (its metadata parsed again, its chunks decoded again)
     assert _read(mnt / ".zarrfs/npy-f/zlib_as_gzip.npy") == oracles.npy_f_bytes(want["zlib_as_gzip"])
-    lines = [ln for ln in mounting.log_lines_naming(module_mount.log_text(mnt), "zlib_as_gzip/.zarray")
-             if "zlib" in ln]
+    lines = [ln for ln in mounting.log_lines_naming(module_mount.log_text(mnt), "zlib_as_gzip/.zarray") if "zlib" in ln]
     assert len(lines) == 1, lines  # said once for the array, not once per chunk, read or refresh
 
 
@@ -143,8 +166,10 @@ def test_bytes_fill_value_0_with_every_chunk_stored(quirks):
 
 def test_bytes_fill_value_0_reads_as_zarr_2_18_reads_it(quirks):
     root, mnt, want = quirks
-    script = (f"import zarr; a = zarr.open_array({str(root / 'bytes_fill0_sparse')!r}, mode='r'); "
-              f"print(a[...].tobytes().hex())")
+    script = (
+        f"import zarr; a = zarr.open_array({str(root / 'bytes_fill0_sparse')!r}, mode='r'); "
+        f"print(a[...].tobytes().hex())"
+    )
     r = subprocess.run([str(ZARR218_PYTHON), "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     oracle = np.frombuffer(bytes.fromhex(r.stdout.strip()), dtype="|S1")

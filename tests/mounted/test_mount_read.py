@@ -48,7 +48,7 @@ def test_every_group_listing(hierarchy_mount, fmt):
 def test_walk_finds_exactly_the_hierarchy(hierarchy_mount, fmt):
     h, mnt = hierarchy_mount(fmt)
     dirs, files = set(), set()
-    for top, dirnames, filenames in os.walk(mnt):
+    for top, _dirnames, filenames in os.walk(mnt):
         rel = os.path.relpath(top, mnt)
         rel = "" if rel == "." else rel
         dirs.add(rel)
@@ -97,8 +97,10 @@ def test_whole_file_is_np_save_bytes(hierarchy_mount, fmt, path):
     assert len(data) == len(expected)
     if data != expected:
         first = next(i for i, (a, b) in enumerate(zip(data, expected)) if a != b)
-        pytest.fail(f"first differing byte at offset {first} of {len(expected)}: "
-                    f"got {data[first:first + 16]!r}, want {expected[first:first + 16]!r}")
+        pytest.fail(
+            f"first differing byte at offset {first} of {len(expected)}: "
+            f"got {data[first : first + 16]!r}, want {expected[first : first + 16]!r}"
+        )
 
 
 @pytest.mark.parametrize("fmt,path", ARRAYS, ids=ARRAY_IDS)
@@ -139,7 +141,7 @@ def test_pread_at_random_offsets(hierarchy_mount, fmt, path):
     try:
         for off, n in _pread_cases(len(expected), rng):
             got = os.pread(fd, n, off)
-            assert got == expected[off:off + n], f"pread(size={n}, offset={off}) of a {len(expected)}-byte file"
+            assert got == expected[off : off + n], f"pread(size={n}, offset={off}) of a {len(expected)}-byte file"
     finally:
         os.close(fd)
 
@@ -162,7 +164,7 @@ def test_concurrent_readers_get_the_same_bytes(hierarchy_mount):
             with open(p, "rb", buffering=0) as f:
                 f.seek(off)
                 got = f.read(n)
-            if got != expected[off:off + n]:
+            if got != expected[off : off + n]:
                 bad.append(f"{p} [{off}:{off + n}]")
         return bad
 
@@ -263,8 +265,9 @@ def _write_ops(mnt):
         "vrt_chmod": lambda: os.chmod(vrt, 0o600),
         "vrt_rewrite_not_statistics": lambda: _rewrite(vrt, b"<VRTDataset/>\n"),
         "aux_open_append": lambda: open(aux, "ab"),
-        "aux_rewrite_not_statistics": lambda: _rewrite(aux, b'<PAMDataset><Metadata><MDI key="A">1</MDI>'
-                                                            b"</Metadata></PAMDataset>"),
+        "aux_rewrite_not_statistics": lambda: _rewrite(
+            aux, b'<PAMDataset><Metadata><MDI key="A">1</MDI></Metadata></PAMDataset>'
+        ),
         "aux_unlink": lambda: os.unlink(aux),
     }
 
@@ -303,8 +306,9 @@ ROOT_ARRAY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("fmt,dirname,suffix,name", ROOT_ARRAY_CASES,
-                         ids=[f"v{c[0]}:{c[1]}{c[2]}" for c in ROOT_ARRAY_CASES])
+@pytest.mark.parametrize(
+    "fmt,dirname,suffix,name", ROOT_ARRAY_CASES, ids=[f"v{c[0]}:{c[1]}{c[2]}" for c in ROOT_ARRAY_CASES]
+)
 def test_root_array_store(mount, tmp_path, fmt, dirname, suffix, name):
     store = tmp_path / "stores" / dirname
     store.parent.mkdir()
@@ -338,10 +342,13 @@ def test_fixture_hierarchy_is_as_described(hierarchy):
     else:
         # codecs/sharded: 2x2 shards of 20x14, only shard (0, 0) written, and inside it only
         # the 5x7 inner chunks covering [0:10, 0:7]: 2 of its 8 index entries are filled.
-        assert sorted(p.relative_to(root / "codecs/sharded/c").as_posix()
-                      for p in (root / "codecs/sharded/c").rglob("*") if p.is_file()) == ["0/0"]
+        assert sorted(
+            p.relative_to(root / "codecs/sharded/c").as_posix()
+            for p in (root / "codecs/sharded/c").rglob("*")
+            if p.is_file()
+        ) == ["0/0"]
         shard = (root / "codecs/sharded/c/0/0").read_bytes()
-        index = np.frombuffer(shard[-(8 * 16 + 4):-4], dtype="<u8").reshape(8, 2)
+        index = np.frombuffer(shard[-(8 * 16 + 4) : -4], dtype="<u8").reshape(8, 2)
         missing = int((index[:, 0] == np.iinfo(np.uint64).max).sum())
         assert missing == 6, index
         codecs = json.loads((root / "codecs/zstd_crc32c/zarr.json").read_text())["codecs"]
@@ -354,8 +361,9 @@ def test_ro_makes_the_mount_read_only_for_the_kernel(mount, tmp_path):
     import zarr
 
     store = tmp_path / "s.zarr"
-    zarr.create_array(store, name="g/x", shape=(3, 4), chunks=(2, 2), dtype="i4", zarr_format=3)[...] = \
-        np.arange(12, dtype="i4").reshape(3, 4)
+    zarr.create_array(store, name="g/x", shape=(3, 4), chunks=(2, 2), dtype="i4", zarr_format=3)[...] = np.arange(
+        12, dtype="i4"
+    ).reshape(3, 4)
     mnt = mount(store, "ro")
     assert "ro" in [row for row in open("/proc/mounts") if f" {mnt} " in row][0].split()[3].split(",")
     assert os.statvfs(mnt).f_flag & os.ST_RDONLY

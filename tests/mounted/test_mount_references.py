@@ -15,7 +15,7 @@ import pytest
 
 from support import mounting, oracles
 from support import reference_files as rf
-from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (s3: the moto server fixture)
+from support.s3 import BUCKET, CREDENTIALS
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def _s3_options(endpoint: str) -> dict:
 
 
 @pytest.mark.parametrize("how", ["json", "parquet", "local-json"])
-def test_references_with_data_on_s3(nc, s3, tmp_path, mount, how):  # noqa: F811
+def test_references_with_data_on_s3(nc, s3, tmp_path, mount, how):
     """References of a file in a bucket: on S3 themselves (the same storage options reach the data),
     or local with `remote_options` for the data."""
     endpoint, fs = s3
@@ -122,4 +122,3 @@ def test_references_with_data_on_s3(nc, s3, tmp_path, mount, how):  # noqa: F811
         source = rf.write_json(refs, tmp_path / "refs.json")
         mnt = mount(source, "remote_options=" + json.dumps(_s3_options(endpoint)))
     _reads_as_netcdf(mnt, values)
-

@@ -17,22 +17,12 @@ import pytest
 import zarr
 
 from support import mounting, oracles
-from test_mount_s3 import BUCKET, CREDENTIALS, s3  # noqa: F401  (the moto server fixture)
-
-from benchmarks.latency_proxy import Proxy
+from support.s3 import BUCKET, CREDENTIALS
 
 # The `timeout` the bounded-wait tests mount with, and what a reader may wait past it (a
-# FUSE round trip, the daemon's scheduling on a loaded 2-core machine).
+# FUSE round trip, the daemon's scheduling on a loaded machine).
 TIMEOUT_S = 3
 MARGIN_S = 7
-
-
-@pytest.fixture
-def proxy(s3):  # noqa: F811
-    endpoint, _ = s3
-    p = Proxy(urllib.parse.urlparse(endpoint).port).start()
-    yield p
-    p.stop()
 
 
 def _options(port: int, *extra: str) -> list[str]:
@@ -83,7 +73,7 @@ STUCK_AFTER_S = 2.0
 
 
 def wait_or_describe(proc: subprocess.Popen, seconds: float) -> str:
-    """"" if PROC ends within SECONDS, else where each of its tasks (and of the group it leads)
+    """ "" if PROC ends within SECONDS, else where each of its tasks (and of the group it leads)
     waits in the kernel (/proc: its stack, wchan and pending signals), read while it still waits:
     what a test that failed on a reader ending late shows (a wait in the daemon, or in the kernel)."""
     try:
@@ -100,9 +90,11 @@ def wait_or_describe(proc: subprocess.Popen, seconds: float) -> str:
                 continue
             for task in (d / "task").iterdir():
                 status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
-                lines.append(f"task {d.name}/{task.name} {(d / 'comm').read_text().strip()}: state{status['State']}, "
-                             f"SigPnd{status['SigPnd']}, ShdPnd{status['ShdPnd']}, "
-                             f"syscall {(task / 'syscall').read_text().strip()}, wchan {(task / 'wchan').read_text()}")
+                lines.append(
+                    f"task {d.name}/{task.name} {(d / 'comm').read_text().strip()}: state{status['State']}, "
+                    f"SigPnd{status['SigPnd']}, ShdPnd{status['ShdPnd']}, "
+                    f"syscall {(task / 'syscall').read_text().strip()}, wchan {(task / 'wchan').read_text()}"
+                )
                 lines.append((task / "stack").read_text().rstrip())
         except (OSError, KeyError):
             continue
@@ -131,7 +123,7 @@ def _recovers(mnt: Path, values: dict, path: str) -> None:
     assert (mnt / f"{path}.npy").read_bytes() == oracles.npy_bytes(values[path])
 
 
-def test_silent_store_gives_eio_within_timeout_then_recovers(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_silent_store_gives_eio_within_timeout_then_recovers(s3, proxy, tmp_path, mount):
     _, fs = s3
     mnt, values = _serving(fs, tmp_path, mount, proxy, "silent.zarr", 1, 3, TIMEOUT_S)
     proxy.set_mode("silent")
@@ -144,19 +136,22 @@ def test_silent_store_gives_eio_within_timeout_then_recovers(s3, proxy, tmp_path
     _recovers(mnt, values, "g0/a1")
 
 
-def test_refused_store_gives_eio_then_recovers(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_refused_store_gives_eio_then_recovers(s3, proxy, tmp_path, mount):
     _, fs = s3
     mnt, values = _serving(fs, tmp_path, mount, proxy, "refused.zarr", 1, 3, TIMEOUT_S)
     proxy.set_mode("refuse")
     code, _, err = _read(mnt / "g0" / "a2.npy", TIMEOUT_S + MARGIN_S)
     assert code is not None and code != 0 and "Input/output error" in err, (code, err)
-    assert "connection refused" in mount.log_text() or "cannot connect" in mount.log_text() \
+    assert (
+        "connection refused" in mount.log_text()
+        or "cannot connect" in mount.log_text()
         or "did not answer" in mount.log_text()
+    )
     proxy.set_mode("pass")
     assert np.array_equal(np.load(mnt / "g0" / "a2.npy"), values["g0/a2"])
 
 
-def test_silent_store_bounds_a_first_listing(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_silent_store_bounds_a_first_listing(s3, proxy, tmp_path, mount):
     _, fs = s3
     _put_v3(fs, tmp_path, "silentls.zarr", 3, 2, consolidated=False)
     mnt = mount(f"s3://{BUCKET}/silentls.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
@@ -177,11 +172,12 @@ def test_silent_store_bounds_a_first_listing(s3, proxy, tmp_path, mount):  # noq
             return sorted(os.listdir(mnt / "g1")) == ["a0.npy", "a1.npy"]
         except OSError:  # until the store answers the listing that timed out
             return False
+
     assert mounting.wait_until(listed, 5)
 
 
 @pytest.mark.parametrize("fmt_listing", ["ls -lR", "find"])
-def test_consolidated_tree_costs_few_requests(s3, proxy, tmp_path, mount, fmt_listing):  # noqa: F811
+def test_consolidated_tree_costs_few_requests(s3, proxy, tmp_path, mount, fmt_listing):
     _, fs = s3
     values = _put_v3(fs, tmp_path, f"cons-{fmt_listing[:2]}.zarr", 5, 12, consolidated=True)
     mnt = mount(f"s3://{BUCKET}/cons-{fmt_listing[:2]}.zarr", *_options(proxy.port))
@@ -204,7 +200,7 @@ def _writer_adds_array(mnt_w: Path, tmp_path: Path, name: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("consolidated", [False, True])
-def test_reader_sees_writers_changes_within_ttl(s3, tmp_path, mount, consolidated):  # noqa: F811
+def test_reader_sees_writers_changes_within_ttl(s3, tmp_path, mount, consolidated):
     endpoint, fs = s3
     name = f"ttl{int(consolidated)}.zarr"
     values = _put_v3(fs, tmp_path, name, 1, 2, consolidated=consolidated)
@@ -226,7 +222,7 @@ def test_reader_sees_writers_changes_within_ttl(s3, tmp_path, mount, consolidate
     assert mounting.wait_until(lambda: np.array_equal(np.load(reader / "g0" / "a0.npy"), want), 20)
 
 
-def test_refresh_shows_changes_at_once(s3, tmp_path, mount):  # noqa: F811
+def test_refresh_shows_changes_at_once(s3, tmp_path, mount):
     endpoint, fs = s3
     values = _put_v3(fs, tmp_path, "refresh.zarr", 1, 1, consolidated=False)
     port = urllib.parse.urlparse(endpoint).port
@@ -243,13 +239,16 @@ def test_refresh_shows_changes_at_once(s3, tmp_path, mount):  # noqa: F811
     (reader / ".zarrfs" / "refresh").read_bytes()
     assert sorted(os.listdir(reader / "g0")) == ["a0.npy", "b.npy"]
     assert np.array_equal(np.load(reader / "g0" / "b.npy"), y)
-    oracle = zarr.open_array(store=f"s3://{BUCKET}/refresh.zarr/g0/a0", mode="r",
-                             storage_options={"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS})[...]
+    oracle = zarr.open_array(
+        store=f"s3://{BUCKET}/refresh.zarr/g0/a0",
+        mode="r",
+        storage_options={"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS},
+    )[...]
     assert not np.array_equal(oracle, values["g0/a0"])
     assert np.array_equal(np.load(reader / "g0" / "a0.npy"), oracle)
 
 
-def test_plain_tree_costs_one_listing_per_group_and_one_get_per_node(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_plain_tree_costs_one_listing_per_group_and_one_get_per_node(s3, proxy, tmp_path, mount):
     """Without consolidated metadata `ls -lR` costs one delimiter listing per directory and one GET
     of each node's document (fetched concurrently); no request per node for its time or size."""
     _, fs = s3
@@ -271,7 +270,7 @@ def test_plain_tree_costs_one_listing_per_group_and_one_get_per_node(s3, proxy, 
 WRITTEN_BEFORE_S = 5.5
 
 
-def test_cached_chunks_are_revalidated_after_the_ttl_not_read_again(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_cached_chunks_are_revalidated_after_the_ttl_not_read_again(s3, proxy, tmp_path, mount):
     endpoint, fs = s3
     values = _put_v3(fs, tmp_path, "reval.zarr", 1, 2, consolidated=False)
     time.sleep(WRITTEN_BEFORE_S)

@@ -12,18 +12,17 @@ import time
 import pytest
 
 from support import mounting, oracles
-from test_mount_remote import (BUCKET, STUCK_AFTER_S, _options, _put_v3, _recovers, _run, _serving,  # noqa: F401
-                               proxy, wait_or_describe)  # noqa: F401  (proxy: a fixture)
-from test_mount_s3 import s3  # noqa: F401
+from support.s3 import BUCKET
+from test_mount_remote import STUCK_AFTER_S, _options, _put_v3, _recovers, _run, _serving, wait_or_describe
 
-# The `timeout` these tests mount with, and what a reader may wait past it: the issue's bound is
-# "EIO within timeout" (plus a FUSE round trip and scheduling on a loaded 2-core machine). Twice
+# The `timeout` these tests mount with, and what a reader may wait past it: the bound is
+# "EIO within timeout" (plus a FUSE round trip and scheduling on a loaded machine). Twice
 # the timeout (a second bounded wait for the kernel's retry) is past the bound.
 TIMEOUT_S = 4
 MARGIN_S = 2.5
 
 
-def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path, mount):
     _, fs = s3
     mnt, values = _serving(fs, tmp_path, mount, proxy, "silent1.zarr", 2, 2, TIMEOUT_S)
     proxy.set_mode("silent")
@@ -56,11 +55,13 @@ def sigint_taken():
     signal.signal(signal.SIGINT, old)
 
 
-def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, mount, sigint_taken):  # noqa: F811
+def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, mount, sigint_taken):
     _, fs = s3
     values = _put_v3(fs, tmp_path, "sigint.zarr", 4, 2, consolidated=False)
-    mnt = mount(f"s3://{BUCKET}/sigint.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf",
-                                                        "log_level=debug"))
+    mnt = mount(
+        f"s3://{BUCKET}/sigint.zarr",
+        *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf", "log_level=debug"),
+    )
     for g in ("g0", "g1"):
         assert sorted(p.name for p in (mnt / g).iterdir()) == ["a0.npy", "a1.npy"]
     proxy.set_mode("silent")
@@ -74,8 +75,10 @@ def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, moun
     for what, cmd in readers.items():
         code, seconds, err = _run(cmd, LONG_TIMEOUT_S + 10, sigint_after_s=1.5)
         assert code is not None and code != 0, (what, code, err)
-        assert seconds <= PROMPT_S, (f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
-                                     f"{err}\nlog:\n{mount.log_text()[-LOG_TAIL:]}")
+        assert seconds <= PROMPT_S, (
+            f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+            f"{err}\nlog:\n{mount.log_text()[-LOG_TAIL:]}"
+        )
     proxy.set_mode("pass")
     assert mounting.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
     assert (mnt / "g2" / "a1.npy").read_bytes() == oracles.npy_bytes(values["g2/a1"])
@@ -96,18 +99,23 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
 """
 
 
-def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, tmp_path, mount,  # noqa: F811
-                                                                     sigint_taken):
+def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, tmp_path, mount, sigint_taken):
     _, fs = s3
     values = _put_v3(fs, tmp_path, "sigchild.zarr", 1, 2, consolidated=True)
-    mnt = mount(f"s3://{BUCKET}/sigchild.zarr", *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf",
-                                                          "log_level=debug"))
+    mnt = mount(
+        f"s3://{BUCKET}/sigchild.zarr",
+        *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf", "log_level=debug"),
+    )
     assert sorted(p.name for p in (mnt / "g0").iterdir()) == ["a0.npy", "a1.npy"]
     proxy.set_mode("silent")
     readers = {
         "a forked child's pread": [sys.executable, "-c", CHILD_PREAD, str(mnt / "g0" / "a0.npy")],
         # The shell opens the file; dd (which catches SIGINT) reads it from its stdin.
-        "dd reading what its shell opened": ["bash", "-c", f"exec 3<{mnt / 'g0' / 'a1.npy'}; dd bs=65536 count=4 of=/dev/null <&3; exit $?"],
+        "dd reading what its shell opened": [
+            "bash",
+            "-c",
+            f"exec 3<{mnt / 'g0' / 'a1.npy'}; dd bs=65536 count=4 of=/dev/null <&3; exit $?",
+        ],
     }
     for what, cmd in readers.items():
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -122,14 +130,16 @@ def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, 
             proc.communicate()
         seconds = time.monotonic() - t0
         assert proc.returncode != 0, what
-        assert seconds <= PROMPT_S, (f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
-                                     f"{stuck}\nlog:\n{mount.log_text()[-LOG_TAIL:]}")
+        assert seconds <= PROMPT_S, (
+            f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
+            f"{stuck}\nlog:\n{mount.log_text()[-LOG_TAIL:]}"
+        )
     proxy.set_mode("pass")
     assert mounting.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
     assert (mnt / "g0" / "a1.npy").read_bytes() == oracles.npy_bytes(values["g0/a1"])
 
 
-def _mount_cli(mount, proxy, name: str, timeout_s: int) -> tuple[int, float, str]:  # noqa: F811
+def _mount_cli(mount, proxy, name: str, timeout_s: int) -> tuple[int, float, str]:
     """Run the mount command (daemon mode) against the proxy: (exit code, seconds, stderr)."""
     mnt, log = mount.new_mountpoint()
     cmd = mount.command(f"s3://{BUCKET}/{name}", mnt, log, _options(proxy.port, f"timeout={timeout_s}"))
@@ -140,7 +150,7 @@ def _mount_cli(mount, proxy, name: str, timeout_s: int) -> tuple[int, float, str
     return r.returncode, time.monotonic() - t0, r.stderr
 
 
-def test_mount_of_a_silent_store_fails_within_timeout_naming_it(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_mount_of_a_silent_store_fails_within_timeout_naming_it(s3, proxy, tmp_path, mount):
     _, fs = s3
     _put_v3(fs, tmp_path, "startsilent.zarr", 1, 1, consolidated=True)
     proxy.set_mode("silent")
@@ -150,7 +160,7 @@ def test_mount_of_a_silent_store_fails_within_timeout_naming_it(s3, proxy, tmp_p
     assert seconds <= TIMEOUT_S + 2 * MARGIN_S, f"the mount command waited {seconds:.1f} s with timeout={TIMEOUT_S}"
 
 
-def test_mount_of_a_refusing_store_names_it(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_mount_of_a_refusing_store_names_it(s3, proxy, tmp_path, mount):
     _, fs = s3
     _put_v3(fs, tmp_path, "startrefused.zarr", 1, 1, consolidated=True)
     proxy.set_mode("refuse")
@@ -159,7 +169,7 @@ def test_mount_of_a_refusing_store_names_it(s3, proxy, tmp_path, mount):  # noqa
     assert seconds <= 10, f"a refused connection took {seconds:.1f} s to report"  # the issue's bound
 
 
-def test_mount_of_a_store_that_denies_access_names_it(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_mount_of_a_store_that_denies_access_names_it(s3, proxy, tmp_path, mount):
     """S3's 403 AccessDenied (the proxy answers it as a bucket policy would): one line that says so."""
     _, fs = s3
     _put_v3(fs, tmp_path, "startdenied.zarr", 1, 1, consolidated=True)
@@ -169,7 +179,7 @@ def test_mount_of_a_store_that_denies_access_names_it(s3, proxy, tmp_path, mount
     assert err.startswith(f"zarrfs: s3://{BUCKET}/startdenied.zarr: "), err
 
 
-def test_access_denied_during_a_read_is_eio_naming_the_key(s3, proxy, tmp_path, mount):  # noqa: F811
+def test_access_denied_during_a_read_is_eio_naming_the_key(s3, proxy, tmp_path, mount):
     _, fs = s3
     mnt, values = _serving(fs, tmp_path, mount, proxy, "denied.zarr", 1, 2, TIMEOUT_S)
     proxy.set_mode("deny")

@@ -31,7 +31,8 @@ NEW_CHUNKS = (100, 100)  # the writable mount's `chunks=` for the arrays it crea
 CHANGES = {
     "chunks": lambda old: (old[::-1] * 3 + 1).astype(old.dtype),
     "dtype_shape": lambda old: np.linspace(-1.5, 2.5, old.size * 78 // 100).reshape(
-        old.shape[0] * 6 // 10, old.shape[1] * 13 // 10),
+        old.shape[0] * 6 // 10, old.shape[1] * 13 // 10
+    ),
 }
 READERS = ["ttl0", "refresh"]
 # Arrays of the open-file tests: large enough that reads far into the file miss the pages the
@@ -130,7 +131,7 @@ def test_a_file_opened_before_the_replacement_reads_the_old_bytes_or_estale(stor
             except OSError as e:
                 assert e.errno == errno.ESTALE, f"read at {offset} of a file opened before: {e}"
                 continue
-            assert got == old_bytes[offset:offset + len(got)], f"read at {offset}: neither the old bytes nor ESTALE"
+            assert got == old_bytes[offset : offset + len(got)], f"read at {offset}: neither the old bytes nor ESTALE"
     finally:
         os.close(fd)
     assert (ttl0 / f"{path}.npy").read_bytes() == new_bytes
@@ -149,7 +150,7 @@ def test_views_follow_the_replacement(stores, fmt, tmp_path):
 
     def check(values: np.ndarray, chunk: tuple[int, int]) -> None:
         assert (views / "raw" / "v" / "x.raw").read_bytes() == values.tobytes()
-        assert (views / "chunks" / "v" / "x" / "0.0.npy").read_bytes() == npy_bytes(values[:chunk[0], :chunk[1]])
+        assert (views / "chunks" / "v" / "x" / "0.0.npy").read_bytes() == npy_bytes(values[: chunk[0], : chunk[1]])
         assert (views / "slice" / "v" / "x[3:9].npy").read_bytes() == npy_bytes(values[3:9])
         assert np.array_equal(nc_values(), values)
 

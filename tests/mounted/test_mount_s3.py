@@ -4,54 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import numpy as np
 import pytest
-import s3fs
 import zarr
 
 from support import mounting
-
-BUCKET = "zarrfs-test"
-CREDENTIALS = {"key": "testing", "secret": "testing"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """A moto S3 server on 127.0.0.1 with one bucket; yields (endpoint URL, s3fs file system)."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"moto server did not start; see {log}") from None
-                time.sleep(0.1)
-        fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True, **CREDENTIALS)
-        fs.mkdir(BUCKET)
-        yield endpoint, fs
-    finally:
-        proc.terminate()
-        proc.wait(10)
+from support.s3 import BUCKET, CREDENTIALS
 
 
 def _options(endpoint: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +12,8 @@ import zarr
 from zarr.codecs import ZstdCodec
 
 from support import oracles
-from test_mount_remote import _options, proxy  # noqa: F401  (the proxy fixture)
-from test_mount_s3 import BUCKET, s3  # noqa: F401  (the moto server fixture)
+from support.s3 import BUCKET
+from test_mount_remote import _options
 
 SHAPE = (2048, 512)  # float32: 4 MiB, 16 shards of 4 inner chunks
 SHARDS = (128, 512)
@@ -28,27 +27,29 @@ INDEX_NBYTES = 16 * PER_SHARD + 4
 
 
 @pytest.fixture
-def sharded(s3, tmp_path):  # noqa: F811
+def sharded(s3, tmp_path):
     """A v3 sharded float32 array of noise (stored about as large as it decodes) in the bucket:
     (its name, the values, the stored size of each shard by key)."""
     _, fs = s3
     values = np.random.default_rng(7).random(SHAPE, dtype=np.float32)
     local = tmp_path / "shards.zarr"
     root = zarr.open_group(str(local), mode="w", zarr_format=3)
-    root.create_array("a", shape=SHAPE, shards=SHARDS, chunks=INNER, dtype="float32",
-                      compressors=[ZstdCodec(level=1)])[:] = values
+    root.create_array("a", shape=SHAPE, shards=SHARDS, chunks=INNER, dtype="float32", compressors=[ZstdCodec(level=1)])[
+        :
+    ] = values
     name = f"shards-{tmp_path.name}.zarr"
     fs.put(str(local), f"{BUCKET}/{name}", recursive=True)
-    stored = {p.relative_to(local / "a").as_posix(): p.stat().st_size for p in (local / "a" / "c").rglob("*")
-              if p.is_file()}
+    stored = {
+        p.relative_to(local / "a").as_posix(): p.stat().st_size for p in (local / "a" / "c").rglob("*") if p.is_file()
+    }
     return name, values, stored
 
 
-def _gets(proxy) -> list[str]:  # noqa: F811
+def _gets(proxy) -> list[str]:
     return [path for method, path in proxy.requests if method == "GET"]
 
 
-def test_sequential_cat_fetches_each_shard_once(s3, proxy, sharded, mount):  # noqa: F811
+def test_sequential_cat_fetches_each_shard_once(s3, proxy, sharded, mount):
     name, values, stored = sharded
     assert len(stored) == 16
     mnt = mount(f"s3://{BUCKET}/{name}", *_options(proxy.port))
@@ -60,11 +61,14 @@ def test_sequential_cat_fetches_each_shard_once(s3, proxy, sharded, mount):  # n
     # Every shard fetched once, whole, the first too (cat's first read, 1 MiB at offset 0, is
     # a sequential start): no index request, no range of a shard fetched again whole.
     assert sorted(gets) == sorted(f"/{BUCKET}/{name}/a/{key}" for key in stored), "\n".join(gets)
-    assert proxy.bytes_down <= sum(stored.values()) + HEADERS_NBYTES * len(gets), \
-        (proxy.bytes_down, sum(stored.values()), gets)
+    assert proxy.bytes_down <= sum(stored.values()) + HEADERS_NBYTES * len(gets), (
+        proxy.bytes_down,
+        sum(stored.values()),
+        gets,
+    )
 
 
-def test_a_peek_at_the_header_fetches_no_whole_shard(s3, proxy, sharded, mount):  # noqa: F811
+def test_a_peek_at_the_header_fetches_no_whole_shard(s3, proxy, sharded, mount):
     """`head -c 4096` (a file manager reading a header; the kernel asks 16 KiB) fetches the first
     shard's index and its first inner chunk only, not the shard whole."""
     _, fs = s3
@@ -77,17 +81,20 @@ def test_a_peek_at_the_header_fetches_no_whole_shard(s3, proxy, sharded, mount):
     index = _shard_index(fs, f"{BUCKET}/{name}/a/c/0/0", PER_SHARD)
     gets = _gets(proxy)
     assert gets == [f"/{BUCKET}/{name}/a/c/0/0"] * 2, gets  # its index, then its first inner chunk
-    assert proxy.bytes_down <= INDEX_NBYTES + int(index[0][1]) + 2 * HEADERS_NBYTES, \
-        (proxy.bytes_down, index[0], stored["c/0/0"])
+    assert proxy.bytes_down <= INDEX_NBYTES + int(index[0][1]) + 2 * HEADERS_NBYTES, (
+        proxy.bytes_down,
+        index[0],
+        stored["c/0/0"],
+    )
 
 
 def _shard_index(fs, key: str, per_shard: int) -> np.ndarray:
     """(offset, nbytes) of each inner chunk, parsed from the shard's last bytes (index + crc32c)."""
     raw = fs.cat_file(key)
-    return np.frombuffer(raw[-(16 * per_shard + 4):-4], dtype="<u8").reshape(per_shard, 2)
+    return np.frombuffer(raw[-(16 * per_shard + 4) : -4], dtype="<u8").reshape(per_shard, 2)
 
 
-def test_random_reads_fetch_the_index_and_their_inner_chunk(s3, proxy, sharded, mount):  # noqa: F811
+def test_random_reads_fetch_the_index_and_their_inner_chunk(s3, proxy, sharded, mount):
     _, fs = s3
     name, values, _ = sharded
     mnt = mount(f"s3://{BUCKET}/{name}", *_options(proxy.port))
@@ -98,18 +105,20 @@ def test_random_reads_fetch_the_index_and_their_inner_chunk(s3, proxy, sharded, 
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         # A sequential start, then reads far apart: each a page in the middle of an inner chunk.
-        assert os.pread(fd, 1 << 20, 0) == oracles.npy_bytes(values)[:1 << 20]
+        assert os.pread(fd, 1 << 20, 0) == oracles.npy_bytes(values)[: 1 << 20]
         for shard, inner in ((9, 2), (5, 1), (14, 3)):
             row = shard * SHARDS[0] + inner * INNER[0] + INNER[0] // 2
             offset = (header + row * row_nbytes) // 4096 * 4096
             proxy.reset_counts()
             got = os.pread(fd, 4096, offset)
-            want = oracles.npy_bytes(values)[offset:offset + 4096]
+            want = oracles.npy_bytes(values)[offset : offset + 4096]
             assert got == want
             index = _shard_index(fs, f"{BUCKET}/{name}/a/c/{shard}/0", PER_SHARD)
             gets = _gets(proxy)
             assert gets == [f"/{BUCKET}/{name}/a/c/{shard}/0"] * 2, gets  # its index, then its inner chunk
-            assert proxy.bytes_down <= INDEX_NBYTES + int(index[inner][1]) + 2 * HEADERS_NBYTES, \
-                (proxy.bytes_down, index[inner])
+            assert proxy.bytes_down <= INDEX_NBYTES + int(index[inner][1]) + 2 * HEADERS_NBYTES, (
+                proxy.bytes_down,
+                index[inner],
+            )
     finally:
         os.close(fd)

@@ -72,8 +72,9 @@ def selections(draw, ndim: int) -> str:
         else:
             lo, hi = (draw(st.one_of(st.none(), st.integers(-20, 20))) for _ in range(2))
             step = draw(st.one_of(st.none(), st.integers(-5, 5).filter(bool)))
-            items.append(f"{'' if lo is None else lo}:{'' if hi is None else hi}"
-                         + ("" if step is None else f":{step}"))
+            items.append(
+                f"{'' if lo is None else lo}:{'' if hi is None else hi}" + ("" if step is None else f":{step}")
+            )
     return ",".join(items)
 
 
@@ -127,11 +128,18 @@ def test_a_slice_loads_only_the_chunks_it_needs(slice_mounts, mount):
     assert after["store_gets"] - before["store_gets"] == 1, (before, after)
 
 
-@pytest.mark.parametrize("name,why", [
-    ("a2[1:2:0].npy", "step cannot be zero"), ("a2[99].npy", "out of bounds"),
-    ("a2[1,2,3,4].npy", "too many indices"), ("a2[__import__('os')].npy", "not an integer"),
-    ("a2[1.5].npy", "not an integer"), ("nope[1].npy", "no array"), ("a2[1:(].npy", "not a selection"),
-])
+@pytest.mark.parametrize(
+    "name,why",
+    [
+        ("a2[1:2:0].npy", "step cannot be zero"),
+        ("a2[99].npy", "out of bounds"),
+        ("a2[1,2,3,4].npy", "too many indices"),
+        ("a2[__import__('os')].npy", "not an integer"),
+        ("a2[1.5].npy", "not an integer"),
+        ("nope[1].npy", "no array"),
+        ("a2[1:(].npy", "not a selection"),
+    ],
+)
 def test_bad_selections_are_enoent_with_a_reason(slice_mounts, module_mount, name, why):
     mnts, _ = slice_mounts
     with pytest.raises(OSError) as e:

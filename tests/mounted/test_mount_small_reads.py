@@ -28,15 +28,16 @@ def random_reads(path, want, n=400, most=9000, seed=0, least=1):
         for _ in range(n):
             off, size = rng.randrange(len(want)), rng.randrange(least, most)
             f.seek(off)
-            assert f.read(size) == want[off:off + size], (path, off, size)
+            assert f.read(size) == want[off : off + size], (path, off, size)
 
 
 def write_arrays(root, arrays, written):
     """ARRAYS (name: (value, create_array's keywords)) in the v2 group ROOT: every element, but
     of "sparse" only the region WRITTEN (one chunk: the others are never written)."""
     for name, (value, kw) in arrays.items():
-        a = zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
-                              zarr_format=2, **kw)
+        a = zarr.create_array(
+            store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype, zarr_format=2, **kw
+        )
         if name == "sparse":
             a[written] = value[written]
         else:
@@ -95,8 +96,9 @@ def test_reads_of_many_rows_of_cached_chunks_are_exact(mount, tmp_path):
 def test_small_reads_see_written_chunks(mount, tmp_path):
     root = tmp_path / "w.zarr"
     value = np.arange(200 * 3000, dtype="<i4").reshape(200, 3000)
-    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype,
-                      chunks=(50, 1000))[...] = value
+    zarr.create_array(store=os.fspath(root), name="a", shape=value.shape, dtype=value.dtype, chunks=(50, 1000))[...] = (
+        value
+    )
     mnt = mount(root, "writable")
     with open(mnt / "a.npy", "r+b") as f:
         f.read()
@@ -127,8 +129,9 @@ def test_small_reads_across_the_end_of_a_row(mount, tmp_path):
         "one": (rng.standard_normal((40, 300)).astype("<f8"), {"chunks": (16, 300)}),  # one chunk wide
     }
     for name, (value, kw) in arrays.items():
-        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
-                          zarr_format=2, **kw)[...] = value
+        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype, zarr_format=2, **kw)[
+            ...
+        ] = value
     mnt = mount(root)
     for name, (value, _) in arrays.items():
         want = npy_bytes(zarr.open_array(os.fspath(root / name), mode="r")[...])
@@ -143,14 +146,14 @@ def test_small_reads_across_the_end_of_a_row(mount, tmp_path):
             for end in ends:  # across row END-1's end; from inside an element to inside one
                 at = header + end * row - 1001
                 f.seek(at)
-                assert f.read(1700) == want[at:at + 1700], (name, end)
+                assert f.read(1700) == want[at : at + 1700], (name, end)
             assert stats(mnt)["small_reads"] - before == len(ends), name
             for end in ends:  # from inside row END-1 to the end of row END
                 at = header + end * row - 24
                 f.seek(at)
-                assert f.read(24 + row) == want[at:at + 24 + row], (name, end)
+                assert f.read(24 + row) == want[at : at + 24 + row], (name, end)
             assert stats(mnt)["small_reads"] - before == 2 * len(ends), name
             at = header + row - 5  # over rows 0, 1 and 2: the usual way
             f.seek(at)
-            assert f.read(row + 10) == want[at:at + row + 10]
+            assert f.read(row + 10) == want[at : at + row + 10]
             assert stats(mnt)["small_reads"] - before == 2 * len(ends), name

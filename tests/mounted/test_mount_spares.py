@@ -28,14 +28,24 @@ def make(root, zarr_format):
     """Three arrays of 256 KiB chunks (blosc in v2 and v3, zstd in v3): {name: value}."""
     rng = np.random.default_rng(zarr_format)
     values = {}
-    codecs = {"blosc": zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle") if zarr_format == 3
-              else numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)}
+    codecs = {
+        "blosc": zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle")
+        if zarr_format == 3
+        else numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+    }
     if zarr_format == 3:
         codecs["zstd"] = zarr.codecs.ZstdCodec(level=1)
     for name, codec in codecs.items():
         value = (rng.standard_normal((1536, 1024)) * 100).round().astype("<f4")  # compresses, a little
-        zarr.create_array(store=os.fspath(root), name=name, shape=value.shape, dtype=value.dtype,
-                          chunks=(256, 256), zarr_format=zarr_format, compressors=[codec])[...] = value
+        zarr.create_array(
+            store=os.fspath(root),
+            name=name,
+            shape=value.shape,
+            dtype=value.dtype,
+            chunks=(256, 256),
+            zarr_format=zarr_format,
+            compressors=[codec],
+        )[...] = value
         values[name] = value
     return values
 
@@ -74,13 +84,16 @@ def test_readers_at_once_never_see_a_reused_buffer(mount, tmp_path):
             for _ in range(600):
                 off, n = rng.randrange(len(want)), rng.randrange(1, 5000)
                 f.seek(off)
-                if f.read(n) != want[off:off + n]:
+                if f.read(n) != want[off : off + n]:
                     failures.append(("random", off, n))
 
-    threads = [threading.Thread(target=sequential, args=(mnt / "blosc.npy", want, 1 << 20)),
-               threading.Thread(target=sequential, args=(mnt / "blosc.npy", want, 3 << 20)),
-               threading.Thread(target=sequential, args=(mnt / VIEWS / "npy-f" / "blosc.npy", want_f, 1 << 20)),
-               threading.Thread(target=random_reads, args=(1,)), threading.Thread(target=random_reads, args=(2,))]
+    threads = [
+        threading.Thread(target=sequential, args=(mnt / "blosc.npy", want, 1 << 20)),
+        threading.Thread(target=sequential, args=(mnt / "blosc.npy", want, 3 << 20)),
+        threading.Thread(target=sequential, args=(mnt / VIEWS / "npy-f" / "blosc.npy", want_f, 1 << 20)),
+        threading.Thread(target=random_reads, args=(1,)),
+        threading.Thread(target=random_reads, args=(2,)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -95,8 +108,9 @@ def test_uncompressed_chunks_are_read_into_given_back_buffers(mount, tmp_path):
     (A 2-d array's F view copies them from their files into its bands, test_mount_bands.py.)"""
     root = tmp_path / "u.zarr"
     value = np.random.default_rng(9).standard_normal((6, 256, 1024)).astype("<f4")
-    zarr.create_array(store=os.fspath(root), name="u", shape=value.shape, dtype=value.dtype, chunks=(1, 256, 256),
-                      compressors=None)[...] = value
+    zarr.create_array(
+        store=os.fspath(root), name="u", shape=value.shape, dtype=value.dtype, chunks=(1, 256, 256), compressors=None
+    )[...] = value
     mnt = mount(root, SMALL_CACHE)
     for _ in range(2):  # the second pass loads its chunks again, into the buffers the first gave back
         fd = os.open(mnt / VIEWS / "npy-f" / "u.npy", os.O_RDONLY | os.O_DIRECT)

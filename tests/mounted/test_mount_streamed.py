@@ -38,9 +38,9 @@ def _pattern(start: int, stop: int) -> np.ndarray:
     filled = PERIOD
     while filled < len(out):  # (doubling copies: memory speed)
         more = min(filled, len(out) - filled)
-        out[filled:filled + more] = out[:more]
+        out[filled : filled + more] = out[:more]
         filled += more
-    return out[shift:shift + n]
+    return out[shift : shift + n]
 
 
 def _npy_header() -> bytes:
@@ -67,8 +67,16 @@ def _write_array(root: Path, name: str, compressor, values: np.ndarray) -> None:
     """A zarr v2 array of one chunk: its metadata from zarr-python, its chunk encoded by numcodecs."""
     import zarr
 
-    zarr.create_array(store=os.fspath(root), name=name, zarr_format=2, shape=SHAPE, chunks=SHAPE,
-                      dtype="u1", compressors=compressor, fill_value=0)
+    zarr.create_array(
+        store=os.fspath(root),
+        name=name,
+        zarr_format=2,
+        shape=SHAPE,
+        chunks=SHAPE,
+        dtype="u1",
+        compressors=compressor,
+        fill_value=0,
+    )
     (root / name / "0.0").write_bytes(compressor.encode(values))
 
 
@@ -127,5 +135,6 @@ def test_four_readers_of_a_1_gib_chunk_stay_within_the_cache(mount, store, name)
     stats = json.loads((mnt / ".zarrfs" / "stats.json").read_text())
     assert peak - baseline < CACHE_BYTES + MARGIN_BYTES, (
         f"peak RSS {peak >> 20} MiB, {(peak - baseline) >> 20} MiB over the {baseline >> 20} MiB after mounting; "
-        f"stats {stats}")
+        f"stats {stats}"
+    )
     assert stats["oversize_loads"] == 0

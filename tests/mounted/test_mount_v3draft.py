@@ -85,9 +85,14 @@ def test_mount_refused_arrays_keep_the_rest_readable(mount):
 def test_required_extension_refuses_to_mount(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    r = subprocess.run([sys.executable, "-m", "zarrfs", str(SPEC / "refuse-extension"), str(mnt)],
-                       capture_output=True, text=True, timeout=mounting.MOUNT_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                       check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "zarrfs", str(SPEC / "refuse-extension"), str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=mounting.MOUNT_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     if mounting.is_mounted(mnt):
         mounting.unmount(mnt)
         pytest.fail("zarrfs mounted a store whose entry point requires an unknown extension")
@@ -111,7 +116,7 @@ def test_chunk_files_under_the_sharding_transformer_count_their_own_bytes(mount)
             nbytes = 0
             if shard.exists():
                 raw = shard.read_bytes()
-                index = np.frombuffer(raw[-16 * 4:], "<u8").reshape(per_shard + (2,))
+                index = np.frombuffer(raw[-16 * 4 :], "<u8").reshape(per_shard + (2,))
                 offset, n = (int(x) for x in index[i % per_shard[0], j % per_shard[1]])
                 nbytes = 0 if offset == 2**64 - 1 else n
             st = os.stat(chunk_dir / f"{i}.{j}.npy")

@@ -21,8 +21,17 @@ import numpy as np
 import pytest
 
 from support import mounting, oracles
-from support.v3draft import (SPEC, Z218, assert_same, core_read, keys_below, read_doc, skip_or_fail, zarr218_problem,
-                             zarr218_read)
+from support.v3draft import (
+    SPEC,
+    Z218,
+    assert_same,
+    core_read,
+    keys_below,
+    read_doc,
+    skip_or_fail,
+    zarr218_problem,
+    zarr218_read,
+)
 
 ATTRS = "user.zarr.attributes"
 
@@ -97,15 +106,22 @@ def test_mount_zarr218_layout_writes(mount, tmp_path):
     os.setxattr(mnt / "filters" / "delta_zlib.npy", ATTRS, b'{"note": "kept filters"}')
     filters = index["arrays"]["filters/delta_zlib"]["attrs"]["filters"]
     assert json.loads(os.getxattr(mnt / "newg", ATTRS)) == {"a": 1}
-    assert json.loads(os.getxattr(mnt / "filters" / "delta_zlib.npy", ATTRS)) == {"note": "kept filters",
-                                                                                  "filters": filters}
+    assert json.loads(os.getxattr(mnt / "filters" / "delta_zlib.npy", ATTRS)) == {
+        "note": "kept filters",
+        "filters": filters,
+    }
 
     # mv: an array to another group, a group with everything below, a sharded array
     os.rename(mnt / "group_a" / "float64_nan_zlib.npy", mnt / "newg" / "f64.npy")
     os.rename(mnt / "order", mnt / "order2")
     os.rename(mnt / "sharded" / "float32_zlib_F.npy", mnt / "newg" / "f32.npy")
-    want.update({"newg/f64": expect("group_a/float64_nan_zlib"), "newg/f32": expect("sharded/float32_zlib_F"),
-                 "order2/int16_F_blosc": expect("order/int16_F_blosc")})
+    want.update(
+        {
+            "newg/f64": expect("group_a/float64_nan_zlib"),
+            "newg/f32": expect("sharded/float32_zlib_F"),
+            "order2/int16_F_blosc": expect("order/int16_F_blosc"),
+        }
+    )
     # (read back only after the unmount: right after a rename the kernel still holds the old
     # inode, whose node is the old path's - a tree-level issue of every format)
 
@@ -129,15 +145,26 @@ def test_mount_zarr218_layout_writes(mount, tmp_path):
     assert doc["attributes"] == {"units": "m", "n": [1, 2]} and doc["chunk_grid"]["separator"] == "/"
     assert (root / "data/root/newg/x/c0/0").is_file() and (root / "data/root/newg/s/c0").is_file()
     assert read_doc(str(root), "meta/root/implicit/deeper/b.array.json")["data_type"] == ">i2"
-    for gone in ("data/root/zerod", "meta/root/zerod", "meta/root/zerod.group.json", "data/root/order",
-                 "meta/root/order.group.json", "data/root/sharded/int32_1d_none", "data/root/sharded/float32_zlib_F"):
+    for gone in (
+        "data/root/zerod",
+        "meta/root/zerod",
+        "meta/root/zerod.group.json",
+        "data/root/order",
+        "meta/root/order.group.json",
+        "data/root/sharded/int32_1d_none",
+        "data/root/sharded/float32_zlib_F",
+    ):
         assert not (root / gone).exists(), gone
     assert keys_below(str(root), "data/root/order2/int16_F_blosc")
 
     if problem:
         skip_or_fail(f"zarr 2.18 oracle unavailable (the mounted part passed): {problem}")
-    got = zarr218_read(str(root), arrays=[*want, "filters/delta_zlib", "sharded/int32_1d_none"],
-                       groups=["", "newg", "implicit", "sharded"], workdir=tmp_path / "z218")
+    got = zarr218_read(
+        str(root),
+        arrays=[*want, "filters/delta_zlib", "sharded/int32_1d_none"],
+        groups=["", "newg", "implicit", "sharded"],
+        workdir=tmp_path / "z218",
+    )
     for path, value in want.items():
         assert "error" not in got["arrays"][path], (path, got["arrays"][path])
         assert_same(got["arrays"][path]["value"], value, path)
@@ -197,8 +224,13 @@ def test_mount_may2022_writes(mount, tmp_path):
     os.mkdir(mnt / "empty")
     os.rmdir(mnt / "empty")
     expect_errno(errno.ENOTEMPTY, os.rmdir, mnt / "codecs")
-    want.update({"newg/grp2/gzip_f8": gz, "newg/grp2/sub/blosc_i4": expect("grp/sub/blosc_i4"),
-                 "newg/crc": expect("codecs/crc32c_u1")})
+    want.update(
+        {
+            "newg/grp2/gzip_f8": gz,
+            "newg/grp2/sub/blosc_i4": expect("grp/sub/blosc_i4"),
+            "newg/crc": expect("codecs/crc32c_u1"),
+        }
+    )
     del want["grp/gzip_f8"]
     unmount_and_wait(mount, mnt)
 
@@ -207,14 +239,25 @@ def test_mount_may2022_writes(mount, tmp_path):
     assert doc["data_type"] == "float32" and doc["fill_value"] == 0.0 and doc["attributes"] == {"units": "K"}
     assert doc["codecs"] == [{"type": "https://purl.org/zarr/spec/codecs/gzip/1.0", "configuration": {"level": 1}}]
     assert read_doc(str(root), "meta/newg/b.array.json")["codecs"][0] == {
-        "type": "https://purl.org/zarr/spec/codecs/endian/1.0", "configuration": {"endian": "big"}}
+        "type": "https://purl.org/zarr/spec/codecs/endian/1.0",
+        "configuration": {"endian": "big"},
+    }
     assert read_doc(str(root), "meta/types/r.array.json")["data_type"] == "r24"
     assert read_doc(str(root), "meta/newg.group.json") == {"attributes": {"a": 1}}
     assert read_doc(str(root), "meta/implicit.group.json") == {"attributes": {"made": "explicit"}}
     assert read_doc(str(root), "meta/newg/grp2.group.json") == {"attributes": {"spam": "ham", "eggs": 42}}
     assert (root / "data/newg/x/c0/0").is_file() and (root / "meta/newg/grp2/sub.group.json").is_file()
-    for gone in ("meta/grp.group.json", "meta/grp", "data/grp", "data/sharded/u2_blosc", "meta/zerod",
-                 "data/zerod", "meta/s.array.json", "meta/newg/s.array.json", "meta/empty.group.json"):
+    for gone in (
+        "meta/grp.group.json",
+        "meta/grp",
+        "data/grp",
+        "data/sharded/u2_blosc",
+        "meta/zerod",
+        "data/zerod",
+        "meta/s.array.json",
+        "meta/newg/s.array.json",
+        "meta/empty.group.json",
+    ):
         assert not (root / gone).exists(), gone
     for path in ("newg/x", "newg/b", "types/r", "newg/crc"):
         assert_same(core_read(str(root), path, want[path].dtype), want[path], path)
@@ -260,8 +303,9 @@ def test_zarr218_layout_rsync_and_plain_files(mount, tmp_path):
     write_synced(mnt / "group_a" / "kept.txt", b"stored before the replace\n")
     rsync(new, mnt / "group_a")
     rsync(over, mnt / "group_a")
-    subprocess.run(["sh", "-c", 'echo hi > "$1/notes.txt"; echo there > "$1/group_a/notes.txt"', "sh", os.fspath(mnt)],
-                   check=True)
+    subprocess.run(
+        ["sh", "-c", 'echo hi > "$1/notes.txt"; echo there > "$1/group_a/notes.txt"', "sh", os.fspath(mnt)], check=True
+    )
     assert sorted(os.listdir(mnt / "group_a")) == ["float64_nan_zlib.npy", "kept.txt", "notes.txt", "sub", "x.npy"]
     for name in ["y.array.json", "h.group.json", "zarr.json"]:  # a reader would take them for nodes
         expect_errno(errno.EINVAL, open, mnt / "group_a" / name, "wb")
@@ -279,8 +323,9 @@ def test_zarr218_layout_rsync_and_plain_files(mount, tmp_path):
 
     if problem:
         skip_or_fail(f"zarr 2.18 oracle unavailable (the mounted part passed): {problem}")
-    got = zarr218_read(str(root), arrays=["group_a/x", "group_a/float64_nan_zlib"], groups=groups,
-                       workdir=tmp_path / "z1")
+    got = zarr218_read(
+        str(root), arrays=["group_a/x", "group_a/float64_nan_zlib"], groups=groups, workdir=tmp_path / "z1"
+    )
     assert_same(got["arrays"]["group_a/x"]["value"], np.load(new), "group_a/x")
     assert_same(got["arrays"]["group_a/float64_nan_zlib"]["value"], np.load(over), "group_a/float64_nan_zlib")
     before["groups"]["group_a"]["arrays"].append("x")
@@ -303,8 +348,9 @@ def test_may2022_rsync_and_plain_files(mount, tmp_path):
     for name in ["group.json", "array.json", "y.array.json"]:  # the core root's documents, a node's
         expect_errno(errno.EINVAL, open, mnt / name, "wb")
     write_synced(mnt / "grp" / "kept.txt", b"kept\n")  # in the store before the group moves
-    subprocess.run(["sh", "-c", 'echo hi > "$1/notes.txt"; echo hi > "$1/grp/notes.txt"', "sh", os.fspath(mnt)],
-                   check=True)
+    subprocess.run(
+        ["sh", "-c", 'echo hi > "$1/notes.txt"; echo hi > "$1/grp/notes.txt"', "sh", os.fspath(mnt)], check=True
+    )
     os.rename(mnt / "grp", mnt / "grp2")  # its plain files go with it
     unmount_and_wait(mount, mnt)
     assert (root / "meta/notes.txt").read_bytes() == (root / "meta/grp2/notes.txt").read_bytes() == b"hi\n"

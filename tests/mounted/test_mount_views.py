@@ -25,12 +25,44 @@ import pytest
 from support import FIXTURES, builders, oracles
 
 VIEWS_DIR = ".zarrfs"
-VIEW_NAMES = {"npy-f", "raw", "raw-f", "chunks", "store", "info", "stats.json", "tiff", "gdal", "preview",
-              "slice", "netcdf", "refresh"}
-INFO_KEYS = {"shape", "dtype", "chunk_shape", "order", "codecs", "fill_value", "attributes",
-             "chunks_stored", "chunks_total", "logical_bytes", "stored_bytes"}
-STATS_KEYS = {"store_gets", "store_bytes", "cache_hits", "cache_misses", "cache_evictions",
-              "bytes_decoded", "decode_seconds", "errors"}
+VIEW_NAMES = {
+    "npy-f",
+    "raw",
+    "raw-f",
+    "chunks",
+    "store",
+    "info",
+    "stats.json",
+    "tiff",
+    "gdal",
+    "preview",
+    "slice",
+    "netcdf",
+    "refresh",
+}
+INFO_KEYS = {
+    "shape",
+    "dtype",
+    "chunk_shape",
+    "order",
+    "codecs",
+    "fill_value",
+    "attributes",
+    "chunks_stored",
+    "chunks_total",
+    "logical_bytes",
+    "stored_bytes",
+}
+STATS_KEYS = {
+    "store_gets",
+    "store_bytes",
+    "cache_hits",
+    "cache_misses",
+    "cache_evictions",
+    "bytes_decoded",
+    "decode_seconds",
+    "errors",
+}
 # Metadata documents of every format: everything else under an array's directory is a chunk.
 METADATA_NAMES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json", "meta", "attrs"}
 BLOCK = 512  # st_blocks unit
@@ -105,8 +137,10 @@ def assert_bytes(got: bytes, want: bytes, what: str) -> None:
     assert len(got) == len(want), f"{what}: {len(got)} bytes, want {len(want)}"
     if got != want:
         first = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-        pytest.fail(f"{what}: first differing byte at {first} of {len(want)}: "
-                    f"got {got[first:first + 16]!r}, want {want[first:first + 16]!r}")
+        pytest.fail(
+            f"{what}: first differing byte at {first} of {len(want)}: "
+            f"got {got[first : first + 16]!r}, want {want[first : first + 16]!r}"
+        )
 
 
 def pread_cases(size: int, rng: np.random.Generator, n: int = 25) -> list[tuple[int, int]]:
@@ -123,7 +157,7 @@ def check_preads(p: Path, want: bytes, seed_text: str) -> None:
     fd = os.open(p, os.O_RDONLY)
     try:
         for off, n in pread_cases(len(want), rng):
-            assert os.pread(fd, n, off) == want[off:off + n], f"{p}: pread(size={n}, offset={off})"
+            assert os.pread(fd, n, off) == want[off : off + n], f"{p}: pread(size={n}, offset={off})"
     finally:
         os.close(fd)
 
@@ -189,7 +223,7 @@ def test_views_dir_is_hidden_but_reachable(hierarchy_mount, fmt):
     r = run(["sh", "-c", "cd .zarrfs && ls && cd raw && ls && cat ../stats.json"], cwd=mnt)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert set(lines[:len(VIEW_NAMES)]) == VIEW_NAMES
+    assert set(lines[: len(VIEW_NAMES)]) == VIEW_NAMES
     assert "top.raw" in lines
     r = run(["stat", "-c", "%F", VIEWS_DIR, f"{VIEWS_DIR}/chunks/top", f"{VIEWS_DIR}/raw/top.raw"], cwd=mnt)
     assert r.returncode == 0, r.stderr
@@ -211,7 +245,7 @@ def test_cp_r_of_the_mount_copies_only_the_npy_tree(hierarchy_mount, fmt, tmp_pa
     assert r.returncode == 0, r.stderr
     assert not (dest / VIEWS_DIR).exists()
     dirs, files = set(), set()
-    for top, dirnames, filenames in os.walk(dest):
+    for top, _dirnames, filenames in os.walk(dest):
         rel = os.path.relpath(top, dest)
         dirs.add("" if rel == "." else rel)
         files.update(os.path.normpath(os.path.join(rel, f)) for f in filenames)
@@ -242,7 +276,9 @@ def test_view_directories_mirror_the_groups(hierarchy_mount, fmt):
             "raw": sub_groups + [a + ".raw" for a in arrays],
             "raw-f": sub_groups + [a + ".raw" for a in arrays],
             "chunks": sub_groups + arrays,
-            "info": sub_groups + [g + ".json" for g in sub_groups] + [a + ".json" for a in arrays]
+            "info": sub_groups
+            + [g + ".json" for g in sub_groups]
+            + [a + ".json" for a in arrays]
             + ([".json"] if not group else []),
         }
         for name, names in want.items():
@@ -270,8 +306,7 @@ def test_npy_f_is_the_fortran_order_npy(hierarchy_mount, fmt, path):
     same_values(loaded, value, path)
     with open(p, "rb") as f:
         version = np.lib.format.read_magic(f)
-        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                       else np.lib.format.read_array_header_2_0)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         _, fortran_order, _ = read_header(f)
     assert fortran_order is True
 
@@ -305,8 +340,9 @@ def check_chunk_dir(d: Path, value: np.ndarray, chunks, key_size) -> None:
         same_values(np.load(p, allow_pickle=False), want_value, str(p))
         assert st.st_blocks == blocks_for(key_size(idx)), f"{p}: st_blocks {st.st_blocks}, stored {key_size(idx)}"
     if positions:  # partial reads of the edge chunk, header included
-        check_preads(d / chunk_file_name(positions[-1]), oracles.npy_bytes(chunk_value(value, positions[-1], chunks)),
-                     str(d))
+        check_preads(
+            d / chunk_file_name(positions[-1]), oracles.npy_bytes(chunk_value(value, positions[-1], chunks)), str(d)
+        )
 
 
 @EACH_ARRAY
@@ -328,8 +364,18 @@ def test_chunk_names_outside_the_grid_are_enoent(hierarchy_mount, fmt):
     _, mnt = hierarchy_mount(fmt)
     d = mnt / VIEWS_DIR / "chunks"
     # top: shape (17, 5), chunks (4, 4), so a grid of 5 x 2
-    for name in ["top/5.0.npy", "top/0.2.npy", "top/00.0.npy", "top/0.0.raw", "top/0.npy", "top/0.0.0.npy",
-                 "top/0.0", "top/x.npy", "fill/scalar_0d/1.npy", "fill/scalar_0d/0.0.npy"]:
+    for name in [
+        "top/5.0.npy",
+        "top/0.2.npy",
+        "top/00.0.npy",
+        "top/0.0.raw",
+        "top/0.npy",
+        "top/0.0.0.npy",
+        "top/0.0",
+        "top/x.npy",
+        "fill/scalar_0d/1.npy",
+        "fill/scalar_0d/0.0.npy",
+    ]:
         with pytest.raises(FileNotFoundError):
             os.stat(d / name)
 
@@ -337,8 +383,9 @@ def test_chunk_names_outside_the_grid_are_enoent(hierarchy_mount, fmt):
 # --------------------------------------------------------------------------- info
 
 
-def check_array_info(info: dict, *, value: np.ndarray, shape, chunks, attributes, array_dir: Path,
-                     order=None, fill=None, what="") -> None:
+def check_array_info(
+    info: dict, *, value: np.ndarray, shape, chunks, attributes, array_dir: Path, order=None, fill=None, what=""
+) -> None:
     assert INFO_KEYS <= set(info), f"{what}: missing {INFO_KEYS - set(info)}"
     assert info["shape"] == list(shape), what
     assert info["chunk_shape"] == list(chunks), what
@@ -362,9 +409,17 @@ def test_array_info(hierarchy_mount, fmt, path):
     e = h.expected(path)
     meta = zarr_meta(h.root, path)
     info = read_json(view(mnt, "info", path, ".json"))
-    check_array_info(info, value=e.value, shape=e.shape, chunks=e.chunks, attributes=e.attributes,
-                     array_dir=h.root / path, order=meta.order if fmt == 2 else None,
-                     fill=meta.fill_value, what=path)
+    check_array_info(
+        info,
+        value=e.value,
+        shape=e.shape,
+        chunks=e.chunks,
+        attributes=e.attributes,
+        array_dir=h.root / path,
+        order=meta.order if fmt == 2 else None,
+        fill=meta.fill_value,
+        what=path,
+    )
     spec = next(s for s in builders.array_specs(fmt) if s.path == path)
     for codec in spec.codec.split("_"):
         if codec != "none":
@@ -437,8 +492,12 @@ def test_cp_r_of_the_store_view_opens_in_zarr(hierarchy_mount, fmt, tmp_path):
 def test_st_blocks_follow_the_stored_bytes(hierarchy_mount, fmt, path):
     h, mnt = hierarchy_mount(fmt)
     stored = sum(stored_chunks(h.root / path).values())
-    for p in [mnt / (path + ".npy"), view(mnt, "npy-f", path, ".npy"), view(mnt, "raw", path, ".raw"),
-              view(mnt, "raw-f", path, ".raw")]:
+    for p in [
+        mnt / (path + ".npy"),
+        view(mnt, "npy-f", path, ".npy"),
+        view(mnt, "raw", path, ".raw"),
+        view(mnt, "raw-f", path, ".raw"),
+    ]:
         st = os.stat(p)
         assert st.st_blocks == blocks_for(stored), f"{p}: st_blocks {st.st_blocks}, {stored} bytes stored"
 
@@ -523,15 +582,27 @@ def test_v1_views(v1_mount, name):
     # zarr 1.1.0 wrote the chunks of an order F array in C order unless blosc compressed them
     # (fixtures/v1/README.md): "order" is unambiguous only for C arrays and blosc.
     unambiguous = meta["order"] == "C" or meta["compression"] == "blosc"
-    check_array_info(info, value=value, shape=meta["shape"], chunks=chunks, attributes=attrs,
-                     array_dir=V1_DIR / name, order=meta["order"] if unambiguous else None,
-                     fill=meta["fill_value"], what=name)
+    check_array_info(
+        info,
+        value=value,
+        shape=meta["shape"],
+        chunks=chunks,
+        attributes=attrs,
+        array_dir=V1_DIR / name,
+        order=meta["order"] if unambiguous else None,
+        fill=meta["fill_value"],
+        what=name,
+    )
     # store
     check_store_view(mnt / VIEWS_DIR / "store", V1_DIR / name)
     # st_blocks
     stored = sum(stored_chunks(V1_DIR / name).values())
-    for p in [mnt / (name + ".npy"), view(mnt, "npy-f", name, ".npy"), view(mnt, "raw", name, ".raw"),
-              view(mnt, "raw-f", name, ".raw")]:
+    for p in [
+        mnt / (name + ".npy"),
+        view(mnt, "npy-f", name, ".npy"),
+        view(mnt, "raw", name, ".raw"),
+        view(mnt, "raw-f", name, ".raw"),
+    ]:
         assert os.stat(p).st_blocks == blocks_for(stored), str(p)
 
 
@@ -568,12 +639,25 @@ def side_stores(tmp_path_factory) -> dict[int, Path]:
         for fmt in (2, 3):
             root = roots[fmt] = base / f"side_v{fmt}.zarr"
             zarr.open_group(os.fspath(root), mode="w", zarr_format=fmt)
-            s = zarr.create_array(store=os.fspath(root), name="sparse", shape=SPARSE_SHAPE, chunks=(1, 1),
-                                  dtype="int16", fill_value=-3, zarr_format=fmt)
+            s = zarr.create_array(
+                store=os.fspath(root),
+                name="sparse",
+                shape=SPARSE_SHAPE,
+                chunks=(1, 1),
+                dtype="int16",
+                fill_value=-3,
+                zarr_format=fmt,
+            )
             for k, idx in enumerate(SPARSE_WRITES):
                 s[idx] = k + 1
-        a = zarr.create_array(store=os.fspath(roots[3]), name="big1d", shape=(BIG_CHUNK * BIG_N_CHUNKS,),
-                              chunks=(BIG_CHUNK,), dtype="float64", compressors=[ZstdCodec(level=1)])
+        a = zarr.create_array(
+            store=os.fspath(roots[3]),
+            name="big1d",
+            shape=(BIG_CHUNK * BIG_N_CHUNKS,),
+            chunks=(BIG_CHUNK,),
+            dtype="float64",
+            compressors=[ZstdCodec(level=1)],
+        )
         a[...] = np.random.default_rng(5).standard_normal(a.shape)
     return roots
 
@@ -590,7 +674,7 @@ def test_stats_json_counts_store_gets_and_cache_hits(mount, side_store):
     value = np.asarray(oracles.open_zarr_array(side_store, "big1d")[...])
     meta = zarr_meta(side_store, "big1d")
     key_bytes = (side_store / "big1d" / zarr_chunk_key(meta, (1,))).stat().st_size
-    chunk = value[BIG_CHUNK:2 * BIG_CHUNK]
+    chunk = value[BIG_CHUNK : 2 * BIG_CHUNK]
 
     # One chunk, through its chunk file: exactly one store get.
     got = np.load(mnt / VIEWS_DIR / "chunks" / "big1d" / "1.npy")
@@ -606,7 +690,7 @@ def test_stats_json_counts_store_gets_and_cache_hits(mount, side_store):
     fd = open_random(view(mnt, "raw", "big1d", ".raw"))
     try:
         off = (BIG_CHUNK + 3000) * item
-        assert os.pread(fd, 16, off) == value.tobytes()[off:off + 16]
+        assert os.pread(fd, 16, off) == value.tobytes()[off : off + 16]
     finally:
         os.close(fd)
     after_raw = stats(mnt)
@@ -619,7 +703,7 @@ def test_stats_json_counts_store_gets_and_cache_hits(mount, side_store):
     fd = open_random(view(mnt, "npy-f", "big1d", ".npy"))
     try:
         off = hlen + (BIG_CHUNK + 40000) * item
-        assert os.pread(fd, 100, off) == want[off:off + 100]
+        assert os.pread(fd, 100, off) == want[off : off + 100]
     finally:
         os.close(fd)
     after_npyf = stats(mnt)
@@ -635,8 +719,16 @@ def test_small_read_of_a_shard_fetches_its_index_and_one_inner_chunk(mount, tmp_
     root = tmp_path / "sharded.zarr"
     zarr.open_group(str(root), mode="w", zarr_format=3)
     inner, per_shard = 1024, 32
-    arr = zarr.create_array(str(root), name="s", shape=(70000,), dtype="<f8", shards=(inner * per_shard,),
-                            chunks=(inner,), compressors=[ZstdCodec(level=1)], zarr_format=3)
+    arr = zarr.create_array(
+        str(root),
+        name="s",
+        shape=(70000,),
+        dtype="<f8",
+        shards=(inner * per_shard,),
+        chunks=(inner,),
+        compressors=[ZstdCodec(level=1)],
+        zarr_format=3,
+    )
     value = np.random.default_rng(3).normal(size=70000)
     arr[:] = value
     shard = (root / "s" / "c" / "0").read_bytes()
@@ -667,7 +759,7 @@ def test_small_read_of_a_shard_fetches_its_index_and_one_inner_chunk(mount, tmp_
     finally:
         os.close(fd)
     # The chunk file of a shard is the whole shard, clipped at the array's edge.
-    same_values(np.load(mnt / VIEWS_DIR / "chunks" / "s" / "2.npy"), value[2 * inner * per_shard:])
+    same_values(np.load(mnt / VIEWS_DIR / "chunks" / "s" / "2.npy"), value[2 * inner * per_shard :])
     assert not stats(mnt)["errors"]
 
 
@@ -759,4 +851,4 @@ def test_stats_json_counts_errors(mount, side_store, tmp_path):
     assert (sum(errors.values()) if isinstance(errors, dict) else errors) >= 1, after
     # the other chunks still read
     value = np.asarray(oracles.open_zarr_array(side_store, "big1d")[...])
-    same_values(np.load(mnt / VIEWS_DIR / "chunks" / "big1d" / "1.npy"), value[BIG_CHUNK:2 * BIG_CHUNK])
+    same_values(np.load(mnt / VIEWS_DIR / "chunks" / "big1d" / "1.npy"), value[BIG_CHUNK : 2 * BIG_CHUNK])

@@ -46,10 +46,23 @@ INPLACE_SPECS = {
         ArraySpec("inplace/blosc_i4", "int32", (37, 23), (10, 7), "blosc"),
         ArraySpec("inplace/zstd_f8_F", "float64", (37, 23), (10, 7), "zstd", kwargs={"order": "F"}),
         ArraySpec("inplace/gzip_be_i2", ">i2", (37, 23), (10, 7), "gzip"),
-        ArraySpec("inplace/none_u1_partial", "uint8", (37, 23), (10, 7), "none", fill_value=9,
-                  write=(slice(0, 10), slice(0, 7))),
-        ArraySpec("inplace/slash_f4_3d_F", "float32", (5, 6, 7), (2, 4, 3), "zstd",
-                  kwargs={"order": "F", "chunk_key_encoding": {"name": "v2", "separator": "/"}}),
+        ArraySpec(
+            "inplace/none_u1_partial",
+            "uint8",
+            (37, 23),
+            (10, 7),
+            "none",
+            fill_value=9,
+            write=(slice(0, 10), slice(0, 7)),
+        ),
+        ArraySpec(
+            "inplace/slash_f4_3d_F",
+            "float32",
+            (5, 6, 7),
+            (2, 4, 3),
+            "zstd",
+            kwargs={"order": "F", "chunk_key_encoding": {"name": "v2", "separator": "/"}},
+        ),
         ArraySpec("inplace/struct", [("a", "<i4"), ("b", "<f8")], (20, 9), (6, 4), "blosc"),
     ],
     3: [
@@ -57,13 +70,35 @@ INPLACE_SPECS = {
         ArraySpec("inplace/zstd_crc32c_f8", "float64", (37, 23), (10, 7), "zstd_crc32c"),
         ArraySpec("inplace/transpose_f4", "float32", (37, 23), (10, 7), "zstd", kwargs={"transpose": (1, 0)}),
         ArraySpec("inplace/big_endian_i2", "int16", (37, 23), (10, 7), "gzip", kwargs={"big_endian": True}),
-        ArraySpec("inplace/sharded_f4", "float32", (37, 23), (5, 7), "zstd", fill_value=-1.5,
-                  write=(slice(0, 10), slice(0, 7)), kwargs={"shards": (20, 14)}),
-        ArraySpec("inplace/sharded_start_i2", "int16", (37, 23), (20, 14), "none",
-                  write=(slice(0, 37), slice(0, 9)), kwargs={"sharding_index_start": (5, 7)}),
-        ArraySpec("inplace/key_v2_u1_3d", "uint8", (5, 6, 7), (2, 4, 3), "none", fill_value=9,
-                  write=(slice(0, 2), slice(0, 4), slice(0, 3)),
-                  kwargs={"chunk_key_encoding": {"name": "v2", "separator": "."}}),
+        ArraySpec(
+            "inplace/sharded_f4",
+            "float32",
+            (37, 23),
+            (5, 7),
+            "zstd",
+            fill_value=-1.5,
+            write=(slice(0, 10), slice(0, 7)),
+            kwargs={"shards": (20, 14)},
+        ),
+        ArraySpec(
+            "inplace/sharded_start_i2",
+            "int16",
+            (37, 23),
+            (20, 14),
+            "none",
+            write=(slice(0, 37), slice(0, 9)),
+            kwargs={"sharding_index_start": (5, 7)},
+        ),
+        ArraySpec(
+            "inplace/key_v2_u1_3d",
+            "uint8",
+            (5, 6, 7),
+            (2, 4, 3),
+            "none",
+            fill_value=9,
+            write=(slice(0, 2), slice(0, 4), slice(0, 3)),
+            kwargs={"chunk_key_encoding": {"name": "v2", "separator": "."}},
+        ),
     ],
 }
 INPLACE_VIEWS = ["npy-mmap", "npy", "npy-f", "raw", "raw-f", "chunk"]
@@ -95,8 +130,9 @@ OTHER_SPECS = [
     ArraySpec("conc/diff", "int32", (64, 64), (8, 8), "zstd"),
     ArraySpec("conc/same", "int64", (16, 24), (16, 12), "blosc"),
 ]
-SHARDED_FILL_SPEC = ArraySpec("fill/sharded", "float32", (40, 28), (5, 7), "zstd", fill_value=-1.5,
-                              kwargs={"shards": (20, 14)})
+SHARDED_FILL_SPEC = ArraySpec(
+    "fill/sharded", "float32", (40, 28), (5, 7), "zstd", fill_value=-1.5, kwargs={"shards": (20, 14)}
+)
 EXTRA_GROUPS = ["cp", "ns/sub", "ns/empty"]
 
 
@@ -147,8 +183,9 @@ def check_peers(root: Path, path: str, fmt: int, want: np.ndarray, what: str, *,
     assert_same_array(oracles.zarr_value(root, path), want, f"{what}: zarr-python reads")
     if tensorstore:
         ts_value = oracles.tensorstore_value(root, path, fmt)
-        assert_same_array(ts_value.astype(want.dtype) if want.dtype.names is None else ts_value, want,
-                          f"{what}: tensorstore reads")
+        assert_same_array(
+            ts_value.astype(want.dtype) if want.dtype.names is None else ts_value, want, f"{what}: tensorstore reads"
+        )
 
 
 def read_npy(p: Path) -> np.ndarray:
@@ -220,8 +257,10 @@ def test_in_place_write(wstore, fmt, path, view):
     if view == "npy-mmap":
         m = np.load(mnt / (path + ".npy"), mmap_mode="r+")
         assert m.shape == model.shape and m.dtype == model.dtype
-        boxes = [tuple(slice(int(rng.integers(0, n // 2 + 1)), int(rng.integers(n // 2 + 1, n + 1))) for n in model.shape),
-                 tuple(slice(n - 1, n) for n in model.shape)]  # the last element: an edge chunk
+        boxes = [
+            tuple(slice(int(rng.integers(0, n // 2 + 1)), int(rng.integers(n // 2 + 1, n + 1))) for n in model.shape),
+            tuple(slice(n - 1, n) for n in model.shape),
+        ]  # the last element: an edge chunk
         for box in boxes:
             new = builders.sample_data(model.dtype, model[box].shape, rng)
             m[box] = new
@@ -282,8 +321,20 @@ def test_dd_conv_notrunc_patches_bytes(wstore, fmt, tmp_path):
     data = random_bytes(np.random.default_rng(fmt), 777)
     patch.write_bytes(data)
     offset = hlen + 4 * 231 + 3
-    r = subprocess.run(["dd", f"if={patch}", f"of={mnt / (path + '.npy')}", "bs=100", f"seek={offset}",
-                        "oflag=seek_bytes", "conv=notrunc,fsync", "status=none"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            "dd",
+            f"if={patch}",
+            f"of={mnt / (path + '.npy')}",
+            "bs=100",
+            f"seek={offset}",
+            "oflag=seek_bytes",
+            "conv=notrunc,fsync",
+            "status=none",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     model = oracles.patched(model, "npy", offset, data)
     check_peers(root, path, fmt, model, "after dd")
@@ -307,7 +358,7 @@ def test_header_write_with_the_same_bytes_is_accepted(wstore, fmt):
         assert os.pwrite(fd, full[5:23], 5) == 18
         # the header's last bytes and data after them, in one write
         data = np.arange(10, dtype=model.dtype).tobytes()
-        assert os.pwrite(fd, full[hlen - 7:hlen] + data, hlen - 7) == 7 + len(data)
+        assert os.pwrite(fd, full[hlen - 7 : hlen] + data, hlen - 7) == 7 + len(data)
         model.reshape(-1)[:10] = np.arange(10, dtype=model.dtype)
     finally:
         os.close(fd)
@@ -317,8 +368,9 @@ def test_header_write_with_the_same_bytes_is_accepted(wstore, fmt):
 
 def _npy_header(descr, fortran: bool, shape) -> bytes:
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(descr)),
-                                              "fortran_order": fortran, "shape": tuple(shape)})
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(descr)), "fortran_order": fortran, "shape": tuple(shape)}
+    )
     return buf.getvalue()
 
 
@@ -330,16 +382,18 @@ def test_header_write_that_changes_the_array_is_einval(wstore, fmt, change):
     docs = oracles.metadata_docs(root, path)
     model = oracles.zarr_value(root, path)
     hlen = oracles.view_header_len(model, "npy")
-    new = {"shape": _npy_header(model.dtype, False, (5, 12)),
-           "dtype": _npy_header(np.dtype("uint16"), False, model.shape),
-           "fortran_order": _npy_header(model.dtype, True, model.shape),
-           "magic": b"\x93NUMPX" + oracles.npy_bytes(model)[6:hlen]}[change]
+    new = {
+        "shape": _npy_header(model.dtype, False, (5, 12)),
+        "dtype": _npy_header(np.dtype("uint16"), False, model.shape),
+        "fortran_order": _npy_header(model.dtype, True, model.shape),
+        "magic": b"\x93NUMPX" + oracles.npy_bytes(model)[6:hlen],
+    }[change]
     assert len(new) == hlen
     fd = os.open(mnt / (path + ".npy"), os.O_WRONLY)
     try:
         expect_oserror(errno.EINVAL, os.pwrite, fd, new, 0)
         diff = next(i for i in range(hlen) if new[i] != oracles.npy_bytes(model)[i])
-        expect_oserror(errno.EINVAL, os.pwrite, fd, new[diff:diff + 1], diff)
+        expect_oserror(errno.EINVAL, os.pwrite, fd, new[diff : diff + 1], diff)
     finally:
         os.close(fd)
     assert oracles.metadata_docs(root, path) == docs
@@ -397,13 +451,17 @@ def test_times_and_modes_are_accepted_and_change_nothing(wstore, fmt, tmp_path):
     assert {k: (root / path / k).read_bytes() for k in oracles.store_keys(root, path)} == keys
     x = np.arange(7, dtype="<i8")
     np.save(tmp_path / "x.npy", x)
-    r = subprocess.run(["cp", "-p", os.fspath(tmp_path / "x.npy"), os.fspath(mnt / "cp" / "preserved.npy")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["cp", "-p", os.fspath(tmp_path / "x.npy"), os.fspath(mnt / "cp" / "preserved.npy")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     check_peers(root, "cp/preserved", fmt, x, "cp -p")
 
 
 # --------------------------------------------------------------------------- cp creates arrays
+
 
 def _cp_cases() -> dict:
     rng = np.random.default_rng(77)
@@ -537,7 +595,7 @@ def test_views_follow_a_replaced_array(wstore, fmt, how, tmp_path):
         got = oracles.view_file(mnt, path, view).read_bytes()
         assert got == oracles.view_bytes(x, view), f"{view} still shows the old array ({len(got)} bytes)"
     chunks = oracles.zarr_chunk_shape(root, path)
-    assert oracles.chunk_file(mnt, path, (0, 0)).read_bytes() == oracles.npy_bytes(x[:chunks[0], :chunks[1]])
+    assert oracles.chunk_file(mnt, path, (0, 0)).read_bytes() == oracles.npy_bytes(x[: chunks[0], : chunks[1]])
     info = json.loads((mnt / ".zarrfs" / "info" / f"{path}.json").read_text())
     assert info["shape"] == [6, 11] and info["chunk_shape"] == list(chunks)
 
@@ -545,7 +603,7 @@ def test_views_follow_a_replaced_array(wstore, fmt, how, tmp_path):
 NOT_NPY = {
     "text": b"this is not an NPY file\n" * 700,
     "bad_header": b"\x93NUMPY\x01\x00\x76\x00{'descr': 'zz9', 'fortran_order': False, 'shape': (3,), }".ljust(128, b" ")
-                  + b"\0" * 64,
+    + b"\0" * 64,
     "object_dtype": None,  # np.save of an object array (pickled): no fixed-size type
 }
 
@@ -835,8 +893,9 @@ def test_mv_moves_a_group_with_everything_below(wstore, fmt):
     values = {p: oracles.zarr_value(root, f"ns/mvg/{p}") for p in ("x", "sub/y")}
     keys = {k: (root / "ns/mvg" / k).read_bytes() for k in oracles.store_keys(root, "ns/mvg")}
     os.rename(mnt / "ns/mvg", mnt / "ns/sub/moved_group")
-    assert {k: (root / "ns/sub/moved_group" / k).read_bytes()
-            for k in oracles.store_keys(root, "ns/sub/moved_group")} == keys
+    assert {
+        k: (root / "ns/sub/moved_group" / k).read_bytes() for k in oracles.store_keys(root, "ns/sub/moved_group")
+    } == keys
     assert oracles.store_keys(root, "ns/mvg") == []
     assert "mvg" not in os.listdir(mnt / "ns")
     for p, v in values.items():
@@ -871,8 +930,11 @@ def test_consolidated_metadata_is_kept_current(mount, tmp_path, fmt):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         zarr.open_group(os.fspath(root), mode="w", zarr_format=fmt)
-        for spec in [ArraySpec("g/a", "int32", (9, 4), (4, 4), "zstd"), ArraySpec("g/b", "float32", (5,), (2,), "none"),
-                     ArraySpec("h/c", "uint8", (3,), (3,), "none")]:
+        for spec in [
+            ArraySpec("g/a", "int32", (9, 4), (4, 4), "zstd"),
+            ArraySpec("g/b", "float32", (5,), (2,), "none"),
+            ArraySpec("h/c", "uint8", (3,), (3,), "none"),
+        ]:
             builders.create_array(root, spec, fmt, rng)
         builders.consolidate(root, fmt)
     mnt = mount(root, "writable")
@@ -1004,11 +1066,11 @@ def test_concurrent_writers_to_different_chunks_lose_nothing(mount, tmp_path, fm
         try:
             fd = os.open(mnt / f"{path}.npy", os.O_WRONLY)
             barrier.wait()
-            for i in range(rounds):
+            for _ in range(rounds):
                 row = int(rng.integers(0, model.shape[0]))
                 c0 = t * band + int(rng.integers(0, band))
                 c1 = int(rng.integers(c0 + 1, (t + 1) * band + 1))
-                vals = rng.integers(-2**31, 2**31, c1 - c0, dtype=np.int64).astype("<i4")
+                vals = rng.integers(-(2**31), 2**31, c1 - c0, dtype=np.int64).astype("<i4")
                 mounting.pwrite_all(fd, vals.tobytes(), hlen + 4 * (row * model.shape[1] + c0))
                 model[row, c0:c1] = vals  # disjoint columns: no lock needed
                 what = rng.integers(0, 6)
@@ -1098,9 +1160,12 @@ def _v1_decode(root: Path) -> np.ndarray:
     assert meta["zarr_format"] == 1 and meta["order"] == "C"
     dtype = np.dtype(meta["dtype"] if isinstance(meta["dtype"], str) else [tuple(f) for f in meta["dtype"]])
     shape, chunks = tuple(meta["shape"]), tuple(meta["chunks"])
-    codec = {"zlib": lambda o: numcodecs.Zlib(level=o), "none": None,
-             "bz2": lambda o: numcodecs.BZ2(level=o),
-             "blosc": lambda o: numcodecs.Blosc(**o)}[meta["compression"] or "none"]
+    codec = {
+        "zlib": lambda o: numcodecs.Zlib(level=o),
+        "none": None,
+        "bz2": lambda o: numcodecs.BZ2(level=o),
+        "blosc": lambda o: numcodecs.Blosc(**o),
+    }[meta["compression"] or "none"]
     out = np.full(shape, meta["fill_value"], dtype)
     grid = [range(-(-s // c)) for s, c in zip(shape, chunks)]
     for idx in itertools.product(*grid):
@@ -1228,8 +1293,9 @@ ROOT_ARRAY_ENCODINGS = [
 ]
 
 
-@pytest.mark.parametrize("fmt,encoding,chunk_name", ROOT_ARRAY_ENCODINGS,
-                         ids=["v2-dot", "v2-slash", "v3-slash", "v3-dot"])
+@pytest.mark.parametrize(
+    "fmt,encoding,chunk_name", ROOT_ARRAY_ENCODINGS, ids=["v2-dot", "v2-slash", "v3-slash", "v3-dot"]
+)
 def test_root_array_rsync_replace_keeps_plain_files(mount, tmp_path, fmt, encoding, chunk_name):
     """A v2/v3 store whose root is an array takes plain files at its root: one written in an
     earlier mount is listed and survives the array's replacement by rsync without --inplace

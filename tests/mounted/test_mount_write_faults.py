@@ -39,8 +39,9 @@ def mount_failing(mounter: mounting.Mounter, source: Path, env: dict[str, str], 
     o = ",".join(["writable", f"log_file={log}", "log_level=info", *opts])
     cmd = [sys.executable, os.fspath(FAILING_STORE), os.fspath(source), os.fspath(mnt), "-f", "-o", o]
     out = open(mounter.workdir / f"{mnt.name}.cli-output", "wb")
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                            env={**os.environ, **env})
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}
+    )
     out.close()
     mounter.adopt(mnt, log, proc)
     if not mounting.wait_until(lambda: mounting.is_mounted(mnt) or proc.poll() is not None, mounting.MOUNT_TIMEOUT_S):
@@ -52,8 +53,7 @@ def mount_failing(mounter: mounting.Mounter, source: Path, env: dict[str, str], 
 def _store(tmp_path: Path, fmt: int) -> tuple[Path, np.ndarray]:
     root = tmp_path / "fail.zarr"
     builders.create_array(root, SPEC, fmt, np.random.default_rng(21))
-    builders.create_array(root, ArraySpec("g/other", "float32", (8, 8), (4, 4), "none"), fmt,
-                         np.random.default_rng(22))
+    builders.create_array(root, ArraySpec("g/other", "float32", (8, 8), (4, 4), "none"), fmt, np.random.default_rng(22))
     return root, oracles.zarr_value(root, "g/a")
 
 
@@ -64,8 +64,9 @@ def test_failed_chunk_write_is_eio_and_keeps_the_stored_chunk(mount, tmp_path, f
     key = "g/a/" + oracles.zarr_chunk_key(root, "g/a", (1, 2))  # the chunk holding rows 10-19, cols 14-20
     old_chunk = (root / key).read_bytes()
     calls = tmp_path / "calls.txt"
-    mnt, proc, log = mount_failing(mount, root, {"FAILFILE_MATCH": key, "FAILFILE_FAIL_AT": "1",
-                                                 "FAILFILE_CALLS": os.fspath(calls)})
+    mnt, proc, log = mount_failing(
+        mount, root, {"FAILFILE_MATCH": key, "FAILFILE_FAIL_AT": "1", "FAILFILE_CALLS": os.fspath(calls)}
+    )
     hlen = oracles.view_header_len(model, "npy")
     new = np.arange(-100, -93, dtype="<i4")  # row 12, columns 14-20: inside chunk (1, 2) only
     fd = os.open(mnt / "g/a.npy", os.O_WRONLY)
@@ -168,7 +169,7 @@ def _big_npy(p: Path) -> None:
     step = 1 << 22
     for a in range(0, flat.size, step):
         idx = np.arange(a, min(a + step, flat.size), dtype=np.int64)
-        flat[a:a + idx.size] = (idx % 1000003 + 1).astype("<f4")
+        flat[a : a + idx.size] = (idx % 1000003 + 1).astype("<f4")
     out.flush()
     del out
 
@@ -227,8 +228,11 @@ def test_sigkill_in_the_middle_of_a_large_copy_leaves_the_store_without_it(mount
     again = mount(root, "writable")
     assert os.listdir(again) == []
     # the new mount removes them: their writer is gone
-    said = [ln for ln in mounting.log_lines_naming(_swept(mount, again), "of a writer that died")
-            if f"{len(leftovers)} keys" in ln]
+    said = [
+        ln
+        for ln in mounting.log_lines_naming(_swept(mount, again), "of a writer that died")
+        if f"{len(leftovers)} keys" in ln
+    ]
     assert len(said) == 1 and _staged(root) == {}, f"{len(leftovers)} keys staged before: {_staged(root)}"
     # the same copy made again, whole, over the leftover staging area
     shutil.copyfile(src, again / "big.npy")
@@ -237,6 +241,7 @@ def test_sigkill_in_the_middle_of_a_large_copy_leaves_the_store_without_it(mount
     source = np.load(src, mmap_mode="r")
     assert_same_array(arr[:100], np.asarray(source[:100]), "zarr-python reads the second copy")
     assert_same_array(arr[-100:], np.asarray(source[-100:]), "zarr-python reads the second copy")
+
 
 # --------------------------------------------------------------------------- staging a killed writer left
 
@@ -249,7 +254,7 @@ def _kill_mid_copy(mounter: mounting.Mounter, mnt: Path, name: str, data: bytes)
     pids = mounting.pids_serving(mnt)
     assert len(pids) == 1, pids
     fd = os.open(mnt / "g" / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    mounting.pwrite_all(fd, data[:len(data) // 2], 0)
+    mounting.pwrite_all(fd, data[: len(data) // 2], 0)
     os.fsync(fd)
     os.kill(pids[0], signal.SIGKILL)
     assert mounting.wait_until(lambda: not mounting.pid_alive(pids[0]), 10)
@@ -276,7 +281,7 @@ def _staged(root: Path) -> dict[str, list[str]]:
         parts = key.split("/")
         at = next((i for i, p in enumerate(parts) if p.startswith(".zarrfs-new-")), None)
         if at is not None:
-            out.setdefault("/".join(parts[:at + 1]), []).append(key)
+            out.setdefault("/".join(parts[: at + 1]), []).append(key)
     return out
 
 
@@ -289,7 +294,7 @@ def test_a_writable_mount_removes_the_staging_a_killed_writer_left(mount, tmp_pa
     pid = _kill_mid_copy(mount, mount(root, "writable", "chunks=8:8"), "a.npy", oracles.npy_bytes(x))
     staged = _staged(root)
     assert len(staged) == 1, staged
-    (area, keys), = staged.items()
+    ((area, keys),) = staged.items()
     assert area.startswith("g/.zarrfs-new-") and len(keys) > 1, keys
     leases = [k for k in os.listdir(root) if k.startswith(".zarrfs-lease-")]
     assert len(leases) == 1, os.listdir(root)
@@ -340,8 +345,16 @@ def test_staging_of_writers_still_at_work_is_kept(mount, tmp_path):
     writer = mount(root, "writable")
     assert "0 kept" in _swept(mount, writer)
     # another machine's writer whose lease was refreshed a minute ago
-    lease = {"writer": "feedfacecafe", "host": "elsewhere.example", "boot_id": "x", "pid_namespace": "y",
-             "pid": 1, "pid_start_ticks": 1, "mounted": time.time() - 600, "refreshed": time.time() - 60}
+    lease = {
+        "writer": "feedfacecafe",
+        "host": "elsewhere.example",
+        "boot_id": "x",
+        "pid_namespace": "y",
+        "pid": 1,
+        "pid_start_ticks": 1,
+        "mounted": time.time() - 600,
+        "refreshed": time.time() - 60,
+    }
     (root / ".zarrfs-lease-feedfacecafe").write_text(json.dumps(lease))
     _plant(root, "g/.zarrfs-new-feedfacecafe-0011223344556677")
     # staging with no lease (older daemons): kept while recent, removed after two hours untouched
@@ -353,8 +366,11 @@ def test_staging_of_writers_still_at_work_is_kept(mount, tmp_path):
     # every child the next mount forks, and the mount takes that close (a FUSE flush) for the end.
     x = builders.sample_data(np.dtype("<i4"), (40, 40), np.random.default_rng(34))
     np.save(tmp_path / "b.npy", x)
-    copy = subprocess.Popen([sys.executable, "-c", HALF_THEN_REST, os.fspath(tmp_path / "b.npy"),
-                             os.fspath(writer / "g" / "b.npy")], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    copy = subprocess.Popen(
+        [sys.executable, "-c", HALF_THEN_REST, os.fspath(tmp_path / "b.npy"), os.fspath(writer / "g" / "b.npy")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert copy.stdout.readline() == b"half\n"
         live = sorted(set(_staged(root)) - planted)
@@ -362,8 +378,11 @@ def test_staging_of_writers_still_at_work_is_kept(mount, tmp_path):
 
         other = mount(root, "writable")
         log = _swept(mount, other)
-        assert set(_staged(root)) == {"g/.zarrfs-new-feedfacecafe-0011223344556677",
-                                      "g/.zarrfs-new-00112233445566aa", *live}, log
+        assert set(_staged(root)) == {
+            "g/.zarrfs-new-feedfacecafe-0011223344556677",
+            "g/.zarrfs-new-00112233445566aa",
+            *live,
+        }, log
         removed = mounting.log_lines_naming(log, "g/.zarrfs-new-00112233445566bb")
         assert len(removed) == 1 and "1 keys, 100 bytes" in removed[0] and "no lease" in removed[0], log
         assert (root / ".zarrfs-lease-feedfacecafe").exists()
@@ -373,5 +392,6 @@ def test_staging_of_writers_still_at_work_is_kept(mount, tmp_path):
     assert_same_array(oracles.zarr_value(root, "g/b"), x, "zarr-python after the copy completed")
     assert live[0] not in _staged(root)
     mounting.unmount_and_wait(mount, writer)
-    assert sorted(k for k in os.listdir(root) if k.startswith(".zarrfs")) == [".zarrfs-lease-feedfacecafe"], \
+    assert sorted(k for k in os.listdir(root) if k.startswith(".zarrfs")) == [".zarrfs-lease-feedfacecafe"], (
         "the writer's lease outlived its unmount"
+    )

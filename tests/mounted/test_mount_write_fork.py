@@ -145,8 +145,11 @@ def test_a_writer_that_dies_short_leaves_nothing_after_its_last_close(wstore, mo
     hlen = len(data) - x.nbytes
     first = hlen + x.nbytes // 2
     p = mnt / f"{path}.npy"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, os.fspath(p), str(first), str(len(data))],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, os.fspath(p), str(first), str(len(data))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         writer.stdin.write(data)
         writer.stdin.flush()
@@ -162,8 +165,9 @@ def test_a_writer_that_dies_short_leaves_nothing_after_its_last_close(wstore, mo
         writer.wait()
     needle = f"received {first - hlen} of {x.nbytes} data bytes"
     # The kernel sends the release after the killed writer's close returned: wait for its line.
-    assert mounting.wait_until(lambda: any(needle in ln for ln in warnings_naming(module_mount, mnt, f"{path}.npy")),
-                              10), module_mount.log_text(mnt)[-3000:]
+    assert mounting.wait_until(
+        lambda: any(needle in ln for ln in warnings_naming(module_mount, mnt, f"{path}.npy")), 10
+    ), module_mount.log_text(mnt)[-3000:]
     lines = warnings_naming(module_mount, mnt, f"{path}.npy")
     assert len(lines) == 1 and needle in lines[0], lines
     assert ("the old array is kept" if old is not None else "not stored") in lines[0]

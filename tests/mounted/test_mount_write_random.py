@@ -31,13 +31,27 @@ PATH = "r/a"
 CASES = {
     "v2_C_blosc_edges": (2, ArraySpec(PATH, "int32", (37, 23), (10, 7), "blosc")),
     "v2_F_zstd": (2, ArraySpec(PATH, "float64", (29, 17), (8, 5), "zstd", kwargs={"order": "F"})),
-    "v2_3d_fill_partial": (2, ArraySpec(PATH, "uint16", (9, 10, 11), (4, 3, 5), "gzip", fill_value=5,
-                                        write=(slice(0, 4), slice(0, 3), slice(0, 5)))),
+    "v2_3d_fill_partial": (
+        2,
+        ArraySpec(
+            PATH, "uint16", (9, 10, 11), (4, 3, 5), "gzip", fill_value=5, write=(slice(0, 4), slice(0, 3), slice(0, 5))
+        ),
+    ),
     "v3_C_zstd_edges": (3, ArraySpec(PATH, "int16", (37, 23), (10, 7), "zstd")),
-    "v3_transpose_crc": (3, ArraySpec(PATH, "float32", (31, 19), (10, 7), "zstd_crc32c",
-                                      kwargs={"transpose": (1, 0)})),
-    "v3_sharded": (3, ArraySpec(PATH, "float32", (41, 30), (5, 7), "zstd", fill_value=-1.5,
-                                write=(slice(0, 22), slice(0, 15)), kwargs={"shards": (20, 14)})),
+    "v3_transpose_crc": (3, ArraySpec(PATH, "float32", (31, 19), (10, 7), "zstd_crc32c", kwargs={"transpose": (1, 0)})),
+    "v3_sharded": (
+        3,
+        ArraySpec(
+            PATH,
+            "float32",
+            (41, 30),
+            (5, 7),
+            "zstd",
+            fill_value=-1.5,
+            write=(slice(0, 22), slice(0, 15)),
+            kwargs={"shards": (20, 14)},
+        ),
+    ),
 }
 VIEWS = ["npy", "npy-f", "raw", "raw-f", "chunk"]
 MAX_OPS = 260
@@ -98,7 +112,7 @@ class Model:
         data = self.rng.integers(0, 256, n, dtype=np.uint8).tobytes()
         if hlen and self.rng.random() < 0.1:  # start inside the header with its own bytes
             back = int(self.rng.integers(1, hlen + 1))
-            off, data = off - (off - hlen) - back, want[hlen - back:hlen] + data
+            off, data = off - (off - hlen) - back, want[hlen - back : hlen] + data
         self.log.append(f"write {view} {p.name} [{off}, {off + len(data)})")
         mounting.pwrite_all(self.fd(p), data, off)
         new = oracles.patched(like, npy_view, off, data)
@@ -110,8 +124,10 @@ class Model:
     def mmap_write(self) -> None:
         if self.value.size == 0:
             return
-        box = tuple(slice(a, int(self.rng.integers(a + 1, n + 1)))
-                    for a, n in ((int(self.rng.integers(0, n)), n) for n in self.value.shape))
+        box = tuple(
+            slice(a, int(self.rng.integers(a + 1, n + 1)))
+            for a, n in ((int(self.rng.integers(0, n)), n) for n in self.value.shape)
+        )
         self.log.append(f"mmap {box}")
         m = np.load(self.mnt / f"{PATH}.npy", mmap_mode="r+")
         new = builders.sample_data(self.value.dtype, m[box].shape, self.rng)
@@ -131,7 +147,7 @@ class Model:
             got = os.pread(fd, n, off)
         finally:
             os.close(fd)
-        assert got == want[off:off + n], f"read of {p} [{off}, {off + n}) differs from the model"
+        assert got == want[off : off + n], f"read of {p} [{off}, {off + n}) differs from the model"
 
     def replace(self) -> None:
         """Truncate and write a new NPY file: a new array (maybe another shape, dtype or order)."""
@@ -190,8 +206,13 @@ def test_random_writes_match_the_model(mount, tmp_path, case):
     builders.create_array(root, spec, fmt, rng)
     mnt = mount(root, "writable", CREATE_CHUNKS)
     model = Model(root, mnt, oracles.zarr_value(root, PATH), rng, tmp_path)
-    ops = [(model.write, 0.45), (model.read, 0.25), (model.mmap_write, 0.08), (model.sync_some, 0.18),
-           (model.replace, 0.04)]
+    ops = [
+        (model.write, 0.45),
+        (model.read, 0.25),
+        (model.mmap_write, 0.08),
+        (model.sync_some, 0.18),
+        (model.replace, 0.04),
+    ]
     fns, weights = [f for f, _ in ops], np.array([w for _, w in ops])
     deadline = time.monotonic() + TIME_BUDGET_S
     done = 0

@@ -57,8 +57,9 @@ def write_synced(path: Path, data: bytes) -> None:
 
 
 def warnings_naming(mount, mnt: Path, *needles: str) -> list[str]:
-    return [ln for ln in mounting.log_lines_naming(mount.log_text(mnt), needles[0])
-            if all(n in ln for n in needles[1:])]
+    return [
+        ln for ln in mounting.log_lines_naming(mount.log_text(mnt), needles[0]) if all(n in ln for n in needles[1:])
+    ]
 
 
 def store_with_old(tmp_path: Path, fmt: int) -> tuple[Path, np.ndarray]:
@@ -172,8 +173,10 @@ def test_a_header_that_never_completes_fails_at_fsync_and_is_dropped(mount, tmp_
     content, reason = {
         "5_bytes": (data[:5], "NPY header incomplete after 5 bytes"),
         "50_bytes": (data[:50], "NPY header incomplete after 50 bytes"),
-        "length_claims_2GiB": (b"\x93NUMPY\x02\x00" + struct.pack("<I", 2**31 - 1) + b"{'descr'",
-                               "header length field claims 2147483647 bytes"),
+        "length_claims_2GiB": (
+            b"\x93NUMPY\x02\x00" + struct.pack("<I", 2**31 - 1) + b"{'descr'",
+            "header length field claims 2147483647 bytes",
+        ),
     }[case]
     p = mnt / "g" / "h.npy"
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -205,8 +208,9 @@ def test_an_npy_with_a_57k_header_served_by_the_mount_goes_back_in(mount, tmp_pa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         zarr.open_group(os.fspath(root), mode="w", zarr_format=2)
-        zarr.create_array(os.fspath(root), name="rec", shape=(3,), chunks=(2,), dtype=dt, zarr_format=2,
-                          fill_value=None)[...] = x
+        zarr.create_array(
+            os.fspath(root), name="rec", shape=(3,), chunks=(2,), dtype=dt, zarr_format=2, fill_value=None
+        )[...] = x
     mnt = mount(root, "writable")
     served = (mnt / "rec.npy").read_bytes()
     assert served == oracles.npy_bytes(x)
@@ -224,8 +228,13 @@ def _bad_names(fmt: str) -> dict[str, int]:
     return {
         "v2": {**common, "back\\slash": errno.EINVAL, ".zarray": errno.EINVAL},
         "v3": {**common, "__reserved": errno.EINVAL, "zarr.json": errno.EINVAL},
-        "core": {**common, "with space": errno.EINVAL, "...": errno.EINVAL, "caf\u00e9": errno.EINVAL,
-                 "x" * 250: errno.ENAMETOOLONG},
+        "core": {
+            **common,
+            "with space": errno.EINVAL,
+            "...": errno.EINVAL,
+            "caf\u00e9": errno.EINVAL,
+            "x" * 250: errno.ENAMETOOLONG,
+        },
         "protocol": {**common, "with space": errno.EINVAL, "caf\u00e9": errno.EINVAL, "FOO": errno.EINVAL},
     }[fmt]
 
@@ -313,11 +322,12 @@ def test_numpy_save_to_a_temporary_file_then_os_replace(mount, tmp_path, fmt):
     root, _ = store_with_old(tmp_path, fmt)
     mnt = mount(root, "writable")
     x = builders.sample_data(np.dtype("<i8"), (50, 7), np.random.default_rng(2))
-    script = ("import numpy as np, os, sys; x = np.load(sys.argv[1]); tmp = os.path.join(sys.argv[2], 'x.npy.part');"
-              "f = open(tmp, 'wb'); np.save(f, x); f.close(); os.replace(tmp, os.path.join(sys.argv[2], 'x.npy'))")
+    script = (
+        "import numpy as np, os, sys; x = np.load(sys.argv[1]); tmp = os.path.join(sys.argv[2], 'x.npy.part');"
+        "f = open(tmp, 'wb'); np.save(f, x); f.close(); os.replace(tmp, os.path.join(sys.argv[2], 'x.npy'))"
+    )
     np.save(tmp_path / "src.npy", x)
-    subprocess.run([sys.executable, "-c", script, os.fspath(tmp_path / "src.npy"), os.fspath(mnt / "g")],
-                   check=True)
+    subprocess.run([sys.executable, "-c", script, os.fspath(tmp_path / "src.npy"), os.fspath(mnt / "g")], check=True)
     assert_same_array(oracles.zarr_value(root, "g/x"), x, "zarr-python after os.replace")
     assert sorted(os.listdir(mnt / "g")) == ["a.npy", "x.npy"]
 
@@ -333,8 +343,11 @@ def test_a_held_file_that_is_no_npy_cannot_become_an_array(mount, tmp_path, fmt)
     write_synced(mnt / "g" / "short.tmp", oracles.npy_bytes(x)[:-8])
     expect_oserror(errno.EIO, os.rename, mnt / "g" / "short.tmp", mnt / "g" / "a.npy")
     assert sorted(os.listdir(mnt / "g")) == ["a.npy", "junk.tmp", "short.tmp"]  # the plain files stay
-    assert snapshot(root) == {**before, "g/junk.tmp": b"not an NPY file at all",
-                              "g/short.tmp": oracles.npy_bytes(x)[:-8]}
+    assert snapshot(root) == {
+        **before,
+        "g/junk.tmp": b"not an NPY file at all",
+        "g/short.tmp": oracles.npy_bytes(x)[:-8],
+    }
     assert_same_array(oracles.zarr_value(root, "g/a"), old, "zarr-python after the refused renames")
     os.unlink(mnt / "g" / "junk.tmp")
     os.unlink(mnt / "g" / "short.tmp")

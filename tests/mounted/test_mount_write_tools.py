@@ -36,8 +36,10 @@ def open_dataset(root: Path, fmt: int):
 def write_dataset(root: Path, fmt: int) -> None:
     import xarray as xr
 
-    ds = xr.Dataset({"t": (("time", "y", "x"), np.arange(60, dtype="f4").reshape(3, 4, 5))},
-                    coords={"x": np.arange(5), "y": np.arange(4.0), "time": np.arange(3)})
+    ds = xr.Dataset(
+        {"t": (("time", "y", "x"), np.arange(60, dtype="f4").reshape(3, 4, 5))},
+        coords={"x": np.arange(5), "y": np.arange(4.0), "time": np.arange(3)},
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds.to_zarr(root, zarr_format=fmt)
@@ -264,9 +266,21 @@ def test_a_failed_write_back_is_said_once_and_the_file_kept(mount, tmp_path):
     calls = tmp_path / "calls.txt"
     mnt, log = mount.new_mountpoint()
     env = {**os.environ, "FAILFILE_MATCH": "g/notes.txt", "FAILFILE_FAIL_AT": "1", "FAILFILE_CALLS": os.fspath(calls)}
-    proc = subprocess.Popen([sys.executable, os.fspath(FAILING_STORE), os.fspath(root), os.fspath(mnt), "-f",
-                             "-o", f"writable,log_file={log},log_level=info"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            os.fspath(FAILING_STORE),
+            os.fspath(root),
+            os.fspath(mnt),
+            "-f",
+            "-o",
+            f"writable,log_file={log},log_level=info",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     mount.adopt(mnt, log, proc)
     assert mounting.wait_until(lambda: mounting.is_mounted(mnt) or proc.poll() is not None, mounting.MOUNT_TIMEOUT_S)
     (mnt / "g" / "notes.txt").write_bytes(b"not lost")
@@ -285,8 +299,9 @@ def test_a_failed_write_back_is_said_once_and_the_file_kept(mount, tmp_path):
 
 
 def rsync_stats(src: Path, dst: Path) -> dict[str, str]:
-    out = subprocess.run(["rsync", "-a", "--stats", os.fspath(src), os.fspath(dst)], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["rsync", "-a", "--stats", os.fspath(src), os.fspath(dst)], check=True, capture_output=True, text=True
+    ).stdout
     return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
 
 
@@ -330,16 +345,16 @@ def test_setfattr_on_a_dataset_array_keeps_what_xarray_needs(mount, tmp_path, fm
     root = tmp_path / "ds.zarr"
     write_dataset(root, fmt)
     mnt = mount(root, "writable")
-    subprocess.run(["setfattr", "-n", "user.zarr.attributes", "-v", '{"units": "degC"}', mnt / "t.npy"],
-                   check=True)
+    subprocess.run(["setfattr", "-n", "user.zarr.attributes", "-v", '{"units": "degC"}', mnt / "t.npy"], check=True)
     ds = open_dataset(root, fmt)
     assert ds["t"].dims == ("time", "y", "x")
     assert ds["t"].attrs["units"] == "degC"
     np.testing.assert_array_equal(ds["t"].values, np.arange(60, dtype="f4").reshape(3, 4, 5))
     assert ds["t"].encoding.get("_FillValue") is not None and np.isnan(ds["t"].encoding["_FillValue"])
     if fmt == 2:
-        subprocess.run(["setfattr", "-n", "user.zarr.attributes", "-v", '{"_ARRAY_DIMENSIONS": null}',
-                        mnt / "x.npy"], check=True)
+        subprocess.run(
+            ["setfattr", "-n", "user.zarr.attributes", "-v", '{"_ARRAY_DIMENSIONS": null}', mnt / "x.npy"], check=True
+        )
         import zarr
 
         assert "_ARRAY_DIMENSIONS" not in zarr.open_array(root / "x", mode="r").attrs

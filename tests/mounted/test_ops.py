@@ -37,9 +37,14 @@ def _need_fuse() -> None:
 @pytest.fixture(scope="module")
 def installed():
     """scripts/install.sh run (without extras: local stores only); cached by its own stamps."""
-    r = subprocess.run(["bash", os.fspath(INSTALL)], capture_output=True, text=True, timeout=900,
-                       env={**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
-                            "ZARRFS_EXTRAS": ""}, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        ["bash", os.fspath(INSTALL)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}, "ZARRFS_EXTRAS": ""},
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, f"install.sh failed:\n{r.stdout}\n{r.stderr}"
     return r.stdout
 
@@ -50,16 +55,17 @@ def store(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ops") / "ops.zarr"
     zarr.open_group(os.fspath(root), mode="w", zarr_format=3)
-    builders.create_array(root, builders.ArraySpec("g/x", "float64", (200, 150), (64, 64), "zstd"), 3,
-                         np.random.default_rng(11))
-    builders.create_array(root, builders.ArraySpec("y", "int32", (1000,), (128,), "none"), 3,
-                         np.random.default_rng(12))
+    builders.create_array(
+        root, builders.ArraySpec("g/x", "float64", (200, 150), (64, 64), "zstd"), 3, np.random.default_rng(11)
+    )
+    builders.create_array(root, builders.ArraySpec("y", "int32", (1000,), (128,), "none"), 3, np.random.default_rng(12))
     return root
 
 
 def _env_i(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["env", "-i", *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        ["env", "-i", *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 def _mount_row(mnt: Path) -> tuple[str, str, str] | None:
@@ -76,8 +82,14 @@ def _unmount_all(*mnts: Path) -> None:
 
 def test_install_is_idempotent(installed):
     assert BIN.is_symlink() and os.readlink(BIN) == os.fspath(PREFIX / "bin" / "zarrfs")
-    r = subprocess.run(["bash", os.fspath(INSTALL)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "ZARRFS_EXTRAS": ""}, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        ["bash", os.fspath(INSTALL)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "ZARRFS_EXTRAS": ""},
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, r.stderr
     assert "up to date" in r.stdout, r.stdout
     man = Path("/usr/local/share/man/man1/zarrfs.1").read_text()
@@ -95,8 +107,15 @@ def test_env_i_mount_and_umount(installed, store, tmp_path):
     mnt, log = tmp_path / "mnt", tmp_path / "zarrfs.log"
     mnt.mkdir()
     try:
-        r = _env_i("/usr/bin/mount", "-t", "fuse.zarrfs", os.fspath(store), os.fspath(mnt),
-                   "-o", f"log_file={log},log_level=info")
+        r = _env_i(
+            "/usr/bin/mount",
+            "-t",
+            "fuse.zarrfs",
+            os.fspath(store),
+            os.fspath(mnt),
+            "-o",
+            f"log_file={log},log_level=info",
+        )
         assert r.returncode == 0, f"{r.stderr}\n{log.read_text() if log.exists() else ''}"
         assert (mnt / "g" / "x.npy").read_bytes() == oracles.expected_for(store, "g/x").npy
         source, _, fstype = _mount_row(mnt)
@@ -120,8 +139,10 @@ def test_fstab_line(installed, store, tmp_path):
     mnt, log = tmp_path / "mnt", tmp_path / "zarrfs.log"
     mnt.mkdir()
     fstab = tmp_path / "fstab"
-    fstab.write_text(f"{store} {mnt} fuse.zarrfs _netdev,nofail,allow_other,uid=1234,gid=2345,umask=027,"
-                     f"x-systemd.automount,x-systemd.idle-timeout=600,cache_size=64M,log_file={log} 0 0\n")
+    fstab.write_text(
+        f"{store} {mnt} fuse.zarrfs _netdev,nofail,allow_other,uid=1234,gid=2345,umask=027,"
+        f"x-systemd.automount,x-systemd.idle-timeout=600,cache_size=64M,log_file={log} 0 0\n"
+    )
     try:
         r = _env_i("/usr/bin/mount", "-T", os.fspath(fstab), os.fspath(mnt))
         assert r.returncode == 0, f"{r.stderr}\n{log.read_text() if log.exists() else ''}"
@@ -140,8 +161,13 @@ def test_fstab_line(installed, store, tmp_path):
 def test_units_verify(installed):
     """Every shipped unit passes `systemd-analyze verify` (with zarrfs and its man page installed)."""
     assert {u.name for u in UNITS} >= {"zarrfs@.service", "mnt-zarr.mount", "mnt-zarr.automount"}
-    r = subprocess.run(["systemd-analyze", "verify", *map(os.fspath, UNITS)], capture_output=True, text=True,
-                       timeout=120, cwd=REPO / "systemd")
+    r = subprocess.run(
+        ["systemd-analyze", "verify", *map(os.fspath, UNITS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO / "systemd",
+    )
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
     unit = (REPO / "systemd" / "zarrfs@.service").read_text()
     assert re.search(r"^Type=notify$", unit, re.M) and re.search(r"^WantedBy=remote-fs.target$", unit, re.M)
@@ -151,8 +177,18 @@ def test_units_verify(installed):
 
 
 def test_unit_security_score():
-    r = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
-                        os.fspath(REPO / "systemd" / "zarrfs@.service")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            "systemd-analyze",
+            "security",
+            "--offline=true",
+            "--no-pager",
+            os.fspath(REPO / "systemd" / "zarrfs@.service"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     m = re.search(r"Overall exposure level for \S+: ([\d.]+)", r.stdout + r.stderr)
     assert m, r.stdout[-2000:] + r.stderr
     assert float(m.group(1)) <= SECURITY_SCORE_MAX, m.group(0)
@@ -172,12 +208,17 @@ def test_notify_ready_then_stopping(store, tmp_path):
     mnt.mkdir()
     sock = _notify_socket(tmp_path)
     env = {**os.environ, "NOTIFY_SOCKET": os.fspath(tmp_path / "notify.sock")}
-    proc = subprocess.Popen([*mounting.ZARRFS, os.fspath(store), os.fspath(mnt), "-f", "-o", f"log_file={log}"],
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*mounting.ZARRFS, os.fspath(store), os.fspath(mnt), "-f", "-o", f"log_file={log}"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         try:
             first = sock.recv(4096).decode()
-        except socket.timeout:
+        except TimeoutError:
             pytest.fail(f"no READY=1 within {mounting.MOUNT_TIMEOUT_S}s:\n{log.read_text()}")
         assert "READY=1" in first.split("\n"), first
         assert f"MAINPID={proc.pid}" in first.split("\n"), first
@@ -207,8 +248,13 @@ def test_daemon_logs_to_default_file_without_dev_log(store, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     try:
-        r = subprocess.run([*mounting.ZARRFS, os.fspath(store), os.fspath(mnt)], capture_output=True, text=True,
-                           timeout=mounting.MOUNT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [*mounting.ZARRFS, os.fspath(store), os.fspath(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=mounting.MOUNT_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, r.stderr
         assert r.stderr == ""
         lines = [ln for ln in default.read_text(errors="replace").splitlines() if f" on {mnt};" in ln]
@@ -271,8 +317,9 @@ def _fail(tmp_path: Path, source: str, *opts: str, env: dict | None = None) -> s
     cmd = [*mounting.ZARRFS, source, os.fspath(mnt)] + (["-o", ",".join(opts)] if opts else [])
     out_p, err_p = tmp_path / "out", tmp_path / "err"
     with open(out_p, "wb") as out, open(err_p, "wb") as err:
-        code = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, timeout=60,
-                              env={**os.environ, **(env or {})}).returncode
+        code = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, timeout=60, env={**os.environ, **(env or {})}
+        ).returncode
     _unmount_all(mnt)
     text = err_p.read_text()
     assert code == 1, text
@@ -343,11 +390,17 @@ def test_dead_mount_is_named_with_its_fix(mount, store, tmp_path):
     with pytest.raises(OSError) as e:
         assert mounting.wait_until(lambda: not os.listdir(mnt), 5)
     assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    r = subprocess.run([*mounting.ZARRFS, os.fspath(store), os.fspath(mnt)], capture_output=True, text=True,
-                       timeout=60, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [*mounting.ZARRFS, os.fspath(store), os.fspath(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 1
-    assert r.stderr.splitlines() == [f"zarrfs: mountpoint {mnt} is a dead FUSE mount (its daemon is gone): "
-                                     f"run fusermount3 -uz {mnt} and mount again"], r.stderr
+    assert r.stderr.splitlines() == [
+        f"zarrfs: mountpoint {mnt} is a dead FUSE mount (its daemon is gone): run fusermount3 -uz {mnt} and mount again"
+    ], r.stderr
     subprocess.run(["fusermount3", "-uz", os.fspath(mnt)], check=True, timeout=30)
     assert not mounting.is_mounted(mnt)
 
@@ -369,9 +422,19 @@ def test_auto_unmount_after_kill_9_every_time(store, tmp_path):
     failures = []
     try:
         for i in range(AUTO_UNMOUNT_TRIES):
-            r = subprocess.run([*mounting.ZARRFS, os.fspath(store), os.fspath(mnt), "-o",
-                                f"auto_unmount,log_file={tmp_path / 'zarrfs.log'}"],
-                               capture_output=True, text=True, timeout=mounting.MOUNT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            r = subprocess.run(
+                [
+                    *mounting.ZARRFS,
+                    os.fspath(store),
+                    os.fspath(mnt),
+                    "-o",
+                    f"auto_unmount,log_file={tmp_path / 'zarrfs.log'}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=mounting.MOUNT_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+            )
             assert r.returncode == 0, r.stderr
             os.kill(_daemon_pid(mnt), signal.SIGKILL)
             # fusermount3's helper unmounts once it sees the daemon's end of the FUSE socket
@@ -381,4 +444,6 @@ def test_auto_unmount_after_kill_9_every_time(store, tmp_path):
                 _unmount_all(mnt)
     finally:
         _unmount_all(mnt)
-    assert not failures, f"a dead mount stayed after kill -9 in (try, processes left) {failures} of {AUTO_UNMOUNT_TRIES}"
+    assert not failures, (
+        f"a dead mount stayed after kill -9 in (try, processes left) {failures} of {AUTO_UNMOUNT_TRIES}"
+    )

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from support import builders, mounting, oracles
-from test_mount_s3 import BUCKET, s3  # noqa: F401  (the moto server fixture)
+from support.s3 import BUCKET
 
 # Distinctive credentials: moto accepts any, and a grep finds these anywhere they leak.
 ACCESS_KEY = "AKIAZARRFSLEAKCHECK1"
@@ -24,8 +24,9 @@ def _put_store(fs, tmp_path: Path, name: str) -> None:
 
     local = tmp_path / name
     zarr.open_group(os.fspath(local), mode="w", zarr_format=3)
-    builders.create_array(local, builders.ArraySpec("a", "int16", (40, 30), (16, 16), "zstd"), 3,
-                         np.random.default_rng(4))
+    builders.create_array(
+        local, builders.ArraySpec("a", "int16", (40, 30), (16, 16), "zstd"), 3, np.random.default_rng(4)
+    )
     fs.put(os.fspath(local), f"{BUCKET}/{name}", recursive=True)
 
 
@@ -36,7 +37,7 @@ def _secret_file(tmp_path: Path, endpoint: str) -> Path:
     return path
 
 
-def test_secrets_never_logged(s3, mount, tmp_path):  # noqa: F811
+def test_secrets_never_logged(s3, mount, tmp_path):
     endpoint, fs = s3
     _put_store(fs, tmp_path, "secret.zarr")
     so = _secret_file(tmp_path, endpoint)
@@ -54,8 +55,13 @@ def test_secrets_never_logged(s3, mount, tmp_path):  # noqa: F811
     bad_mnt.mkdir()
     bad_log = tmp_path / "bad.log"
     source = f"s3://{BUCKET}-missing/x.zarr"
-    cmd = [*mounting.ZARRFS, source, os.fspath(bad_mnt), "-o",
-           f"log_level=debug,log_file={bad_log},storage_options_file={so}"]
+    cmd = [
+        *mounting.ZARRFS,
+        source,
+        os.fspath(bad_mnt),
+        "-o",
+        f"log_level=debug,log_file={bad_log},storage_options_file={so}",
+    ]
     code, out, err, _ = mounting.run_expecting_failure(cmd, bad_mnt, tmp_path)
     assert code == 1, err
     text = mount.log_text(mnt) + bad_log.read_text() + out + err
@@ -64,7 +70,7 @@ def test_secrets_never_logged(s3, mount, tmp_path):  # noqa: F811
         assert secret not in text, f"{secret} leaked:\n" + "\n".join(ln for ln in text.splitlines() if secret in ln)
 
 
-def test_missing_bucket_is_named(s3, tmp_path):  # noqa: F811
+def test_missing_bucket_is_named(s3, tmp_path):
     endpoint, _ = s3
     so = _secret_file(tmp_path, endpoint)
     mnt = tmp_path / "mnt"
@@ -75,7 +81,7 @@ def test_missing_bucket_is_named(s3, tmp_path):  # noqa: F811
     assert err.splitlines() == [f"zarrfs: s3://{BUCKET}-nosuch/run.zarr: bucket '{BUCKET}-nosuch' does not exist"], err
 
 
-def test_missing_path_in_a_bucket_is_named(s3, tmp_path):  # noqa: F811
+def test_missing_path_in_a_bucket_is_named(s3, tmp_path):
     endpoint, _ = s3
     so = _secret_file(tmp_path, endpoint)
     mnt = tmp_path / "mnt"
@@ -86,17 +92,27 @@ def test_missing_path_in_a_bucket_is_named(s3, tmp_path):  # noqa: F811
     assert err.splitlines() == [f"zarrfs: s3://{BUCKET}/no/such.zarr: no such file, directory or store"], err
 
 
-def test_missing_credentials_are_named(s3, tmp_path):  # noqa: F811
+def test_missing_credentials_are_named(s3, tmp_path):
     """No key in the options, none in the environment, no ~/.aws, no instance metadata: said so."""
     endpoint, _ = s3
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(HOME=os.fspath(tmp_path), AWS_EC2_METADATA_DISABLED="true",
-               AWS_CONFIG_FILE=os.fspath(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=os.fspath(tmp_path / "none"))
+    env.update(
+        HOME=os.fspath(tmp_path),
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_CONFIG_FILE=os.fspath(tmp_path / "none"),
+        AWS_SHARED_CREDENTIALS_FILE=os.fspath(tmp_path / "none"),
+    )
     so = json.dumps({"client_kwargs": {"endpoint_url": endpoint}})
-    r = subprocess.run([*mounting.ZARRFS, f"s3://{BUCKET}/x.zarr", os.fspath(mnt), "-o", f"storage_options={so}"],
-                       capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [*mounting.ZARRFS, f"s3://{BUCKET}/x.zarr", os.fspath(mnt), "-o", f"storage_options={so}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     mounting.unmount(mnt)
     assert r.returncode == 1
     assert len(r.stderr.splitlines()) == 1 and "no credentials found" in r.stderr, r.stderr

@@ -27,7 +27,7 @@ def _streamed(compressor) -> bytes:
     return b"".join(parts) + compressor.flush()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bomb(codec_id: str) -> bytes:
     """BOMB_BYTES zeros encoded as numcodecs' codec `codec_id` (default settings) stores them."""
     if codec_id == "zlib":

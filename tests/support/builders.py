@@ -29,7 +29,13 @@ class ArraySpec:
     attributes: dict | None = field(default=None, hash=False, compare=False)
 
 
-ARRAY_ATTRS = {"units": "m/s", "scale": 0.5, "tags": ["a", "b"], "nested": {"x": None, "ok": True}, "label": "µm – 中文"}
+ARRAY_ATTRS = {
+    "units": "m/s",
+    "scale": 0.5,
+    "tags": ["a", "b"],
+    "nested": {"x": None, "ok": True},
+    "label": "µm – 中文",
+}
 ROOT_ATTRS = {"title": "zarrfs test hierarchy", "version": 1, "nested": {"list": [1, 2.5, None, "é"]}}
 GROUP_ATTRS = {
     "dtypes": {"kind": "dtypes"},
@@ -50,9 +56,19 @@ CODEC_CHUNKS = (64, 50)
 
 def _dtype_cases(zarr_format: int) -> list[tuple[str, Any]]:
     cases = [
-        ("bool", "bool"), ("int8", "int8"), ("uint16", "uint16"), ("int32", "int32"), ("int64", "int64"),
-        ("uint64", "uint64"), ("float16", "float16"), ("float32", "float32"), ("float64", "float64"),
-        ("complex64", "complex64"), ("complex128", "complex128"), ("bytes_S5", "S5"), ("unicode_U3", "<U3"),
+        ("bool", "bool"),
+        ("int8", "int8"),
+        ("uint16", "uint16"),
+        ("int32", "int32"),
+        ("int64", "int64"),
+        ("uint64", "uint64"),
+        ("float16", "float16"),
+        ("float32", "float32"),
+        ("float64", "float64"),
+        ("complex64", "complex64"),
+        ("complex128", "complex128"),
+        ("bytes_S5", "S5"),
+        ("unicode_U3", "<U3"),
         ("datetime64_ns", "datetime64[ns]"),
     ]
     if zarr_format == 2:
@@ -74,40 +90,104 @@ def array_specs(zarr_format: int, *, implied: bool = True) -> list[ArraySpec]:
             ArraySpec("codecs/order_f_blosc", "int32", (37, 23), (10, 7), "blosc", kwargs={"order": "F"}),
             ArraySpec("codecs/order_f_none", "float32", (37, 23), (10, 7), "none", kwargs={"order": "F"}),
             ArraySpec("codecs/order_f_3d", "int16", (5, 6, 7), (2, 4, 3), "zstd", kwargs={"order": "F"}),
-            ArraySpec("codecs/sep_slash", "int16", (37, 23), (10, 7), "gzip",
-                      kwargs={"chunk_key_encoding": {"name": "v2", "separator": "/"}}),
-            ArraySpec("codecs/sep_dot", "int16", (37, 23), (10, 7), "zstd",
-                      kwargs={"chunk_key_encoding": {"name": "v2", "separator": "."}}),
+            ArraySpec(
+                "codecs/sep_slash",
+                "int16",
+                (37, 23),
+                (10, 7),
+                "gzip",
+                kwargs={"chunk_key_encoding": {"name": "v2", "separator": "/"}},
+            ),
+            ArraySpec(
+                "codecs/sep_dot",
+                "int16",
+                (37, 23),
+                (10, 7),
+                "zstd",
+                kwargs={"chunk_key_encoding": {"name": "v2", "separator": "."}},
+            ),
         ]
     else:
         specs += [
             # Shards of 20x14 holding 5x7 inner chunks; only two regions written, so some
             # inner chunks of written shards and whole shards are missing.
-            ArraySpec("codecs/sharded", "float32", (37, 23), (5, 7), "zstd", fill_value=-1.5,
-                      write=(slice(0, 10), slice(0, 7)), kwargs={"shards": (20, 14)}),
-            ArraySpec("codecs/sharded_blosc", "int32", (60, 45), (5, 7), "blosc", fill_value=3,
-                      write=(slice(22, 60), slice(0, 45)), kwargs={"shards": (20, 14)}),
-            ArraySpec("codecs/sharded_index_start", "int16", (37, 23), (20, 14), "none",
-                      write=(slice(0, 37), slice(0, 9)), kwargs={"sharding_index_start": (5, 7)}),
+            ArraySpec(
+                "codecs/sharded",
+                "float32",
+                (37, 23),
+                (5, 7),
+                "zstd",
+                fill_value=-1.5,
+                write=(slice(0, 10), slice(0, 7)),
+                kwargs={"shards": (20, 14)},
+            ),
+            ArraySpec(
+                "codecs/sharded_blosc",
+                "int32",
+                (60, 45),
+                (5, 7),
+                "blosc",
+                fill_value=3,
+                write=(slice(22, 60), slice(0, 45)),
+                kwargs={"shards": (20, 14)},
+            ),
+            ArraySpec(
+                "codecs/sharded_index_start",
+                "int16",
+                (37, 23),
+                (20, 14),
+                "none",
+                write=(slice(0, 37), slice(0, 9)),
+                kwargs={"sharding_index_start": (5, 7)},
+            ),
             ArraySpec("codecs/bytes_big_endian", "int32", (37, 23), (10, 7), "gzip", kwargs={"big_endian": True}),
             ArraySpec("codecs/transpose", "float32", (37, 23), (10, 7), "zstd", kwargs={"transpose": (1, 0)}),
-            ArraySpec("codecs/key_v2_dot", "int16", (37, 23), (10, 7), "gzip",
-                      kwargs={"chunk_key_encoding": {"name": "v2", "separator": "."}}),
-            ArraySpec("codecs/key_default_dot", "int16", (37, 23), (10, 7), "zstd",
-                      kwargs={"chunk_key_encoding": {"name": "default", "separator": "."}}),
-            ArraySpec("codecs/dimension_names", "uint8", (37, 23), (10, 7), "none",
-                      kwargs={"dimension_names": ["y", "x"]}),
+            ArraySpec(
+                "codecs/key_v2_dot",
+                "int16",
+                (37, 23),
+                (10, 7),
+                "gzip",
+                kwargs={"chunk_key_encoding": {"name": "v2", "separator": "."}},
+            ),
+            ArraySpec(
+                "codecs/key_default_dot",
+                "int16",
+                (37, 23),
+                (10, 7),
+                "zstd",
+                kwargs={"chunk_key_encoding": {"name": "default", "separator": "."}},
+            ),
+            ArraySpec(
+                "codecs/dimension_names", "uint8", (37, 23), (10, 7), "none", kwargs={"dimension_names": ["y", "x"]}
+            ),
         ]
 
     specs += [
-        ArraySpec("fill/nan", "float64", (37, 23), (10, 7), "zstd", fill_value=float("nan"),
-                  write=(slice(0, 10), slice(0, 14))),
-        ArraySpec("fill/neg_inf", "float32", (37, 23), (10, 7), "none", fill_value=float("-inf"),
-                  write=(slice(10, 30), slice(7, 23))),
-        ArraySpec("fill/int_nonzero", "int32", (37, 23), (10, 7), "blosc", fill_value=-7,
-                  write=(slice(0, 10), slice(0, 7))),
-        ArraySpec("fill/bool_true", "bool", (37, 23), (10, 7), "none", fill_value=True,
-                  write=(slice(20, 37), slice(0, 23))),
+        ArraySpec(
+            "fill/nan",
+            "float64",
+            (37, 23),
+            (10, 7),
+            "zstd",
+            fill_value=float("nan"),
+            write=(slice(0, 10), slice(0, 14)),
+        ),
+        ArraySpec(
+            "fill/neg_inf",
+            "float32",
+            (37, 23),
+            (10, 7),
+            "none",
+            fill_value=float("-inf"),
+            write=(slice(10, 30), slice(7, 23)),
+        ),
+        ArraySpec(
+            "fill/int_nonzero", "int32", (37, 23), (10, 7), "blosc", fill_value=-7, write=(slice(0, 10), slice(0, 7))
+        ),
+        ArraySpec(
+            "fill/bool_true", "bool", (37, 23), (10, 7), "none", fill_value=True, write=(slice(20, 37), slice(0, 23))
+        ),
         ArraySpec("fill/never_written", "float32", (37, 23), (10, 7), "gzip", fill_value=2.25, write="none"),
         ArraySpec("fill/scalar_0d", "float64", (), (), "none", fill_value=0.0),
         ArraySpec("fill/scalar_0d_unwritten", "int16", (), (), "zstd", fill_value=12, write="none"),
@@ -242,11 +322,11 @@ class Hierarchy:
         prefix = group + "/" if group else ""
         names = set()
         for g in self.all_groups():
-            if g and g.startswith(prefix) and "/" not in g[len(prefix):]:
-                names.add(g[len(prefix):])
+            if g and g.startswith(prefix) and "/" not in g[len(prefix) :]:
+                names.add(g[len(prefix) :])
         for a in self.arrays:
-            if a.startswith(prefix) and "/" not in a[len(prefix):]:
-                names.add(a[len(prefix):] + ".npy")
+            if a.startswith(prefix) and "/" not in a[len(prefix) :]:
+                names.add(a[len(prefix) :] + ".npy")
         return sorted(names)
 
 
@@ -298,8 +378,9 @@ def write_vlen_string_array(root: Path, name: str, zarr_format: int):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = zarr.create_array(store=os.fspath(root), name=name, shape=(6,), chunks=(4,), dtype=str,
-                              zarr_format=zarr_format)
+        a = zarr.create_array(
+            store=os.fspath(root), name=name, shape=(6,), chunks=(4,), dtype=str, zarr_format=zarr_format
+        )
         a[...] = np.array(["a", "bb", "", "dddd", "é", "xyz"], dtype=object)
     return a
 

@@ -7,8 +7,8 @@ import io
 import numpy as np
 import trio
 
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.storage.store import Store
 from zarrfs.views.streams import ArrayStream

@@ -1,4 +1,4 @@
-"""An fsspec file system over the local disk whose ``pipe_file`` fails on chosen calls, and a zarrfs launcher that uses it.
+"""An fsspec file system over the local disk whose ``pipe_file`` fails on chosen calls, and a zarrfs launcher using it.
 
 Imported, it registers the protocol ``failfile`` with fsspec (``failfile:///abs/path``).
 Run as a script, ``python tests/support/failing_store.py SOURCE MOUNTPOINT [zarrfs arguments]``
@@ -51,7 +51,7 @@ class FailingFileSystem(AbstractFileSystem):
     def _strip_protocol(cls, path):
         path = stringify_path(path)
         if path.startswith(PROTOCOL + "://"):
-            path = path[len(PROTOCOL) + 3:]
+            path = path[len(PROTOCOL) + 3 :]
         return LocalFileSystem._strip_protocol(path)
 
     def _local(self, path) -> str:

@@ -1,4 +1,4 @@
-"""Mount control for the mounted (black-box) tests: run the zarrfs CLI, watch the mount table, unmount, check daemon logs.
+"""Mount control of the mounted (black-box) tests: run the zarrfs CLI, watch the mount table, unmount, check logs.
 
 Nothing here imports zarrfs: the package is only ever reached through its command line.
 """
@@ -214,10 +214,13 @@ class Mounter:
                     )
                 return mnt
             try:
-                r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   timeout=MOUNT_TIMEOUT_S)
+                r = subprocess.run(
+                    cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, timeout=MOUNT_TIMEOUT_S
+                )
             except subprocess.TimeoutExpired:
-                pytest.fail(f"zarrfs did not return within {MOUNT_TIMEOUT_S}s: {cmd}\n{_tail(out_path)}\nlog:\n{_tail(log)}")
+                pytest.fail(
+                    f"zarrfs did not return within {MOUNT_TIMEOUT_S}s: {cmd}\n{_tail(out_path)}\nlog:\n{_tail(log)}"
+                )
         if r.returncode != 0:
             pytest.fail(f"zarrfs exited {r.returncode}: {cmd}\n{_tail(out_path)}\nlog:\n{_tail(log)}")
         if not wait_until(lambda: is_mounted(mnt), 10):
@@ -226,7 +229,11 @@ class Mounter:
         return mnt
 
     def log_text(self, mountpoint: Path | None = None) -> str:
-        rec = self.records[-1] if mountpoint is None else next(r for r in self.records if r.mountpoint == Path(mountpoint))
+        rec = (
+            self.records[-1]
+            if mountpoint is None
+            else next(r for r in self.records if r.mountpoint == Path(mountpoint))
+        )
         try:
             return rec.log_file.read_text(errors="replace")
         except FileNotFoundError:
@@ -244,16 +251,21 @@ class Mounter:
                 except subprocess.TimeoutExpired:
                     rec.proc.kill()
                     rec.proc.wait()
-                    problems.append(f"{rec.mountpoint}: foreground zarrfs still running {EXIT_TIMEOUT_S}s after unmount ({how})")
+                    problems.append(
+                        f"{rec.mountpoint}: foreground zarrfs still running {EXIT_TIMEOUT_S}s after unmount ({how})"
+                    )
             pids = set(rec.daemon_pids) | set(pids_serving(rec.mountpoint))
-            if pids and not wait_until(lambda: not any(pid_alive(p) for p in pids), EXIT_TIMEOUT_S, 0.05):
+            if pids and not wait_until(lambda: not any(pid_alive(p) for p in pids), EXIT_TIMEOUT_S, 0.05):  # noqa: B023
                 alive = [p for p in pids if pid_alive(p)]
                 for p in alive:
                     try:
                         os.kill(p, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-                problems.append(f"{rec.mountpoint}: daemon pid(s) {alive} still running {EXIT_TIMEOUT_S}s after unmount ({how}); killed")
+                problems.append(
+                    f"{rec.mountpoint}: daemon pid(s) {alive} still running {EXIT_TIMEOUT_S}s after unmount "
+                    f"({how}); killed"
+                )
             problems.extend(self._log_problems(rec))
         self.records.clear()
         return problems
@@ -282,7 +294,7 @@ def _tail(path: Path, n: int = 4000) -> str:
 
 def _excerpt(text: str, needle: str, n: int = 3000) -> str:
     i = text.find(needle)
-    return text[max(0, i - 500): i + n]
+    return text[max(0, i - 500) : i + n]
 
 
 def log_lines_naming(log_text: str, key: str, levels=("WARNING", "ERROR", "CRITICAL")) -> list[str]:
@@ -334,7 +346,7 @@ def wait_exit(pids, timeout_s: float = EXIT_TIMEOUT_S) -> bool:
     return wait_until(lambda: not any(pid_alive(p) for p in pids), timeout_s, 0.05)
 
 
-def unmount_and_wait(mounter: "Mounter", mnt: Path) -> None:
+def unmount_and_wait(mounter: Mounter, mnt: Path) -> None:
     """Unmount a mount of MOUNTER and wait for its daemon to exit (so the store is final)."""
     rec = next(r for r in mounter.records if r.mountpoint == Path(mnt))
     pids = set(rec.daemon_pids) | set(pids_serving(mnt))

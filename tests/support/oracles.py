@@ -1,4 +1,4 @@
-"""Oracles of the tests: what a mount must show, computed with numpy, zarr-python 3 and tensorstore, and what a store holds on disk.
+"""Oracles: what a mount must show (from numpy, zarr-python 3 and tensorstore) and what a store holds on disk.
 
 Nothing here imports zarrfs: every expected value comes from elsewhere.
 """
@@ -100,8 +100,10 @@ def tensorstore_value(store_root: Path, path: str, zarr_format: int) -> np.ndarr
     """What tensorstore reads for the array at PATH (a second oracle; structured types field by field)."""
     import tensorstore as ts
 
-    spec = {"driver": "zarr" if zarr_format == 2 else "zarr3",
-            "kvstore": {"driver": "file", "path": os.fspath(Path(store_root) / path) + "/"}}
+    spec = {
+        "driver": "zarr" if zarr_format == 2 else "zarr3",
+        "kvstore": {"driver": "file", "path": os.fspath(Path(store_root) / path) + "/"},
+    }
     meta_dtype = zarr_value(store_root, path).dtype if zarr_format == 2 else None
     if meta_dtype is not None and meta_dtype.names:
         out = None
@@ -152,7 +154,7 @@ def patched(value: np.ndarray, view: str, offset: int, data: bytes) -> np.ndarra
     """VALUE after DATA is written at OFFSET into its VIEW file (numpy's own reading of the patched bytes)."""
     b = bytearray(view_bytes(value, view))
     assert offset + len(data) <= len(b), "the oracle patch runs past the file"
-    b[offset:offset + len(data)] = data
+    b[offset : offset + len(data)] = data
     return value_from_view_bytes(bytes(b), view, value)
 
 
@@ -187,8 +189,10 @@ def element_diff(got: np.ndarray, want: np.ndarray) -> str | None:
     if bad.size == 0:
         return None
     first = np.unravel_index(bad[0], got.shape) if got.shape else ()
-    return (f"{bad.size} of {got.size} elements differ; first at {tuple(int(i) for i in first)}: "
-            f"got {got.reshape(-1)[bad[0]]!r}, want {want.reshape(-1)[bad[0]]!r}")
+    return (
+        f"{bad.size} of {got.size} elements differ; first at {tuple(int(i) for i in first)}: "
+        f"got {got.reshape(-1)[bad[0]]!r}, want {want.reshape(-1)[bad[0]]!r}"
+    )
 
 
 def assert_same_array(got: np.ndarray, want: np.ndarray, what: str) -> None:

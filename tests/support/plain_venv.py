@@ -86,8 +86,14 @@ def _locked(lock_path: Path):
 
 
 def _run(cmd: list, what: str) -> None:
-    r = subprocess.run([os.fspath(c) for c in cmd], capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
-                       stdin=subprocess.DEVNULL, env={k: v for k, v in os.environ.items() if k not in LEAKY_ENV})
+    r = subprocess.run(
+        [os.fspath(c) for c in cmd],
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if k not in LEAKY_ENV},
+    )
     if r.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {r.returncode}): {cmd}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
 
@@ -100,8 +106,10 @@ def _pip_install_package(venv: Path, *pip_args: str) -> None:
             dest = src / f.relative_to(REPO)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, dest)
-        _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
-              *pip_args, src], f"pip install {' '.join(pip_args)} zarrfs into {venv}")
+        _run(
+            [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", *pip_args, src],
+            f"pip install {' '.join(pip_args)} zarrfs into {venv}",
+        )
 
 
 @dataclass(frozen=True)
@@ -130,8 +138,20 @@ class PlainVenv:
         with _locked(CACHE_DIR / f"pkg-{CRC32C_PACKAGE}.lock"):
             if not stamp.exists():
                 shutil.rmtree(target, ignore_errors=True)
-                _run([self.python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                      "--target", target, CRC32C_PACKAGE], f"pip install --target {target} {CRC32C_PACKAGE}")
+                _run(
+                    [
+                        self.python,
+                        "-m",
+                        "pip",
+                        "install",
+                        "-q",
+                        "--disable-pip-version-check",
+                        "--target",
+                        target,
+                        CRC32C_PACKAGE,
+                    ],
+                    f"pip install --target {target} {CRC32C_PACKAGE}",
+                )
                 stamp.write_text(CRC32C_PACKAGE + "\n")
         return target
 
@@ -183,7 +203,9 @@ def is_current() -> bool:
     """True when the cached venv exists and holds the work tree's sources (nothing to build)."""
     venv = CACHE_DIR / f"venv-plain-{deps_key()}"
     code_stamp = venv / ".zarrfs-source-hash"
-    return (venv / ".zarrfs-deps-installed").exists() and code_stamp.exists() and code_stamp.read_text() == source_hash()
+    return (
+        (venv / ".zarrfs-deps-installed").exists() and code_stamp.exists() and code_stamp.read_text() == source_hash()
+    )
 
 
 if __name__ == "__main__":  # scripts/test.sh builds it ahead of the tests

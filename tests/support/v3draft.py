@@ -90,8 +90,13 @@ def zarr218_problem() -> str | None:
     """None when zarr 2.18 can be run as the oracle, else why not."""
     if not ZARR218_PYTHON.exists():
         return f"{ZARR218_PYTHON} missing (scripts/test.sh creates it)"
-    r = subprocess.run([str(ZARR218_PYTHON), "-c", "import zarr, pytest; print(zarr.__version__)"],
-                       capture_output=True, text=True, timeout=120, check=False)
+    r = subprocess.run(
+        [str(ZARR218_PYTHON), "-c", "import zarr, pytest; print(zarr.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if r.returncode != 0 or not r.stdout.startswith("2.18"):
         return f"zarr 2.18 not importable from {ZARR218_PYTHON}: {r.stdout.strip()} {r.stderr.strip()[-300:]}"
     return None
@@ -142,8 +147,12 @@ def core_decode(blob: bytes, doc: dict, dtype: np.dtype) -> np.ndarray:
             bytes_codecs.append((name, entry.get("configuration", {})))
     data = blob
     for name, config in reversed(bytes_codecs):
-        data = gzip.decompress(data) if name == "gzip" else bytes(numcodecs.get_codec({"id": name, **config}).decode(data))
-    stored = dtype.newbyteorder(">" if endian == "big" else "<") if dtype.itemsize > 1 and dtype.kind not in "V" else dtype
+        data = (
+            gzip.decompress(data) if name == "gzip" else bytes(numcodecs.get_codec({"id": name, **config}).decode(data))
+        )
+    stored = (
+        dtype.newbyteorder(">" if endian == "big" else "<") if dtype.itemsize > 1 and dtype.kind not in "V" else dtype
+    )
     shape = chunks[::-1] if doc["chunk_memory_layout"] == "F" else chunks
     arr = np.frombuffer(data, dtype=stored).reshape(shape)
     return (arr.transpose() if doc["chunk_memory_layout"] == "F" else arr).astype(dtype)

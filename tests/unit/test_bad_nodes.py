@@ -31,15 +31,26 @@ def test_deep_json_is_a_metadata_error():
         parse_json("a/.zarray", b"[" * 200_000 + b"]" * 200_000)
 
 
-@pytest.mark.parametrize("shape,chunks,what", [
-    ([2**62, 2**62], [1, 1], "too large"),  # 2^126 bytes: over st_size
-    ([2**63 - 100], [2**20], "too large"),  # fits 2^63-1 as elements, not with 4-byte elements and a header
-    ([0, 2**64], [1, 1], "over 2^63-1"),  # empty, but numpy cannot index the second dimension
-    ([10], [2**62], "chunks"),  # one chunk of 2^64 bytes
-])
+@pytest.mark.parametrize(
+    "shape,chunks,what",
+    [
+        ([2**62, 2**62], [1, 1], "too large"),  # 2^126 bytes: over st_size
+        ([2**63 - 100], [2**20], "too large"),  # fits 2^63-1 as elements, not with 4-byte elements and a header
+        ([0, 2**64], [1, 1], "over 2^63-1"),  # empty, but numpy cannot index the second dimension
+        ([10], [2**62], "chunks"),  # one chunk of 2^64 bytes
+    ],
+)
 def test_absurd_shape_is_refused_at_parse_time(shape, chunks, what):
-    doc = {"zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": "<i4", "compressor": None,
-           "fill_value": 0, "order": "C", "filters": None}
+    doc = {
+        "zarr_format": 2,
+        "shape": shape,
+        "chunks": chunks,
+        "dtype": "<i4",
+        "compressor": None,
+        "fill_value": 0,
+        "order": "C",
+        "filters": None,
+    }
     with pytest.raises(MetadataError, match=r"huge/\.zarray: .*" + re.escape(what)):
         v2_parse_array("huge", doc, {})
 
@@ -47,8 +58,16 @@ def test_absurd_shape_is_refused_at_parse_time(shape, chunks, what):
 def test_file_size_bound_is_exact():
     """An array as large as a file may be (with its NPY header) is ordinary; one byte more is refused."""
     n = 2**63 - 1 - 128  # the NPY header of a 1-d u1 array is 128 bytes
-    doc = {"zarr_format": 2, "shape": [n], "chunks": [2**30], "dtype": "|u1", "compressor": None,
-           "fill_value": 0, "order": "C", "filters": None}
+    doc = {
+        "zarr_format": 2,
+        "shape": [n],
+        "chunks": [2**30],
+        "dtype": "|u1",
+        "compressor": None,
+        "fill_value": 0,
+        "order": "C",
+        "filters": None,
+    }
     assert v2_parse_array("big", doc, {}).nbytes == n
     with pytest.raises(MetadataError, match="too large"):
         v2_parse_array("big", {**doc, "shape": [n + 1]}, {})
@@ -128,9 +147,21 @@ def test_v3_consolidated_keys_are_checked(tmp_path, caplog):
     assert sum("consolidated metadata" in r.message for r in caplog.records) == 4
 
 
-@pytest.mark.parametrize("name,ok", [
-    ("a.npy", True), ("é" * 127, True), ("x" * 255, True), ("x" * 256, False), ("é" * 128, False),
-    ("", False), (".", False), ("..", False), ("a/b", False), ("a\0b", False), ("\ud800", False),
-])
+@pytest.mark.parametrize(
+    "name,ok",
+    [
+        ("a.npy", True),
+        ("é" * 127, True),
+        ("x" * 255, True),
+        ("x" * 256, False),
+        ("é" * 128, False),
+        ("", False),
+        (".", False),
+        ("..", False),
+        ("a/b", False),
+        ("a\0b", False),
+        ("\ud800", False),
+    ],
+)
 def test_name_problem(name, ok):
     assert (name_problem(name) is None) == ok

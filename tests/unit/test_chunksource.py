@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import trio
 
-from zarrfs.engine.cache import ChunkCache
-from zarrfs.storage.chunksource import KeyedChunks, ShardedChunks, ShardedInner
 from zarrfs.engine import Engine
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import CorruptChunk
 from zarrfs.formats import open_hierarchy_sync
+from zarrfs.storage.chunksource import KeyedChunks, ShardedChunks, ShardedInner
 from zarrfs.storage.keys import ChunkKeys
 from zarrfs.storage.store import Store
 from zarrfs.views.streams import ArrayStream
@@ -102,10 +102,21 @@ def test_sharded_chunks_rewrite_keeps_the_others_and_erases_an_empty_shard():
 def draft_store(tmp_path, n_chunks: int, per_shard: int):
     (tmp_path / "meta").mkdir()
     (tmp_path / "zarr.json").write_text(json.dumps({"zarr_format": "https://purl.org/zarr/spec/core/3.0"}))
-    st = [{"extension": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0", "type": "indexed",
-           "configuration": {"chunks_per_shard": [per_shard]}}]
-    doc = {"shape": [2 * n_chunks], "data_type": "uint8", "chunk_grid": {"type": "regular", "chunk_shape": [2]},
-           "chunk_memory_layout": "C", "fill_value": 9, "storage_transformers": st}
+    st = [
+        {
+            "extension": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
+            "type": "indexed",
+            "configuration": {"chunks_per_shard": [per_shard]},
+        }
+    ]
+    doc = {
+        "shape": [2 * n_chunks],
+        "data_type": "uint8",
+        "chunk_grid": {"type": "regular", "chunk_shape": [2]},
+        "chunk_memory_layout": "C",
+        "fill_value": 9,
+        "storage_transformers": st,
+    }
     (tmp_path / "meta" / "a.array.json").write_text(json.dumps(doc))
     (tmp_path / "data" / "a").mkdir(parents=True)
     for s in range(n_chunks // per_shard):
@@ -152,7 +163,7 @@ def test_drafts_reader_waits_for_a_rewrite_of_its_shard(tmp_path):
                 got = {}
 
                 async def read(i):
-                    got[i] = bytes(await engine.read(stream, 2 * i, 2))
+                    got[i] = bytes(await engine.read(stream, 2 * i, 2))  # noqa: B023
 
                 for i in (1, 2, 3):
                     nursery.start_soon(read, i)

@@ -24,21 +24,41 @@ from numcodecs.compat import ensure_bytes
 from zarr.codecs import numcodecs as znc
 
 from zarrfs import grid
-from zarrfs.storage.chunksource import read_chunk_sync
 from zarrfs.codecs.adapters import BytesBytes, NumcodecsArray, NumcodecsArrayBytes, numcodecs_codec
 from zarrfs.codecs.chain import BytesLayout, CodecChain, Transpose, is_fill
 from zarrfs.codecs.sharding import ABSENT, ShardingIndexed
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.options import Options
+from zarrfs.storage.chunksource import read_chunk_sync
 from zarrfs.storage.store import Store
+
 from support import FIXTURES
 
 warnings.filterwarnings("ignore", module="zarr")
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 STRUCT = np.dtype([("a", "<i4"), ("b", "<f8"), ("s", "S3")])
-DTYPES = ["bool", "int8", "uint8", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8",
-          "<c8", "<c16", "S5", "<U3", "<M8[ns]", "<m8[s]", STRUCT]
+DTYPES = [
+    "bool",
+    "int8",
+    "uint8",
+    "<i2",
+    "<u2",
+    "<i4",
+    "<u4",
+    "<i8",
+    "<u8",
+    "<f2",
+    "<f4",
+    "<f8",
+    "<c8",
+    "<c16",
+    "S5",
+    "<U3",
+    "<M8[ns]",
+    "<m8[s]",
+    STRUCT,
+]
 NAN_FILL = {"f": np.nan, "c": complex(np.nan, 0)}
 RAPID = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -50,8 +70,13 @@ def sample(dtype: np.dtype, shape: tuple[int, ...], seed: int = 0) -> np.ndarray
     if dtype.kind == "b":
         return rng.integers(0, 2, n).astype(bool).reshape(shape)
     if dtype.kind == "U":  # valid code points only (no surrogates)
-        return rng.integers(0x20, 0xD7FF, n * dtype.itemsize // 4).astype("<u4").view(
-            dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+        return (
+            rng.integers(0x20, 0xD7FF, n * dtype.itemsize // 4)
+            .astype("<u4")
+            .view(dtype.newbyteorder("<"))
+            .astype(dtype)
+            .reshape(shape)
+        )
     return rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8).view(dtype).reshape(shape)
 
 
@@ -103,9 +128,17 @@ def roundtrip_via_zarr(tmp_path, values: np.ndarray, fill_regions=(), **create) 
 # ---------------------------------------------------------------------------------------
 # zarr-python 3 reads what zarrfs encodes: v2
 
-V2_COMPRESSORS = [None, numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE),
-                  numcodecs.Blosc("zstd", 3, numcodecs.Blosc.BITSHUFFLE), numcodecs.Zstd(3), numcodecs.GZip(1),
-                  numcodecs.Zlib(4), numcodecs.BZ2(2), numcodecs.LZMA(preset=1), numcodecs.LZ4()]
+V2_COMPRESSORS = [
+    None,
+    numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE),
+    numcodecs.Blosc("zstd", 3, numcodecs.Blosc.BITSHUFFLE),
+    numcodecs.Zstd(3),
+    numcodecs.GZip(1),
+    numcodecs.Zlib(4),
+    numcodecs.BZ2(2),
+    numcodecs.LZMA(preset=1),
+    numcodecs.LZ4(),
+]
 V2_DTYPES = DTYPES + [">i4", ">f8", ">c16", ">u2"]
 
 
@@ -120,16 +153,34 @@ def fill_for(dtype: np.dtype) -> dict:
 def test_v2_dtypes(tmp_path, dtype, order):
     compressor = V2_COMPRESSORS[V2_DTYPES.index(dtype) % len(V2_COMPRESSORS)]  # each dtype meets one
     dtype = np.dtype(dtype)
-    roundtrip_via_zarr(tmp_path, sample(dtype, (7, 5), seed=3), [np.s_[0:3, 0:2], np.s_[4, 1]], chunks=(3, 2),
-                       dtype=dtype, order=order, compressors=compressor, zarr_format=2, **fill_for(dtype))
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(dtype, (7, 5), seed=3),
+        [np.s_[0:3, 0:2], np.s_[4, 1]],
+        chunks=(3, 2),
+        dtype=dtype,
+        order=order,
+        compressors=compressor,
+        zarr_format=2,
+        **fill_for(dtype),
+    )
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("compressor", V2_COMPRESSORS, ids=repr)
 def test_v2_compressors(tmp_path, compressor, order):
-    roundtrip_via_zarr(tmp_path, sample(np.dtype(">f8"), (9, 8, 3)), [np.s_[4:8, 3:6, 0:2]], chunks=(4, 3, 2),
-                       dtype=">f8", fill_value=np.nan, order=order, compressors=compressor, zarr_format=2,
-                       chunk_key_encoding={"name": "v2", "separator": "/"})
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(np.dtype(">f8"), (9, 8, 3)),
+        [np.s_[4:8, 3:6, 0:2]],
+        chunks=(4, 3, 2),
+        dtype=">f8",
+        fill_value=np.nan,
+        order=order,
+        compressors=compressor,
+        zarr_format=2,
+        chunk_key_encoding={"name": "v2", "separator": "/"},
+    )
 
 
 def ints(shape, lo, hi, dtype="<i4", seed=0):
@@ -137,30 +188,64 @@ def ints(shape, lo, hi, dtype="<i4", seed=0):
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
-@pytest.mark.parametrize("filters", [
-    [numcodecs.Delta("<i4")], [numcodecs.Delta("<i4", astype="<i8")], [numcodecs.Shuffle(4)],
-    [numcodecs.AsType("<i2", "<i4")], [numcodecs.Delta("<i4"), numcodecs.Shuffle(4)], [numcodecs.CRC32()],
-    [numcodecs.Adler32()], [numcodecs.FixedScaleOffset(5, 1, "<i4", "<i2")],
-], ids=repr)
+@pytest.mark.parametrize(
+    "filters",
+    [
+        [numcodecs.Delta("<i4")],
+        [numcodecs.Delta("<i4", astype="<i8")],
+        [numcodecs.Shuffle(4)],
+        [numcodecs.AsType("<i2", "<i4")],
+        [numcodecs.Delta("<i4"), numcodecs.Shuffle(4)],
+        [numcodecs.CRC32()],
+        [numcodecs.Adler32()],
+        [numcodecs.FixedScaleOffset(5, 1, "<i4", "<i2")],
+    ],
+    ids=repr,
+)
 def test_v2_filters(tmp_path, filters, order):
-    roundtrip_via_zarr(tmp_path, ints((11, 6), -3000, 3000), [np.s_[0:4, 0:3]], chunks=(4, 3), dtype="<i4",
-                       filters=filters, compressors=numcodecs.Zlib(1), order=order, zarr_format=2)
+    roundtrip_via_zarr(
+        tmp_path,
+        ints((11, 6), -3000, 3000),
+        [np.s_[0:4, 0:3]],
+        chunks=(4, 3),
+        dtype="<i4",
+        filters=filters,
+        compressors=numcodecs.Zlib(1),
+        order=order,
+        zarr_format=2,
+    )
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_v2_fixedscaleoffset_lossy(tmp_path, order):
     path = str(tmp_path / "s")
     values = np.random.default_rng(1).uniform(-50, 50, (10, 7))
-    zarr.create_array(path, name="a", shape=values.shape, chunks=(4, 3), dtype="<f8", order=order, zarr_format=2,
-                      filters=[numcodecs.FixedScaleOffset(offset=2.5, scale=10, dtype="<f8", astype="<i2")])
+    zarr.create_array(
+        path,
+        name="a",
+        shape=values.shape,
+        chunks=(4, 3),
+        dtype="<f8",
+        order=order,
+        zarr_format=2,
+        filters=[numcodecs.FixedScaleOffset(offset=2.5, scale=10, dtype="<f8", astype="<i2")],
+    )
     store_values(path, "a", values)
     expected = np.round((values - 2.5) * 10).astype("<i2") / 10 + 2.5  # what the stored integers mean
     assert zarr_reads(path, "a", np.dtype("<f8")) == raw(expected)
 
 
 def test_v2_packbits(tmp_path):
-    roundtrip_via_zarr(tmp_path, sample(np.dtype(bool), (37,)), [np.s_[10:20]], chunks=(10,), dtype=bool,
-                       filters=[numcodecs.PackBits()], compressors=None, zarr_format=2)
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(np.dtype(bool), (37,)),
+        [np.s_[10:20]],
+        chunks=(10,),
+        dtype=bool,
+        filters=[numcodecs.PackBits()],
+        compressors=None,
+        zarr_format=2,
+    )
 
 
 @pytest.mark.parametrize("fmt", [2, 3])
@@ -171,46 +256,89 @@ def test_zero_d(tmp_path, fmt):
 # ---------------------------------------------------------------------------------------
 # v3
 
+
 @pytest.mark.parametrize("endian", ["little", "big"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_v3_dtypes_endian(tmp_path, dtype, endian):
     dtype = np.dtype(dtype)
-    roundtrip_via_zarr(tmp_path, sample(dtype, (7, 5), seed=4), [np.s_[0:3, 2:4], np.s_[6, 4]], chunks=(3, 2),
-                       dtype=dtype, serializer=zc.BytesCodec(endian=endian),
-                       compressors=zc.BloscCodec(cname="lz4", shuffle="shuffle"), **fill_for(dtype))
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(dtype, (7, 5), seed=4),
+        [np.s_[0:3, 2:4], np.s_[6, 4]],
+        chunks=(3, 2),
+        dtype=dtype,
+        serializer=zc.BytesCodec(endian=endian),
+        compressors=zc.BloscCodec(cname="lz4", shuffle="shuffle"),
+        **fill_for(dtype),
+    )
 
 
-V3_COMPRESSORS = [None, zc.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
-                  zc.BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"), zc.ZstdCodec(level=3, checksum=True),
-                  zc.GzipCodec(level=1), zc.Crc32cCodec(), [zc.GzipCodec(level=1), zc.Crc32cCodec()],
-                  [znc.Zlib(level=2)], [znc.BZ2(level=1)], [znc.LZMA(preset=1)], [znc.LZ4()], [znc.CRC32()]]
+V3_COMPRESSORS = [
+    None,
+    zc.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+    zc.BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),
+    zc.ZstdCodec(level=3, checksum=True),
+    zc.GzipCodec(level=1),
+    zc.Crc32cCodec(),
+    [zc.GzipCodec(level=1), zc.Crc32cCodec()],
+    [znc.Zlib(level=2)],
+    [znc.BZ2(level=1)],
+    [znc.LZMA(preset=1)],
+    [znc.LZ4()],
+    [znc.CRC32()],
+]
 
 
 @pytest.mark.parametrize("compressors", V3_COMPRESSORS, ids=repr)
 def test_v3_compressors(tmp_path, compressors):
-    roundtrip_via_zarr(tmp_path, sample(np.dtype("<f4"), (9, 8)), [np.s_[0:4, 3:6]], chunks=(4, 3), dtype="<f4",
-                       fill_value=-1.5, compressors=compressors,
-                       chunk_key_encoding={"name": "default", "separator": "."})
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(np.dtype("<f4"), (9, 8)),
+        [np.s_[0:4, 3:6]],
+        chunks=(4, 3),
+        dtype="<f4",
+        fill_value=-1.5,
+        compressors=compressors,
+        chunk_key_encoding={"name": "default", "separator": "."},
+    )
 
 
 @pytest.mark.parametrize("order", [(1, 0), (0, 1)])
 def test_v3_transpose(tmp_path, order):
-    roundtrip_via_zarr(tmp_path, sample(np.dtype("<u2"), (9, 7)), [np.s_[2:4, 0:3]], chunks=(2, 3), dtype="<u2",
-                       filters=[zc.TransposeCodec(order=order)], compressors=zc.GzipCodec(level=1))
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(np.dtype("<u2"), (9, 7)),
+        [np.s_[2:4, 0:3]],
+        chunks=(2, 3),
+        dtype="<u2",
+        filters=[zc.TransposeCodec(order=order)],
+        compressors=zc.GzipCodec(level=1),
+    )
 
 
 def test_v3_transpose_3d_big_endian(tmp_path):
-    roundtrip_via_zarr(tmp_path, sample(np.dtype("<i8"), (5, 7, 3)), chunks=(2, 3, 2), dtype="<i8",
-                       filters=[zc.TransposeCodec(order=(2, 0, 1))], serializer=zc.BytesCodec(endian="big"))
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(np.dtype("<i8"), (5, 7, 3)),
+        chunks=(2, 3, 2),
+        dtype="<i8",
+        filters=[zc.TransposeCodec(order=(2, 0, 1))],
+        serializer=zc.BytesCodec(endian="big"),
+    )
 
 
-@pytest.mark.parametrize("case", [
-    ("<i4", [znc.Delta(dtype="<i4")]), ("<i4", [znc.Delta(dtype="<i4", astype="<i8")]),
-    ("<i4", [znc.AsType(encode_dtype="<i2", decode_dtype="<i4")]),
-    ("<i4", [znc.FixedScaleOffset(offset=5, scale=1, dtype="<i4", astype="<i2")]),
-    ("<i4", [zc.TransposeCodec(order=(1, 0)), znc.Delta(dtype="<i4")]),
-    ("bool", [znc.PackBits()]),
-], ids=repr)
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("<i4", [znc.Delta(dtype="<i4")]),
+        ("<i4", [znc.Delta(dtype="<i4", astype="<i8")]),
+        ("<i4", [znc.AsType(encode_dtype="<i2", decode_dtype="<i4")]),
+        ("<i4", [znc.FixedScaleOffset(offset=5, scale=1, dtype="<i4", astype="<i2")]),
+        ("<i4", [zc.TransposeCodec(order=(1, 0)), znc.Delta(dtype="<i4")]),
+        ("bool", [znc.PackBits()]),
+    ],
+    ids=repr,
+)
 def test_v3_numcodecs_filters(tmp_path, case):
     dtype, filters = case
     values = sample(np.dtype(bool), (11, 6)) if dtype == "bool" else ints((11, 6), -3000, 3000)
@@ -220,8 +348,15 @@ def test_v3_numcodecs_filters(tmp_path, case):
 def test_v3_fixedscaleoffset_lossy(tmp_path):
     path = str(tmp_path / "s")
     values = np.random.default_rng(2).uniform(-50, 50, (10, 7)).astype("<f4")
-    zarr.create_array(path, name="a", shape=values.shape, chunks=(4, 3), dtype="<f4", compressors=None,
-                      filters=[znc.FixedScaleOffset(offset=-1, scale=4, dtype="<f4", astype="<i2")])
+    zarr.create_array(
+        path,
+        name="a",
+        shape=values.shape,
+        chunks=(4, 3),
+        dtype="<f4",
+        compressors=None,
+        filters=[znc.FixedScaleOffset(offset=-1, scale=4, dtype="<f4", astype="<i2")],
+    )
     store_values(path, "a", values)
     expected = (np.round((values.astype("<f8") + 1) * 4).astype("<i2") / 4 - 1).astype("<f4")
     assert zarr_reads(path, "a", np.dtype("<f4")) == raw(expected)
@@ -236,25 +371,47 @@ SHARD_FILL_REGIONS = [np.s_[0:2, 0:3], np.s_[2:4, 3:6], np.s_[8:12, 0:6], np.s_[
 def test_v3_sharding(tmp_path, index_location, transpose, outer):
     inner = [zc.TransposeCodec(order=(1, 0))] if transpose else []
     inner += [zc.BytesCodec(endian="big" if transpose else "little"), zc.ZstdCodec(level=1)]
-    roundtrip_via_zarr(tmp_path, sample(np.dtype("<f8"), (13, 11)), SHARD_FILL_REGIONS, chunks=(4, 6),
-                       dtype="<f8", fill_value=np.nan, compressors=outer,
-                       serializer=zc.ShardingCodec(chunk_shape=(2, 3), codecs=inner, index_location=index_location))
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(np.dtype("<f8"), (13, 11)),
+        SHARD_FILL_REGIONS,
+        chunks=(4, 6),
+        dtype="<f8",
+        fill_value=np.nan,
+        compressors=outer,
+        serializer=zc.ShardingCodec(chunk_shape=(2, 3), codecs=inner, index_location=index_location),
+    )
 
 
 def test_v3_sharding_plain_index_and_nested(tmp_path):
-    inner = zc.ShardingCodec(chunk_shape=(1, 3), codecs=[zc.BytesCodec(), zc.Crc32cCodec()],
-                             index_codecs=[zc.BytesCodec()])
-    roundtrip_via_zarr(tmp_path, sample(np.dtype("<i2"), (13, 11)), SHARD_FILL_REGIONS + [np.s_[5, 0:3]],
-                       chunks=(4, 6), dtype="<i2", fill_value=3, compressors=None,
-                       serializer=zc.ShardingCodec(chunk_shape=(2, 3), codecs=[inner],
-                                                   index_codecs=[zc.BytesCodec(endian="big")],
-                                                   index_location="start"))
+    inner = zc.ShardingCodec(
+        chunk_shape=(1, 3), codecs=[zc.BytesCodec(), zc.Crc32cCodec()], index_codecs=[zc.BytesCodec()]
+    )
+    roundtrip_via_zarr(
+        tmp_path,
+        sample(np.dtype("<i2"), (13, 11)),
+        SHARD_FILL_REGIONS + [np.s_[5, 0:3]],
+        chunks=(4, 6),
+        dtype="<i2",
+        fill_value=3,
+        compressors=None,
+        serializer=zc.ShardingCodec(
+            chunk_shape=(2, 3), codecs=[inner], index_codecs=[zc.BytesCodec(endian="big")], index_location="start"
+        ),
+    )
 
 
 def test_v3_sharding_whole_array_of_fill_stores_nothing(tmp_path):
     path = str(tmp_path / "s")
-    zarr.create_array(path, name="a", shape=(8, 6), chunks=(4, 6), dtype="<i4", fill_value=9,
-                      serializer=zc.ShardingCodec(chunk_shape=(2, 3)))
+    zarr.create_array(
+        path,
+        name="a",
+        shape=(8, 6),
+        chunks=(4, 6),
+        dtype="<i4",
+        fill_value=9,
+        serializer=zc.ShardingCodec(chunk_shape=(2, 3)),
+    )
     meta = open_hierarchy_sync(Store(path)).node_sync("a")
     shard = np.full(meta.chunk_shape, 9, dtype="<i4")
     assert meta.codec.encode(shard, meta.fill_value) == b""  # and not a checksum of nothing
@@ -278,15 +435,24 @@ def layouts(arr: np.ndarray, which: int) -> np.ndarray:
 
 
 @RAPID
-@given(st.sampled_from(DTYPES + [">i4", ">f8", "V3"]), shapes, st.sampled_from([None, "little", "big"]),
-       st.sampled_from("CF"), st.integers(0, 2), st.integers(0, 99))
+@given(
+    st.sampled_from(DTYPES + [">i4", ">f8", "V3"]),
+    shapes,
+    st.sampled_from([None, "little", "big"]),
+    st.sampled_from("CF"),
+    st.integers(0, 2),
+    st.integers(0, 99),
+)
 def test_bytes_layout(dtype, shape, endian, order, layout, seed):
     dtype = np.dtype(dtype)
     x = layouts(sample(dtype, shape, seed), layout)
     stage = BytesLayout(endian, order)
     enc = stage.encode(x, np.zeros((), dtype))
-    stored = dtype if endian is None or dtype.fields is not None or dtype.kind in "SVb" or dtype.itemsize == 1 \
+    stored = (
+        dtype
+        if endian is None or dtype.fields is not None or dtype.kind in "SVb" or dtype.itemsize == 1
         else dtype.newbyteorder("<" if endian == "little" else ">")
+    )
     assert raw(enc) == x.astype(stored).tobytes(order=order)  # numpy's own layout of the elements
     assert same(stage.decode(enc, shape, dtype, np.zeros((), dtype)), x)
 
@@ -304,10 +470,12 @@ def test_transpose(shape, data):
 
 
 ARRAY_FILTERS = [
-    ("<i4", {"id": "delta", "dtype": "<i4"}), ("<i2", {"id": "delta", "dtype": "<i2", "astype": "<i8"}),
+    ("<i4", {"id": "delta", "dtype": "<i4"}),
+    ("<i2", {"id": "delta", "dtype": "<i2", "astype": "<i8"}),
     ("<i4", {"id": "astype", "encode_dtype": "<i8", "decode_dtype": "<i4"}),
     ("<i4", {"id": "fixedscaleoffset", "offset": 7, "scale": 1, "dtype": "<i4", "astype": "<i8"}),
-    ("bool", {"id": "packbits"}), ("<f4", {"id": "bitround", "keepbits": 23}),
+    ("bool", {"id": "packbits"}),
+    ("<f4", {"id": "bitround", "keepbits": 23}),
 ]
 
 
@@ -321,9 +489,12 @@ def test_numcodecs_array(case, shape, layout, seed):
     if dtype.kind in "iu":
         x = ints(shape, -1000, 1000, dtype, seed)
     x = layouts(x, layout)
-    for chain in (CodecChain((NumcodecsArray(numcodecs_codec(config, "test"), config["id"]),)),
-                  CodecChain((Transpose(tuple(range(len(shape)))[::-1]),
-                              NumcodecsArray(numcodecs_codec(config, "test"), config["id"])))):
+    for chain in (
+        CodecChain((NumcodecsArray(numcodecs_codec(config, "test"), config["id"]),)),
+        CodecChain(
+            (Transpose(tuple(range(len(shape)))[::-1]), NumcodecsArray(numcodecs_codec(config, "test"), config["id"]))
+        ),
+    ):
         stage = chain.array_array[-1]
         mid = chain.array_array[0].encode(x) if len(chain.array_array) == 2 else x
         enc = stage.encode(mid)
@@ -333,11 +504,25 @@ def test_numcodecs_array(case, shape, layout, seed):
 
 
 @RAPID
-@given(st.sampled_from([{"id": "zlib", "level": 1}, {"id": "gzip", "level": 1}, {"id": "bz2", "level": 1},
-                        {"id": "lzma", "preset": 1}, {"id": "lz4"}, {"id": "zstd", "level": 1},
-                        {"id": "blosc", "cname": "zstd", "shuffle": 2}, {"id": "crc32"}, {"id": "crc32c"},
-                        {"id": "adler32"}, {"id": "fletcher32"}, {"id": "shuffle", "elementsize": 1}]),
-       st.binary(min_size=1, max_size=300))  # a chunk is never empty (numcodecs' blosc, zstd, lz4 fail on b"")
+@given(
+    st.sampled_from(
+        [
+            {"id": "zlib", "level": 1},
+            {"id": "gzip", "level": 1},
+            {"id": "bz2", "level": 1},
+            {"id": "lzma", "preset": 1},
+            {"id": "lz4"},
+            {"id": "zstd", "level": 1},
+            {"id": "blosc", "cname": "zstd", "shuffle": 2},
+            {"id": "crc32"},
+            {"id": "crc32c"},
+            {"id": "adler32"},
+            {"id": "fletcher32"},
+            {"id": "shuffle", "elementsize": 1},
+        ]
+    ),
+    st.binary(min_size=1, max_size=300),
+)  # a chunk is never empty (numcodecs' blosc, zstd, lz4 fail on b"")
 def test_bytes_bytes(config, data):
     stage = BytesBytes(numcodecs_codec(config, "test"), config["id"])
     enc = stage.encode(data)
@@ -379,8 +564,13 @@ def parse_index(shard: bytes, n_inner: int, at_end: bool) -> np.ndarray:
 
 
 @RAPID
-@given(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3), st.booleans(),
-       st.booleans(), st.sampled_from(["<f8", "<i2", STRUCT]), st.data())
+@given(
+    st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from(["<f8", "<i2", STRUCT]),
+    st.data(),
+)
 def test_sharding_layout(dims, at_end, transpose, dtype, data):
     inner_chunks = tuple(c for c, _ in dims)
     shape = tuple(c * n for c, n in dims)
@@ -393,8 +583,11 @@ def test_sharding_layout(dims, at_end, transpose, dtype, data):
         if data.draw(st.booleans()):
             x[grid.chunk_slices(pos, shape, inner_chunks)] = fill
             absent.add(pos)
-    inner = CodecChain((Transpose(tuple(range(len(shape)))[::-1]),) if transpose else (), BytesLayout("big"),
-                       (BytesBytes(numcodecs.Zstd(1), "zstd"),))
+    inner = CodecChain(
+        (Transpose(tuple(range(len(shape)))[::-1]),) if transpose else (),
+        BytesLayout("big"),
+        (BytesBytes(numcodecs.Zstd(1), "zstd"),),
+    )
     index = CodecChain((), BytesLayout("little"), (BytesBytes(numcodecs.CRC32C(), "crc32c"),))
     stage = ShardingIndexed(inner_chunks, inner, index, at_end)
     chain = CodecChain((), stage)
@@ -412,7 +605,7 @@ def test_sharding_layout(dims, at_end, transpose, dtype, data):
             continue
         assert offset == expected_offset  # back to back, C order over the inner grid
         part = x[grid.chunk_slices(pos, shape, inner_chunks)]
-        assert same(inner.decode(shard[offset:offset + nbytes], inner_chunks, dtype, fill), part)
+        assert same(inner.decode(shard[offset : offset + nbytes], inner_chunks, dtype, fill), part)
         expected_offset += nbytes
     assert expected_offset == len(shard) - (16 * n_inner + 4 if at_end else 0)
     assert same(chain.decode(shard, shape, dtype, fill), x)
@@ -420,6 +613,7 @@ def test_sharding_layout(dims, at_end, transpose, dtype, data):
 
 # ---------------------------------------------------------------------------------------
 # is_fill
+
 
 def test_is_fill_nan_and_bits():
     nan = np.array(np.nan, "<f8")
@@ -465,8 +659,12 @@ def test_is_fill_layouts_and_types():
 V1_UNDECODABLE = {"blosc_snappy_u2_C", "blosc_zstd_bitshuffle_i4_F"}
 
 
-DRAFT_STORES = ["v3draft-zarr218/store", "v3draft-2022-05/core", "v3draft-2022-05/core-root-array",
-                "v3draft-2022-05/protocol"]
+DRAFT_STORES = [
+    "v3draft-zarr218/store",
+    "v3draft-2022-05/core",
+    "v3draft-2022-05/core-root-array",
+    "v3draft-2022-05/protocol",
+]
 
 
 def arrays_below(hierarchy, path: str = ""):
@@ -487,6 +685,7 @@ def fixture_arrays(fmt: str):
             yield meta.parent.name, store, open_hierarchy_sync(store, options=Options(v1_order="writer")).node_sync("")
         return
     from zarrfs.formats import v3draft
+
     for root in DRAFT_STORES:
         store = Store(str(FIXTURES / root))
         for node in arrays_below(v3draft.V3DraftHierarchy.open_sync(store)):
@@ -500,8 +699,10 @@ def test_fixture_chains_round_trip(fmt):
         assert hasattr(meta, "codec"), (name, meta)
         fill = meta.fill_value
         x = sample(meta.dtype, meta.chunk_shape, seed=checked)
-        if any(getattr(s, "codec", None) is not None and s.codec.codec_id in ("delta", "fixedscaleoffset")
-               for s in meta.codec.bytes_bytes):
+        if any(
+            getattr(s, "codec", None) is not None and s.codec.codec_id in ("delta", "fixedscaleoffset")
+            for s in meta.codec.bytes_bytes
+        ):
             x = ints(meta.chunk_shape, -100, 100, meta.dtype, seed=checked)  # in range of the filters' types
         assert same(meta.codec.decode(meta.codec.encode(x, fill), meta.chunk_shape, meta.dtype, fill), x), name
         for idx in grid.all_chunks(meta.shape, meta.chunk_shape):

@@ -1,4 +1,5 @@
-"""The daemon's logging: every record is one line and encodable, whatever names it holds, on every handler setup_logging picks."""
+"""The daemon's logging: every record is one line and encodable, whatever names it holds, on every handler
+setup_logging picks."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def test_stderr_records_are_one_line(restore_root_logger, capsys):
     err = capsys.readouterr().err
     assert "Logging error" not in err
     lines = err.splitlines()
-    assert [ln.split(" zarrfs.test: ", 1)[1] for ln in lines] == [f"{w}/.zarray: malformed JSON" for w in ESCAPED.values()]
+    assert [ln.split(" zarrfs.test: ", 1)[1] for ln in lines] == [
+        f"{w}/.zarray: malformed JSON" for w in ESCAPED.values()
+    ]
 
 
 def test_traceback_keeps_its_lines_and_is_encodable(tmp_path, restore_root_logger, capsys):
@@ -151,8 +154,7 @@ def _reply_failures(logger: logging.Logger) -> None:
 
 
 @pytest.mark.parametrize("level", ["info", "debug"])
-def test_a_reply_the_kernel_dropped_is_no_error(tmp_path, restore_root_logger, restore_pyfuse3_logger,
-                                                level):
+def test_a_reply_the_kernel_dropped_is_no_error(tmp_path, restore_root_logger, restore_pyfuse3_logger, level):
     """ENOENT from a reply: the kernel no longer waited for it (interrupted, or unmounted meanwhile),
     said at debug level only; any other failed reply stays an ERROR."""
     log_file = tmp_path / "zarrfs.log"
@@ -160,8 +162,10 @@ def test_a_reply_the_kernel_dropped_is_no_error(tmp_path, restore_root_logger, r
     _reply_failures(restore_pyfuse3_logger)
     logging.getLogger().handlers[0].flush()
     lines = [ln.split(" ", 2)[2] for ln in log_file.read_text().splitlines()]
-    dropped = [f"DEBUG pyfuse3: fuse_release(): fuse_reply_* failed with {os.strerror(errno.ENOENT)}",
-               f"DEBUG pyfuse3: fuse_read(): fuse_reply_* failed with {os.strerror(errno.ENOENT)}"]
+    dropped = [
+        f"DEBUG pyfuse3: fuse_release(): fuse_reply_* failed with {os.strerror(errno.ENOENT)}",
+        f"DEBUG pyfuse3: fuse_read(): fuse_reply_* failed with {os.strerror(errno.ENOENT)}",
+    ]
     other = f"ERROR pyfuse3: fuse_read(): fuse_reply_* failed with {os.strerror(errno.EINVAL)}"
     assert lines == ([dropped[0], other, dropped[1]] if level == "debug" else [other])
 

@@ -1,4 +1,5 @@
-"""Direct reads (zarrfs.engine.fastpath.direct): bytes copied from uncompressed chunk files equal numpy's np.save bytes, on tmpfs and on a disk."""
+"""Direct reads (zarrfs.engine.fastpath.direct): bytes copied from uncompressed chunk files equal numpy's np.save
+bytes, on tmpfs and on a disk."""
 
 import io
 import os
@@ -11,25 +12,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrfs.engine.fastpath import direct
 from zarrfs import grid
 from zarrfs.codecs.chain import BytesLayout, CodecChain
-from zarrfs.storage.keys import ChunkKeys
-from zarrfs.views.streams import ArrayStream
+from zarrfs.engine.fastpath import direct
 from zarrfs.model import ArrayMeta
+from zarrfs.storage.keys import ChunkKeys
 from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
 
 DTYPES = ["|u1", "<i2", "<f8", "|S3", [("a", "<i2"), ("b", "|u1")]]
 # tmpfs (read in the trio thread) and the disk the repo is on (RWF_NOWAIT, else a worker thread)
 ROOTS = ["/dev/shm", None]
 
 
-def write_store(root: str, arr: np.ndarray, chunks: tuple, missing: frozenset = frozenset(),
-                order: str = "C") -> ArrayMeta:
+def write_store(
+    root: str, arr: np.ndarray, chunks: tuple, missing: frozenset = frozenset(), order: str = "C"
+) -> ArrayMeta:
     """Chunk files of ARR as a v2 writer lays them out (ORDER, edge chunks padded with junk)."""
-    meta = ArrayMeta(path="a", shape=arr.shape, dtype=arr.dtype, chunk_shape=chunks, fill_value=np.zeros((), arr.dtype),
-                     codec=CodecChain(array_bytes=BytesLayout(endian=None, order=order)),
-                     keys=ChunkKeys("a"), attributes={}, format="v2", metadata_key="a/.zarray")
+    meta = ArrayMeta(
+        path="a",
+        shape=arr.shape,
+        dtype=arr.dtype,
+        chunk_shape=chunks,
+        fill_value=np.zeros((), arr.dtype),
+        codec=CodecChain(array_bytes=BytesLayout(endian=None, order=order)),
+        keys=ChunkKeys("a"),
+        attributes={},
+        format="v2",
+        metadata_key="a/.zarray",
+    )
     os.makedirs(os.path.join(root, "a"), exist_ok=True)
     rng = np.random.default_rng(1)
     for idx in grid.all_chunks(arr.shape, chunks):
@@ -89,7 +100,10 @@ def test_npy_and_raw_bytes_equal_np_save(way, case, data):
         meta = write_store(tmp, arr, chunks)
         reads = direct.DirectReads(Store(tmp))
         try:
-            for stream, want in ((ArrayStream(meta), np_save(arr)), (ArrayStream(meta, with_header=False), arr.tobytes())):
+            for stream, want in (
+                (ArrayStream(meta), np_save(arr)),
+                (ArrayStream(meta, with_header=False), arr.tobytes()),
+            ):
                 assert direct.eligible(stream)
                 assert read(reads, stream, 0, stream.size) == want
                 reused = np.empty(stream.size + 2 * arr.dtype.itemsize, np.uint8)
@@ -97,11 +111,11 @@ def test_npy_and_raw_bytes_equal_np_save(way, case, data):
                 for _ in range(4):
                     off = data.draw(st.integers(0, stream.size))
                     n = data.draw(st.integers(0, stream.size + 3))
-                    assert read(reads, stream, off, n) == want[off:off + n]
+                    assert read(reads, stream, off, n) == want[off : off + n]
                     # into one buffer, as the engine reads: the same read and reads whole rows
                     # further, alike but in other rows of chunk files or other rows of chunks
                     for at in (off, off, off + row, off + 2 * row, off + 7 * row):
-                        assert read(reads, stream, at, n, reused) == want[at:at + n]
+                        assert read(reads, stream, at, n, reused) == want[at : at + n]
         finally:
             reads.close()
 
@@ -119,7 +133,7 @@ def test_the_recipes_kept_are_bounded_and_each_reads_its_own_bytes(tmp_path):
         for _ in range(300):
             stream, want = streams[rng.integers(2)]
             off, n = (int(x) for x in rng.integers(0, stream.size, 2))
-            assert read(reads, stream, off, n, reused) == want[off:off + n]
+            assert read(reads, stream, off, n, reused) == want[off : off + n]
             assert len(reads._recipes) <= 8
     reads.close()
 
@@ -153,15 +167,27 @@ def test_absent_short_and_special_chunks_fall_back(tmp_path):
     reads.close()
 
 
-@pytest.mark.parametrize("chain,order,why", [
-    (CodecChain(array_bytes=BytesLayout(endian="big")), "C", "bytes stored big-endian"),
-    (CodecChain(array_bytes=BytesLayout(endian=None, order="F")), "C", "F-ordered chunks"),
-    (CodecChain(array_bytes=BytesLayout(endian=None)), "F", "an F-order view"),
-])
+@pytest.mark.parametrize(
+    "chain,order,why",
+    [
+        (CodecChain(array_bytes=BytesLayout(endian="big")), "C", "bytes stored big-endian"),
+        (CodecChain(array_bytes=BytesLayout(endian=None, order="F")), "C", "F-ordered chunks"),
+        (CodecChain(array_bytes=BytesLayout(endian=None)), "F", "an F-order view"),
+    ],
+)
 def test_streams_that_are_not_a_copy_of_the_file_are_not_eligible(chain, order, why):
-    meta = ArrayMeta(path="a", shape=(4, 4), dtype=np.dtype("<i4"), chunk_shape=(2, 2),
-                     fill_value=np.zeros((), "<i4"), codec=chain, keys=ChunkKeys("a"), attributes={},
-                     format="v2", metadata_key="a/.zarray")
+    meta = ArrayMeta(
+        path="a",
+        shape=(4, 4),
+        dtype=np.dtype("<i4"),
+        chunk_shape=(2, 2),
+        fill_value=np.zeros((), "<i4"),
+        codec=chain,
+        keys=ChunkKeys("a"),
+        attributes={},
+        format="v2",
+        metadata_key="a/.zarray",
+    )
     assert not direct.eligible(ArrayStream(meta, order=order)), why
 
 
@@ -184,9 +210,10 @@ def test_rows_of_chunks_read_transposed_equal_numpy_s_bytes(case, data):
     is refilled and cut short at edge chunks), equal numpy's bytes of those rows."""
     arr, chunks, chunk_order = case
     view = "F" if chunk_order == "C" else "C"
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp, \
-            mock.patch.multiple(direct, TRANSPOSE_MIN_ROWS=2, TRANSPOSE_STAGE_BYTES=0,
-                                TRANSPOSE_BLOCK_BYTES=24):
+    with (
+        tempfile.TemporaryDirectory(dir="/dev/shm") as tmp,
+        mock.patch.multiple(direct, TRANSPOSE_MIN_ROWS=2, TRANSPOSE_STAGE_BYTES=0, TRANSPOSE_BLOCK_BYTES=24),
+    ):
         meta = write_store(tmp, arr, chunks, order=chunk_order)
         reads = direct.DirectReads(Store(tmp))
         stream = ArrayStream(meta, order=view)
@@ -198,21 +225,33 @@ def test_rows_of_chunks_read_transposed_equal_numpy_s_bytes(case, data):
         count = data.draw(st.integers(1, 3))
         out = np.full(count * row + 5, 7, np.uint8)
         got = reads.transposed_rows_sync(stream, k, count, out)
-        assert bytes(got) == want[k * row:(k + count) * row]
-        assert bytes(out[len(got):]) == b"\7" * (len(out) - len(got))  # nothing written past them
+        assert bytes(got) == want[k * row : (k + count) * row]
+        assert bytes(out[len(got) :]) == b"\7" * (len(out) - len(got))  # nothing written past them
         reads.close()
 
 
-@pytest.mark.parametrize("shape,chain,order,why", [
-    ((4, 4), CodecChain(array_bytes=BytesLayout(endian=None)), "C", "the file's own order"),
-    ((4, 4), CodecChain(array_bytes=BytesLayout(endian=None, order="F")), "F", "the file's own order"),
-    ((4, 4), CodecChain(array_bytes=BytesLayout(endian="big")), "F", "bytes stored big-endian"),
-    ((4, 4, 4), CodecChain(array_bytes=BytesLayout(endian=None)), "F", "three dimensions"),
-])
+@pytest.mark.parametrize(
+    "shape,chain,order,why",
+    [
+        ((4, 4), CodecChain(array_bytes=BytesLayout(endian=None)), "C", "the file's own order"),
+        ((4, 4), CodecChain(array_bytes=BytesLayout(endian=None, order="F")), "F", "the file's own order"),
+        ((4, 4), CodecChain(array_bytes=BytesLayout(endian="big")), "F", "bytes stored big-endian"),
+        ((4, 4, 4), CodecChain(array_bytes=BytesLayout(endian=None)), "F", "three dimensions"),
+    ],
+)
 def test_streams_that_are_not_a_transposed_copy_of_the_files(shape, chain, order, why):
-    meta = ArrayMeta(path="a", shape=shape, dtype=np.dtype("<i4"), chunk_shape=(2,) * len(shape),
-                     fill_value=np.zeros((), "<i4"), codec=chain, keys=ChunkKeys("a"), attributes={},
-                     format="v2", metadata_key="a/.zarray")
+    meta = ArrayMeta(
+        path="a",
+        shape=shape,
+        dtype=np.dtype("<i4"),
+        chunk_shape=(2,) * len(shape),
+        fill_value=np.zeros((), "<i4"),
+        codec=chain,
+        keys=ChunkKeys("a"),
+        attributes={},
+        format="v2",
+        metadata_key="a/.zarray",
+    )
     assert not direct.transposed(ArrayStream(meta, order=order)), why
 
 
@@ -222,7 +261,7 @@ def test_rows_of_chunks_read_transposed_fall_back_without_a_chunk_file(tmp_path)
     reads = direct.DirectReads(Store(str(tmp_path)))
     stream = ArrayStream(meta, order="F")
     out = np.empty(6 * 6 * 4, np.uint8)
-    assert bytes(reads.transposed_rows_sync(stream, 1, 1, out)) == arr.tobytes(order="F")[3 * 6 * 4:]
+    assert bytes(reads.transposed_rows_sync(stream, 1, 1, out)) == arr.tobytes(order="F")[3 * 6 * 4 :]
     with pytest.raises(direct.Fallback):
         reads.transposed_rows_sync(stream, 0, 1, out)  # its columns 0-2: chunk (1, 0) is not stored
     reads.close()

@@ -53,8 +53,11 @@ class CountingStore:
 
     def versions_below_sync(self, prefix):
         self.listings += 1
-        return {k[len(prefix) + 1:]: (len(v), int(self.times[k] * 1e9), None)
-                for k, v in self.values.items() if k.startswith(prefix + "/")}
+        return {
+            k[len(prefix) + 1 :]: (len(v), int(self.times[k] * 1e9), None)
+            for k, v in self.values.items()
+            if k.startswith(prefix + "/")
+        }
 
 
 def _cached(tmp_path, values, max_bytes=1 << 20, ttl_s=10.0):
@@ -209,14 +212,17 @@ def test_defaults_and_identity(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_cache_dir() == str(tmp_path / "zarrfs")
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert default_cache_dir() == ("/var/cache/zarrfs" if os.geteuid() == 0
-                                   else os.path.expanduser("~/.cache/zarrfs"))
-    a = store_identity("s3://user:secret@bucket/x.zarr/?token=t0ken", {"key": "K", "secret": "S",
-                                                                        "client_kwargs": {"endpoint_url": "http://e"}})
+    assert default_cache_dir() == ("/var/cache/zarrfs" if os.geteuid() == 0 else os.path.expanduser("~/.cache/zarrfs"))
+    a = store_identity(
+        "s3://user:secret@bucket/x.zarr/?token=t0ken",
+        {"key": "K", "secret": "S", "client_kwargs": {"endpoint_url": "http://e"}},
+    )
     assert "secret" not in a and "t0ken" not in a and "http://e" in a
     assert a == store_identity("s3://bucket/x.zarr", {"client_kwargs": {"endpoint_url": "http://e"}})
     assert a != store_identity("s3://bucket/x.zarr", {"client_kwargs": {"endpoint_url": "http://other"}})
-    assert store_identity("abfs://c/x", {"account_name": "one"}) != store_identity("abfs://c/x", {"account_name": "two"})
+    assert store_identity("abfs://c/x", {"account_name": "one"}) != store_identity(
+        "abfs://c/x", {"account_name": "two"}
+    )
 
 
 def test_zarrfs_own_keys_are_never_kept(tmp_path):

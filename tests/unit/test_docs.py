@@ -9,6 +9,7 @@ from markdown_it import MarkdownIt
 from mdit_py_plugins.anchors import anchors_plugin
 
 from support import REPO
+
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 # The README is read first: past this it is no first page any more.

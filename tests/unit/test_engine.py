@@ -13,13 +13,13 @@ import trio
 import trio.testing
 import zarr
 
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import DECODE_THREADS, Engine, ReadAhead
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import CorruptChunk, Stale, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.storage.store import Store
-from zarrfs.views.streams import ArrayStream
 from zarrfs.views.slices import SliceStream, selection
+from zarrfs.views.streams import ArrayStream
 
 from support.core import np_save_bytes
 
@@ -121,8 +121,9 @@ async def test_local_chunks_read_and_decoded_in_one_call(tmp_path, monkeypatch, 
 
     path = str(tmp_path / "s")
     compressor = {"zstd": zarr.codecs.ZstdCodec(level=1), "blosc": zarr.codecs.BloscCodec(cname="lz4")}[codec]
-    a = zarr.create_array(path, name="a", shape=(1024, 1024), chunks=(256, 256), dtype="<f4",
-                          compressors=[compressor], fill_value=-1.5)
+    a = zarr.create_array(
+        path, name="a", shape=(1024, 1024), chunks=(256, 256), dtype="<f4", compressors=[compressor], fill_value=-1.5
+    )
     rng = np.random.default_rng(5)
     # rows of rounded noise whose spread grows down the array: each chunk compresses differently
     a[:] = (rng.standard_normal((1024, 1024)) * np.logspace(0, 6, 1024)[:, None]).round()
@@ -305,8 +306,14 @@ async def test_local_reads_stuck_past_the_timeout_hold_no_decoding_thread(tmp_pa
     store fail with a timeout naming it (EIO) and their threads are replaced, so that other
     chunks, more than there are decoding threads stuck, still decode."""
     path = str(tmp_path / "s")
-    a = zarr.create_array(path, name="a", shape=(256, 512 * (DECODE_THREADS + 1)), chunks=(256, 512),
-                          dtype="<f4", compressors=[zarr.codecs.ZstdCodec(level=1)])  # 512 KiB chunks
+    a = zarr.create_array(
+        path,
+        name="a",
+        shape=(256, 512 * (DECODE_THREADS + 1)),
+        chunks=(256, 512),
+        dtype="<f4",
+        compressors=[zarr.codecs.ZstdCodec(level=1)],
+    )  # 512 KiB chunks
     a[:] = np.arange(a.size, dtype="<f4").reshape(a.shape)
     stuck = [f"a/c/0/{j}" for j in range(DECODE_THREADS)]
     store = CountingStore(path, slow=stuck)
@@ -321,7 +328,7 @@ async def test_local_reads_stuck_past_the_timeout_hold_no_decoding_thread(tmp_pa
         last = DECODE_THREADS * 2048  # the first element of the last chunk
         with trio.fail_after(5):
             got = await engine.read(s, len(s.header) + 5 * row + last, 2048)
-        assert np.array_equal(np.frombuffer(got, "<f4"), a[5, DECODE_THREADS * 512:])
+        assert np.array_equal(np.frombuffer(got, "<f4"), a[5, DECODE_THREADS * 512 :])
         assert f"a/c/0/{DECODE_THREADS}" in store.gets
     finally:
         store.release.set()
@@ -338,8 +345,10 @@ async def test_read_ahead_asks_for_a_row_of_chunks_again_after_cached_chunks_are
     async with trio.open_nursery() as n:
         await n.start(engine.run)
         for i in range(17):  # rows 0..16: the window has asked for rows of chunks 0, 1 and 2
-            assert await engine.read(s, len(s.header) + i * row, row, readahead=reader) == \
-                np.arange(i * 40, i * 40 + 40, dtype="<f8").tobytes()
+            assert (
+                await engine.read(s, len(s.header) + i * row, row, readahead=reader)
+                == np.arange(i * 40, i * 40 + 40, dtype="<f8").tobytes()
+            )
             await trio.sleep(0.02)
         assert {f"a/2.{j}" for j in range(4)} <= set(store.gets)  # before the reader is there
         before = engine.counters["prefetched"]
@@ -396,8 +405,9 @@ async def test_a_large_read_of_cached_chunks_elsewhere_starts_the_window_again(t
     values: the window is not left planned far ahead of where the reader now is."""
     path = str(tmp_path / "s")
     value = np.arange(600 * 1000, dtype="<f8").reshape(600, 1000)
-    zarr.create_array(store=path, name="a", shape=value.shape, chunks=(100, 250), dtype="<f8",
-                      zarr_format=2)[...] = value
+    zarr.create_array(store=path, name="a", shape=value.shape, chunks=(100, 250), dtype="<f8", zarr_format=2)[...] = (
+        value
+    )
     zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
     store, engine, streams = setup(path, cache_bytes=64 << 20)
     s = streams["a"]
@@ -466,13 +476,15 @@ async def test_idle_decoding_threads_leave_and_come_back(two_arrays, monkeypatch
     assert alive() >= 1
 
 
-@pytest.mark.parametrize("blocks", [{}, {"TRANSPOSE_MIN_ROWS": 2, "TRANSPOSE_STAGE_BYTES": 0,
-                                          "TRANSPOSE_BLOCK_BYTES": 24}])
+@pytest.mark.parametrize(
+    "blocks", [{}, {"TRANSPOSE_MIN_ROWS": 2, "TRANSPOSE_STAGE_BYTES": 0, "TRANSPOSE_BLOCK_BYTES": 24}]
+)
 @pytest.mark.parametrize("dtype", ["<f8", "<i2"])
 @pytest.mark.parametrize("compressor", ["blosc", "zstd"])
 @pytest.mark.parametrize("order", ["C", "F"])
-def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, monkeypatch, order, compressor, dtype,
-                                                                blocks):
+def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(
+    tmp_path, monkeypatch, order, compressor, dtype, blocks
+):
     """decoded_rows_sync (bands of the F view of C-ordered chunks, or of the .npy of F-ordered
     ones, that decode into a buffer): any rows of the stream's chunks, in any share of their
     chunk columns, equal numpy's bytes of zarr-python's values; a chunk not stored gives its
@@ -488,10 +500,21 @@ def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, monkey
 
     value = (np.arange(37 * 29) * 3 % 1000).astype(dtype).reshape(37, 29)
     path = tmp_path / "s"
-    codec = (numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE) if compressor == "blosc"
-             else numcodecs.Zstd(level=1))
-    arr = zarr.create_array(os.fspath(path), shape=value.shape, chunks=(8, 5), dtype=dtype, zarr_format=2,
-                            order=order, compressors=codec, fill_value=7)
+    codec = (
+        numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE)
+        if compressor == "blosc"
+        else numcodecs.Zstd(level=1)
+    )
+    arr = zarr.create_array(
+        os.fspath(path),
+        shape=value.shape,
+        chunks=(8, 5),
+        dtype=dtype,
+        zarr_format=2,
+        order=order,
+        compressors=codec,
+        fill_value=7,
+    )
     arr[...] = value
     os.unlink(path / "2.3")
     value = arr[...]  # what zarr-python reads back: the fill value where the chunk went
@@ -509,8 +532,8 @@ def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(tmp_path, monkey
                 out = np.full(count * row + 8, 5, np.uint8)
                 for part in range(parts):
                     got = decoded_rows_sync(stream, store, k, count, out, part, parts)[0]
-                assert bytes(got) == want[k * row:(k + count) * row], (k, count, parts)
-                assert bytes(out[len(got):]) == b"\5" * (len(out) - len(got))
+                assert bytes(got) == want[k * row : (k + count) * row], (k, count, parts)
+                assert bytes(out[len(got) :]) == b"\5" * (len(out) - len(got))
 
 
 async def test_delayed_calls_run_once_after_the_last_ask(autojump_clock, caplog):
@@ -524,6 +547,7 @@ async def test_delayed_calls_run_once_after_the_last_ask(autojump_clock, caplog)
     def recorder(name):
         async def record() -> None:
             calls.append((name, trio.current_time()))
+
         return record
 
     async def fail() -> None:

@@ -10,8 +10,8 @@ import pytest
 import trio
 import zarr
 
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.model import NewArray
@@ -56,7 +56,7 @@ async def test_unaligned_writes_then_peer_reads(tmp_path, fmt, order):
         off = int(rng.integers(0, len(flat)))
         data = rng.integers(0, 256, int(rng.integers(1, 60)), dtype=np.uint8).tobytes()[: len(flat) - off]
         await engine.write(stream, off, data)
-        flat[off:off + len(data)] = data
+        flat[off : off + len(data)] = data
         assert bytes(await engine.read(stream, 0, len(flat))) == bytes(flat)  # reads see dirty chunks
     await engine.flush()
     expected = np.frombuffer(bytes(flat), "<i4").reshape((10, 9), order=order)
@@ -103,7 +103,7 @@ async def test_dirty_budget_bounds_memory(tmp_path):
     data = np.arange(256 * 256, dtype="<f8")
     peak = 0
     for off in range(0, data.nbytes, 1 << 15):
-        await engine.write(stream, off, data.tobytes()[off:off + (1 << 15)])
+        await engine.write(stream, off, data.tobytes()[off : off + (1 << 15)])
         peak = max(peak, engine.dirty_bytes)
     await engine.flush()
     assert peak <= engine.dirty_max_bytes + (1 << 15) * 2
@@ -143,7 +143,7 @@ async def test_background_flush_overlaps_a_streaming_write_and_reports_failures_
         reported = []
         for off in range(0, data.nbytes, 1 << 15):
             try:
-                await engine.write(stream, off, data.tobytes()[off:off + (1 << 15)])
+                await engine.write(stream, off, data.tobytes()[off : off + (1 << 15)])
             except StoreError as e:  # a write past the budget waits for a flush, and may see it fail
                 reported.append(e)
             await trio.sleep(0)

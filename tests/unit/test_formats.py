@@ -22,9 +22,27 @@ from support.core import np_save_bytes, open_node, read_npy
 warnings.filterwarnings("ignore", module="zarr")
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-DTYPES_BOTH = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-               "float16", "float32", "float64", "complex64", "complex128", "S5", "<U3",
-               "datetime64[ns]", "timedelta64[s]", [("a", "<i4"), ("b", "<f8")]]
+DTYPES_BOTH = [
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "S5",
+    "<U3",
+    "datetime64[ns]",
+    "timedelta64[s]",
+    [("a", "<i4"), ("b", "<f8")],
+]
 
 
 def sample(dtype: np.dtype, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -42,7 +60,7 @@ def sample(dtype: np.dtype, shape: tuple[int, ...], seed: int = 0) -> np.ndarray
     if dtype.kind == "S":
         return np.array([b"x%d" % i for i in range(n)], dtype=dtype).reshape(shape)
     if dtype.kind == "U":
-        return np.array(["é%d" % (i % 100) for i in range(n)], dtype=dtype).reshape(shape)
+        return np.array([f"é{i % 100}" for i in range(n)], dtype=dtype).reshape(shape)
     if dtype.kind in "mM":
         return rng.integers(0, 10**12, n).astype("<i8").view(dtype).reshape(shape)
     return rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8).view(dtype).reshape(shape)
@@ -66,17 +84,24 @@ def check(store_path: str, name: str) -> None:
 def test_dtypes(tmp_path, fmt, dtype):
     dtype = np.dtype([tuple(f) for f in dtype] if isinstance(dtype, list) else dtype)
     shape, chunks = (7, 5), (3, 2)
-    arr = zarr.create_array(str(tmp_path / "s"), name="a", shape=shape, chunks=chunks, dtype=dtype,
-                            zarr_format=fmt)
+    arr = zarr.create_array(str(tmp_path / "s"), name="a", shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt)
     data = sample(dtype, shape)
     arr[:4] = data[:4]  # rows 6.. stay unwritten: fill value, edge chunks clipped
     check(str(tmp_path / "s"), "a")
 
 
 def v2_compressors():
-    return [None, numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE), numcodecs.Blosc("zstd", 3, 2),
-            numcodecs.Zstd(3), numcodecs.GZip(1), numcodecs.Zlib(4), numcodecs.BZ2(2), numcodecs.LZMA(),
-            numcodecs.LZ4()]
+    return [
+        None,
+        numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE),
+        numcodecs.Blosc("zstd", 3, 2),
+        numcodecs.Zstd(3),
+        numcodecs.GZip(1),
+        numcodecs.Zlib(4),
+        numcodecs.BZ2(2),
+        numcodecs.LZMA(),
+        numcodecs.LZ4(),
+    ]
 
 
 @pytest.mark.parametrize("compressor", v2_compressors(), ids=repr)
@@ -84,37 +109,77 @@ def v2_compressors():
 @pytest.mark.parametrize("sep", [".", "/"])
 def test_v2_codecs_order_separator(tmp_path, compressor, order, sep):
     path = str(tmp_path / "s")
-    arr = zarr.create_array(path, name="g/a", shape=(9, 8, 3), chunks=(4, 3, 2), dtype=">f8",
-                            compressors=compressor, order=order, zarr_format=2, chunk_key_encoding={
-                                "name": "v2", "separator": sep}, fill_value=np.nan)
+    arr = zarr.create_array(
+        path,
+        name="g/a",
+        shape=(9, 8, 3),
+        chunks=(4, 3, 2),
+        dtype=">f8",
+        compressors=compressor,
+        order=order,
+        zarr_format=2,
+        chunk_key_encoding={"name": "v2", "separator": sep},
+        fill_value=np.nan,
+    )
     arr[1:8, :5] = sample(np.dtype(">f8"), (7, 5, 3))
     check(path, "g/a")
 
 
-@pytest.mark.parametrize("filters", [
-    [numcodecs.Delta("<i4")], [numcodecs.Shuffle(4)], [numcodecs.FixedScaleOffset(0, 10, "<i4", "<i2")],
-    [numcodecs.AsType("<i2", "<i4")], [numcodecs.Delta("<i4"), numcodecs.Shuffle(4)],
-    [numcodecs.CRC32()], [numcodecs.Adler32()], [numcodecs.Fletcher32()], [numcodecs.JenkinsLookup3()],
-], ids=repr)
+@pytest.mark.parametrize(
+    "filters",
+    [
+        [numcodecs.Delta("<i4")],
+        [numcodecs.Shuffle(4)],
+        [numcodecs.FixedScaleOffset(0, 10, "<i4", "<i2")],
+        [numcodecs.AsType("<i2", "<i4")],
+        [numcodecs.Delta("<i4"), numcodecs.Shuffle(4)],
+        [numcodecs.CRC32()],
+        [numcodecs.Adler32()],
+        [numcodecs.Fletcher32()],
+        [numcodecs.JenkinsLookup3()],
+    ],
+    ids=repr,
+)
 def test_v2_filters(tmp_path, filters):
     path = str(tmp_path / "s")
-    arr = zarr.create_array(path, name="a", shape=(50,), chunks=(16,), dtype="<i4", filters=filters,
-                            compressors=numcodecs.Zlib(1), zarr_format=2)
+    arr = zarr.create_array(
+        path,
+        name="a",
+        shape=(50,),
+        chunks=(16,),
+        dtype="<i4",
+        filters=filters,
+        compressors=numcodecs.Zlib(1),
+        zarr_format=2,
+    )
     arr[:] = np.arange(50, dtype="<i4") % 300
     check(path, "a")
 
 
 def test_v2_packbits_bool(tmp_path):
     path = str(tmp_path / "s")
-    arr = zarr.create_array(path, name="a", shape=(37,), chunks=(10,), dtype=bool,
-                            filters=[numcodecs.PackBits()], compressors=None, zarr_format=2)
+    arr = zarr.create_array(
+        path,
+        name="a",
+        shape=(37,),
+        chunks=(10,),
+        dtype=bool,
+        filters=[numcodecs.PackBits()],
+        compressors=None,
+        zarr_format=2,
+    )
     arr[:] = sample(np.dtype(bool), (37,))
     check(path, "a")
 
 
-V3_COMPRESSORS = [None, zc.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
-                  zc.BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"), zc.ZstdCodec(level=3, checksum=True),
-                  zc.GzipCodec(level=1), zc.Crc32cCodec()]
+V3_COMPRESSORS = [
+    None,
+    zc.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+    zc.BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),
+    zc.ZstdCodec(level=3, checksum=True),
+    zc.GzipCodec(level=1),
+    zc.Crc32cCodec(),
+]
 
 
 @pytest.mark.parametrize("compressor", V3_COMPRESSORS, ids=repr)
@@ -122,9 +187,17 @@ V3_COMPRESSORS = [None, zc.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
 @pytest.mark.parametrize("sep", ["/", "."])
 def test_v3_codecs_endian_separator(tmp_path, compressor, endian, sep):
     path = str(tmp_path / "s")
-    arr = zarr.create_array(path, name="g/a", shape=(9, 8), chunks=(4, 3), dtype="<f4",
-                            serializer=zc.BytesCodec(endian=endian), compressors=compressor,
-                            chunk_key_encoding={"name": "default", "separator": sep}, fill_value=-1.5)
+    arr = zarr.create_array(
+        path,
+        name="g/a",
+        shape=(9, 8),
+        chunks=(4, 3),
+        dtype="<f4",
+        serializer=zc.BytesCodec(endian=endian),
+        compressors=compressor,
+        chunk_key_encoding={"name": "default", "separator": sep},
+        fill_value=-1.5,
+    )
     arr[1:8, :5] = sample(np.dtype("<f4"), (7, 5))
     check(path, "g/a")
 
@@ -135,9 +208,15 @@ def test_v3_sharding_transpose_missing_inner(tmp_path, index_location, transpose
     path = str(tmp_path / "s")
     inner = [zc.TransposeCodec(order=(1, 0))] if transpose else []
     inner += [zc.BytesCodec(), zc.ZstdCodec(level=1)]
-    arr = zarr.create_array(path, name="a", shape=(13, 11), chunks=(4, 6), dtype="<i8", fill_value=42,
-                            serializer=zc.ShardingCodec(chunk_shape=(2, 3), codecs=inner,
-                                                        index_location=index_location))
+    arr = zarr.create_array(
+        path,
+        name="a",
+        shape=(13, 11),
+        chunks=(4, 6),
+        dtype="<i8",
+        fill_value=42,
+        serializer=zc.ShardingCodec(chunk_shape=(2, 3), codecs=inner, index_location=index_location),
+    )
     data = sample(np.dtype("<i8"), (13, 11))
     arr[0:3, 0:5] = data[0:3, 0:5]  # inner chunks of the first shards only partly written
     arr[8:13, 6:11] = data[8:13, 6:11]
@@ -146,17 +225,32 @@ def test_v3_sharding_transpose_missing_inner(tmp_path, index_location, transpose
 
 def test_v3_transpose_outside(tmp_path):
     path = str(tmp_path / "s")
-    arr = zarr.create_array(path, name="a", shape=(5, 7, 3), chunks=(2, 3, 2), dtype="<u2",
-                            filters=[zc.TransposeCodec(order=(2, 0, 1))], compressors=zc.GzipCodec(level=1))
+    arr = zarr.create_array(
+        path,
+        name="a",
+        shape=(5, 7, 3),
+        chunks=(2, 3, 2),
+        dtype="<u2",
+        filters=[zc.TransposeCodec(order=(2, 0, 1))],
+        compressors=zc.GzipCodec(level=1),
+    )
     arr[:] = sample(np.dtype("<u2"), (5, 7, 3))
     check(path, "a")
 
 
 def test_v3_numcodecs_names(tmp_path):
     from zarr.codecs import numcodecs as znc
+
     path = str(tmp_path / "s")
-    arr = zarr.create_array(path, name="a", shape=(30,), chunks=(7,), dtype="<i4",
-                            filters=[znc.Delta(dtype="<i4")], compressors=[znc.Zlib(level=2)])
+    arr = zarr.create_array(
+        path,
+        name="a",
+        shape=(30,),
+        chunks=(7,),
+        dtype="<i4",
+        filters=[znc.Delta(dtype="<i4")],
+        compressors=[znc.Zlib(level=2)],
+    )
     arr[:] = np.arange(30, dtype="<i4") * 3
     check(path, "a")
 
@@ -193,9 +287,16 @@ def test_unreadable_fill_value_fails_only_the_chunks_not_stored(tmp_path, partia
 
     path = tmp_path / "s"
     inner = [zc.BytesCodec()] if partial else [zc.BytesCodec(), zc.ZstdCodec(level=1)]
-    arr = zarr.create_array(str(path), name="a", shape=(8,), chunks=(4,), dtype="<i2", fill_value=0,
-                            serializer=zc.ShardingCodec(chunk_shape=(2,), codecs=inner),
-                            compressors=None if partial else zc.ZstdCodec(level=1))
+    arr = zarr.create_array(
+        str(path),
+        name="a",
+        shape=(8,),
+        chunks=(4,),
+        dtype="<i2",
+        fill_value=0,
+        serializer=zc.ShardingCodec(chunk_shape=(2,), codecs=inner),
+        compressors=None if partial else zc.ZstdCodec(level=1),
+    )
     arr[0:4] = np.arange(4, dtype="<i2") + 10  # shard 0 whole
     arr[4:6] = [7, 8]  # shard 1: its inner chunk 1 is not stored
     doc = json.loads((path / "a" / "zarr.json").read_text())
@@ -218,6 +319,7 @@ def test_hierarchy_nodes(tmp_path):
         root.create_array("g/a", shape=(2,), dtype="<i4", attributes={"units": "m"})
         root.create_array("deep/er/b", shape=(2,), dtype="<i4")
         import shutil
+
         shutil.rmtree(f"{path}/deep/er") if False else None
         for doc in ("zarr.json", ".zgroup"):
             for p in (tmp_path / f"h{fmt}" / "deep" / doc, tmp_path / f"h{fmt}" / "deep" / "er" / doc):
@@ -285,17 +387,17 @@ def test_random_shapes_and_ranges(tmp_path_factory, case, data):
     if fmt == 3 and dtype.startswith(">"):
         dtype = "<f8"
     path = str(tmp_path_factory.mktemp("h"))
-    arr = zarr.create_array(path, name="a", shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt,
-                            fill_value=7)
+    arr = zarr.create_array(path, name="a", shape=shape, chunks=chunks, dtype=dtype, zarr_format=fmt, fill_value=7)
     values = sample(np.dtype(dtype), shape, seed=data.draw(st.integers(0, 1000)))
     if shape and all(shape):
         cut = tuple(slice(0, data.draw(st.integers(0, s))) for s in shape)
         arr[cut] = values[cut]
     expected = np_save_bytes(np.asarray(oracle(f"{path}/a"), order="C"))
-    ranges = [(data.draw(st.integers(0, len(expected) + 4)), data.draw(st.integers(0, len(expected) + 4)))
-              for _ in range(5)]
+    ranges = [
+        (data.draw(st.integers(0, len(expected) + 4)), data.draw(st.integers(0, len(expected) + 4))) for _ in range(5)
+    ]
     got = read_npy(path, "a", ranges=ranges)
-    assert got == [expected[o:o + n] for o, n in ranges]
+    assert got == [expected[o : o + n] for o, n in ranges]
 
 
 def _v3_group_doc(**extra):
@@ -349,8 +451,9 @@ def _write_vlen(path, fmt):
         warnings.simplefilter("ignore")
         s = zarr.create_array(str(path), name="s", shape=(5, 7), chunks=(2, 3), dtype=str, zarr_format=fmt)
         s[:2, :4] = np.array([["a", "bé", "日本語", ""], ["xyzwv", "", "ü", "q"]], dtype=object)
-        b = zarr.create_array(str(path), name="b", shape=(5,), chunks=(2,), dtype=VariableLengthBytes(),
-                              zarr_format=fmt)
+        b = zarr.create_array(
+            str(path), name="b", shape=(5,), chunks=(2,), dtype=VariableLengthBytes(), zarr_format=fmt
+        )
         b[:3] = np.array([b"a", b"bb\x00c", b""], dtype=object)
 
 
@@ -384,17 +487,15 @@ def test_vlen_arrays_of_zarr_2_18(tmp_path):
     """zarr 2.18 writes `fill_value: 0` for object arrays (and F-ordered objects with order F):
     strings read as zarr-python 3 reads them (missing chunks "0"); bytes as zarr 2.18 reads
     the stored chunks, missing chunks empty (zarr-python 3 refuses that fill value)."""
-    import os
     import subprocess
-    from pathlib import Path
 
     z218 = ZARR218_PYTHON
     script = f"""
 import numcodecs, numpy as np, zarr
-s = zarr.open_array({str(tmp_path / 's')!r}, mode='w', shape=(5,), chunks=(2,), dtype=object,
+s = zarr.open_array({str(tmp_path / "s")!r}, mode='w', shape=(5,), chunks=(2,), dtype=object,
                     object_codec=numcodecs.VLenUTF8())
 s[:3] = np.array(['a', 'ßé', ''], dtype=object)
-b = zarr.open_array({str(tmp_path / 'b')!r}, mode='w', shape=(2, 3), chunks=(2, 2), dtype=object,
+b = zarr.open_array({str(tmp_path / "b")!r}, mode='w', shape=(2, 3), chunks=(2, 2), dtype=object,
                     object_codec=numcodecs.VLenBytes(), order='F')
 b[:, :2] = np.array([[b'a', b'xyz'], [b'', b'q']], dtype=object)
 print(repr(b[:, :2].tolist()))
@@ -431,8 +532,18 @@ def test_plain_file_names_a_reader_could_take_for_its_own_keys_are_refused(tmp_p
 
     zarr.open_group(tmp_path / "s.zarr", mode="w", zarr_format=fmt)
     h = open_hierarchy_sync(Store(str(tmp_path / "s.zarr")))
-    for name in [".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json", "0", "0.1.2", "c",
-                 ".zarrfs-new-00", ".notes.txt.zarrfs-12-7f3a.tmp"]:
+    for name in [
+        ".zarray",
+        ".zgroup",
+        ".zattrs",
+        ".zmetadata",
+        "zarr.json",
+        "0",
+        "0.1.2",
+        "c",
+        ".zarrfs-new-00",
+        ".notes.txt.zarrfs-12-7f3a.tmp",
+    ]:
         assert h.plain_name_problem(name) is not None, name
     for name in ["notes.txt", ".x.npy.AbC123", "c0", "1a", "README", ".zattrs.bak"]:
         assert h.plain_name_problem(name) is None, name

@@ -122,7 +122,7 @@ async def test_a_flush_before_the_file_is_complete_leaves_it_to_the_last_close(s
     await handle.release()
     np.testing.assert_array_equal(zarr.open_array(str(store_dir / "c"))[...], value)
     _, short = await ns.create_file(ROOT_INODE, "d.npy")
-    await short.write(0, data[:hlen + 8])
+    await short.write(0, data[: hlen + 8])
     await short.flush()
     assert "d.npy" in await ns.children(ROOT_INODE)
     await short.release()

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import zarr
 
-from support import icechunk_repo
 from zarrfs.errors import ReadOnly, UserError
 from zarrfs.storage.icechunk import IcechunkStore, looks_like_repository_sync
 from zarrfs.storage.store import Store
+
+from support import icechunk_repo
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,6 @@ def test_reads_equal_icechunk(repo):
     assert many["nope/zarr.json"] is None and many["g/zarr.json"] == _oracle_get(repo, tip, "g/zarr.json")
 
 
-
 def test_chunks_come_uncopied(repo):
     """A chunk is handed on in icechunk's own buffer (a copy of each would lie on every read's
     path); a document, which JSON parses, as bytes."""
@@ -57,6 +57,7 @@ def test_chunks_come_uncopied(repo):
     assert not isinstance(chunk, bytes) and memoryview(chunk).readonly
     assert bytes(chunk) == _oracle_get(repo, repo.snapshots["main"], "g/t/c/0/0")
     assert isinstance(store.get_sync("g/t/zarr.json"), bytes)
+
 
 def test_ranges_and_suffixes(repo):
     store = IcechunkStore(str(repo.path))

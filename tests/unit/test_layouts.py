@@ -8,19 +8,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zarrfs import grid
-from zarrfs.views import streams
 from zarrfs.codecs.chain import CodecChain
-from zarrfs.storage.keys import ChunkKeys
 from zarrfs.model import ArrayMeta
+from zarrfs.storage.keys import ChunkKeys
+from zarrfs.views import streams
 from zarrfs.views.streams import ArrayStream
 
 DTYPES = ["|u1", "<i2", ">f4", "<c16", "|S3", [("a", "<i2"), ("b", "|u1")]]
 
 
 def make(arr: np.ndarray, chunks: tuple, chunk_order: str):
-    meta = ArrayMeta(path="a", shape=arr.shape, dtype=arr.dtype, chunk_shape=chunks,
-                     fill_value=np.zeros((), arr.dtype), codec=CodecChain(), keys=ChunkKeys("a"),
-                     attributes={}, format="v2", metadata_key="a/.zarray")
+    meta = ArrayMeta(
+        path="a",
+        shape=arr.shape,
+        dtype=arr.dtype,
+        chunk_shape=chunks,
+        fill_value=np.zeros((), arr.dtype),
+        codec=CodecChain(),
+        keys=ChunkKeys("a"),
+        attributes={},
+        format="v2",
+        metadata_key="a/.zarray",
+    )
     rng = np.random.default_rng(0)
     chunk_arrays = {}
     for idx in grid.all_chunks(arr.shape, chunks):
@@ -40,8 +49,7 @@ def cases(draw):
     chunks = tuple(draw(st.integers(1, 5)) for _ in shape)
     dtype = np.dtype([tuple(f) for f in d] if isinstance(d := draw(st.sampled_from(DTYPES)), list) else d)
     seed = draw(st.integers(0, 2**32 - 1))
-    raw = np.random.default_rng(seed).integers(0, 256, int(np.prod(shape, dtype=int)) * dtype.itemsize,
-                                               dtype=np.uint8)
+    raw = np.random.default_rng(seed).integers(0, 256, int(np.prod(shape, dtype=int)) * dtype.itemsize, dtype=np.uint8)
     arr = raw.view(dtype).reshape(shape)
     return arr, chunks, draw(st.sampled_from("CF"))
 
@@ -58,7 +66,7 @@ def read_all_ranges(stream, chunk_arrays, expected, data):
             for stage in (streams.STAGE_BYTES, 48):
                 with mock.patch.object(streams, "ROWS_MIN", rows_min), mock.patch.object(streams, "STAGE_BYTES", stage):
                     got = stream.assemble(plan, {i: chunk_arrays[i] for i in plan.chunks})
-                assert got == expected[off:off + n]
+                assert got == expected[off : off + n]
 
 
 @settings(max_examples=300, deadline=None)
@@ -109,8 +117,15 @@ def test_flat_boxes_cover_range_in_order(shape, data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, 9), st.integers(1, 9), st.integers(1, 5), st.integers(1, 5), st.sampled_from("CF"),
-       st.sampled_from(["|u1", "<i2", "<f8"]), st.data())
+@given(
+    st.integers(1, 9),
+    st.integers(1, 9),
+    st.integers(1, 5),
+    st.integers(1, 5),
+    st.sampled_from("CF"),
+    st.sampled_from(["|u1", "<i2", "<f8"]),
+    st.data(),
+)
 def test_last_chunk_row_names_the_row_of_chunks_a_window_covers(rows, cols, crows, ccols, order, dtype, data):
     """What read-ahead relies on to skip a plan: bytes inside one row of chunks touch only chunks
     of that row, and a whole row of the array touches all of them. Oracle: numpy's unravelling of
@@ -130,8 +145,10 @@ def test_last_chunk_row_names_the_row_of_chunks_a_window_covers(rows, cols, crow
     k, starts_in, whole_row = stream.last_chunk_row(offset, stop)
     assert k == band(stop - 1)
     assert starts_in == (band(offset) == k)
-    assert whole_row == any(band(h + r * row_bytes) == k and offset <= h + r * row_bytes
-                            and h + (r + 1) * row_bytes <= stop for r in range(arr.shape[axis]))
+    assert whole_row == any(
+        band(h + r * row_bytes) == k and offset <= h + r * row_bytes and h + (r + 1) * row_bytes <= stop
+        for r in range(arr.shape[axis])
+    )
     every = set(stream.plan(h + k * per * row_bytes, row_bytes).chunks)  # the row of chunks' first row
     assert len(every) == -(-arr.shape[1 - axis] // (ccols if axis == 0 else crows))
     if starts_in:

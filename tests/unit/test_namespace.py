@@ -13,12 +13,12 @@ import pytest
 import trio
 import zarr
 
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import NotFound
 from zarrfs.formats import open_hierarchy_sync
-from zarrfs.tree.namespace import ROOT_INODE, Namespace
 from zarrfs.storage.store import Store
+from zarrfs.tree.namespace import ROOT_INODE, Namespace
 
 
 def npy_bytes(value: np.ndarray) -> bytes:

@@ -4,28 +4,38 @@ import base64
 import io
 import struct
 
+import netCDF4  # noqa: E402
 import numpy as np
 import pytest
+from scipy.io import netcdf_file  # noqa: E402
 
-from zarrfs.views import netcdf
 from zarrfs.codecs.chain import CodecChain
 from zarrfs.errors import ZarrfsError
-from zarrfs.storage.keys import ChunkKeys
 from zarrfs.model import ArrayMeta
-from test_layouts import make
+from zarrfs.storage.keys import ChunkKeys
+from zarrfs.views import netcdf
 
-import netCDF4  # noqa: E402
-from scipy.io import netcdf_file  # noqa: E402
+from test_layouts import make
 
 
 def array(name, value, chunks, attrs=None, dim_names=None, fill=True, order="C", fmt="v2", fill_value=None):
     meta, chunk_arrays = make(value, chunks, order)
     if fill_value is None:
         fill_value = -9 if value.dtype.kind in "if" else 0
-    meta = ArrayMeta(path=f"g/{name}", shape=value.shape, dtype=value.dtype, chunk_shape=chunks,
-                     fill_value=np.array(fill_value, value.dtype),
-                     codec=CodecChain(), keys=ChunkKeys(name), attributes=attrs or {}, format=fmt,
-                     metadata_key=f"g/{name}/.zarray", dimension_names=dim_names, erase_fill_chunks=fill)
+    meta = ArrayMeta(
+        path=f"g/{name}",
+        shape=value.shape,
+        dtype=value.dtype,
+        chunk_shape=chunks,
+        fill_value=np.array(fill_value, value.dtype),
+        codec=CodecChain(),
+        keys=ChunkKeys(name),
+        attributes=attrs or {},
+        format=fmt,
+        metadata_key=f"g/{name}/.zarray",
+        dimension_names=dim_names,
+        erase_fill_chunks=fill,
+    )
     return meta, chunk_arrays
 
 
@@ -64,15 +74,31 @@ PR = RNG.integers(-300, 300, (5, 7)).astype(">i2")
 
 
 def classic():
-    return build([
-        ("time", T, (2,), {"attrs": {"_ARRAY_DIMENSIONS": ["time"], "units": "days since 2000-01-01"}}),
-        ("lat", LAT, (3,), {"attrs": {"_ARRAY_DIMENSIONS": ["lat"]}}),
-        ("temp", TEMP, (2, 3, 2), {"attrs": {"_ARRAY_DIMENSIONS": ["time", "lat", "lev"], "scale": 0.5,
-                                              "flags": [1, 2, 3], "nested": {"a": [1, None]}}, "order": "F"}),
-        ("pr", PR, (4, 4), {"attrs": {"_ARRAY_DIMENSIONS": ["time", "lat"]}, "fill": False}),
-        ("scalar", np.array(7.25, "<f8"), ()),
-        ("label", np.array([b"ab", b"cd"]), (1,)),
-    ], attrs={"title": "test", "version": 3}, groups=["child"])
+    return build(
+        [
+            ("time", T, (2,), {"attrs": {"_ARRAY_DIMENSIONS": ["time"], "units": "days since 2000-01-01"}}),
+            ("lat", LAT, (3,), {"attrs": {"_ARRAY_DIMENSIONS": ["lat"]}}),
+            (
+                "temp",
+                TEMP,
+                (2, 3, 2),
+                {
+                    "attrs": {
+                        "_ARRAY_DIMENSIONS": ["time", "lat", "lev"],
+                        "scale": 0.5,
+                        "flags": [1, 2, 3],
+                        "nested": {"a": [1, None]},
+                    },
+                    "order": "F",
+                },
+            ),
+            ("pr", PR, (4, 4), {"attrs": {"_ARRAY_DIMENSIONS": ["time", "lat"]}, "fill": False}),
+            ("scalar", np.array(7.25, "<f8"), ()),
+            ("label", np.array([b"ab", b"cd"]), (1,)),
+        ],
+        attrs={"title": "test", "version": 3},
+        groups=["child"],
+    )
 
 
 def test_cdf2_read_by_scipy():
@@ -108,13 +134,16 @@ def test_cdf2_read_by_netcdf4():
 
 def test_cdf5_for_unsigned_and_64_bit_and_generated_dimensions():
     u8 = RNG.integers(0, 2**63, (4, 3), dtype="<u8")
-    i8 = RNG.integers(-2**40, 2**40, (3, 4)).astype(">i8")
+    i8 = RNG.integers(-(2**40), 2**40, (3, 4)).astype(">i8")
     b = RNG.integers(0, 2, (2,)).astype(bool)
-    nc, data = build([
-        ("u", u8, (3, 2), {"dim_names": ("x", None)}),
-        ("i", i8, (2, 2), {"dim_names": ("x", "y")}),  # x conflicts (4 then 3)
-        ("b", b, (2,)),
-    ], attrs={"big": 2**40})
+    nc, data = build(
+        [
+            ("u", u8, (3, 2), {"dim_names": ("x", None)}),
+            ("i", i8, (2, 2), {"dim_names": ("x", "y")}),  # x conflicts (4 then 3)
+            ("b", b, (2,)),
+        ],
+        attrs={"big": 2**40},
+    )
     assert data[:4] == b"CDF\x05"
     with netCDF4.Dataset("mem.nc", memory=data) as f:
         assert f.data_model == "NETCDF3_64BIT_DATA"
@@ -145,17 +174,19 @@ NAN_B64 = base64.b64encode(struct.pack("<d", np.nan)).decode()  # as xarray writ
 def test_fill_values_as_xarray_reads_them_per_format():
     ints = np.array([0, 1, 2], "<i8")
     floats = np.array([0.0, np.nan, 2.0], "<f4")
-    nc, data = build([
-        ("v2", ints, (2,), {"fill_value": 0}),  # v2: the fill value is _FillValue
-        ("v2null", ints, (2,), {"fill": False}),
-        ("draft", ints, (2,), {"fill_value": 0, "fmt": "v3-draft"}),  # as xarray with zarr-python 2 read them
-        ("v1", ints, (2,), {"fill_value": 0, "fmt": "v1"}),
-        ("v3", ints, (2,), {"fill_value": 0, "fmt": "v3"}),  # v3: what unwritten chunks hold, not missing
-        ("v3attr", ints, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": 2}}),
-        ("v3nan", floats, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": NAN_B64}}),
-        ("v3named", floats, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": "-Infinity"}}),
-        ("v3bad", floats, (2,), {"fmt": "v3", "attrs": {"_FillValue": "not base64!"}}),
-    ])
+    nc, data = build(
+        [
+            ("v2", ints, (2,), {"fill_value": 0}),  # v2: the fill value is _FillValue
+            ("v2null", ints, (2,), {"fill": False}),
+            ("draft", ints, (2,), {"fill_value": 0, "fmt": "v3-draft"}),  # as xarray with zarr-python 2 read them
+            ("v1", ints, (2,), {"fill_value": 0, "fmt": "v1"}),
+            ("v3", ints, (2,), {"fill_value": 0, "fmt": "v3"}),  # v3: what unwritten chunks hold, not missing
+            ("v3attr", ints, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": 2}}),
+            ("v3nan", floats, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": NAN_B64}}),
+            ("v3named", floats, (2,), {"fill_value": 0, "fmt": "v3", "attrs": {"_FillValue": "-Infinity"}}),
+            ("v3bad", floats, (2,), {"fmt": "v3", "attrs": {"_FillValue": "not base64!"}}),
+        ]
+    )
     with netCDF4.Dataset("mem.nc", memory=data) as f:
         fills = {name: getattr(v, "_FillValue", None) for name, v in f.variables.items()}
         left_out = f.getncattr(netcdf.LEFT_OUT_ATTR)
@@ -170,18 +201,21 @@ def test_fill_values_as_xarray_reads_them_per_format():
 U1 = np.array([0, 127, 128, 255], "u1")
 U2 = np.array([1, 40000, 65535, 7], "<u2")
 U4 = np.array([2**32 - 1, 0, 2**31, 5], ">u4")
-I8 = np.array([-2**31, 0, 2**31 - 1, 9], "<i8")
+I8 = np.array([-(2**31), 0, 2**31 - 1, 9], "<i8")
 U8 = np.array([0, 2**31 - 1, 3, 4], ">u8")
 
 
 def unsigned_and_fitting():
-    return build([
-        ("u1", U1, (3,), {"dim_names": ("x",)}),
-        ("u2", U2, (3,), {"dim_names": ("x",), "fill_value": 65535}),
-        ("u4", U4, (3,), {"dim_names": ("x",)}),
-        ("i8", I8, (3,), {"dim_names": ("x",), "fill_value": 9}),
-        ("u8", U8, (3,), {"dim_names": ("x",), "fill": False}),
-    ], fit_int32=("i8", "u8"))
+    return build(
+        [
+            ("u1", U1, (3,), {"dim_names": ("x",)}),
+            ("u2", U2, (3,), {"dim_names": ("x",), "fill_value": 65535}),
+            ("u4", U4, (3,), {"dim_names": ("x",)}),
+            ("i8", I8, (3,), {"dim_names": ("x",), "fill_value": 9}),
+            ("u8", U8, (3,), {"dim_names": ("x",), "fill": False}),
+        ],
+        fit_int32=("i8", "u8"),
+    )
 
 
 def test_unsigned_as_signed_and_fitting_64_bit_as_int_make_cdf2():
@@ -208,8 +242,9 @@ def test_a_signed_array_s_own_unsigned_attribute_is_kept():
     """A signed Zarr array marked `_Unsigned = "true"` (as xarray decodes it in Zarr stores too:
     the values are unsigned) keeps the mark, so netCDF readers get the values xarray gets."""
     signed = np.array([-1, 0, 1, -128], "i1")
-    nc, data = build([("b", signed, (3,), {"dim_names": ("x",), "fill": False,
-                                            "attrs": {"_Unsigned": "true", "units": "1"}})])
+    nc, data = build(
+        [("b", signed, (3,), {"dim_names": ("x",), "fill": False, "attrs": {"_Unsigned": "true", "units": "1"}})]
+    )
     with netCDF4.Dataset("mem.nc", memory=data) as f:
         assert f["b"]._Unsigned == "true"
         np.testing.assert_array_equal(f["b"][:], signed.view("u1"))

@@ -9,8 +9,23 @@ from hypothesis import strategies as st
 
 from zarrfs.views import npy
 
-DTYPES = ["|b1", "|i1", "<u2", ">i4", "<i8", "<f2", ">f8", "<c16", "|S7", "<U3", "<M8[ns]", "<m8[s]", "|V5",
-          [("a", "<i4"), ("b", ">f8", (2,))], [("x", [("y", "|u1"), ("z", "<f4")])]]
+DTYPES = [
+    "|b1",
+    "|i1",
+    "<u2",
+    ">i4",
+    "<i8",
+    "<f2",
+    ">f8",
+    "<c16",
+    "|S7",
+    "<U3",
+    "<M8[ns]",
+    "<m8[s]",
+    "|V5",
+    [("a", "<i4"), ("b", ">f8", (2,))],
+    [("x", [("y", "|u1"), ("z", "<f4")])],
+]
 
 
 def saved_header(arr: np.ndarray) -> bytes:
@@ -63,8 +78,11 @@ def test_header_version_3_for_unicode_field_names():
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4)])
 @pytest.mark.parametrize("fortran", [False, True])
 def test_parse_header_of_np_save(dtype, shape, fortran):
-    arr = np.zeros(shape, dtype=np.dtype([tuple(f) for f in dtype] if isinstance(dtype, list) else dtype),
-                   order="F" if fortran else "C")
+    arr = np.zeros(
+        shape,
+        dtype=np.dtype([tuple(f) for f in dtype] if isinstance(dtype, list) else dtype),
+        order="F" if fortran else "C",
+    )
     raw = saved_header(arr)
     for cut in (0, 3, 9, len(raw) - 1):
         assert npy.parse_header(raw[:cut]) is None
@@ -72,8 +90,10 @@ def test_parse_header_of_np_save(dtype, shape, fortran):
     assert got == (shape, arr.flags.f_contiguous and not arr.flags.c_contiguous, arr.dtype, len(raw))
 
 
-@pytest.mark.parametrize("bad", [b"PK\x03\x04", b"\x93NUMPX", b"\x93NUMPY\x09\x00" + b"x" * 20,
-                                 b"\x93NUMPY\x01\x00\x10\x00{'descr': 12}    \n"])
+@pytest.mark.parametrize(
+    "bad",
+    [b"PK\x03\x04", b"\x93NUMPX", b"\x93NUMPY\x09\x00" + b"x" * 20, b"\x93NUMPY\x01\x00\x10\x00{'descr': 12}    \n"],
+)
 def test_parse_header_refuses(bad):
     with pytest.raises(npy.NotNpy):
         npy.parse_header(bad)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from test_layouts import make
 from zarrfs.views import preview
+
+from test_layouts import make
 
 
 def picture(arr, chunks, budget=preview.MAX_DECODED_BYTES):

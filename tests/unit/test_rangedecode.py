@@ -22,14 +22,14 @@ import trio.testing
 import zarr
 
 from zarrfs.codecs import rangedecode
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.codecs.adapters import BytesBytes
 from zarrfs.codecs.chain import BytesLayout, CodecChain
 from zarrfs.engine import Engine
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
-from zarrfs.views.streams import ArrayStream
 from zarrfs.storage.store import Store
+from zarrfs.views.streams import ArrayStream
 
 from support.core import np_save_bytes
 
@@ -84,8 +84,9 @@ def test_boxes_of_a_chunk_equal_numpy_s(name, dtype, order):
     assert rangedecode.supported(chain)
     dec = rangedecode.decoder(chain, values.nbytes, Fetches(raw), "k")
     for _ in range(12):
-        box = tuple(slice(int(a), int(a) + int(rng.integers(1, n - a + 1))) for n in shape
-                    for a in [rng.integers(0, n)])
+        box = tuple(
+            slice(int(a), int(a) + int(rng.integers(1, n - a + 1))) for n in shape for a in [rng.integers(0, n)]
+        )
         assert (copy_box(dec, shape, values.dtype, order, box) == values[box]).all(), box
 
 
@@ -96,7 +97,7 @@ def test_pieces_cover_a_box_once_within_the_span():
         seen = np.zeros(tuple(b.stop - b.start for b in box), np.int64)
         pieces = rangedecode.regions(shape, 8, order, box)
         assert len(pieces) > 1 and [p[0] for p in pieces] == sorted(p[0] for p in pieces)
-        for lo, hi, pshape, _, part in pieces:
+        for lo, hi, _pshape, _, part in pieces:
             assert hi - lo <= rangedecode.SPAN_BYTES
             seen[part] += 1
         assert (seen == 1).all()
@@ -112,11 +113,11 @@ def test_a_small_read_decodes_only_the_stream_up_to_it(name):
     dec = rangedecode.decoder(chain, nbytes, Fetches(bytes(chain.bytes_bytes[0].codec.encode(values))), "k")
     at = 3 << 20
     got = copy_box(dec, (nbytes,), np.dtype("u1"), "C", (slice(at, at + 4096),))
-    assert (got == values[at:at + 4096]).all()
+    assert (got == values[at : at + 4096]).all()
     assert at + 4096 <= dec.decoded <= at + 4096 + rangedecode.OUT_STEP_BYTES
     for a in range(at + 4096, at + (4 << 20), 1 << 20):
         got = copy_box(dec, (nbytes,), np.dtype("u1"), "C", (slice(a, a + (1 << 20)),))
-        assert (got == values[a:a + (1 << 20)]).all()
+        assert (got == values[a : a + (1 << 20)]).all()
     assert dec.decoded <= at + (4 << 20) + rangedecode.OUT_STEP_BYTES
 
 
@@ -132,7 +133,7 @@ def test_a_small_read_of_blosc_decodes_only_its_blocks():
     dec = rangedecode.decoder(chain_of(codec.get_config()), nbytes, fetch, "k")
     at = 40 << 20
     got = copy_box(dec, (nbytes,), np.dtype("u1"), "C", (slice(at + 100, at + 100 + 4096),))
-    assert (got == values[at + 100:at + 100 + 4096]).all()
+    assert (got == values[at + 100 : at + 100 + 4096]).all()
     assert dec.nblocks >= 64 and dec.decoded == dec.blocksize
     table = 16 + 4 * dec.nblocks
     assert fetch.nbytes <= table + 2 * len(raw) // dec.nblocks
@@ -144,11 +145,13 @@ def test_concatenated_gzip_members_and_a_truncated_stream():
     values = np.arange(1 << 16, dtype="<u4")
     data = values.tobytes()
     half = len(data) // 2
-    for config, raw in [(CODECS["gzip"], gzip.compress(data[:half]) + gzip.compress(data[half:])),
-                        (CODECS["bz2"], bz2.compress(data[:half]) + bz2.compress(data[half:]))]:
+    for config, raw in [
+        (CODECS["gzip"], gzip.compress(data[:half]) + gzip.compress(data[half:])),
+        (CODECS["bz2"], bz2.compress(data[:half]) + bz2.compress(data[half:])),
+    ]:
         dec = rangedecode.decoder(chain_of(config), len(data), Fetches(raw), "chunk a/0")
         assert (copy_box(dec, values.shape, values.dtype, "C", (slice(0, len(values)),)) == values).all()
-        cut = rangedecode.decoder(chain_of(config), len(data), Fetches(raw[:len(raw) // 4]), "chunk a/0")
+        cut = rangedecode.decoder(chain_of(config), len(data), Fetches(raw[: len(raw) // 4]), "chunk a/0")
         with pytest.raises(CorruptChunk, match="chunk a/0"):
             copy_box(cut, values.shape, values.dtype, "C", (slice(0, len(values)),))
 
@@ -166,7 +169,8 @@ def test_gzip_chunks_that_are_zlib_streams_read_a_range_at_a_time(caplog):
             assert (copy_box(dec, values.shape, values.dtype, "C", (slice(1000, 5000),)) == values[1000:5000]).all()
     assert [r.getMessage() for r in caplog.records if "zlib" in r.getMessage()] == [
         "r/.zarray: its gzip chunks are zlib streams (as an early writer stored them): read as zlib; "
-        "chunks written here are gzip"]
+        "chunks written here are gzip"
+    ]
 
 
 def test_chains_that_cannot_be_decoded_a_range_at_a_time():
@@ -184,8 +188,16 @@ async def test_reads_of_chunks_larger_than_the_cache_decode_ranges(tmp_path, com
     decoded whole, and nothing enters the cache."""
     path = str(tmp_path / "s")
     values = (np.arange(512 * 8192, dtype="<i4") % 1009).reshape(512, 8192)
-    arr = zarr.create_array(store=path, zarr_format=2, shape=values.shape, chunks=(256, 2048), dtype="<i4",
-                            compressors=compressor, order=order, fill_value=0)
+    arr = zarr.create_array(
+        store=path,
+        zarr_format=2,
+        shape=values.shape,
+        chunks=(256, 2048),
+        dtype="<i4",
+        compressors=compressor,
+        order=order,
+        fill_value=0,
+    )
     arr[:] = values
     arr[:, 6144:] = 0  # (the last column of chunks: not stored)
     values[:, 6144:] = 0
@@ -203,7 +215,7 @@ async def test_reads_of_chunks_larger_than_the_cache_decode_ranges(tmp_path, com
     engine = Engine(Store(path), ChunkCache(64 << 10))  # (no decoder left by the reads above)
     stream = ArrayStream(meta)
     at = len(stream.header) + (256 + 20) * 8192 * 4 + 4 * 10  # row 276, column 10: chunk (1, 0), its row 20
-    assert bytes(await engine.read(stream, at, 4096)) == values.tobytes()[at - len(stream.header):][:4096]
+    assert bytes(await engine.read(stream, at, 4096)) == values.tobytes()[at - len(stream.header) :][:4096]
     decoded = engine.counters["bytes_decoded"]
     if order == "C":
         assert 0 < decoded <= (20 * 2048 + 10) * 4 + 4096 + rangedecode.OUT_STEP_BYTES
@@ -220,8 +232,14 @@ async def test_readers_of_one_chunk_at_once_share_its_stream(tmp_path):
     another continues its stream)."""
     path = str(tmp_path / "s")
     values = np.resize(np.arange(251, dtype=np.uint8), 1 << 24).reshape(1024, 16384)
-    arr = zarr.create_array(store=path, zarr_format=2, shape=values.shape, chunks=values.shape, dtype="u1",
-                            compressors=numcodecs.Zstd(level=1))
+    arr = zarr.create_array(
+        store=path,
+        zarr_format=2,
+        shape=values.shape,
+        chunks=values.shape,
+        dtype="u1",
+        compressors=numcodecs.Zstd(level=1),
+    )
     arr[:] = values
     meta = open_hierarchy_sync(Store(path)).node_sync("")
     engine = Engine(Store(path), ChunkCache(1 << 20))
@@ -250,8 +268,15 @@ async def test_v3_chunks_larger_than_the_cache_big_endian(tmp_path, compressor):
     path = str(tmp_path / "s")
     values = (np.arange(300 * 500, dtype=">i8") % 977).reshape(300, 500)
     codec = GzipCodec(level=1) if compressor == "gzip" else BloscCodec(cname="lz4", clevel=0, shuffle="shuffle")
-    arr = zarr.create_array(store=path, zarr_format=3, shape=values.shape, chunks=(200, 200), dtype=">i8",
-                            serializer=BytesCodec(endian="big"), compressors=codec)
+    arr = zarr.create_array(
+        store=path,
+        zarr_format=3,
+        shape=values.shape,
+        chunks=(200, 200),
+        dtype=">i8",
+        serializer=BytesCodec(endian="big"),
+        compressors=codec,
+    )
     arr[:] = values
     meta = open_hierarchy_sync(Store(path)).node_sync("")
     engine = Engine(Store(path), ChunkCache(64 << 10))
@@ -270,21 +295,22 @@ async def test_a_damaged_chunk_larger_than_the_cache_fails_only_its_reads(tmp_pa
     CorruptChunk naming its key; the other chunk stays readable."""
     path = tmp_path / "s"
     values = (np.arange(256 * 512, dtype="<i4") % 1013).reshape(256, 512)
-    arr = zarr.create_array(store=str(path), zarr_format=2, shape=values.shape, chunks=(128, 512), dtype="<i4",
-                            compressors=compressor)
+    arr = zarr.create_array(
+        store=str(path), zarr_format=2, shape=values.shape, chunks=(128, 512), dtype="<i4", compressors=compressor
+    )
     arr[:] = values
     raw = (path / "0.0").read_bytes()
     meta = open_hierarchy_sync(Store(str(path))).node_sync("")
     stream = ArrayStream(meta)
     row = 128 * 512 * 4
-    for damaged in (raw[:len(raw) // 2], raw[:16] + bytes(range(256)) * 4):
+    for damaged in (raw[: len(raw) // 2], raw[:16] + bytes(range(256)) * 4):
         (path / "0.0").write_bytes(damaged)
         engine = Engine(Store(str(path)), ChunkCache(64 << 10))
         assert engine.streamed(stream)
         with pytest.raises(CorruptChunk, match="0.0"):
             await engine.read(stream, len(stream.header) + row - 8192, 4096)
         got = await engine.read(stream, len(stream.header) + row, 4096)
-        assert bytes(got) == values.tobytes()[row:row + 4096]
+        assert bytes(got) == values.tobytes()[row : row + 4096]
 
 
 async def test_a_reader_of_a_wide_row_of_chunks_continues_every_stream(tmp_path):
@@ -293,8 +319,14 @@ async def test_a_reader_of_a_wide_row_of_chunks_continues_every_stream(tmp_path)
     every read (the array decoded about once, not once per read)."""
     path = str(tmp_path / "s")
     values = (np.arange(512 * 12 * 1024, dtype=np.int64) % 253).astype(np.uint8).reshape(512, 12 * 1024)
-    arr = zarr.create_array(store=path, zarr_format=2, shape=values.shape, chunks=(512, 1024), dtype="u1",
-                            compressors=numcodecs.Zstd(level=1))
+    arr = zarr.create_array(
+        store=path,
+        zarr_format=2,
+        shape=values.shape,
+        chunks=(512, 1024),
+        dtype="u1",
+        compressors=numcodecs.Zstd(level=1),
+    )
     arr[:] = values
     meta = open_hierarchy_sync(Store(path)).node_sync("")
     engine = Engine(Store(path), ChunkCache(64 << 10))
@@ -327,8 +359,15 @@ async def test_decoders_of_frames_with_the_largest_window_stay_within_the_memory
     assert zstandard.get_frame_parameters(frame).window_size == nbytes
     tail = data[-4096:].tobytes()
     del data
-    zarr.create_array(store=str(path), zarr_format=2, shape=(6 * nbytes,), chunks=(nbytes,), dtype="u1",
-                      compressors=numcodecs.Zstd(level=1), fill_value=0)
+    zarr.create_array(
+        store=str(path),
+        zarr_format=2,
+        shape=(6 * nbytes,),
+        chunks=(nbytes,),
+        dtype="u1",
+        compressors=numcodecs.Zstd(level=1),
+        fill_value=0,
+    )
     for i in range(6):
         (path / str(i)).write_bytes(frame)
     meta = open_hierarchy_sync(Store(str(path))).node_sync("")
@@ -365,7 +404,7 @@ def test_an_lzma_decoder_counts_the_dictionary_its_header_states(fmt, preset, di
     block's LZMA2 filter; .lzma: its header), as xz's presets define it."""
     config = {"id": "lzma", "preset": preset, "format": lzma.FORMAT_XZ if fmt == "xz" else lzma.FORMAT_ALONE}
     raw = numcodecs.get_codec(config).encode(np.arange(1 << 16, dtype="<u4"))
-    assert rangedecode.decoder_limit(chain_of(config), raw[:rangedecode.HEAD_BYTES], "chunk a/0") == dict_bytes
+    assert rangedecode.decoder_limit(chain_of(config), raw[: rangedecode.HEAD_BYTES], "chunk a/0") == dict_bytes
 
 
 class HeldRangeStore(Store):
@@ -384,8 +423,15 @@ class HeldRangeStore(Store):
 
 def _chunked_array(path: str, nchunks: int) -> np.ndarray:
     values = np.arange(nchunks * 65536, dtype="<u4")
-    arr = zarr.create_array(store=path, zarr_format=2, shape=values.shape, chunks=(65536,), dtype="<u4",
-                            compressors=numcodecs.Zstd(level=1), fill_value=0)
+    arr = zarr.create_array(
+        store=path,
+        zarr_format=2,
+        shape=values.shape,
+        chunks=(65536,),
+        dtype="<u4",
+        compressors=numcodecs.Zstd(level=1),
+        fill_value=0,
+    )
     arr[:] = values
     return values
 
@@ -419,7 +465,7 @@ async def test_a_chunk_written_while_its_read_waits_for_a_decoder_reads_as_writt
         await engine.write(stream, at + 6 * row, new.tobytes())
         store.hold.set()
     assert got[6] == new.tobytes()[:4096]
-    assert all(got[i] == values[i * 65536:].tobytes()[:4096] for i in range(6))
+    assert all(got[i] == values[i * 65536 :].tobytes()[:4096] for i in range(6))
 
 
 async def test_a_decoder_whose_read_timed_out_counts_until_its_worker_ends(tmp_path):
@@ -451,9 +497,11 @@ async def test_a_preview_of_a_chunk_larger_than_the_cache_reads_only_its_pixels(
     budget) equals numpy's picture of the picked pixels, read by rows or pixel by pixel, and no
     chunk is decoded whole: the process does not grow by the chunk."""
     from PIL import Image
-    from test_preview import numpy_grey
+
     from zarrfs.views import preview, previews
     from zarrfs.views.previews import Previews
+
+    from test_preview import numpy_grey
 
     if by == "pixels":
         monkeypatch.setattr(previews, "ROWS_MAX_BYTES", 0)
@@ -464,8 +512,15 @@ async def test_a_preview_of_a_chunk_larger_than_the_cache_reads_only_its_pixels(
     def formula(r, c):
         return ((r * 7 + c * 3) % 1001).astype("<f4")
 
-    arr = zarr.create_array(store=path, zarr_format=2, shape=(h, w), chunks=(h, w), dtype="<f4",
-                            compressors=numcodecs.Zstd(level=1), fill_value=0)
+    arr = zarr.create_array(
+        store=path,
+        zarr_format=2,
+        shape=(h, w),
+        chunks=(h, w),
+        dtype="<f4",
+        compressors=numcodecs.Zstd(level=1),
+        fill_value=0,
+    )
     arr[:] = formula(np.arange(h)[:, None], np.arange(w)[None, :])
     meta = open_hierarchy_sync(Store(path)).node_sync("")
     engine = Engine(Store(path), ChunkCache(1 << 20))

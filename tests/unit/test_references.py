@@ -10,11 +10,12 @@ import json
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from support import reference_files as rf
 from zarrfs.errors import UserError
-from zarrfs.storage.remote import missing_backend
 from zarrfs.storage.references import open_references_sync
+from zarrfs.storage.remote import missing_backend
 from zarrfs.storage.store import Store
+
+from support import reference_files as rf
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def test_store_over_references_lists_and_reads(nc, how):
     for key, ref in refs["refs"].items():
         if isinstance(ref, list):
             url, offset, size = ref
-            assert store.get_sync(key) == raw[offset:offset + size], key
+            assert store.get_sync(key) == raw[offset : offset + size], key
     assert store.get_sync("small/0") == values["small"].astype("<f8").tobytes()
     assert store.get_sync("chunked/9.9") is None
     assert store.read_only and not store.is_local  # no local fast path reads the reference file as chunks
@@ -96,12 +97,15 @@ def test_other_sources_are_not_references(nc, tmp_path):
     assert _open(nc[0]) is None
 
 
-@pytest.mark.parametrize("doc, says", [
-    ({"zarr_format": 3, "node_type": "group"}, "a Zarr metadata document, not references"),
-    ({"hello": 1}, "not fsspec references"),
-    ([1, 2], "not fsspec references"),
-    ({"version": 2, "refs": {}}, "references of version 2"),
-])
+@pytest.mark.parametrize(
+    "doc, says",
+    [
+        ({"zarr_format": 3, "node_type": "group"}, "a Zarr metadata document, not references"),
+        ({"hello": 1}, "not fsspec references"),
+        ([1, 2], "not fsspec references"),
+        ({"version": 2, "refs": {}}, "references of version 2"),
+    ],
+)
 def test_json_that_is_not_references_is_one_line(tmp_path, doc, says):
     path = tmp_path / "zarr.json"
     path.write_text(json.dumps(doc))

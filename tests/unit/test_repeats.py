@@ -45,8 +45,10 @@ def test_failures_of_one_key_that_differ_in_byte_range_are_one():
     range for one cause: said once, then counted, as a key failing whole is."""
     clock = Clock()
     rf = RepeatedFailures(window_s=60, clock=clock)
-    said = [rf.line("a/0", f"reading 'a/0' [{i * 4096}:{(i + 1) * 4096}] failed: [Errno 5] Input/output error")
-            for i in range(20)]
+    said = [
+        rf.line("a/0", f"reading 'a/0' [{i * 4096}:{(i + 1) * 4096}] failed: [Errno 5] Input/output error")
+        for i in range(20)
+    ]
     assert said[0] == "reading 'a/0' [0:4096] failed: [Errno 5] Input/output error"
     assert said[1:] == [None] * 19
     assert rf.line("a/0", "shard a/0: bytes 10:20 named by its index lie outside the shard") is not None

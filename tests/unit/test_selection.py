@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zarrfs.views.slices import BadSelection, SliceStream, selection, split_name
+
 from test_layouts import DTYPES, make
 
 
@@ -38,7 +39,8 @@ def cases(draw):
     d = draw(st.sampled_from(DTYPES))
     dtype = np.dtype([tuple(f) for f in d] if isinstance(d, list) else d)
     raw = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(
-        0, 256, int(np.prod(shape, dtype=int)) * dtype.itemsize, dtype=np.uint8)
+        0, 256, int(np.prod(shape, dtype=int)) * dtype.itemsize, dtype=np.uint8
+    )
     return raw.view(dtype).reshape(shape), chunks, draw(st.sampled_from("CF")), index_text(draw, ndim)
 
 
@@ -64,7 +66,7 @@ def test_slice_matches_numpy(case, data):
             n = data.draw(st.integers(0, stream.size + 3))
             plan = stream.plan(off, n)
             got = stream.assemble(plan, {i: chunk_arrays[i] for i in plan.chunks})
-            assert bytes(got) == want[off:off + n]
+            assert bytes(got) == want[off : off + n]
 
 
 def test_plan_loads_only_chunks_the_selection_needs():
@@ -76,8 +78,26 @@ def test_plan_loads_only_chunks_the_selection_needs():
     assert set(stream.plan(0, stream.size).chunks) == {(9, 9), (4, 9)}
 
 
-@pytest.mark.parametrize("text", ["__import__('os')", "a", "1.5", "True", "[1,2]", "None", "1:2:0",
-                                  "...,...", "1,2", "x[1]", "1;2", "", "(1)(2)", "3", "-4"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os')",
+        "a",
+        "1.5",
+        "True",
+        "[1,2]",
+        "None",
+        "1:2:0",
+        "...,...",
+        "1,2",
+        "x[1]",
+        "1;2",
+        "",
+        "(1)(2)",
+        "3",
+        "-4",
+    ],
+)
 def test_bad_selections_are_refused(text):
     with pytest.raises(BadSelection):
         selection(text or "1,2,3", (3,))

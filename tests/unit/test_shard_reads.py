@@ -3,9 +3,8 @@ needs, whatever the view; values always match zarr-python 3, including after wri
 
 from __future__ import annotations
 
-import warnings
-
 import threading
+import warnings
 
 import google_crc32c
 import numpy as np
@@ -17,8 +16,8 @@ import zarr.codecs as zc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.storage.store import Store
@@ -35,9 +34,16 @@ SHAPE, SHARD, INNER = (90, 70), (40, 32), (8, 8)
 def make(path, index_location="end", inner_codecs=None, fill=7, write=True):
     """A sharded u2 array written by zarr-python 3 (some inner chunks and one shard left out)."""
     inner_codecs = inner_codecs or [zc.BytesCodec(), zc.ZstdCodec(level=1)]
-    a = zarr.create_array(path, name="a", shape=SHAPE, chunks=SHARD, dtype="<u2", fill_value=fill, compressors=None,
-                          serializer=zc.ShardingCodec(chunk_shape=INNER, codecs=inner_codecs,
-                                                      index_location=index_location))
+    a = zarr.create_array(
+        path,
+        name="a",
+        shape=SHAPE,
+        chunks=SHARD,
+        dtype="<u2",
+        fill_value=fill,
+        compressors=None,
+        serializer=zc.ShardingCodec(chunk_shape=INNER, codecs=inner_codecs, index_location=index_location),
+    )
     if write:
         rng = np.random.default_rng(1)
         data = rng.integers(0, 60000, SHAPE, dtype="<u2")
@@ -68,7 +74,7 @@ def test_small_read_fetches_a_fraction_of_the_shard(tmp_path, index_location):
     shard = open(f"{path}/a/c/0/0", "rb").read()
     n_inner = (SHARD[0] // INNER[0]) * (SHARD[1] // INNER[1])
     index_nbytes = 16 * n_inner + 4  # bytes + crc32c, zarr's default index codecs
-    raw_index = shard[-index_nbytes:-4] if index_location == "end" else shard[:index_nbytes - 4]
+    raw_index = shard[-index_nbytes:-4] if index_location == "end" else shard[: index_nbytes - 4]
     index = np.frombuffer(raw_index, "<u8").reshape(SHARD[0] // INNER[0], SHARD[1] // INNER[1], 2)
     stream = ArrayStream(meta, "C", with_header=False)
     row, col = 13, 5  # one element, inside shard (0, 0)
@@ -90,20 +96,20 @@ def test_small_read_fetches_a_fraction_of_the_shard(tmp_path, index_location):
 @given(data=st.data())
 def test_random_ranges_match_zarr(tmp_path_factory, index_location, order, data):
     path = str(tmp_path_factory.mktemp("s"))
-    expected = make(path, index_location, inner_codecs=[zc.TransposeCodec(order=(1, 0)), zc.BytesCodec(),
-                                                        zc.GzipCodec(level=1)])
+    expected = make(
+        path, index_location, inner_codecs=[zc.TransposeCodec(order=(1, 0)), zc.BytesCodec(), zc.GzipCodec(level=1)]
+    )
     _, meta, engine = engine_for(path, cache_bytes=data.draw(st.sampled_from([0, 20_000, 64 << 20])))
     stream = ArrayStream(meta, order)
     oracle = np_save_bytes(np.asfortranarray(expected) if order == "F" else expected)
     assert stream.size == len(oracle)
-    ranges = data.draw(st.lists(st.tuples(st.integers(0, len(oracle)), st.integers(1, 30_000)),
-                                min_size=1, max_size=6))
+    ranges = data.draw(st.lists(st.tuples(st.integers(0, len(oracle)), st.integers(1, 30_000)), min_size=1, max_size=6))
 
     async def main():
         return [bytes(await engine.read(stream, off, n)) for off, n in ranges]
 
     for (off, n), got in zip(ranges, trio.run(main)):
-        assert got == oracle[off:off + n]
+        assert got == oracle[off : off + n]
 
 
 def test_chunk_file_of_a_shard_reads_in_part(tmp_path):
@@ -121,7 +127,7 @@ def test_chunk_file_of_a_shard_reads_in_part(tmp_path):
 
     whole, part = trio.run(main)
     assert whole == oracle
-    assert part == oracle[len(stream.header) + 100:len(stream.header) + 120]
+    assert part == oracle[len(stream.header) + 100 : len(stream.header) + 120]
 
 
 def test_writes_are_seen_by_partial_reads(tmp_path):
@@ -164,9 +170,9 @@ def test_corrupt_inner_chunk_fails_only_its_reads(tmp_path):
     expected = make(path, inner_codecs=[zc.BytesCodec(), zc.ZstdCodec(level=1)])
     key = f"{path}/a/c/0/0"
     raw = bytearray(open(key, "rb").read())
-    index = np.frombuffer(bytes(raw[-(16 * 5 * 4 + 4):-4]), "<u8").reshape(5, 4, 2)
+    index = np.frombuffer(bytes(raw[-(16 * 5 * 4 + 4) : -4]), "<u8").reshape(5, 4, 2)
     offset, nbytes = (int(x) for x in index[0, 0])
-    raw[offset:offset + nbytes] = b"\xff" * nbytes  # inner chunk (0, 0) of shard (0, 0)
+    raw[offset : offset + nbytes] = b"\xff" * nbytes  # inner chunk (0, 0) of shard (0, 0)
     open(key, "wb").write(bytes(raw))
     _, meta, engine = engine_for(path)
     stream = ArrayStream(meta, "C", with_header=False)
@@ -228,10 +234,10 @@ def test_hostile_index_entries_fail_their_reads_only(tmp_path, entry):
     key = f"{path}/a/c/0/0"
     raw = bytearray(open(key, "rb").read())
     n = 16 * 5 * 4
-    index = np.frombuffer(bytes(raw[-(n + 4):-4]), "<u8").reshape(5, 4, 2).copy()
+    index = np.frombuffer(bytes(raw[-(n + 4) : -4]), "<u8").reshape(5, 4, 2).copy()
     index[0, 0] = entry  # inner chunk (0, 0) of shard (0, 0)
-    raw[-(n + 4):-4] = index.tobytes()
-    raw[-4:] = google_crc32c.value(bytes(raw[-(n + 4):-4])).to_bytes(4, "little")  # a valid checksum over it
+    raw[-(n + 4) : -4] = index.tobytes()
+    raw[-4:] = google_crc32c.value(bytes(raw[-(n + 4) : -4])).to_bytes(4, "little")  # a valid checksum over it
     open(key, "wb").write(bytes(raw))
     _, meta, engine = engine_for(path)
     stream = ArrayStream(meta, "C", with_header=False)
@@ -247,9 +253,14 @@ def test_hostile_index_entries_fail_their_reads_only(tmp_path, entry):
 def _inner_bytes(shard: bytes, per_shard: tuple[int, int]) -> dict:
     """Encoded inner chunks of a zarr-python shard (index at the end, crc32c), by position."""
     n = per_shard[0] * per_shard[1]
-    index = np.frombuffer(shard[-(16 * n + 4):-4], "<u8").reshape(*per_shard, 2)
-    return {(i, j): shard[int(o):int(o) + int(k)] for i in range(per_shard[0]) for j in range(per_shard[1])
-            for o, k in [index[i, j]] if int(o) != 2**64 - 1}
+    index = np.frombuffer(shard[-(16 * n + 4) : -4], "<u8").reshape(*per_shard, 2)
+    return {
+        (i, j): shard[int(o) : int(o) + int(k)]
+        for i in range(per_shard[0])
+        for j in range(per_shard[1])
+        for o, k in [index[i, j]]
+        if int(o) != 2**64 - 1
+    }
 
 
 def test_small_write_re_encodes_only_the_inner_chunks_it_touches(tmp_path):
@@ -299,6 +310,7 @@ def test_a_shard_written_while_its_store_fails_keeps_both_writes(tmp_path):
     async def main():
         await engine.write(stream, (17 * SHAPE[1] + 3) * 2, np.array([1, 2], "<u2").tobytes())
         async with trio.open_nursery() as nursery:
+
             async def first_flush():
                 with pytest.raises(StoreError, match="injected"):
                     await engine.flush()

@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 
 from zarrfs.codecs.chain import BytesLayout, CodecChain
+from zarrfs.codecs.sharding import ABSENT, PLAIN_INDEX, ShardIndex, ShardingIndexed
 from zarrfs.errors import CorruptChunk
 from zarrfs.formats.v3 import v3_chain
-from zarrfs.codecs.sharding import ABSENT, PLAIN_INDEX, ShardIndex, ShardingIndexed
 
-CRC_INDEX = ShardIndex(v3_chain([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-                                3, "test"), at_end=False)
+CRC_INDEX = ShardIndex(
+    v3_chain([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}], 3, "test"), at_end=False
+)
 
 
 def test_plain_index_is_uint64_pairs_at_the_end():
@@ -19,7 +20,10 @@ def test_plain_index_is_uint64_pairs_at_the_end():
     assert index.tolist() == [[0, 4], [4, 3], [ABSENT, ABSENT]]
     assert PLAIN_INDEX.nbytes((3,)) == 48
     assert {p: None if b is None else bytes(b) for p, b in PLAIN_INDEX.inner_chunks(shard, (3,), "k").items()} == {
-        (0,): b"zero", (1,): b"one", (2,): None}
+        (0,): b"zero",
+        (1,): b"one",
+        (2,): None,
+    }
 
 
 def test_index_at_the_start_with_a_checksum_round_trips():
@@ -28,7 +32,11 @@ def test_index_at_the_start_with_a_checksum_round_trips():
     assert CRC_INDEX.nbytes((2, 2)) == 16 * 4 + 4
     got = CRC_INDEX.inner_chunks(shard, (2, 2), "k")
     assert {p: None if b is None else bytes(b) for p, b in got.items()} == {
-        (0, 0): None, (0, 1): b"ab", (1, 0): b"cde", (1, 1): None}
+        (0, 0): None,
+        (0, 1): b"ab",
+        (1, 0): b"cde",
+        (1, 1): None,
+    }
     broken = bytearray(shard)
     broken[3] ^= 1  # the checksum no longer matches
     with pytest.raises(CorruptChunk, match="index"):

@@ -31,6 +31,7 @@ from zarrfs.storage.staging import (
     this_machine,
 )
 from zarrfs.storage.store import Store
+
 from support import FIXTURES
 
 NOW = time.time()
@@ -61,8 +62,11 @@ def test_a_lease_of_this_machine_is_gone_when_its_process_is():
 
 def test_a_lease_of_another_machine_is_gone_only_when_old():
     here = this_machine()
-    for other in (dataclasses.replace(here, host="elsewhere"), dataclasses.replace(here, boot_id="other-boot"),
-                  dataclasses.replace(here, pid_namespace="pid:[1]")):
+    for other in (
+        dataclasses.replace(here, host="elsewhere"),
+        dataclasses.replace(here, boot_id="other-boot"),
+        dataclasses.replace(here, pid_namespace="pid:[1]"),
+    ):
         dead = _dead_pid()  # a pid that means nothing on another machine
         assert _lease(dead, 1, other, refreshed_s=NOW - 60).gone_because(here, NOW) is None
         assert _lease(dead, 1, other, refreshed_s=NOW - LEASE_STALE_S - 1).gone_because(here, NOW)
@@ -72,15 +76,23 @@ def test_a_lease_reads_back_and_garbage_is_no_lease():
     lease = _lease(12, 34)
     assert Lease.from_bytes(lease.to_bytes()) == lease
     doc = json.loads(lease.to_bytes())
-    changed = [json.dumps({**doc, "pid": "twelve"}).encode(), json.dumps({**doc, "refreshed": float("nan")}).encode(),
-               json.dumps({k: v for k, v in doc.items() if k != "host"}).encode()]
+    changed = [
+        json.dumps({**doc, "pid": "twelve"}).encode(),
+        json.dumps({**doc, "refreshed": float("nan")}).encode(),
+        json.dumps({k: v for k, v in doc.items() if k != "host"}).encode(),
+    ]
     for raw in (None, b"", b"[]", b"{", b"\xff", *changed):
         assert Lease.from_bytes(raw) is None, raw
 
 
-@pytest.mark.parametrize("name, writer", [(".zarrfs-new-0a0b0c0d0e0f-0011223344556677", "0a0b0c0d0e0f"),
-                                          (".zarrfs-new-0a0b0c0d0e0f-0011223344556677.old", "0a0b0c0d0e0f"),
-                                          (".zarrfs-new-0011223344556677", None)])
+@pytest.mark.parametrize(
+    "name, writer",
+    [
+        (".zarrfs-new-0a0b0c0d0e0f-0011223344556677", "0a0b0c0d0e0f"),
+        (".zarrfs-new-0a0b0c0d0e0f-0011223344556677.old", "0a0b0c0d0e0f"),
+        (".zarrfs-new-0011223344556677", None),
+    ],
+)
 def test_the_writer_in_a_staging_name(name, writer):
     assert staging_writer(name) == writer
 
@@ -118,10 +130,13 @@ def _hierarchy(root: Path):
     return formats.open_hierarchy_sync(Store(os.fspath(root)))
 
 
-@pytest.mark.parametrize("fixture, group, where", [
-    ("v3draft-2022-05/core", "grp/sub", "data/grp/sub"),  # the drafts stage under data/
-    ("v1/zlib_i4_C", "", ""),  # one array per store: staged at the root
-])
+@pytest.mark.parametrize(
+    "fixture, group, where",
+    [
+        ("v3draft-2022-05/core", "grp/sub", "data/grp/sub"),  # the drafts stage under data/
+        ("v1/zlib_i4_C", "", ""),  # one array per store: staged at the root
+    ],
+)
 def test_a_sweep_finds_staging_where_each_format_puts_it(tmp_path, fixture, group, where):
     root = tmp_path / "s"
     shutil.copytree(FIXTURES / fixture, root)
@@ -155,8 +170,13 @@ def test_a_sweep_keeps_live_and_recent_staging_and_its_own(tmp_path, caplog):
     out = sweep_sync(_hierarchy(root), "0a0b0c0d0e0f", NOW)
     assert (out["removed"], out["kept"], out["leases_removed"]) == (1, 3, 1)
     left = sorted(p.name for p in root.rglob(".zarrfs*"))
-    assert left == [".zarrfs-lease-11111111aaaa", ".zarrfs-new-0000000000000003", ".zarrfs-new-0a0b0c0d0e0f-02",
-                    ".zarrfs-new-11111111aaaa-01", ".zarrfs-new-22222222bbbb-05"]
+    assert left == [
+        ".zarrfs-lease-11111111aaaa",
+        ".zarrfs-new-0000000000000003",
+        ".zarrfs-new-0a0b0c0d0e0f-02",
+        ".zarrfs-new-11111111aaaa-01",
+        ".zarrfs-new-22222222bbbb-05",
+    ]
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(said) == 1 and "g/h/.zarrfs-new-0000000000000004" in said[0] and "1 keys, 10 bytes" in said[0]
 
@@ -196,8 +216,14 @@ def test_a_root_array_is_not_walked_for_groups(tmp_path):
     import zarr
 
     root = tmp_path / "rootarray.zarr"
-    zarr.create_array(os.fspath(root), shape=(40, 4), chunks=(1, 4), dtype="i4", zarr_format=2,
-                      chunk_key_encoding={"name": "v2", "separator": "/"})[:] = np.arange(160).reshape(40, 4)
+    zarr.create_array(
+        os.fspath(root),
+        shape=(40, 4),
+        chunks=(1, 4),
+        dtype="i4",
+        zarr_format=2,
+        chunk_key_encoding={"name": "v2", "separator": "/"},
+    )[:] = np.arange(160).reshape(40, 4)
     assert len([p for p in root.iterdir() if p.is_dir()]) == 40  # one directory per chunk row
     h = _hierarchy(root)
     listed = []

@@ -104,9 +104,13 @@ def test_only_regular_files_are_values(tmp_path, read, kind):
         os.mknod(tmp_path / "k", stat.S_IFCHR | 0o600, os.makedev(1, 5))
         name = "character device"
     s = Store(str(tmp_path))
-    fn, args = {"get": (s.get_sync, ("k",)), "many": (s.get_many_sync, (["k", "x"],)),
-                "range": (s.get_range_sync, ("k", 0, 100)), "prefix": (s.get_prefix_sync, ("k", 100)),
-                "suffix": (s.get_suffix_sync, ("k", 100))}[read]
+    fn, args = {
+        "get": (s.get_sync, ("k",)),
+        "many": (s.get_many_sync, (["k", "x"],)),
+        "range": (s.get_range_sync, ("k", 0, 100)),
+        "prefix": (s.get_prefix_sync, ("k", 100)),
+        "suffix": (s.get_suffix_sync, ("k", 100)),
+    }[read]
     status, value = _without_blocking(fn, *args)
     assert status == "error" and isinstance(value, StoreError), value
     assert f"'k' is not a regular file: {name}" in str(value)
@@ -150,7 +154,7 @@ def test_a_value_that_fits_a_buffer_is_read_into_it(tmp_path):
     larger = np.zeros(len(payload) + 5, np.uint8)
     got = store.get_sync("k", None, larger)
     assert isinstance(got, memoryview) and got.obj is larger and len(got) == len(payload)
-    assert bytes(got) == payload and not larger[len(payload):].any()
+    assert bytes(got) == payload and not larger[len(payload) :].any()
     smaller = np.zeros(len(payload) - 1, np.uint8)
     got = store.get_sync("k", None, smaller)
     assert got == payload and not smaller.any()

@@ -1,4 +1,5 @@
-"""TIFF headers (zarrfs.views.tiff) and the image views' layouts and texts (zarrfs.views.images), with tifffile as the oracle."""
+"""TIFF headers (zarrfs.views.tiff) and the image views' layouts and texts (zarrfs.views.images), with tifffile as
+the oracle."""
 
 import io
 import math
@@ -7,11 +8,22 @@ import numpy as np
 import pytest
 import tifffile
 
-from test_layouts import make
 from zarrfs.views import images, tiff
 
-CASES = [((5, 7), "|u1"), ((3, 5, 7), ">f4"), ((2, 3, 4, 5), "<c8"), ((300, 2000), "<f8"), ((4, 4), "|b1"),
-         ((2, 3, 9), "<i8"), ((6, 6), ">u2"), ((3, 8, 8), "<f2"), ((2, 2, 2), ">c16"), ((1, 1), "|i1")]
+from test_layouts import make
+
+CASES = [
+    ((5, 7), "|u1"),
+    ((3, 5, 7), ">f4"),
+    ((2, 3, 4, 5), "<c8"),
+    ((300, 2000), "<f8"),
+    ((4, 4), "|b1"),
+    ((2, 3, 9), "<i8"),
+    ((6, 6), ">u2"),
+    ((3, 8, 8), "<f2"),
+    ((2, 2, 2), ">c16"),
+    ((1, 1), "|i1"),
+]
 
 
 def tiff_file(arr: np.ndarray, desc: str = "") -> bytes:
@@ -81,8 +93,9 @@ def test_large_attributes_are_left_out_of_the_description():
     assert len(desc) < tiff.MAX_DESCRIPTION_BYTES and '"attributes": null' in desc
 
 
-@pytest.mark.parametrize("shape,dtype", [((5,), "u1"), ((0, 4), "u1"), ((3, 3), "S3"), ((3, 3), "M8[s]"),
-                                         ((2, 2), [("a", "u1")])])
+@pytest.mark.parametrize(
+    "shape,dtype", [((5,), "u1"), ((0, 4), "u1"), ((3, 3), "S3"), ((3, 3), "M8[s]"), ((2, 2), [("a", "u1")])]
+)
 def test_unsupported_arrays_get_no_tiff(shape, dtype):
     assert not tiff.supported(np.dtype(dtype), shape)
 
@@ -114,12 +127,19 @@ def test_tiff_stream_serves_what_tifffile_reads():
 def test_envi_header_and_vrt_texts():
     meta, _ = make(np.zeros((3, 5, 7), ">i4"), (1, 5, 7), "C")
     hdr = images.envi_header(meta).decode()
-    for line in ("samples = 7", "lines = 5", "bands = 3", "data type = 3", "byte order = 1", "interleave = bsq",
-                 "header offset = 0"):
+    for line in (
+        "samples = 7",
+        "lines = 5",
+        "bands = 3",
+        "data type = 3",
+        "byte order = 1",
+        "interleave = bsq",
+        "header offset = 0",
+    ):
         assert line in hdr.splitlines()
     vrt = images.vrt(meta, "a.npy").decode()
     assert vrt.count("VRTRawRasterBand") == 3 and "<ByteOrder>MSB</ByteOrder>" in vrt
-    assert "<ImageOffset>%d</ImageOffset>" % (128 + 2 * 5 * 7 * 4) in vrt
+    assert f"<ImageOffset>{128 + 2 * 5 * 7 * 4}</ImageOffset>" in vrt
 
 
 def _gdal_copy(tmp_path, meta, arr, statistics=None):
@@ -153,8 +173,12 @@ def test_vrt_statistics_are_what_gdal_saves_into_a_vrt(tmp_path):
     stats = images.vrt_statistics(vrt.read_bytes(), meta, "a.npy")
     assert stats is not None and len(stats) == 3
     for band, st in zip(arr.astype("f8"), stats):
-        for key, want in (("MINIMUM", band.min()), ("MAXIMUM", band.max()), ("MEAN", band.mean()),
-                          ("STDDEV", band.std())):
+        for key, want in (
+            ("MINIMUM", band.min()),
+            ("MAXIMUM", band.max()),
+            ("MEAN", band.mean()),
+            ("STDDEV", band.std()),
+        ):
             assert float(st["STATISTICS_" + key]) == pytest.approx(want, rel=1e-6)
     again = vrt.with_name("b.vrt")
     again.write_bytes(images.vrt(meta, "a.npy", stats))
@@ -200,8 +224,12 @@ def test_pam_statistics_are_what_gdal_saves_beside_a_raw_view(tmp_path):
     stats = images.pam_statistics(written, meta)
     assert stats is not None and len(stats) == 2
     for band, st in zip(arr.astype("f8"), stats):
-        for key, want in (("MINIMUM", band.min()), ("MAXIMUM", band.max()), ("MEAN", band.mean()),
-                          ("STDDEV", band.std())):
+        for key, want in (
+            ("MINIMUM", band.min()),
+            ("MAXIMUM", band.max()),
+            ("MEAN", band.mean()),
+            ("STDDEV", band.std()),
+        ):
             assert float(st["STATISTICS_" + key]) == pytest.approx(want, rel=1e-6)
     other = tmp_path / "again"
     other.mkdir()

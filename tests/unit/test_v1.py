@@ -11,14 +11,15 @@ import pytest
 import trio
 
 from zarrfs import grid
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import CorruptChunk
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v1 import V1Hierarchy
 from zarrfs.options import Options
 from zarrfs.storage.store import Store
 from zarrfs.views.streams import ArrayStream
+
 from support import FIXTURES
 
 FIXTURES = FIXTURES / "v1"
@@ -39,13 +40,15 @@ def read(name: str, v1_order: str = "writer") -> np.ndarray:
 
 def expected(name: str) -> tuple[np.ndarray, dict]:
     return np.load(FIXTURES / "expected" / f"{name}.npy"), json.loads(
-        (FIXTURES / "expected" / f"{name}.json").read_text())
+        (FIXTURES / "expected" / f"{name}.json").read_text()
+    )
 
 
 def written_regions(info: dict, shape) -> list[tuple[slice, ...]]:
     chunks = tuple(info["chunks"])
-    return [grid.chunk_slices(tuple(int(i) for i in key.split(".")), tuple(shape), chunks)
-            for key in info["chunks_written"]]
+    return [
+        grid.chunk_slices(tuple(int(i) for i in key.split(".")), tuple(shape), chunks) for key in info["chunks_written"]
+    ]
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in UNDECODABLE])

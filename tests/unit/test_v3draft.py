@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,14 +24,14 @@ from zarrfs.formats.v3draft import (
     draft_fill_value,
     parse_array,
 )
-from zarrfs.storage.keys import ChunkKeys
 from zarrfs.model import ArrayMeta, BrokenNode, GroupMeta
 from zarrfs.storage.chunksource import ShardedChunks, read_chunk_sync
+from zarrfs.storage.keys import ChunkKeys
 from zarrfs.storage.store import Store
 
+from support import FIXTURES
 from support.core import np_save_bytes, open_node, read_npy
 from test_chunksource import shard_bytes
-from support import FIXTURES
 
 Z218 = FIXTURES / "v3draft-zarr218"
 SPEC = FIXTURES / "v3draft-2022-05"
@@ -172,8 +171,10 @@ def test_protocol_documents():
 def test_ignored_extension_and_fallback_are_logged(caplog):
     caplog.set_level(logging.INFO, logger="zarrfs")
     h = open_hierarchy_sync(Store(str(SPEC / "core")))
-    assert any("ignoring extension http://example.org/zarr/extension/foo" in r.message
-               and r.levelno == logging.INFO for r in caplog.records)
+    assert any(
+        "ignoring extension http://example.org/zarr/extension/foo" in r.message and r.levelno == logging.INFO
+        for r in caplog.records
+    )
     for _ in range(2):
         node = h.node_sync("types/ext_fallback_list")
     assert node.dtype == np.dtype("<i2")
@@ -213,14 +214,31 @@ def test_entry_point_refusals(tmp_path):
 
     core = "https://purl.org/zarr/spec/core/3.0"
     with pytest.raises(UserError, match="example.org/enc"):
-        open_hierarchy_sync(entry({"zarr_format": core, "metadata_encoding": {
-            "extension": "https://example.org/enc", "type": "cbor", "metadata_key_suffix": ".cbor"}}))
+        open_hierarchy_sync(
+            entry(
+                {
+                    "zarr_format": core,
+                    "metadata_encoding": {
+                        "extension": "https://example.org/enc",
+                        "type": "cbor",
+                        "metadata_key_suffix": ".cbor",
+                    },
+                }
+            )
+        )
     with pytest.raises(UserError, match="core/4.0"):
         open_hierarchy_sync(entry({"zarr_format": "https://purl.org/zarr/spec/core/4.0"}))
     with pytest.raises(UserError, match="example.org/x"):  # must_understand missing: taken as required
         open_hierarchy_sync(entry({"zarr_format": core, "extensions": [{"extension": "https://example.org/x"}]}))
-    h = open_hierarchy_sync(entry({"zarr_format": core, "metadata_encoding": {
-        "type": "json", "metadata_key_suffix": ".jsn"}, "extensions": []}))
+    h = open_hierarchy_sync(
+        entry(
+            {
+                "zarr_format": core,
+                "metadata_encoding": {"type": "json", "metadata_key_suffix": ".jsn"},
+                "extensions": [],
+            }
+        )
+    )
     assert h.layout.suffix == ".jsn" and h.layout.meta_key("a/b", "array") == "meta/a/b.array.jsn"
 
 
@@ -257,19 +275,28 @@ def test_other_formats_are_not_drafts(tmp_path):
 
 
 def doc_2022(**extra):
-    doc = {"shape": [10, 6], "data_type": "int16", "chunk_grid": {"type": "regular", "chunk_shape": [3, 2],
-                                                                  "separator": "/"},
-           "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}}
+    doc = {
+        "shape": [10, 6],
+        "data_type": "int16",
+        "chunk_grid": {"type": "regular", "chunk_shape": [3, 2], "separator": "/"},
+        "chunk_memory_layout": "C",
+        "fill_value": 0,
+        "extensions": [],
+        "attributes": {},
+    }
     doc.update(extra)
     return doc
 
 
-@pytest.mark.parametrize("uri", [
-    "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
-    "https://purl.org/zarr/spec/storage-transformers/sharding/1.0",
-    "https://purl.org/zarr/spec/storage_transformer/sharding/1.0",
-    "https://zarr-specs.readthedocs.io/en/core-protocol-v3.0-dev/extensions/storage-transformers/sharding/v1.0.html",
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
+        "https://purl.org/zarr/spec/storage-transformers/sharding/1.0",
+        "https://purl.org/zarr/spec/storage_transformer/sharding/1.0",
+        "https://zarr-specs.readthedocs.io/en/core-protocol-v3.0-dev/extensions/storage-transformers/sharding/v1.0.html",
+    ],
+)
 def test_sharding_uri_spellings(uri):
     st = [{"extension": uri, "type": "indexed", "configuration": {"chunks_per_shard": [2, 3]}}]
     meta = parse_array("a", doc_2022(storage_transformers=st), "meta/a.array.json", CORE)
@@ -278,8 +305,10 @@ def test_sharding_uri_spellings(uri):
 
 
 def test_sharding_other_type_and_stack_refused():
-    st = {"extension": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
-          "configuration": {"chunks_per_shard": [2, 3]}}
+    st = {
+        "extension": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
+        "configuration": {"chunks_per_shard": [2, 3]},
+    }
     with pytest.raises(Unsupported, match="hashed"):
         parse_array("a", doc_2022(storage_transformers=[{**st, "type": "hashed"}]), "k", CORE)
     with pytest.raises(Unsupported, match="stack"):
@@ -290,10 +319,21 @@ def test_sharded_read_through_the_engine(tmp_path):
     """A real local store: the shard's index is read with a suffix read, missing chunks are fill."""
     (tmp_path / "meta").mkdir()
     (tmp_path / "zarr.json").write_text(json.dumps({"zarr_format": "https://purl.org/zarr/spec/core/3.0"}))
-    st = [{"extension": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0", "type": "indexed",
-           "configuration": {"chunks_per_shard": [2]}}]
-    doc = {"shape": [7], "data_type": "uint8", "chunk_grid": {"type": "regular", "chunk_shape": [2]},
-           "chunk_memory_layout": "C", "fill_value": 9, "storage_transformers": st}
+    st = [
+        {
+            "extension": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
+            "type": "indexed",
+            "configuration": {"chunks_per_shard": [2]},
+        }
+    ]
+    doc = {
+        "shape": [7],
+        "data_type": "uint8",
+        "chunk_grid": {"type": "regular", "chunk_shape": [2]},
+        "chunk_memory_layout": "C",
+        "fill_value": 9,
+        "storage_transformers": st,
+    }
     (tmp_path / "meta" / "a.array.json").write_text(json.dumps(doc))
     (tmp_path / "data" / "a").mkdir(parents=True)
     (tmp_path / "data" / "a" / "c1").write_bytes(shard_bytes({1: bytes([5, 6])}, 2))  # inner chunk 3
@@ -301,11 +341,21 @@ def test_sharded_read_through_the_engine(tmp_path):
     assert read_npy(str(tmp_path), "a") == np_save_bytes(expected)
 
 
-@pytest.mark.parametrize("value,dtype,expected", [
-    ("0xfffe", "<i2", -2), ("0b1111111111111110", "<i2", -2), ("0xffff", "<u2", 65535),
-    ("0x0000002a", "<i4", 42), ("0x01", "|b1", True), ("+Infinity", "<f4", np.inf),
-    ("-Infinity", "<f8", -np.inf), ("0x3ff0000000000000", "<f8", 1.0), (None, "<i8", 0), (7, ">i4", 7),
-])
+@pytest.mark.parametrize(
+    "value,dtype,expected",
+    [
+        ("0xfffe", "<i2", -2),
+        ("0b1111111111111110", "<i2", -2),
+        ("0xffff", "<u2", 65535),
+        ("0x0000002a", "<i4", 42),
+        ("0x01", "|b1", True),
+        ("+Infinity", "<f4", np.inf),
+        ("-Infinity", "<f8", -np.inf),
+        ("0x3ff0000000000000", "<f8", 1.0),
+        (None, "<i8", 0),
+        (7, ">i4", 7),
+    ],
+)
 def test_fill_values(value, dtype, expected):
     out = draft_fill_value(value, np.dtype(dtype), "k")
     assert out.dtype == np.dtype(dtype) and out.shape == () and out[()] == expected
@@ -319,36 +369,57 @@ def test_fill_value_nan_and_raw():
         draft_fill_value("0x10000", np.dtype("<u2"), "k")
 
 
-@pytest.mark.parametrize("spec,expected", [
-    ("float64", "<f8"), ("int8", "|i1"), ("bool", "|b1"), ("r24", "|V3"), ("<f8", "<f8"), (">i4", ">i4"),
-    ("u1", "|u1"), ("i1", "|i1"), ("<c16", "<c16"), ("|b1", "|b1"),
-    ({"extension": "https://example.org/dt", "type": "q", "fallback": ["nope", "r16", "int16"]}, "|V2"),
-    ({"extension": "https://example.org/dt", "type": "q", "fallback": "<i8"}, "<i8"),
-    ({"extension": "TODO: bytestring array protocol URL", "type": "|S5", "fallback": None}, "|S5"),
-])
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("float64", "<f8"),
+        ("int8", "|i1"),
+        ("bool", "|b1"),
+        ("r24", "|V3"),
+        ("<f8", "<f8"),
+        (">i4", ">i4"),
+        ("u1", "|u1"),
+        ("i1", "|i1"),
+        ("<c16", "<c16"),
+        ("|b1", "|b1"),
+        ({"extension": "https://example.org/dt", "type": "q", "fallback": ["nope", "r16", "int16"]}, "|V2"),
+        ({"extension": "https://example.org/dt", "type": "q", "fallback": "<i8"}, "<i8"),
+        ({"extension": "TODO: bytestring array protocol URL", "type": "|S5", "fallback": None}, "|S5"),
+    ],
+)
 def test_data_types(spec, expected):
     assert draft_dtype(spec, "k", lambda message: None) == np.dtype(expected)
 
 
-@pytest.mark.parametrize("spec", ["<M8[ns]", "string", {"extension": "https://example.org/dt", "type": "q"},
-                                  {"extension": "https://example.org/dt", "type": "q", "fallback": ["nope"]}])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "<M8[ns]",
+        "string",
+        {"extension": "https://example.org/dt", "type": "q"},
+        {"extension": "https://example.org/dt", "type": "q", "fallback": ["nope"]},
+    ],
+)
 def test_unknown_data_types(spec):
     with pytest.raises(Unsupported):
         draft_dtype(spec, "k", lambda message: None)
 
 
 def test_core_codecs_chain_roles():
-    codecs = [{"type": "https://purl.org/zarr/spec/codecs/transpose/1.0", "configuration": {"order": "F"}},
-              {"type": "https://purl.org/zarr/spec/codecs/endian/1.0", "configuration": {"endian": "big"}},
-              {"type": "https://purl.org/zarr/spec/codecs/gzip/1.0", "configuration": {"level": 1}}]
+    codecs = [
+        {"type": "https://purl.org/zarr/spec/codecs/transpose/1.0", "configuration": {"order": "F"}},
+        {"type": "https://purl.org/zarr/spec/codecs/endian/1.0", "configuration": {"endian": "big"}},
+        {"type": "https://purl.org/zarr/spec/codecs/gzip/1.0", "configuration": {"level": 1}},
+    ]
     meta = parse_array("a", doc_2022(codecs=codecs, chunk_memory_layout="F"), "k", CORE)
     assert meta.codec.array_array == ()  # F layout then transpose F: back to C
     assert meta.codec.describe()[0] == {"name": "bytes", "configuration": {"endian": "big"}}
     with pytest.raises(MetadataError, match="transpose after"):
         parse_array("a", doc_2022(codecs=codecs[2:] + codecs[:1]), "k", CORE)
     with pytest.raises(MetadataError, match="both"):
-        parse_array("a", doc_2022(codecs=[], compressor={"codec": "https://purl.org/zarr/spec/codec/gzip/1.0"}),
-                    "k", PROTOCOL)
+        parse_array(
+            "a", doc_2022(codecs=[], compressor={"codec": "https://purl.org/zarr/spec/codec/gzip/1.0"}), "k", PROTOCOL
+        )
 
 
 def test_unknown_codec_reads_fail_with_eio():
@@ -364,11 +435,18 @@ def test_core_draft_refuses_null_fill_for_core_types():
     2.18) allow it, and an extension data type interprets its own fill value."""
     with pytest.raises(MetadataError, match="fill_value null is not permitted"):
         parse_array("a", doc_2022(fill_value=None), "meta/a.array.json", CORE)
-    protocol = parse_array("a", {**doc_2022(fill_value=None), "chunk_grid": {
-        "type": "regular", "chunk_shape": [3, 2], "separator": "/"}}, "meta/root/a.array.json", PROTOCOL)
+    protocol = parse_array(
+        "a",
+        {**doc_2022(fill_value=None), "chunk_grid": {"type": "regular", "chunk_shape": [3, 2], "separator": "/"}},
+        "meta/root/a.array.json",
+        PROTOCOL,
+    )
     assert protocol.fill_value[()] == 0
-    ext = {"extension": "https://purl.org/zarr/spec/extensions/data-types/datetime/1.0",
-           "type": "<M8[ns]", "fallback": "<i8"}
+    ext = {
+        "extension": "https://purl.org/zarr/spec/extensions/data-types/datetime/1.0",
+        "type": "<M8[ns]",
+        "fallback": "<i8",
+    }
     assert parse_array("a", doc_2022(fill_value=None, data_type=ext), "k", CORE).fill_value[()] == 0
 
 
@@ -382,7 +460,7 @@ def test_core_draft_fill_values_the_type_cannot_hold(value):
 
 
 def test_core_draft_bool_fill_value_text_reads_as_zarr_python_reads_it():
-    """"false" is not a boolean; zarr-python (2.18, which wrote these drafts, and 3) reads any
+    """ "false" is not a boolean; zarr-python (2.18, which wrote these drafts, and 3) reads any
     non-empty string as True."""
     meta = parse_array("a", doc_2022(fill_value="false", data_type="bool"), "meta/a.array.json", CORE)
     assert meta.fill_value[()] == True and meta.fill_error is None  # noqa: E712

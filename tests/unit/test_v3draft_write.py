@@ -14,24 +14,20 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import io
 import json
 import math
-import os
 import shutil
-import subprocess
-from functools import cache
 from pathlib import Path
 
 import numcodecs
 import numpy as np
-import trio
 import pytest
+import trio
 
 from zarrfs import grid
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.engine import Engine
+from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import CorruptChunk, Exists, InvalidArgument, Unsupported
 from zarrfs.formats import open_hierarchy_sync
 from zarrfs.formats.v3draft import ShardedChunks, V3DraftHierarchy
@@ -40,7 +36,6 @@ from zarrfs.storage.chunksource import read_chunk_sync, write_chunk_sync
 from zarrfs.storage.store import Store
 from zarrfs.views.streams import ArrayStream
 
-from support import FIXTURES
 from support.core import read_npy
 from support.v3draft import (
     SPEC,
@@ -100,8 +95,9 @@ def write_all(store: Store, meta: ArrayMeta, values: np.ndarray, erase_fill: boo
         chunk = full_chunk(values, meta.fill_value, idx, meta.chunk_shape)
         reg = grid.chunk_slices(idx, meta.shape, meta.chunk_shape)
         inside = values[reg]
-        if erase_fill and np.array_equal(inside, np.broadcast_to(meta.fill_value, inside.shape),
-                                         equal_nan=inside.dtype.kind in "fc"):
+        if erase_fill and np.array_equal(
+            inside, np.broadcast_to(meta.fill_value, inside.shape), equal_nan=inside.dtype.kind in "fc"
+        ):
             write_chunk_sync(meta, store, idx, None)
             erased.append(idx)
         else:
@@ -129,8 +125,10 @@ def sample(dtype: np.dtype, shape: tuple, seed: int) -> np.ndarray:
     if dtype.kind in "SV":
         return rng.integers(1, 256, n * dtype.itemsize, dtype=np.uint8).view(dtype).reshape(shape)
     if dtype.kind == "U":
-        return np.array(["".join(chr(97 + (i + k) % 26) for k in range(i % (dtype.itemsize // 4 + 1)))
-                         for i in range(n)], dtype=dtype).reshape(shape)
+        return np.array(
+            ["".join(chr(97 + (i + k) % 26) for k in range(i % (dtype.itemsize // 4 + 1))) for i in range(n)],
+            dtype=dtype,
+        ).reshape(shape)
     if dtype.kind in "mM":
         return rng.integers(0, 10**9, n).astype("<i8").view(dtype.newbyteorder("<")).astype(dtype).reshape(shape)
     raise ValueError(dtype)
@@ -142,7 +140,6 @@ def zarr218():
     if problem:
         skip_or_fail(f"zarr 2.18 oracle unavailable: {problem}")
     return zarr218_read
-
 
 
 def parse_shard(blob: bytes, n_inner: int, rewritten: bool = True) -> list[bytes | None]:
@@ -157,7 +154,7 @@ def parse_shard(blob: bytes, n_inner: int, rewritten: bool = True) -> list[bytes
             continue
         assert not rewritten or offset == expect, (offset, expect)
         assert offset + nbytes <= body
-        out.append(blob[offset:offset + nbytes])
+        out.append(blob[offset : offset + nbytes])
         expect += nbytes
     assert not rewritten or expect == body
     return out
@@ -210,11 +207,18 @@ def test_zarr218_layout_create_write_read(tmp_path, zarr218):
     # keys and documents as zarr 2.18 writes them
     doc = read_doc(root, "meta/root/made/f8_nan_blosc.array.json")
     assert doc == {
-        "attributes": {}, "chunk_grid": {"chunk_shape": [5, 6], "separator": "/", "type": "regular"},
+        "attributes": {},
+        "chunk_grid": {"chunk_shape": [5, 6], "separator": "/", "type": "regular"},
         "chunk_memory_layout": "C",
-        "compressor": {"codec": "https://purl.org/zarr/spec/codec/blosc/1.0",
-                       "configuration": {"blocksize": 0, "clevel": 5, "cname": "lz4", "shuffle": 1}},
-        "data_type": "<f8", "extensions": [], "fill_value": "NaN", "shape": [13, 17]}
+        "compressor": {
+            "codec": "https://purl.org/zarr/spec/codec/blosc/1.0",
+            "configuration": {"blocksize": 0, "clevel": 5, "cname": "lz4", "shuffle": 1},
+        },
+        "data_type": "<f8",
+        "extensions": [],
+        "fill_value": "NaN",
+        "shape": [13, 17],
+    }
     assert (Path(root) / "data/root/made/f8_nan_blosc/c2/1").is_file()
     assert read_doc(root, "meta/root/made/be_i2_none.array.json")["data_type"] == ">i2"
     assert "compressor" not in read_doc(root, "meta/root/made/be_i2_none.array.json")
@@ -278,7 +282,7 @@ SHARD_EDITS = {
 
 
 def apply_shard_edits(store: Store, meta: ArrayMeta, model: np.ndarray, edits) -> None:
-    for k, (idx, value) in enumerate(edits):
+    for idx, value in edits:
         reg = grid.chunk_slices(idx, meta.shape, meta.chunk_shape)
         if value is None:
             write_chunk_sync(meta, store, idx, None)
@@ -330,7 +334,7 @@ def test_shard_writers_of_one_shard_take_turns(tmp_path):
         async def write_all(values=values) -> None:
             engine = Engine(store, ChunkCache(1 << 24))
             for i in range(10):  # ten dirty chunks, flushed concurrently below
-                await engine.write(stream, i * 20, values[i * 5:(i + 1) * 5].tobytes())
+                await engine.write(stream, i * 20, values[i * 5 : (i + 1) * 5].tobytes())
             await engine.flush()
 
         trio.run(write_all)
@@ -409,7 +413,8 @@ def test_zarr218_erase_move_and_attributes(tmp_path, zarr218):
     assert not (Path(root) / "data/root/group_a").exists() and not (Path(root) / "meta/root/group_a").exists()
     assert not (Path(root) / "meta/root/group_a.group.json").exists()
     assert keys_below(root, "data/root/renamed_a/sub/int32_blosc") == {
-        f"data/root/renamed_a/sub/int32_blosc/{k}" for k in index["arrays"]["group_a/sub/int32_blosc"]["chunks_written"]}
+        f"data/root/renamed_a/sub/int32_blosc/{k}" for k in index["arrays"]["group_a/sub/int32_blosc"]["chunks_written"]
+    }
     assert (Path(root) / "meta/root/renamed_a/sub.group.json").is_file()
     assert (Path(root) / "data/root/sharded/f32_moved/c1/1").is_file()
 
@@ -420,18 +425,28 @@ def test_zarr218_erase_move_and_attributes(tmp_path, zarr218):
     delta = h.node_sync("filters/delta_zlib")
     filters = delta.attributes["filters"]
     h.set_attributes_sync(delta, {"note": "new"})
-    assert read_doc(root, "meta/root/filters/delta_zlib.array.json")["attributes"] == {"note": "new", "filters": filters}
+    assert read_doc(root, "meta/root/filters/delta_zlib.array.json")["attributes"] == {
+        "note": "new",
+        "filters": filters,
+    }
     with pytest.raises(InvalidArgument):
         h.set_attributes_sync(h.node_sync("filters/delta_zlib"), {"filters": [{"id": "delta", "dtype": "<i8"}]})
     with pytest.raises(InvalidArgument):  # no filters yet: adding some would change the decoding
         h.set_attributes_sync(h.node_sync("dtypes/bool_zstd"), {"filters": [{"id": "delta", "dtype": "|b1"}]})
 
-    arrays = {"moved/f64": expect("group_a/float64_nan_zlib"), "renamed_a/sub/int32_blosc": expect("group_a/sub/int32_blosc"),
-              "sharded/f32_moved": expect("sharded/float32_zlib_F"), "filters/delta_zlib": expect("filters/delta_zlib")}
+    arrays = {
+        "moved/f64": expect("group_a/float64_nan_zlib"),
+        "renamed_a/sub/int32_blosc": expect("group_a/sub/int32_blosc"),
+        "sharded/f32_moved": expect("sharded/float32_zlib_F"),
+        "filters/delta_zlib": expect("filters/delta_zlib"),
+    }
     for path, values in arrays.items():
         assert_same(load_npy(read_npy(root, path)), values, path)
-    got = zarr218(root, arrays=[*arrays, "dtypes/int16_bz2", "group_a/float64_nan_zlib"],
-                  groups=["", "renamed_a", "sharded", "dtypes"])
+    got = zarr218(
+        root,
+        arrays=[*arrays, "dtypes/int16_bz2", "group_a/float64_nan_zlib"],
+        groups=["", "renamed_a", "sharded", "dtypes"],
+    )
     for path, values in arrays.items():
         assert "error" not in got["arrays"][path], got["arrays"][path]
         assert_same(got["arrays"][path]["value"], values, path)
@@ -449,7 +464,12 @@ def test_reads_what_zarr218_writes_with_dimension_separator_and_datetimes(tmp_pa
     """Two zarr 2.18 documents the reader once refused: `dimension_separator` (written when
     given at creation) and the datetime data type extension."""
     root = tmp_path / "z"
-    zarr218_run(["-W", "ignore", "-c", f"""
+    zarr218_run(
+        [
+            "-W",
+            "ignore",
+            "-c",
+            f"""
 import numpy as np, zarr
 from zarr._storage.v3 import DirectoryStoreV3
 s = DirectoryStoreV3({str(root)!r})
@@ -459,7 +479,9 @@ a = zarr.create(store=s, path='dotted', shape=(5, 4), chunks=(2, 3), dtype='<i4'
 a[:3] = np.arange(12).reshape(3, 4)
 t = zarr.create(store=s, path='when', shape=(4,), chunks=(3,), dtype='<M8[s]', zarr_version=3)
 t[:] = np.array([1, 2, 3, 4], dtype='<M8[s]')
-"""])
+""",
+        ]
+    )
     assert read_doc(str(root), "meta/root/dotted.array.json")["dimension_separator"] == "."
     dotted = np.full((5, 4), -3, "<i4")
     dotted[:3] = np.arange(12).reshape(3, 4)
@@ -521,16 +543,22 @@ def test_may2022_create_write_read(tmp_path):
             else:
                 assert got == want, (name, idx)
 
-    docs = {name: read_doc(root, f"meta/{'made' if i % 2 else 'implicit_new'}/{name}.array.json")
-            for i, (name, *_rest) in enumerate(CORE_CASES)}
+    docs = {
+        name: read_doc(root, f"meta/{'made' if i % 2 else 'implicit_new'}/{name}.array.json")
+        for i, (name, *_rest) in enumerate(CORE_CASES)
+    }
     assert docs["f8_nan_blosc"]["data_type"] == "float64" and docs["f8_nan_blosc"]["fill_value"] == "NaN"
-    assert docs["f8_nan_blosc"]["codecs"] == [{"type": "https://purl.org/zarr/spec/codecs/blosc/1.0",
-                                                "configuration": {"blocksize": 0, "clevel": 5, "cname": "lz4",
-                                                                  "shuffle": 1}}]
+    assert docs["f8_nan_blosc"]["codecs"] == [
+        {
+            "type": "https://purl.org/zarr/spec/codecs/blosc/1.0",
+            "configuration": {"blocksize": 0, "clevel": 5, "cname": "lz4", "shuffle": 1},
+        }
+    ]
     assert docs["be_i4_gzip"]["data_type"] == "int32"
     assert docs["be_i4_gzip"]["codecs"] == [
         {"type": "https://purl.org/zarr/spec/codecs/endian/1.0", "configuration": {"endian": "big"}},
-        {"type": "https://purl.org/zarr/spec/codecs/gzip/1.0", "configuration": {"level": 1}}]
+        {"type": "https://purl.org/zarr/spec/codecs/gzip/1.0", "configuration": {"level": 1}},
+    ]
     assert docs["r24_none"]["data_type"] == "r24" and docs["r24_none"]["fill_value"] == "0x010203"
     assert docs["r24_none"]["codecs"] == []
     assert docs["c8_zstd"]["data_type"] == "complex64" and docs["c8_zstd"]["fill_value"] == [1.0, -1.0]
@@ -669,7 +697,9 @@ def bytes_codecs_of(doc: dict) -> list[tuple[str, dict]]:
 def unwrap(blob: bytes, doc: dict) -> bytes:
     """The bytes before the first bytes->bytes codec (each codec undone; crc32c checked)."""
     for name, config in reversed(bytes_codecs_of(doc)):
-        blob = gzip.decompress(blob) if name == "gzip" else bytes(numcodecs.get_codec({"id": name, **config}).decode(blob))
+        blob = (
+            gzip.decompress(blob) if name == "gzip" else bytes(numcodecs.get_codec({"id": name, **config}).decode(blob))
+        )
     return blob
 
 
@@ -678,8 +708,10 @@ def spec_plain_arrays():
     out = []
     for store in ("core", "core-root-array", "protocol"):
         for path in index[store]["arrays"]:
-            doc = read_doc(str(SPEC / store), ("meta/root/" if store == "protocol" else "meta/")
-                           + (f"{path}.array.json" if path else "array.json"))
+            doc = read_doc(
+                str(SPEC / store),
+                ("meta/root/" if store == "protocol" else "meta/") + (f"{path}.array.json" if path else "array.json"),
+            )
             if not doc.get("storage_transformers") and "datetime" not in path:
                 out.append((store, path))
     return out
@@ -707,8 +739,12 @@ def test_spec_fixtures_in_place_every_codec(tmp_path, store_name, path):
         model[reg] = chunk[tuple(slice(0, r.stop - r.start) for r in reg)]
         got = (Path(root) / meta.chunk_key(idx)).read_bytes()
         encode = gen.encode_protocol_chunk if "zarr_format" in doc else gen.encode_core_chunk
-        want = encode(chunk.astype(meta.dtype.newbyteorder("<") if "zarr_format" not in doc and meta.dtype.str[0] == ">"
-                                   else meta.dtype), doc)
+        want = encode(
+            chunk.astype(
+                meta.dtype.newbyteorder("<") if "zarr_format" not in doc and meta.dtype.str[0] == ">" else meta.dtype
+            ),
+            doc,
+        )
         if any(name in ("gzip", "blosc") for name, _ in bytes_codecs_of(doc)):
             # gzip's header (time stamp, OS byte) and blosc's (element size) vary between
             # writers: every codec undone in turn (checksums verified), the bytes must agree

@@ -8,8 +8,6 @@ import random
 import numpy as np
 import pytest
 
-from support import builders, oracles
-from support.builders import ArraySpec
 from zarrfs.errors import InvalidArgument, MetadataError, NameTooLong
 from zarrfs.formats.v2 import V2Hierarchy
 from zarrfs.formats.v3 import V3Hierarchy
@@ -17,6 +15,9 @@ from zarrfs.model import BrokenNode
 from zarrfs.storage.store import Store
 from zarrfs.tree.held import is_held_name
 from zarrfs.tree.ingest import Coverage
+
+from support import builders, oracles
+from support.builders import ArraySpec
 
 
 def test_coverage_counts_each_byte_once_whatever_the_order():
@@ -31,8 +32,17 @@ def test_coverage_counts_each_byte_once_whatever_the_order():
         assert cov.covered == len(seen)
 
 
-@pytest.mark.parametrize("name, held", [("x.npy", False), (".x.npy.AbC123", True), ("tmp123", True),
-                                        (".npy", True), (".hidden.npy", True), ("x.npy.part", True)])
+@pytest.mark.parametrize(
+    "name, held",
+    [
+        ("x.npy", False),
+        (".x.npy.AbC123", True),
+        ("tmp123", True),
+        (".npy", True),
+        (".hidden.npy", True),
+        ("x.npy.part", True),
+    ],
+)
 def test_held_names(name, held):
     assert is_held_name(name) is held
 
@@ -51,10 +61,16 @@ def test_v3_and_v2_name_rules(tmp_path):
     v2.check_name("foo", ["FOO"])  # case matters only in the protocol draft
 
 
-@pytest.mark.parametrize("fmt,encoding", [(2, {"name": "v2", "separator": "."}), (2, {"name": "v2", "separator": "/"}),
-                                          (3, {"name": "default", "separator": "/"}),
-                                          (3, {"name": "default", "separator": "."})],
-                         ids=["v2-dot", "v2-slash", "v3-slash", "v3-dot"])
+@pytest.mark.parametrize(
+    "fmt,encoding",
+    [
+        (2, {"name": "v2", "separator": "."}),
+        (2, {"name": "v2", "separator": "/"}),
+        (3, {"name": "default", "separator": "/"}),
+        (3, {"name": "default", "separator": "."}),
+    ],
+    ids=["v2-dot", "v2-slash", "v3-slash", "v3-dot"],
+)
 def test_root_array_keys_are_the_files_zarr_wrote(tmp_path, fmt, encoding):
     """The keys a root array's replacement erases are those zarr-python wrote for it, not the
     plain files beside them; the same when its metadata can no longer be used."""
