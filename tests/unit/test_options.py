@@ -146,7 +146,7 @@ def test_configuration_option_table_is_generated():
         return
     assert m.group(2) == options_markdown(), (
         "docs/CONFIGURATION.md's option table differs from OPTION_TABLE: run "
-        "ZARRFS_WRITE_DOCS=1 pytest tests/test_options.py -k configuration"
+        "ZARRFS_WRITE_DOCS=1 pytest tests/unit/test_options.py -k configuration"
     )
 
 
