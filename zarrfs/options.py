@@ -42,7 +42,7 @@ class OptionDoc:
 
 
 # The one table of options: `zarrfs --help`, the option table of docs/CONFIGURATION.md
-# (tests/test_options.py checks it is the generated text) and `zarrfs --man` are all made from it, and build_options
+# (tests/unit/test_options.py checks it is the generated text) and `zarrfs --man` are all made from it, and build_options
 # refuses a name that is not in it, so an option cannot exist undocumented.
 OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("writable", "allow writes (docs/SEMANTICS.md: Writes); refused for read-only stores such as HTTP; on an "
