@@ -388,7 +388,7 @@ class Engine(Loads, Prefetch, WriteBack, Revalidation, BandReads, Spares, Stream
         """For `_small_read` and `_rows_read`: the array and the data bytes [d0, d1) of a read of
         a stream whose reads may be served from its chunks (ArrayStream.row_reads, its chunks
         current), inside the data and not empty; None for any other."""
-        if type(stream) is not ArrayStream or not stream.row_reads:
+        if not stream.row_reads:
             return None
         meta = stream.meta
         if self._checked.get(meta.path, self._epoch) != self._epoch:

@@ -132,7 +132,7 @@ class Prefetch:
         # A window that grows inside a row of chunks a whole row of which it already covered
         # asks for no chunk that was not asked for (unless cached chunks were dropped since):
         # the plan of its new part is skipped (a 1 MiB read of the reference array plans 16).
-        last = stream.last_chunk_row(start, stop) if type(stream) is ArrayStream else None  # (not a slice view)
+        last = stream.last_chunk_row(start, stop)
         if last is not None and last[1] and state.planned_row == (stream, self.band_generation, last[0]):
             return
         state.planned_row = (stream, self.band_generation, last[0]) if last is not None and last[2] else None

@@ -131,7 +131,7 @@ class StreamedReads:
         """Whether reads of STREAM decode ranges of its chunks instead of whole chunks: an
         array's own byte stream (any view of it, or one chunk), its chunks larger than the
         cache and stored one key each, of a chain that can be decoded a range at a time."""
-        if type(stream) is not ArrayStream:
+        if not stream.is_array_stream:
             return False
         meta = stream.meta
         if meta.chunk_nbytes <= self.cache.max_bytes or meta.source is not None or meta.dtype.hasobject:

@@ -141,6 +141,15 @@ def _groups(dim: Dim, lo: int, hi: int, chunk: int) -> Iterator[tuple[int, int |
 class SliceStream:
     """The elements `numpy.asarray(array)[selection]` gives, in C order, after an optional NPY header."""
 
+    # The stream protocol (streams.ArrayStream): not an array's own elements, never read from
+    # its chunks' rows.
+    is_array_stream = False
+    row_reads = False
+
+    def last_chunk_row(self, offset: int, stop: int) -> None:
+        """No row of chunks of the array holds a slice's bytes in order (streams.ArrayStream)."""
+        return None
+
     def __init__(self, meta: ArrayMeta, dims: tuple[Dim, ...], with_header: bool = True,
                  scalar: bool = False) -> None:
         self.meta = meta

@@ -112,6 +112,10 @@ class ArrayStream:
     With `chunk` set, the stream is that one chunk of the array, clipped at the edge.
     """
 
+    # The stream protocol (ArrayStream, slices.SliceStream): whether a stream is an array's own
+    # elements in C or F order, so that its plans can be cut into chunk regions and rows.
+    is_array_stream = True
+
     def __init__(self, meta: ArrayMeta, order: str = "C", with_header: bool = True,
                  chunk: Index | None = None, header: bytes | None = None, dtype: np.dtype | None = None) -> None:
         self.meta = meta
@@ -141,6 +145,20 @@ class ArrayStream:
         # chunks without a plan (Engine._small_read, Engine._rows_read).
         self.row_reads = bool(not flip and chunk is None and self.dtype == meta.dtype and shape
                               and not self.dtype.hasobject and meta.inner is None)
+
+    @property
+    def stream_shape(self) -> Index:
+        """The shape in the stream's dimension order (reversed for F order)."""
+        return self._shape
+
+    @property
+    def stream_chunks(self) -> Index:
+        """The chunk shape in the stream's dimension order (of the chunks it is planned over)."""
+        return self._chunks
+
+    def array_index(self, t_idx: Index) -> Index:
+        """Grid position in the array of a chunk index in the stream's dimension order."""
+        return self._array_index(t_idx)
 
     def chunk_end(self, idx: Index) -> int:
         """The stream offset just past chunk IDX's last element (IDX: grid position in the

@@ -93,7 +93,7 @@ def band_span(stream: ArrayStream, local: bool) -> tuple[int, int, int]:
 def transposing(stream: ArrayStream) -> bool:
     """Whether a stream's elements are copied across its chunks' memory order (the F view of
     C-ordered chunks, or the reverse): element by element, the copy that costs most."""
-    if type(stream) is not ArrayStream or len(stream.meta.shape) < 2:
+    if not stream.is_array_stream or len(stream.meta.shape) < 2:
         return False
     return stream.order != getattr(stream.for_reads().meta.codec, "order", stream.order)
 
@@ -338,7 +338,7 @@ def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.nd
     (direct.stage_rows, direct.copy_transposed); and the chunks read, their stored bytes and
     the seconds spent decoding. A chunk that cannot be read or decoded raises its error."""
     meta = stream.meta
-    per = direct.stage_rows(stream._chunks[0] * stream.dtype.itemsize)  # (a chunk's rows in memory)
+    per = direct.stage_rows(stream.stream_chunks[0] * stream.dtype.itemsize)  # (a chunk's rows in memory)
     buf = getattr(_decoded, "buf", None)
     if buf is None or len(buf) != meta.chunk_nbytes:
         _decoded.buf = None  # the old one freed first

@@ -93,7 +93,7 @@ def file_system_type(path: str) -> str:
 def eligible(stream: ArrayStream) -> bool:
     """Whether reads of STREAM can be copied straight from chunk files: chunks stored one key
     each, nothing but the bytes layout in C order, elements in the stream's own dtype."""
-    if not isinstance(stream, ArrayStream):  # a slice view
+    if not stream.is_array_stream:  # a slice view
         return False
     meta = stream.meta
     chain = meta.codec
@@ -110,7 +110,7 @@ def transposed(stream: ArrayStream, decoded: bool = False) -> bool:
     zstd compressor): each row of a chunk in memory holds a column of the stream's chunk, so a
     row of the stream's chunks (`ArrayStream.chunk_row_bytes`) is copied transposed from them
     (`transposed_chunks`)."""
-    if type(stream) is not ArrayStream or stream.chunk is not None or len(stream.meta.shape) != 2:
+    if not stream.is_array_stream or stream.chunk is not None or len(stream.meta.shape) != 2:
         return False
     meta = stream.meta
     chain = meta.codec
@@ -128,13 +128,13 @@ def transposed_chunks(stream: ArrayStream, k: int, count: int, out: np.ndarray, 
     out in OUT as the stream's bytes: each chunk of share PART of PARTS of their chunk columns,
     as (its grid position in the array, the view of OUT it fills: the stream's rows by the
     chunk's columns there, edge chunks clipped)."""
-    (s0, s1), (a, b) = stream._shape, stream._chunks
+    (s0, s1), (a, b) = stream.stream_shape, stream.stream_chunks
     columns = -(-s1 // b)
     at = 0
     for i in range(k, min(k + count, -(-s0 // a))):
         rows = np.ndarray((min(a, s0 - i * a), s1), stream.dtype, out, at)
         for m in range(part * columns // parts, (part + 1) * columns // parts):
-            yield stream._array_index((i, m)), rows[:, m * b:(m + 1) * b]
+            yield stream.array_index((i, m)), rows[:, m * b:(m + 1) * b]
         at += rows.nbytes
 
 
@@ -162,7 +162,7 @@ def copy_transposed(dst: np.ndarray, src: np.ndarray) -> None:
 
 def transposed_bytes(stream: ArrayStream, k: int, count: int) -> int:
     """Bytes of the stream that rows K.. K+COUNT-1 of its chunks hold (as many as there are)."""
-    (s0, s1), a = stream._shape, stream._chunks[0]
+    (s0, s1), a = stream.stream_shape, stream.stream_chunks[0]
     return max(0, min((k + count) * a, s0) - k * a) * s1 * stream.dtype.itemsize
 
 
@@ -242,7 +242,7 @@ class DirectReads:
         """
         if plan.take_bytes == 0:
             return plan.header_part
-        shape, chunks = stream._shape, stream._chunks  # C order: the array's own
+        shape, chunks = stream.stream_shape, stream.stream_chunks  # C order: the array's own
         ncols, width = shape[-1], chunks[-1]
         run = _Run(self, stream, out, nowait)
         e0, e1 = plan.first_elem, plan.stop_elem
@@ -269,7 +269,7 @@ class DirectReads:
         (`stage_rows`) read into a stage that stays in the CPU's caches, then copied transposed
         into place (`copy_transposed`). A worker thread (files of its own); Fallback for a
         chunk that is absent, short, or not a regular file."""
-        meta, item, a = stream.meta, stream.dtype.itemsize, stream._chunks[0]
+        meta, item, a = stream.meta, stream.dtype.itemsize, stream.stream_chunks[0]
         per = stage_rows(a * item)
         local = self._local
         stage = getattr(local, "stage", None)
@@ -308,7 +308,7 @@ class _Run:
         self.reads, self.nowait, self.out, self.stream = reads, nowait, out, stream
         self.meta = meta = stream.meta
         self.item = item = stream.dtype.itemsize
-        self.ncols, self.width = stream._shape[-1], stream._chunks[-1]
+        self.ncols, self.width = stream.stream_shape[-1], stream.stream_chunks[-1]
         self.row_bytes, self.chunk_row = self.ncols * item, self.width * item
         self.narrow = self.chunk_row < ROW_MIN_BYTES
         self.chunk_bytes = meta.chunk_nbytes  # (eligible: the stream's dtype and chunks are the array's)
@@ -334,7 +334,7 @@ class _Run:
                 recipes[key] = (self.out, recipe)
         stream, row_at = self.stream, q * self.chunk_row  # (the run's first row in the chunk files)
         for j, start, parts in recipe:
-            self._read(stream._array_index(lead + (j,)), parts, row_at + start)
+            self._read(stream.array_index(lead + (j,)), parts, row_at + start)
 
     def _recipe(self, m: int, lo: int, hi: int, at: int) -> list:
         """How chunk_parts reads a run: for each chunk column J it touches, (J, the byte in its
@@ -383,7 +383,7 @@ class _Run:
             scratch = np.empty(need, np.uint8)
         sv = memoryview(scratch)
         for j in range(nj):
-            self._read(self.stream._array_index(lead + (j,)), _parts([sv[j * span:(j + 1) * span]]), q * cr)
+            self._read(self.stream.array_index(lead + (j,)), _parts([sv[j * span:(j + 1) * span]]), q * cr)
         rows = scratch[:nj * span].reshape(nj, m, cr)
         nfull, edge = divmod(ncols * item, cr)  # whole chunk columns, and the edge one's bytes
         t0, t1 = (0 if lo == 0 else 1), (m if hi == ncols else m - 1)  # the rows needed whole

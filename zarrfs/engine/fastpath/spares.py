@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from ...codecs.chain import decodes_into, reads_into
-from ...views.streams import ArrayStream
 from ...model import ArrayMeta
 
 SPARE_MAX_BYTES = 128 << 20  # buffers kept for reuse, all sizes together
@@ -103,7 +102,7 @@ class Spares:
     def release_behind(self, stream: Any, state: Any, upto: int, chunks: Any) -> None:
         """A sequential reader whose bytes up to UPTO are served (or assembled), and whose
         latest read or band used CHUNKS: give back the chunks wholly before UPTO."""
-        if type(stream) is not ArrayStream or stream.chunk is not None or not self._recycles(stream.meta):
+        if not stream.is_array_stream or stream.chunk is not None or not self._recycles(stream.meta):
             return
         held = state.held  # chunk -> where it ends in the stream
         for idx in chunks:
