@@ -137,7 +137,7 @@ def test_drafts_index_read_once_per_shard_through_the_engine(tmp_path):
         for i in range(8):  # one chunk at a time: the second shard's index is cached too
             assert bytes(await engine.read(stream, 2 * i, 2)) == bytes([i, i])
         first = engine.stats()["store_gets"]
-        engine.cache = ChunkCache(1 << 20)  # nothing cached: every chunk at once, concurrently
+        engine.drop_clean_chunks()  # nothing cached: every chunk at once, concurrently
         assert bytes(await engine.read(stream, 0, 16)) == bytes(i for i in range(8) for _ in range(2))
         return first, engine.stats()["store_gets"] - first
 
@@ -155,7 +155,7 @@ def test_drafts_reader_waits_for_a_rewrite_of_its_shard(tmp_path):
         engine = Engine(store, ChunkCache(1 << 20))
         stream = ArrayStream(meta, "C", with_header=False)
         for round_ in range(20):
-            engine.cache = ChunkCache(1 << 20)
+            engine.drop_clean_chunks()
             value = bytes([100 + round_] * 2)
             await engine.write(stream, 0, value)  # chunk 0 dirty: its flush rewrites the shard
             async with trio.open_nursery() as nursery:

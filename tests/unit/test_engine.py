@@ -13,7 +13,7 @@ import trio
 import trio.testing
 import zarr
 
-from zarrfs.engine import DECODE_THREADS, Engine, ReadAhead
+from zarrfs.engine import DECODE_THREADS, Engine, EngineConfig, ReadAhead
 from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import CorruptChunk, Stale, StoreError
 from zarrfs.formats import open_hierarchy_sync
@@ -55,10 +55,10 @@ def two_arrays(tmp_path):
     return path
 
 
-def setup(path, store_cls=CountingStore, cache_bytes=1 << 24, **kw):
+def setup(path, store_cls=CountingStore, cache_bytes=1 << 24, config=None, **kw):
     store = store_cls(path, **kw)
     h = open_hierarchy_sync(store)
-    engine = Engine(store, ChunkCache(cache_bytes))
+    engine = Engine(store, ChunkCache(cache_bytes), config)
     return store, engine, {p: ArrayStream(h.node_sync(p)) for p in ("a", "b")}
 
 
@@ -136,8 +136,7 @@ async def test_local_chunks_read_and_decoded_in_one_call(tmp_path, monkeypatch, 
     real = loads.read_decode_sync
     monkeypatch.setattr(loads, "read_decode_sync", lambda *a: calls.append(a[3]) or real(*a))
     store = Store(path)
-    engine = Engine(store, ChunkCache(1 << 26))
-    engine.recycle_enabled = True
+    engine = Engine(store, ChunkCache(1 << 26), EngineConfig(recycle=True))
     s = ArrayStream(open_hierarchy_sync(store).node_sync("a"))
     row = 1024 * 4
     hdr = len(s.header)
@@ -317,8 +316,7 @@ async def test_local_reads_stuck_past_the_timeout_hold_no_decoding_thread(tmp_pa
     a[:] = np.arange(a.size, dtype="<f4").reshape(a.shape)
     stuck = [f"a/c/0/{j}" for j in range(DECODE_THREADS)]
     store = CountingStore(path, slow=stuck)
-    engine = Engine(store, ChunkCache(1 << 26), timeout_s=0.5)
-    engine.recycle_enabled = True  # (a read-only mount of a local store)
+    engine = Engine(store, ChunkCache(1 << 26), EngineConfig(timeout_s=0.5, recycle=True))  # (a read-only mount of a local store)
     s = ArrayStream(open_hierarchy_sync(store).node_sync("a"))
     row = a.shape[1] * 4
     try:
@@ -337,10 +335,10 @@ async def test_local_reads_stuck_past_the_timeout_hold_no_decoding_thread(tmp_pa
 async def test_read_ahead_asks_for_a_row_of_chunks_again_after_cached_chunks_are_dropped(two_arrays):
     """Read-ahead skips planning a window's new part inside a row of chunks it already asked for
     whole, but not once cached chunks were dropped (a refresh): then it asks for them again."""
-    store, engine, streams = setup(two_arrays)
-    s = streams["a"]  # 40 x 40, chunks 10 x 10: a row of chunks is 10 rows
     row = 40 * 8
-    engine.prefetch_max_bytes = 5 * row  # the window: the 5 rows after the read
+    # the window: the 5 rows after the read
+    store, engine, streams = setup(two_arrays, config=EngineConfig(prefetch_max_bytes=5 * row))
+    s = streams["a"]  # 40 x 40, chunks 10 x 10: a row of chunks is 10 rows
     reader = ReadAhead()
     async with trio.open_nursery() as n:
         await n.start(engine.run)
@@ -409,10 +407,9 @@ async def test_a_large_read_of_cached_chunks_elsewhere_starts_the_window_again(t
         value
     )
     zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
-    store, engine, streams = setup(path, cache_bytes=64 << 20)
-    s = streams["a"]
     row, size = 1000 * 8, 20 * 1000 * 8  # reads of 20 rows (bands would take narrower chunks)
-    engine.prefetch_max_bytes = 200 * row
+    store, engine, streams = setup(path, cache_bytes=64 << 20, config=EngineConfig(prefetch_max_bytes=200 * row))
+    s = streams["a"]
     reader = ReadAhead()
     async with trio.open_nursery() as n:
         await n.start(engine.run)
@@ -462,8 +459,7 @@ async def test_idle_decoding_threads_leave_and_come_back(two_arrays, monkeypatch
     from zarrfs.engine import workers
 
     monkeypatch.setattr(workers, "IDLE_S", 0.2)
-    store, engine, streams = setup(two_arrays)
-    engine._decoders = workers.Workers(DECODE_THREADS, "zarrfs-test-idle")
+    store, engine, streams = setup(two_arrays, config=EngineConfig(decoder_thread_name="zarrfs-test-idle"))
 
     def alive():
         return sum(t.name == "zarrfs-test-idle" for t in threading.enumerate())

@@ -10,7 +10,7 @@ import pytest
 import trio
 import zarr
 
-from zarrfs.engine import Engine
+from zarrfs.engine import Engine, EngineConfig
 from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import StoreError
 from zarrfs.formats import open_hierarchy_sync
@@ -97,8 +97,7 @@ async def test_dirty_budget_bounds_memory(tmp_path):
     zarr.open_group(path, mode="w", zarr_format=3)
     h = open_hierarchy_sync(store)
     meta = await trio.to_thread.run_sync(h.create_array_sync, "big", NewArray((256, 256), np.dtype("<f8"), (16, 256)))
-    engine = Engine(store, ChunkCache(1 << 20))
-    engine.dirty_max_bytes = 4 * 16 * 256 * 8
+    engine = Engine(store, ChunkCache(1 << 20), EngineConfig(dirty_max_bytes=4 * 16 * 256 * 8))
     stream = ArrayStream(meta, "C", with_header=False)
     data = np.arange(256 * 256, dtype="<f8")
     peak = 0
@@ -133,8 +132,7 @@ async def test_background_flush_overlaps_a_streaming_write_and_reports_failures_
     store = FailingSetStore(path, fail_at=3)
     h = open_hierarchy_sync(store)
     meta = await trio.to_thread.run_sync(h.create_array_sync, "big", NewArray((256, 256), np.dtype("<f8"), (16, 256)))
-    engine = Engine(store, ChunkCache(1 << 20))
-    engine.dirty_max_bytes = 8 * 16 * 256 * 8  # eight chunks
+    engine = Engine(store, ChunkCache(1 << 20), EngineConfig(dirty_max_bytes=8 * 16 * 256 * 8))  # eight chunks
     stream = ArrayStream(meta, "C", with_header=False)
     data = np.arange(256 * 256, dtype="<f8")
     peak = stored_while_writing = 0

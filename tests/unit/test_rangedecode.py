@@ -24,7 +24,7 @@ import zarr
 from zarrfs.codecs import rangedecode
 from zarrfs.codecs.adapters import BytesBytes
 from zarrfs.codecs.chain import BytesLayout, CodecChain
-from zarrfs.engine import Engine
+from zarrfs.engine import Engine, EngineConfig
 from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import CorruptChunk, StoreError
 from zarrfs.formats import open_hierarchy_sync
@@ -476,17 +476,17 @@ async def test_a_decoder_whose_read_timed_out_counts_until_its_worker_ends(tmp_p
     values = _chunked_array(path, 2)
     store = HeldRangeStore(path)
     meta = open_hierarchy_sync(store).node_sync("")
-    engine = Engine(store, ChunkCache(64 << 10), timeout_s=0.5)
+    engine = Engine(store, ChunkCache(64 << 10), EngineConfig(timeout_s=0.5))
     stream = ArrayStream(meta)
     store.hold.clear()
     with pytest.raises(StoreError, match="timeout"):
         await engine.read(stream, len(stream.header), 4096)
-    assert engine._in_use == 1 and engine._held_bytes > 0
+    assert engine.streams.in_use == 1 and engine.streams.held_bytes > 0
     store.hold.set()
     with trio.fail_after(30):  # (the worker ends once the store answers)
-        while engine._in_use:
+        while engine.streams.in_use:
             await trio.sleep(0.01)
-    assert engine._held_bytes == 0
+    assert engine.streams.held_bytes == 0
     row = 65536 * 4
     assert bytes(await engine.read(stream, len(stream.header) + row, 4096)) == values[65536:].tobytes()[:4096]
 

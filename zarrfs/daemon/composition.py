@@ -8,9 +8,8 @@ import threading
 
 from .. import formats
 from ..codecs.adapters import compressor_config
-from ..engine import Engine
+from ..engine import Engine, EngineConfig
 from ..engine.cache import ChunkCache
-from ..engine.fastpath.direct import DirectReads
 from ..errors import UserError
 from ..formats.icechunk import IcechunkHierarchy
 from ..fuse_ops import ZarrOperations, invalidate_data_sync, invalidate_name
@@ -94,11 +93,7 @@ def build(source: str, options: Options) -> ZarrOperations:
         raise UserError(f"{shown}: not a Zarr hierarchy")
     if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
         raise UserError(f"{shown}: {root.error}")
-    engine = Engine(store, ChunkCache(options.cache_size_bytes), timeout_s=options.timeout_s)
-    if store.is_local and not options.writable:
-        engine.direct = DirectReads(store)
-    engine.bands_enabled = not options.writable
-    engine.recycle_enabled = store.is_local and not options.writable
+    engine = Engine(store, ChunkCache(options.cache_size_bytes), EngineConfig.for_mount(options, store))
     namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
                           create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
                           on_data_stale_sync=invalidate_data_sync,

@@ -1,8 +1,7 @@
-"""Chunk loads: cache lookups, single-flight loads, shard indexes and partial shard reads, decoding in threads.
+"""Chunk loads: single-flight loads into the cache, shard indexes and partial shard reads, decoding in threads.
 
-The Loads mixin of Engine (the package's __init__ owns the tables; docs/CONCURRENCY.md says who touches
-which). A chunk source says what it can read in part (chunksource.py); nothing here tests
-its type.
+The tables it fills are ChunkTables' (tables.py says who writes which). A chunk source says
+what it can read in part (chunksource.py); nothing here tests its type.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
@@ -23,8 +22,14 @@ from ..codecs.chain import reads_into
 from ..errors import CorruptChunk, MetadataError, StoreError, ZarrfsError
 from ..model import ArrayMeta
 from . import revalidate
+from .memory import private_buffer
 from .readahead import PREFETCH_CACHE_SHARE
-from .fastpath.spares import private_buffer
+from .runtime import Flight, Runtime
+from .tables import BODY, INDEX, INNER, ChunkTables, cache_key, partial, shard_unit, write_unit
+
+if TYPE_CHECKING:
+    from .fastpath.spares import Spares
+    from .revalidate import Revalidation
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +41,6 @@ RANGE_GAP_LOCAL = 64 << 10
 RANGE_GAP_REMOTE = 1 << 20
 SHARD_RETRIES = 3  # reads of a shard again after a write overtook them, at most
 BATCH_BYTES = 4 << 20  # decoded bytes of inner chunks loaded together, at most (or one chunk)
-# Cache keys of inner chunks and of shard indexes, and version keys of shards rewritten
-# chunk by chunk, carry a tag after (path, index).
-INNER = "inner"
-INDEX = "index"
-SHARD = "shard"
-BODY = "body"  # once() key of a whole shard's stored bytes being loaded, for its inner chunks
 NO_SHARD = np.zeros(0, dtype="<u8")  # cached index of a shard that is not stored
 # A local chunk decoded into a buffer given for it is read into its worker thread's scratch
 # buffer, of its decoded size and this much more (a compressor's header, incompressible data),
@@ -50,6 +49,7 @@ SCRATCH_SLACK = 64 << 10
 SCRATCH_STEP = 1 << 20
 SCRATCH_MAX_BYTES = 64 << 20
 _scratch = threading.local()  # .buf: this worker thread's scratch buffer
+
 
 def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes, out: np.ndarray | None = None) -> np.ndarray:
     """Decode one stored chunk (maybe into OUT: see CodecChain.decode); any failure becomes a
@@ -109,16 +109,6 @@ def decode_chunks_sync(meta: ArrayMeta, pieces: list[tuple[str, Any]],
     return [decode_chunk_sync(meta, key, raw, out) for (key, raw), out in zip(pieces, outs)]
 
 
-def _partial(meta: ArrayMeta) -> bool:
-    """Whether the array's chunks are read through their shard's index, in part."""
-    return meta.source is not None and meta.source.partial_reads
-
-
-def _in_shard_chunks(meta: ArrayMeta) -> bool:
-    """Whether the array's chunks are inner chunks of shards that are themselves chunks (v3)."""
-    return meta.source is not None and meta.source.shard_is_chunk
-
-
 def _inner_limit(meta: ArrayMeta) -> int:
     """Stored bytes an inner chunk may take at most. A hostile index must not make us ask for
     terabytes: no codec of fixed-size data grows it by more than a header and a small fraction."""
@@ -137,54 +127,15 @@ def merge_ranges(stored: list[tuple[int, int, Index]], gap: int) -> list[tuple[i
     return [(a, b) for a, b in ranges]
 
 
-class _Load:
-    """One chunk load in flight, shared by every reader that wants that chunk."""
-
-    __slots__ = ("done", "value", "error")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.value: np.ndarray | None = None
-        self.error: BaseException | None = None
-
-
 class Loads:
-    """Loading chunks into the cache, each once however many readers want it (mixed into Engine)."""
+    """Loading chunks into the cache, each once however many readers want it."""
 
-    @staticmethod
-    def _key(meta: ArrayMeta, idx: Index) -> tuple:
-        """Cache key of a decoded chunk; inner chunks of a grid of shards have their own."""
-        return (meta.path, idx, INNER) if _in_shard_chunks(meta) else (meta.path, idx)
-
-    @staticmethod
-    def _write_unit(meta: ArrayMeta, idx: Index) -> tuple[str, Index]:
-        """The written chunk a chunk belongs to: itself, or for an inner chunk of a grid of shards its shard."""
-        return (meta.path, meta.source.shard_of(idx)) if _in_shard_chunks(meta) else (meta.path, idx)
-
-    @staticmethod
-    def _shard_unit(meta: ArrayMeta, shard: Index) -> tuple:
-        """Version (and rewrite lock) key of a shard's stored bytes: the written chunk itself
-        where shards are the grid's chunks, a key of its own where chunks rewrite their shard."""
-        return (meta.path, shard) if meta.source.shard_is_chunk else (meta.path, shard, SHARD)
-
-    def _lookup(self, meta: ArrayMeta, idx: Index, count: bool = True) -> np.ndarray | None:
-        """A chunk without loading it: held by a writer, or cached (for an inner chunk, its shard too)."""
-        if not _in_shard_chunks(meta):  # (every small read asks: no more than it needs)
-            key = (meta.path, idx)
-            held = self._held(key) if self._dirty or self._storing else None
-            return held if held is not None else self.cache.get(key, count)
-        unit = self._write_unit(meta, idx)  # its shard
-        whole = self._held(unit)
-        if whole is None and self.cache.contains(unit):
-            whole = self.cache.get(unit, count)
-        if whole is not None:  # the inner chunk's region of its decoded shard
-            return whole[tuple(slice(p * c, (p + 1) * c) for p, c in zip(meta.source.position(idx), meta.chunk_shape))]
-        return self.cache.get(self._key(meta, idx), count)
-
-    def _held(self, key: tuple[str, Index]) -> np.ndarray | None:
-        """A written chunk the store may not have yet: dirty, or being stored right now."""
-        dirty = self._dirty.get(key)
-        return dirty[1] if dirty is not None else self._storing.get(key)
+    def __init__(self, runtime: Runtime, tables: ChunkTables, revalidation: Revalidation, spares: Spares) -> None:
+        self.runtime, self.tables, self.revalidation, self.spares = runtime, tables, revalidation, spares
+        # Chunks larger than the cache are loaded one at a time (each costs its encoded
+        # bytes and its decoded array while it loads), and said once per array.
+        self._oversize_lock = trio.Lock()
+        self._oversize_told: set[str] = set()
 
     async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
@@ -198,30 +149,30 @@ class Loads:
         `whole`: inner chunks are taken from their shards read whole, one request each
         (`_shard_body`), instead of the shard's index and ranges of it.
         """
-        self.check_layout(meta)
-        await self.check_cached(meta)
+        self.revalidation.check_layout(meta)
+        await self.revalidation.check_cached(meta)
         out: dict[Index, np.ndarray] = {}
-        waiting: list[tuple[Index, _Load]] = []
-        new: dict[Index, _Load] = {}
+        waiting: list[tuple[Index, Flight]] = []
+        new: dict[Index, Flight] = {}
         shards: list[Index] = []
         for idx in wanted:
-            arr = self._lookup(meta, idx)
+            arr = self.tables.lookup(meta, idx)
             if arr is not None:
                 out[idx] = arr
                 continue
-            key = self._key(meta, idx)
-            load = self._inflight.get(key)
-            if load is None and key[-1] == INNER and self._write_unit(meta, idx) in self._inflight:
+            key = cache_key(meta, idx)
+            load = self.tables.inflight.get(key)
+            if load is None and key[-1] == INNER and write_unit(meta, idx) in self.tables.inflight:
                 shards.append(idx)  # its shard is being loaded whole: take it from there
                 continue
             if load is None:
-                load = new[idx] = self._inflight[key] = _Load()
+                load = new[idx] = self.tables.inflight[key] = Flight()
             waiting.append((idx, load))
         if new:
             batches = self._batches(meta, list(new))
-            if self._nursery is not None:  # a reader interrupted while it waits leaves the loads to others
+            if self.runtime.running:  # a reader interrupted while it waits leaves the loads to others
                 for batch in batches:
-                    self._nursery.start_soon(self._load_batch, meta, batch, new, whole)
+                    self.runtime.start_soon(self._load_batch, meta, batch, new, whole)
             elif len(batches) == 1:
                 await self._load_batch(meta, batches[0], new, whole)
             else:
@@ -234,10 +185,10 @@ class Loads:
                 raise load.error
             out[idx] = load.value
         for idx in shards:
-            load = self._inflight.get(self._write_unit(meta, idx))
+            load = self.tables.inflight.get(write_unit(meta, idx))
             if load is not None:
                 await load.done.wait()
-            arr = self._lookup(meta, idx)
+            arr = self.tables.lookup(meta, idx)
             out[idx] = arr if arr is not None else (await self.chunks(meta, (idx,)))[idx]
         return out
 
@@ -245,7 +196,7 @@ class Loads:
     def _batches(meta: ArrayMeta, idxs: list[Index]) -> list[list[Index]]:
         """Loads that go together: each chunk alone; inner chunks of one shard a few at a time."""
         src = meta.source
-        if not _partial(meta):
+        if not partial(meta):
             return [[idx] for idx in idxs]
         by_shard: dict[Index, list[Index]] = {}
         for idx in idxs:
@@ -259,18 +210,18 @@ class Loads:
             batches += [group[i:i + per_batch] for i in range(0, len(group), per_batch)]
         return batches
 
-    async def _load_batch(self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, _Load],
+    async def _load_batch(self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, Flight],
                           whole: bool = False) -> None:
         """Load a batch and settle its loads (values or the error); cache what is still current.
 
-        Only cancellation propagates: load errors reach every reader through its `_Load`.
+        Only cancellation propagates: load errors reach every reader through its Flight.
         """
-        versions = self._chunk_versions(meta, batch)
+        versions = self.tables.chunk_versions(meta, batch)
         values: dict[Index, np.ndarray] = {}
         error: BaseException | None = None
         try:
             async with self._oversize_turn(meta, batch[0]):
-                if _partial(meta):
+                if partial(meta):
                     values, error, versions = await self._load_inner_consistent(meta, batch, whole)
                 else:
                     values = {batch[0]: await self._load(meta, batch[0])}
@@ -285,20 +236,20 @@ class Loads:
         finally:
             # A write since the load began makes what was read stale: hand it to the
             # readers that asked before the write, but do not cache it.
-            current = self._chunk_versions(meta, batch)
+            current = self.tables.chunk_versions(meta, batch)
             for idx in batch:
-                key = self._key(meta, idx)
+                key = cache_key(meta, idx)
                 load = loads[idx]
                 # (no longer in the table: the array's layout was replaced while it loaded)
-                mine = self._inflight.get(key) is load
+                mine = self.tables.inflight.get(key) is load
                 if error is None:
                     load.value = values[idx]
                     if current[idx] == versions[idx] and mine:
-                        self.cache.put(key, load.value)
+                        self.tables.cache.put(key, load.value)
                 else:
                     load.error = error
                 if mine:
-                    del self._inflight[key]
+                    del self.tables.inflight[key]
                 load.done.set()
 
     @contextlib.asynccontextmanager
@@ -306,7 +257,7 @@ class Loads:
         """For a chunk larger than the whole cache: wait for the one such load at a time, make
         room in the cache's oversize slots first (so that at most that many such chunks
         exist at once), and say once per array what this costs. Other chunks pass."""
-        if meta.chunk_nbytes <= self.cache.max_bytes:
+        if meta.chunk_nbytes <= self.tables.cache.max_bytes:
             yield
             return
         async with self._oversize_lock:
@@ -317,24 +268,20 @@ class Loads:
                             "the last %d kept beside the cache. "
                             "Give a cache_size of at least %d bytes (four chunks: read-ahead, a quarter of the "
                             "cache, then spans one), or rechunk the array in smaller chunks",
-                            meta.path or "/", meta.chunk_key(idx), meta.chunk_nbytes, self.cache.max_bytes,
-                            self.cache.oversize_slots, meta.chunk_nbytes * PREFETCH_CACHE_SHARE)
-            self.cache.make_room_oversize()
-            self.counters["oversize_loads"] += 1
+                            meta.path or "/", meta.chunk_key(idx), meta.chunk_nbytes, self.tables.cache.max_bytes,
+                            self.tables.cache.oversize_slots, meta.chunk_nbytes * PREFETCH_CACHE_SHARE)
+            self.tables.cache.make_room_oversize()
+            self.runtime.counters["oversize_loads"] += 1
             yield
-
-    def _chunk_versions(self, meta: ArrayMeta, batch: list[Index]) -> dict[Index, int]:
-        """The write version of each chunk's written unit (a chunk, or its shard)."""
-        return {idx: self._versions.get(self._write_unit(meta, idx), 0) for idx in batch}
 
     async def _rewrite_done(self, meta: ArrayMeta, shard: Index) -> None:
         """Wait while a writer rewrites the shard (chunks that rewrite their shard only)."""
-        key = self._shard_unit(meta, shard)
-        lock = self._chunk_locks.get(key)
+        key = shard_unit(meta, shard)
+        lock = self.tables.chunk_locks.get(key)
         if meta.source.rewrites_shard and lock is not None and lock.locked():
             async with lock:
                 pass
-            self._drop_lock(key, lock)
+            self.tables.drop_lock(key, lock)
 
     async def _load_inner_consistent(self, meta: ArrayMeta, batch: list[Index], whole: bool = False
                                      ) -> tuple[dict[Index, np.ndarray], ZarrfsError | None, dict[Index, int]]:
@@ -347,66 +294,66 @@ class Loads:
         and read again, from the writer's chunk while it is held, after the rewrite.
         """
         shard = meta.source.shard_of(batch[0])
-        unit = self._shard_unit(meta, shard)
+        unit = shard_unit(meta, shard)
         for attempt in range(SHARD_RETRIES + 1):
             await self._rewrite_done(meta, shard)
-            version = self._versions.get(unit, 0)
-            versions = self._chunk_versions(meta, batch)
+            version = self.tables.versions.get(unit, 0)
+            versions = self.tables.chunk_versions(meta, batch)
             # Held or cached since the reader looked (a write may have come in between).
-            values = {idx: arr for idx in batch if (arr := self._lookup(meta, idx, count=False)) is not None}
+            values = {idx: arr for idx in batch if (arr := self.tables.lookup(meta, idx, count=False)) is not None}
             error: ZarrfsError | None = None
             try:
                 if len(values) < len(batch):
                     values.update(await self._load_inner(meta, [i for i in batch if i not in values], whole))
             except ZarrfsError as e:
                 error = e
-            if self._versions.get(unit, 0) == version or attempt == SHARD_RETRIES:
+            if self.tables.versions.get(unit, 0) == version or attempt == SHARD_RETRIES:
                 break
             log.debug("shard of %s chunk %s was written while it was read; reading again", meta.path, batch[0])
         if error is not None:
-            self._count_error(error, meta.chunk_key(batch[0]))
+            self.runtime.count_error(error, meta.chunk_key(batch[0]))
         return values, error, versions
 
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
         began = revalidate.now()
-        out = self.decode_buffer(meta)  # the chunk's bytes as stored, or what its codec decodes into
+        out = self.spares.decode_buffer(meta)  # the chunk's bytes as stored, or what its codec decodes into
         into = out if out is not None and reads_into(meta.codec) else None
         # A local chunk that decodes into OUT is read and decoded in one call, in a decoding
         # thread (read_decode_sync).
-        together = out is not None and into is None and self.store.is_local
+        together = out is not None and into is None and self.runtime.store.is_local
         try:
             if together:
-                nbytes, arr, seconds = await self.run_io(read_decode_sync, meta, self.store, idx, key, out,
+                nbytes, arr, seconds = await self.runtime.run_io(read_decode_sync, meta, self.runtime.store, idx, key, out,
                                                          key=key, cpu=True)
             else:
-                raw = await self.run_io(chunksource.read_chunk_sync, meta, self.store, idx, into, key=key)
+                raw = await self.runtime.run_io(chunksource.read_chunk_sync, meta, self.runtime.store, idx, into, key=key)
                 nbytes = None if raw is None else len(raw)
         except ZarrfsError as e:
-            self._count_error(e, key)
+            self.runtime.count_error(e, key)
             raise
-        self.counters["store_gets"] += 1
-        if not _partial(meta):
-            self.note_fetch(meta, idx, key, began, nbytes)
+        self.runtime.counters["store_gets"] += 1
+        if not partial(meta):
+            self.revalidation.note_fetch(meta, idx, key, began, nbytes)
         if nbytes is None:
-            return self._fill_chunk(meta)
-        self.counters["store_bytes"] += nbytes
+            return self.fill_chunk(meta)
+        self.runtime.counters["store_bytes"] += nbytes
         if together:
-            self._decoded([arr], seconds)
+            self.runtime.decoded([arr], seconds)
         else:
             arr = (await self._decode(meta, [(key, raw)], outs=[None if into is not None else out]))[0]
         if out is not None and arr.base is out:
             arr.flags.writeable = False  # a cached chunk is never changed by a reader
         return arr
 
-    def _fill_chunk(self, meta: ArrayMeta) -> np.ndarray:
+    def fill_chunk(self, meta: ArrayMeta) -> np.ndarray:
         """A chunk that is not stored: the fill value throughout (MetadataError, logged under the
         array's document, when the document's fill value cannot be read)."""
         if meta.fill_error is not None:
             error = MetadataError(f"{meta.metadata_key}: a chunk that is not stored cannot be read: {meta.fill_error}")
-            self._count_error(error, meta.metadata_key)
+            self.runtime.count_error(error, meta.metadata_key)
             raise error
-        self.counters["fill_chunks"] += 1
+        self.runtime.counters["fill_chunks"] += 1
         return np.broadcast_to(meta.fill_value, meta.chunk_shape)
 
     async def _decode(self, meta: ArrayMeta, pieces: list[tuple[str, Any]],
@@ -414,50 +361,45 @@ class Loads:
         """Decode encoded chunks (labelled for errors) in one worker thread (maybe into OUTS)."""
         t0 = time.perf_counter()
         try:
-            arrs = await self.run_cpu(decode_chunks_sync, meta, pieces, outs)
+            arrs = await self.runtime.run_cpu(decode_chunks_sync, meta, pieces, outs)
         except ZarrfsError as e:
             if count_errors:
-                self._count_error(e, pieces[0][0])
+                self.runtime.count_error(e, pieces[0][0])
             raise
-        self._decoded(arrs, time.perf_counter() - t0)
+        self.runtime.decoded(arrs, time.perf_counter() - t0)
         return arrs
-
-    def _decoded(self, arrs: list[np.ndarray], seconds: float) -> None:
-        """Count decoded chunks and the time their decoding took."""
-        self.decode_seconds += seconds
-        self.counters["bytes_decoded"] += sum(a.nbytes for a in arrs)
 
     async def _shard_index(self, meta: ArrayMeta, shard: Index) -> np.ndarray | None:
         """The index of a shard (cached, loaded once), or None when the shard is not stored."""
         src = meta.source
         key = (meta.path, shard, INDEX)
-        index = self.cache.get(key, count=False)
+        index = self.tables.cache.get(key, count=False)
         if index is None:
-            load = self._inflight.get(key)
+            load = self.tables.inflight.get(key)
             if load is not None:
                 await load.done.wait()
                 if load.error is not None:
                     raise load.error
                 index = load.value
             else:
-                load = self._inflight[key] = _Load()
-                version = self._versions.get(self._shard_unit(meta, shard), 0)
+                load = self.tables.inflight[key] = Flight()
+                version = self.tables.versions.get(shard_unit(meta, shard), 0)
                 try:
-                    index = await self.run_io(src.read_index_sync, self.store, shard, key=key)
-                    self.counters["store_gets"] += 1
+                    index = await self.runtime.run_io(src.read_index_sync, self.runtime.store, shard, key=key)
+                    self.runtime.counters["store_gets"] += 1
                     if index is None:
                         index = NO_SHARD
                     else:
-                        self.counters["store_bytes"] += src.index_nbytes
+                        self.runtime.counters["store_bytes"] += src.index_nbytes
                     load.value = index
-                    if self._versions.get(self._shard_unit(meta, shard), 0) == version and self.current_layout(meta):
-                        self.cache.put(key, index)
+                    if self.tables.versions.get(shard_unit(meta, shard), 0) == version and self.revalidation.current_layout(meta):
+                        self.tables.cache.put(key, index)
                 except BaseException as e:  # counted and logged by the batch that asked
                     load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
                     raise
                 finally:
-                    if self._inflight.get(key) is load:
-                        del self._inflight[key]
+                    if self.tables.inflight.get(key) is load:
+                        del self.tables.inflight[key]
                     load.done.set()
         return None if index.size == 0 else index
 
@@ -472,17 +414,17 @@ class Loads:
         src = meta.source
 
         async def load() -> tuple[Any, np.ndarray | None]:
-            version = self._versions.get(self._shard_unit(meta, shard), 0)
+            version = self.tables.versions.get(shard_unit(meta, shard), 0)
             max_nbytes = src.index_nbytes + math.prod(src.per_shard) * _inner_limit(meta)
-            found = await self.run_io(src.read_whole_sync, self.store, shard, max_nbytes)
-            self.counters["store_gets"] += 1
+            found = await self.runtime.run_io(src.read_whole_sync, self.runtime.store, shard, max_nbytes)
+            self.runtime.counters["store_gets"] += 1
             if found is not None:
-                self.counters["store_bytes"] += len(found[0])
-            if self._versions.get(self._shard_unit(meta, shard), 0) == version and self.current_layout(meta):
-                self.cache.put((meta.path, shard, INDEX), NO_SHARD if found is None else found[1])
+                self.runtime.counters["store_bytes"] += len(found[0])
+            if self.tables.versions.get(shard_unit(meta, shard), 0) == version and self.revalidation.current_layout(meta):
+                self.tables.cache.put((meta.path, shard, INDEX), NO_SHARD if found is None else found[1])
             return (None, None) if found is None else found
 
-        return await self.once((meta.path, shard, BODY), load)
+        return await self.runtime.once((meta.path, shard, BODY), load)
 
     async def _load_inner(self, meta: ArrayMeta, batch: list[Index], whole: bool = False) -> dict[Index, np.ndarray]:
         """Inner chunks of one shard: its index, then only their bytes, in as few ranges as
@@ -491,7 +433,7 @@ class Loads:
         shard = src.shard_of(batch[0])
         shard_key = src.keys.key(shard)
         body = None
-        if whole or (meta.path, shard, BODY) in self._flights:
+        if whole or self.runtime.in_flight((meta.path, shard, BODY)):
             body, index = await self._shard_body(meta, shard)
         else:
             index = await self._shard_index(meta, shard)
@@ -501,7 +443,7 @@ class Loads:
         for idx in batch:
             found = src.entry(index, idx)
             if found is None:
-                out[idx] = self._fill_chunk(meta)
+                out[idx] = self.fill_chunk(meta)
                 continue
             offset, nbytes = found
             if nbytes > limit:
@@ -518,10 +460,10 @@ class Loads:
                 raise CorruptChunk(f"shard {shard_key}: inner chunks named by its index lie outside the shard "
                                    f"({len(body)} bytes)")
         else:
-            ranges = merge_ranges(stored, RANGE_GAP_LOCAL if self.store.is_local else RANGE_GAP_REMOTE)
-            datas = await self.run_io(src.read_ranges_sync, self.store, shard, ranges)
-            self.counters["store_gets"] += len(ranges)
-            self.counters["store_bytes"] += sum(len(d) for d in datas)
+            ranges = merge_ranges(stored, RANGE_GAP_LOCAL if self.runtime.store.is_local else RANGE_GAP_REMOTE)
+            datas = await self.runtime.run_io(src.read_ranges_sync, self.runtime.store, shard, ranges)
+            self.runtime.counters["store_gets"] += len(ranges)
+            self.runtime.counters["store_bytes"] += sum(len(d) for d in datas)
         pieces = []
         r = 0
         for offset, nbytes, idx in stored:
@@ -533,11 +475,3 @@ class Loads:
         for (_, _, idx), arr in zip(stored, await self._decode(meta, pieces, count_errors=False)):
             out[idx] = arr
         return out
-
-    def _known(self, meta: ArrayMeta, idx: Index) -> bool:
-        """Whether a chunk is held or cached (an inner chunk: it, or its shard whole)."""
-        unit = self._write_unit(meta, idx)
-        if self._held(unit) is not None or self.cache.contains(unit):
-            return True
-        return _in_shard_chunks(meta) and self.cache.contains(self._key(meta, idx))
-

@@ -1,16 +1,23 @@
 """Read-ahead: after sequential reads, load the chunks of a window that doubles up to a bound, reset on a seek.
 
-The Prefetch mixin of Engine, and ReadAhead, one reader's state (the package's __init__ owns the tables; docs/CONCURRENCY.md).
+Prefetch, a part of the engine, and ReadAhead, one reader's state (tables.py: the tables it reads).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ZarrfsError
 from ..model import ArrayMeta
 from ..views.streams import ArrayStream
+from .runtime import Runtime
+from .tables import ChunkTables
+
+if TYPE_CHECKING:
+    from .fastpath.shards import ShardReads
+    from .loads import Loads
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +38,6 @@ PREFETCH_CACHE_SHARE = 4
 # 4 interleaved pairs: 1.13-1.42 -> 1.08-1.14 s; blosc 0.72-0.88 -> 0.66-0.77 s; peak RSS
 # +62 MiB (187 -> 250 MiB).
 LOCAL_PREFETCH_MAX_BYTES = 128 << 20
-# A reader's first read, at offset 0, of at least this many bytes starts a sequential read
-# (of a remote sharded array: whole shards at once, `_sequential_start`). The kernel sizes
-# its first read-ahead from the application's request (mm/readahead.c get_init_ra_size:
-# x4 up to 1/32 of read_ahead_kb, x2 up to 1/4, then all of it; the daemon sets 1024 KiB).
-# Measured on a mount: `head -c 4096` and `dd bs=4k count=1` send 16 KiB, `gdalinfo` 32 KiB,
-# `dd bs=64k count=1` 128 KiB; `cp` 256 KiB, `cat`, `dd bs=1M`, numpy and any Python read
-# (st_blksize is 1 MiB) 1 MiB. 256 KiB is what a 128 KiB request (cat's least buffer, cp's)
-# becomes: below it a peek at a header, from it on a reader of the file's body.
-SEQUENTIAL_START_BYTES = 256 << 10
 
 
 class ReadAhead:
@@ -59,38 +57,21 @@ class ReadAhead:
         self.held_next = 1 << 63  # where the first of them ends
 
 
+def window_bound(store: Any, cache: Any) -> int:
+    """Read-ahead's bound by default: by the store's kind, and a share of the cache."""
+    return min(LOCAL_PREFETCH_MAX_BYTES if store.is_local else PREFETCH_MAX_BYTES,
+               cache.max_bytes // PREFETCH_CACHE_SHARE)
+
+
 class Prefetch:
-    """Prefetch for sequential readers (mixed into Engine)."""
+    """Prefetch for sequential readers: chunks of a window ahead of each, loaded in the background."""
 
-    def _whole_shards(self, stream: ArrayStream) -> bool:
-        """Whether a sequential reader of this array loads shards whole, it and its read-ahead:
-        a remote array of shards that fit in the read-ahead budget.
+    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads, shards: ShardReads,
+                 max_bytes: int) -> None:
+        self.runtime, self.tables, self.loads, self.shards = runtime, tables, loads, shards
+        self.max_bytes = max_bytes  # the window's bound
 
-        On a remote store a request costs a round trip, as much as megabytes of transfer: one
-        GET of a whole shard (its index inside) replaces an index request and a range request
-        per read and per window step. Random readers still fetch only the index and the inner
-        chunks they need; local stores read inner chunks as before.
-        """
-        meta = stream.meta
-        return (meta.inner is not None and self._nursery is not None and not self.store.is_local
-                and not self.store.ranges_ignored and 0 < meta.chunk_nbytes <= self.prefetch_max_bytes)
-
-    def _sequential_start(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> bool:
-        """Whether a reader's first read starts a sequential read of whole shards: at offset 0,
-        as large as only a reader of the body asks (SEQUENTIAL_START_BYTES).
-
-        Otherwise it pays an index request, then ranges, before its second read makes it
-        sequential and the shard is fetched whole anyway; a peek at the header of the file
-        stays a random read (the index and the inner chunks it needs).
-        """
-        if state.next_offset != -1 or offset != 0 or not self._whole_shards(stream):
-            return False
-        start = size >= SEQUENTIAL_START_BYTES
-        log.debug("%s: first read, %d bytes at 0: %s", stream.meta.path or "/", size,
-                  "a sequential start" if start else "not yet sequential")
-        return start
-
-    def _read_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, sequential: bool) -> None:
+    def read_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, sequential: bool) -> None:
         """After a sequential read (the reader's previous read ended at `offset`), start loading
         the chunks of the next window.
 
@@ -99,17 +80,17 @@ class Prefetch:
         (`_whole_shards`) gets every shard the read and the window touch read whole, and
         this is called before the read's own loads, so that they share one request.
         """
-        if self._nursery is None or self.prefetch_max_bytes <= 0:
+        if not self.runtime.running or self.max_bytes <= 0:
             return
-        if (stream.meta.inner or stream.meta).chunk_nbytes > self.cache.max_bytes:
+        if (stream.meta.inner or stream.meta).chunk_nbytes > self.tables.cache.max_bytes:
             return  # one such chunk decoded at a time: one ahead would evict the one being read
-        whole = sequential and self._whole_shards(stream)
+        whole = sequential and self.shards.whole(stream)
         window, planned = state.window, state.planned
         if sequential:
             # Reading whole shards, the window is at least one row of them (in the stream's order)
             # ahead: one shard ahead left the next row's fetch to start only at the next read.
             least = stream.chunk_row_bytes() if whole else size
-            window = min(max(window * 2, least), self.prefetch_max_bytes)
+            window = min(max(window * 2, least), self.max_bytes)
         else:
             window, planned = 0, 0
             state.planned_row = None  # what it asked for behind or ahead may be gone: ask again
@@ -125,7 +106,7 @@ class Prefetch:
             self._shards_ahead(stream, start, stop)
             return
         meta = stream.meta
-        if (meta.inner is not None and not self.store.ranges_ignored
+        if (meta.inner is not None and not self.runtime.store.ranges_ignored
                 and math.prod(meta.chunk_shape) * meta.dtype.itemsize > window):
             stream = stream.for_reads()
             meta = stream.meta
@@ -133,16 +114,16 @@ class Prefetch:
         # asks for no chunk that was not asked for (unless cached chunks were dropped since):
         # the plan of its new part is skipped (a 1 MiB read of the reference array plans 16).
         last = stream.last_chunk_row(start, stop)
-        if last is not None and last[1] and state.planned_row == (stream, self.band_generation, last[0]):
+        if last is not None and last[1] and state.planned_row == (stream, self.tables.generation, last[0]):
             return
-        state.planned_row = (stream, self.band_generation, last[0]) if last is not None and last[2] else None
+        state.planned_row = (stream, self.tables.generation, last[0]) if last is not None and last[2] else None
         ahead = []
         for idx in stream.plan(start, stop - start).chunks:
-            if self._key(meta, idx) not in self._inflight and not self._known(meta, idx):
+            if not self.tables.loading(meta, idx) and not self.tables.known(meta, idx):
                 ahead.append(idx)
         if ahead:
-            self.counters["prefetched"] += len(ahead)
-            self._nursery.start_soon(self._prefetch, meta, ahead)
+            self.runtime.counters["prefetched"] += len(ahead)
+            self.runtime.start_soon(self._prefetch, meta, ahead)
 
     def _shards_ahead(self, stream: ArrayStream, start: int, stop: int) -> None:
         """Start loading every inner chunk not yet loaded or in flight of the shards that bytes
@@ -150,19 +131,18 @@ class Prefetch:
         inner = stream.for_reads().meta
         ahead = []
         for shard in stream.plan(start, stop - start).chunks:
-            if not self._known(stream.meta, shard):
+            if not self.tables.known(stream.meta, shard):
                 ahead += [idx for idx in inner.source.inner_of(shard)
-                          if self._key(inner, idx) not in self._inflight and not self._known(inner, idx)]
+                          if not self.tables.loading(inner, idx) and not self.tables.known(inner, idx)]
         if ahead:
-            self.counters["prefetched"] += len(ahead)
-            self._nursery.start_soon(self._prefetch, inner, ahead, True)
+            self.runtime.counters["prefetched"] += len(ahead)
+            self.runtime.start_soon(self._prefetch, inner, ahead, True)
 
     async def _prefetch(self, meta: ArrayMeta, idxs: list[Index], whole: bool = False) -> None:
+        """Load chunks in the background; their errors reach the readers that ask for them."""
         try:
-            await self.chunks(meta, idxs, whole)
+            await self.loads.chunks(meta, idxs, whole)
         except ZarrfsError:
             pass  # reported when a reader asks for these chunks
         except Exception:  # background work must not end the daemon
             log.exception("unexpected error in read-ahead of %s", meta.path or "/")
-
-    # --- writes -------------------------------------------------------------------------

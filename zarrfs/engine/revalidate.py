@@ -1,6 +1,6 @@
 """Cached chunks checked against the store after `metadata_ttl` instead of read again: one listing of an array's prefix per array read after the TTL.
 
-The Revalidation mixin of Engine. A chunk read from the store is noted with what identifies the
+A chunk read from the store is noted with what identifies the
 version read without another request: when the GET began and how many bytes it returned (fsspec
 gives no ETag with a body). After the TTL, the next read of an array lists its prefix once (one
 request per 1,000 keys on S3: cheaper than a HEAD per cached chunk) and keeps each cached chunk
@@ -23,11 +23,12 @@ from typing import Any, Callable
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta
 from ..storage.store import FETCH_MARGIN_S
+from .runtime import Runtime
+from .tables import ChunkTables
 
 log = logging.getLogger(__name__)
 
 Index = tuple[int, ...]
-
 
 
 class _Fetched:
@@ -43,11 +44,12 @@ class _Fetched:
 
 
 class Revalidation:
-    """Per array: the versions of its cached chunks, checked once per TTL when it is next read."""
+    """Per array: the versions of its cached chunks, checked once per TTL when it is next read,
+    and the chunk layouts its chunks are read with."""
 
-    on_array_changed: Callable[[str], Any] | None = None  # the kernel's pages of an array: dropped
-
-    def _init_revalidation(self) -> None:
+    def __init__(self, runtime: Runtime, tables: ChunkTables) -> None:
+        self.runtime, self.tables = runtime, tables
+        self.on_array_changed: Callable[[str], Any] | None = None  # the kernel's pages of an array: dropped
         self._epoch = 0  # bumped when the TTL runs out
         self._checked: dict[str, int] = {}  # array path -> epoch of its last check
         self._fetched: dict[tuple[str, Index], _Fetched] = {}
@@ -55,27 +57,32 @@ class Revalidation:
         # inner chunks' where shards are read in part) its chunks are read with: arrays read only
         self._layouts: dict[str, frozenset[int]] = {}
 
-    def see_layout(self, meta: ArrayMeta) -> None:
-        """The namespace read `meta` from the store. If the array's chunks were read with another
-        chunk layout (another writer replaced it with another grid, data type, fill value or
-        codecs), forget what was decoded or is being loaded with the old one."""
+    def layout_replaced(self, meta: ArrayMeta) -> bool:
+        """Whether the namespace's new `meta` has another chunk layout than the one the array's
+        chunks were read with (another writer replaced it with another grid, data type, fill
+        value or codecs): then what was decoded or is being loaded with the old one must go
+        (Engine.see_layout), and `adopt_layout` follows."""
+        known = self._layouts.get(meta.path)
+        return known is not None and meta.chunk_layout_hash not in known  # (None: nothing read, nothing to forget)
+
+    def adopt_layout(self, meta: ArrayMeta) -> None:
+        """The array's chunks are read with `meta`'s layout from now on, none checked or fetched yet."""
         path = meta.path
-        known = self._layouts.get(path)
-        if known is None or meta.chunk_layout_hash in known:  # (None: nothing read, nothing to forget)
-            return
-        layouts = _layouts_of(meta)
-        lost = [k for k in self._dirty if k[0] == path]
-        if lost:  # their grid is gone from the store: stored now, they would corrupt the new array
-            log.warning("%s: %d written chunks not yet stored are dropped: another writer replaced the array "
-                        "in the store with another shape, data type or chunking", path or "/", len(lost))
-        self.discard(path)  # (chunks, shard indexes, written chunks, versions, loads under way)
-        self._layouts[path] = layouts
+        self._layouts[path] = _layouts_of(meta)
         self._checked.pop(path, None)
         for k in [k for k in self._fetched if k[0] == path]:
             del self._fetched[k]
-        self.drop_bands()
-        if self.direct is not None:
-            self.direct.close()
+
+    def forget(self, path: str) -> None:
+        """Forget the layouts of an array, or of every array below a group, that this mount
+        removed or replaced: its next metadata is the truth."""
+        for key in [k for k in self._layouts if k == path or k.startswith(path + "/")]:
+            del self._layouts[key]
+
+    def is_current(self, path: str) -> bool:
+        """Whether an array's cached chunks need no check before they are used (the TTL has not
+        run out since they were checked)."""
+        return self._checked.get(path, self._epoch) == self._epoch
 
     def check_layout(self, meta: ArrayMeta) -> None:
         """Before chunks of an array are read with `meta`: Stale unless it has the chunk layout the
@@ -95,48 +102,47 @@ class Revalidation:
         return known is None or meta.chunk_layout_hash in known
 
     def note_fetch(self, meta: ArrayMeta, idx: Index, key: str, began: float, size: int | None) -> None:
+        """A chunk was read from the store: what identifies the version read."""
         # A disk cache may have answered with bytes checked against the store before the GET began.
-        self._fetched[(meta.path, idx)] = _Fetched(key, self.store.version_time(key, began), size)
+        self._fetched[(meta.path, idx)] = _Fetched(key, self.runtime.store.version_time(key, began), size)
         self._checked.setdefault(meta.path, self._epoch)
 
     def chunks_stale(self) -> None:
         """The TTL ran out: cached chunks of every array are checked before their next use; what
         cannot be checked (shard indexes and inner chunks, chunks not read from the store) is dropped."""
         self._epoch += 1
-        self.drop_bands()
-        if self.direct is not None:  # a chunk file replaced since (rename) is read again through its name
-            self.direct.close()
-        for key in self.cache.keys():
+        cache = self.tables.cache
+        for key in cache.keys():
             if len(key) != 2 or key not in self._fetched:
-                self.cache.discard(key)
+                cache.discard(key)
 
     async def check_cached(self, meta: ArrayMeta) -> None:
         """Before reading an array: if the TTL ran out since its chunks were checked, check them."""
-        self.store.note_array(meta.keys)
+        self.runtime.store.note_array(meta.keys)
         if self._checked.get(meta.path, self._epoch) == self._epoch:
             return
         self._checked[meta.path] = self._epoch
         mine = [(k, f) for k, f in self._fetched.items() if k[0] == meta.path]
-        held = [(k, f) for k, f in mine if self.cache.contains(k)]
+        held = [(k, f) for k, f in mine if self.tables.cache.contains(k)]
         for k, f in mine:
-            if not self.cache.contains(k):
+            if not self.tables.cache.contains(k):
                 del self._fetched[k]  # evicted meanwhile
         if not held:
             return
         prefix = meta.keys.prefix
         try:
-            versions = await self.run_io(self.store.versions_below_sync, prefix, key=("versions", meta.path))
+            versions = await self.runtime.run_io(self.runtime.store.versions_below_sync, prefix, key=("versions", meta.path))
         except ZarrfsError as e:
             log.info("%s: cached chunks dropped, their versions could not be checked: %s", meta.path or "/", e)
             versions = None
         changed = 0
         for k, f in held:
             if versions is None or not self._unchanged(f, versions.get(f.key[len(prefix) + 1:] if prefix else f.key)):
-                self.cache.discard(k)
+                self.tables.cache.discard(k)
                 del self._fetched[k]
                 changed += 1
-        self.counters["revalidations"] += 1
-        self.counters["chunks_changed"] += changed
+        self.runtime.counters["revalidations"] += 1
+        self.runtime.counters["chunks_changed"] += changed
         log.debug("%s: %d cached chunks checked, %d changed in the store", meta.path or "/", len(held), changed)
         if changed and self.on_array_changed is not None:
             self.on_array_changed(meta.path)

@@ -8,7 +8,7 @@ decoders are kept, at most STREAMS_MAX for the whole daemon, so that a sequentia
 continues its chunk's stream where its last read left it: each chunk decoded once. Memory
 is then bounded by the decoders' windows and their decompressors' state, together at most
 STREAMS_MEMORY_BYTES, whatever the chunk's size, decoded or encoded.
-Mixed into Engine (docs/CONCURRENCY.md: the decoder pool).
+A part of the engine (docs/CONCURRENCY.md: the decoder pool).
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ from ..codecs import rangedecode
 from ..errors import CorruptChunk, ZarrfsError
 from ..views.streams import ArrayStream, plan_bytes
 from ..model import ArrayMeta
+from .loads import Loads
+from .revalidate import Revalidation
+from .runtime import Runtime
+from .tables import ChunkTables, write_unit
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class _Slot:
 
     path: str
     idx: Index
-    generation: int  # the engine's band_generation: a refresh or the TTL makes it stale
+    generation: int  # ChunkTables.generation: a refresh or the TTL makes it stale
     version: int  # the chunk's write version
     window: int = rangedecode.WINDOW_BYTES  # what its decoder keeps of what it decoded last
     dec: Any = None  # made in the worker thread by its first call
@@ -117,9 +121,10 @@ def _streams_max(meta: ArrayMeta) -> int:
 
 
 class StreamedReads:
-    """Reads of arrays whose chunks are larger than the cache (mixed into Engine)."""
+    """Reads of arrays whose chunks are larger than the cache: a pool of chunk decoders."""
 
-    def _init_streamed(self) -> None:
+    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads, revalidation: Revalidation) -> None:
+        self.runtime, self.tables, self.loads, self.revalidation = runtime, tables, loads, revalidation
         self._idle: list[_Slot] = []  # decoders not in use, least recently used first
         self._busy: dict[tuple[str, Index], list[_Slot]] = {}  # decoders in use, by chunk
         self._in_use = 0  # decoders in use (or held by an abandoned worker)
@@ -127,22 +132,22 @@ class StreamedReads:
         self._freed = trio.Event()  # set (and replaced) when one is given back, or its cost
         self._streamed_told: set[str] = set()  # arrays whose first such read was logged
 
-    def streamed(self, stream: Any) -> bool:
+    def serves(self, stream: Any) -> bool:
         """Whether reads of STREAM decode ranges of its chunks instead of whole chunks: an
         array's own byte stream (any view of it, or one chunk), its chunks larger than the
         cache and stored one key each, of a chain that can be decoded a range at a time."""
         if not stream.is_array_stream:
             return False
         meta = stream.meta
-        if meta.chunk_nbytes <= self.cache.max_bytes or meta.source is not None or meta.dtype.hasobject:
+        if meta.chunk_nbytes <= self.tables.cache.max_bytes or meta.source is not None or meta.dtype.hasobject:
             return False
         return rangedecode.supported(meta.codec)
 
-    async def read_streamed(self, stream: ArrayStream, offset: int, size: int) -> bytes | memoryview:
+    async def read(self, stream: ArrayStream, offset: int, size: int) -> bytes | memoryview:
         """Bytes [offset, offset+size) of a `streamed` stream."""
         plan = stream.plan(offset, size)
-        self.counters["reads"] += 1
-        self.counters["streamed_reads"] += 1
+        self.runtime.counters["reads"] += 1
+        self.runtime.counters["streamed_reads"] += 1
         if plan.take_bytes == 0:
             return plan.header_part
         meta = stream.meta
@@ -150,9 +155,9 @@ class StreamedReads:
             self._streamed_told.add(meta.path)
             log.info("%s: chunks decode to %d bytes, more than cache_size (%d): reads decode only the "
                      "bytes they need, never a whole chunk", meta.path or "/", meta.chunk_nbytes,
-                     self.cache.max_bytes)
-        self.check_layout(meta)
-        await self.check_cached(meta)
+                     self.tables.cache.max_bytes)
+        self.revalidation.check_layout(meta)
+        await self.revalidation.check_cached(meta)
         out = np.empty(stream.element_bytes(plan), np.uint8)
         errors: list[ZarrfsError] = []
 
@@ -173,7 +178,7 @@ class StreamedReads:
         """Copy boxes of one chunk of an array whose reads are `streamed` into their targets (PARTS:
         (the box as slices of the chunk, an array of its shape)), decoding only what they need
         (a preview's pixels); the bytes decoded."""
-        await self.check_cached(meta)
+        await self.revalidation.check_cached(meta)
         return await self._copy_streamed_chunk(meta, idx, parts)
 
     async def _copy_streamed_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> int:
@@ -215,16 +220,16 @@ class StreamedReads:
             while 0 <= k < len(pieces):
                 before = 0 if slot.dec is None else slot.dec.decoded
                 slot.running += 1
-                k = await self.run_io(fill_chunk_sync, slot, meta, self.store, key, pieces, targets, k,
+                k = await self.runtime.run_io(fill_chunk_sync, slot, meta, self.runtime.store, key, pieces, targets, k,
                                       STEP_DECODE_BYTES, key=key, cpu=True,
                                       ended=functools.partial(self._worker_ended, slot))
                 step = 0 if slot.dec is None else slot.dec.decoded - before
-                self.counters["bytes_decoded"] += step
+                self.runtime.counters["bytes_decoded"] += step
                 decoded += step
-            self.counters["store_gets"] += 1
+            self.runtime.counters["store_gets"] += 1
             keep = True
         except ZarrfsError as e:
-            self._count_error(e, key)
+            self.runtime.count_error(e, key)
             raise
         finally:
             busy.remove(slot)
@@ -236,14 +241,14 @@ class StreamedReads:
             else:  # (a failed one may be broken)
                 self._give_back(slot, keep)
         if k < 0:
-            fill = self._fill_chunk(meta)  # (raises when the fill value cannot be read)
+            fill = self.loads.fill_chunk(meta)  # (raises when the fill value cannot be read)
             for region, target in parts:
                 target[...] = fill[region]
         return decoded
 
     def _copy_whole(self, meta: ArrayMeta, idx: Index, parts: list) -> bool:
         """Copy the regions from the chunk itself if a writer holds it or it is cached."""
-        whole = self._lookup(meta, idx, count=False)
+        whole = self.tables.lookup(meta, idx, count=False)
         if whole is None:
             return False
         for region, target in parts:
@@ -254,7 +259,7 @@ class StreamedReads:
         """A new slot's chunk size and decompressor's need read from the store, then its cost
         taken from STREAMS_MEMORY_BYTES once it fits (idle decoders dropped for it, least
         recently used first; else waiting for others to be given back)."""
-        opened = await self.run_io(open_chunk_sync, meta, self.store, key, key=key)
+        opened = await self.runtime.run_io(open_chunk_sync, meta, self.runtime.store, key, key=key)
         cost = 0
         if opened is None:
             slot.absent = True
@@ -271,7 +276,7 @@ class StreamedReads:
             await self._freed.wait()
         slot.opened, slot.cost = True, cost
         self._held_bytes += cost
-        slot.version = self._versions.get(self._write_unit(meta, slot.idx), 0)  # (what it will decode)
+        slot.version = self.tables.version(write_unit(meta, slot.idx))  # (what it will decode)
 
     def _worker_ended(self, slot: _Slot) -> None:
         """A worker call of SLOT ended (in the engine's thread): an orphan slot is given back."""
@@ -309,9 +314,9 @@ class StreamedReads:
         """The idle decoder of this chunk that reaches byte LO with the least work, if one does
         without starting again (another reader's may be far ahead); else a new one (the least
         recently used idle ones dropped while MOST or more would be kept)."""
-        version = self._versions.get(self._write_unit(meta, idx), 0)
-        for stale in [s for s in self._idle if s.generation != self.band_generation
-                      or s.version != self._versions.get((s.path, s.idx), 0)]:
+        version = self.tables.version(write_unit(meta, idx))
+        for stale in [s for s in self._idle if s.generation != self.tables.generation
+                      or s.version != self.tables.version((s.path, s.idx))]:
             self._drop_idle(stale)
         best, cost = None, None
         for slot in self._idle:
@@ -325,9 +330,23 @@ class StreamedReads:
         while self._idle and len(self._idle) + self._in_use >= most:
             self._drop_idle(self._idle[0])
         window = max(rangedecode.MIN_WINDOW_BYTES, min(rangedecode.WINDOW_BYTES, STREAMS_WINDOWS_BYTES // most))
-        return _Slot(meta.path, idx, self.band_generation, version, window)
+        return _Slot(meta.path, idx, self.tables.generation, version, window)
 
-    def drop_streams(self) -> None:
+    def drop(self) -> None:
         """Forget every idle decoder (their chunks may have changed)."""
         while self._idle:
             self._drop_idle(self._idle[0])
+
+    def forget(self, path: str) -> None:
+        """Forget the idle decoders of an array, or of every array below a group."""
+        self._idle = [slot for slot in self._idle if not (slot.path == path or slot.path.startswith(path + "/"))]
+
+    @property
+    def in_use(self) -> int:
+        """Decoders in use (or held by an abandoned worker)."""
+        return self._in_use
+
+    @property
+    def held_bytes(self) -> int:
+        """The decoders' costs against STREAMS_MEMORY_BYTES."""
+        return self._held_bytes

@@ -23,7 +23,7 @@ bands is put together from both.
 Memory: each reader holds at most BANDS_PER_READER buffers, and all readers together at most
 BAND_BUDGET_BYTES (past it, readers take the usual path). Bands are only made on read-only
 mounts, and are dropped when the engine drops its cached chunks (refresh, TTL), so they never
-hold bytes older than the chunks a read would load. Mixed into Engine (docs/CONCURRENCY.md).
+hold bytes older than the chunks a read would load (docs/CONCURRENCY.md).
 """
 
 from __future__ import annotations
@@ -35,12 +35,19 @@ import weakref
 import numpy as np
 import trio
 
-from . import direct
 from ...errors import ZarrfsError
 from ...views.streams import ArrayStream
-from ..loads import read_decode_sync
-from ..readahead import ReadAhead
-from .spares import private_buffer
+from ..loads import Loads, read_decode_sync
+from ..memory import private_buffer
+from ..readahead import Prefetch, ReadAhead
+from ..runtime import Runtime
+from ..tables import ChunkTables
+from . import direct
+from .direct import DirectReads
+from .gates import BAND_MAX_PIECE_BYTES, BAND_MIN_READ_BYTES, ROW_BAND_MAX_BYTES
+from .reply import ReplyBuffer
+from .shards import ShardReads
+from .spares import Spares
 
 log = logging.getLogger(__name__)
 
@@ -51,29 +58,9 @@ BAND_BYTES = 8 << 20
 BANDS_AHEAD = 2
 BANDS_PER_READER = BANDS_AHEAD + 2  # and the band being read, and one that the reader just left
 BAND_BUDGET_BYTES = 192 << 20  # all readers' band buffers together: three of ROW_BAND_MAX_BYTES
-# A transposing stream's bands are its rows of chunks (`band_span`: read straight from the
-# chunk files or decoded, one transposing copy, no chunk cache), when a row takes at most this:
-# a reader then holds three (the one it reads, the next, and the one after, or for its first
-# reads in a band the one just left). The F view of the reference array (rows of chunks of
-# 64 MiB), cold cats: uncompressed 0.84-1.01 s, blosc 0.92-1.12 s, zstd 1.20-1.38 s, against
-# 1.25-1.32, 1.17-1.78 and 1.52-1.92 s in 8 MiB bands of cached chunks (whose loads copied or
-# decoded every chunk into memory, and whose bands copied an eighth of each chunk 8 times).
-ROW_BAND_MAX_BYTES = 64 << 20
 # The band just left stays until the reader is this far into the next (for the kernel's reads
 # of it still under way: a few of 1 MiB at most).
 ROW_BAND_KEEP_BYTES = 4 << 20
-# Only reads cut into pieces smaller than this on average start bands: where chunks are narrow
-# (chunks of 64 float32 columns: 256 in a 1 MiB read) the trio thread's planning and copying
-# is what bounds a reader. Reads in larger pieces were not faster with bands on this 2-core
-# machine (a cold cat of the 1 GiB array in 1024x1024 chunks: uncompressed 1.5-1.8 s with,
-# 0.8-1.3 s without; blosc and zstd 5-10 % slower): the cores were already busy decoding,
-# copying and replying, and bands only move the copy to another thread.
-BAND_MAX_PIECE_BYTES = 32 << 10
-# Reads whose copies transpose (the F view of C-ordered chunks) start bands whatever their
-# pieces: the copy is what bounds such a reader (a cold cat of the F view of the 1 GiB array in
-# 1024x1024 chunks: 2.1-2.3 s with, 2.4-3.0 s without).
-# Only reads of a body's size start bands (a peek at a header, random reads: the usual path).
-BAND_MIN_READ_BYTES = 64 << 10
 
 
 def band_span(stream: ArrayStream, local: bool) -> tuple[int, int, int]:
@@ -112,28 +99,28 @@ class Band:
 
 
 class BandReads:
-    """Band reads for sequential readers (mixed into Engine)."""
+    """Band reads for sequential readers (ENABLED: read-only mounts)."""
 
-    def _init_bands(self) -> None:
-        self.bands_enabled = False  # set by the daemon on read-only mounts
-        self.band_generation = 0  # bumped when cached chunks are dropped: older bands are not used
+    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads, prefetch: Prefetch,
+                 shards: ShardReads, spares: Spares, reply: ReplyBuffer, direct: DirectReads | None,
+                 enabled: bool) -> None:
+        self.runtime, self.tables, self.loads, self.prefetch = runtime, tables, loads, prefetch
+        self.shards, self.spares, self.reply, self.direct = shards, spares, reply, direct
+        self.enabled = enabled
         self.band_bytes = 0  # buffers of every reader's bands
         self.band_bytes_peak = 0
         # Each stream's band_span, fixed for the stream (its array's metadata is): asked on
         # every read of a reader with bands, and before every large read (`bands_first`).
         self._spans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def drop_bands(self) -> None:
-        """Bands assembled so far are not used again (their chunks may have changed)."""
-        self.band_generation += 1
-
     def _span(self, stream: ArrayStream) -> tuple[int, int, int]:
+        """The stream's band_span, made once."""
         span = self._spans.get(stream)
         if span is None:
             span = self._spans[stream] = band_span(stream, self.direct is not None)  # (a local store)
         return span
 
-    async def band_read(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> memoryview | None:
+    async def read(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> memoryview | None:
         """The bytes of a read inside one band of this reader, or across two (or the header and
         the first), once they are assembled (and the next bands started), or None. One band's
         are a view of it, others' put together in the reused reply buffer; either is replied
@@ -148,10 +135,10 @@ class BandReads:
         if any(band is None or band.stream is not stream for band in bands):
             return None
         for band in bands:
-            if band.data is None and band.generation == self.band_generation:
+            if band.data is None and band.generation == self.tables.generation:
                 await band.done.wait()  # being assembled: the usual path would load the same chunks
         if any(state.bands.get(band.number) is not band or band.data is None
-               or band.generation != self.band_generation for band in bands):
+               or band.generation != self.tables.generation for band in bands):
             return None
         # A reader well into a row of chunks leaves the one before: its buffer takes the next
         # but one (three per reader), which then has two rows' reading to be assembled.
@@ -159,11 +146,11 @@ class BandReads:
         self._forget_bands(state, last + 1 if behind else last)
         for k in range(last + 1, last + BANDS_AHEAD + 1):
             self._band_ahead(stream, k, state)
-        self.counters["band_reads"] += 1
+        self.runtime.counters["band_reads"] += 1
         if len(bands) == 1 and offset >= bands[0].start:
             band = bands[0]
             return band.data[offset - band.start:end - band.start]
-        out = self._reply_room(end - offset)
+        out = self.reply.room(end - offset)
         at = max(0, min(origin, end) - offset)  # the header's part (bands hold elements only)
         out[:at] = stream.header[offset:offset + at]
         for band in bands:
@@ -172,10 +159,10 @@ class BandReads:
             at += hi - lo
         return out[:at]
 
-    def bands_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, pieces: int) -> None:
+    def ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, pieces: int) -> None:
         """After a sequential read (from the cache or the chunk files), cut into PIECES chunks:
         start the bands of its end and the next, if its pieces are small or its copies transpose."""
-        if (not self.bands_enabled or self._nursery is None or size < BAND_MIN_READ_BYTES
+        if (not self.enabled or not self.runtime.running or size < BAND_MIN_READ_BYTES
                 or (pieces * BAND_MAX_PIECE_BYTES <= size and not transposing(stream))):
             return
         origin, span, _ = self._span(stream)
@@ -186,12 +173,12 @@ class BandReads:
         self._band_ahead(stream, n, state)
         self._band_ahead(stream, n + 1, state)
 
-    def bands_first(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> None:
+    def first(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> None:
         """Before a sequential read that no band holds, of a stream whose bands are rows of
         chunks read straight from their files: start the bands it reads and the next, so that
         it waits for them instead of loading the same chunks through the cache (the first read
         of a `cat`, or one after a seek)."""
-        if (not self.bands_enabled or self._nursery is None or size < BAND_MIN_READ_BYTES
+        if (not self.enabled or not self.runtime.running or size < BAND_MIN_READ_BYTES
                 or offset not in (0, state.next_offset)):
             return
         origin, span, rows = self._span(stream)
@@ -217,13 +204,13 @@ class BandReads:
 
     def _band_ahead(self, stream: ArrayStream, n: int, state: ReadAhead) -> None:
         """Start assembling band N of the stream, unless it is there or there is no buffer for it."""
-        if (stream.meta.inner or stream.meta).chunk_nbytes > self.cache.max_bytes:
+        if (stream.meta.inner or stream.meta).chunk_nbytes > self.tables.cache.max_bytes:
             return  # a band would hold whole chunks larger than the cache, two where it spans two
         origin, span, rows = self._span(stream)
         start = origin + n * span
         stop = min(start + span, stream.size)
         band = state.bands.get(n)
-        if start >= stop or (band is not None and band.stream is stream and band.generation == self.band_generation):
+        if start >= stop or (band is not None and band.stream is stream and band.generation == self.tables.generation):
             return
         if band is not None and band.done.is_set():
             if band.buf is not None:
@@ -244,20 +231,20 @@ class BandReads:
             weakref.finalize(buf, self._band_freed, buf.nbytes)
         else:
             return
-        band = state.bands[n] = Band(stream, n, start, stop, buf, self.band_generation)
-        self._nursery.start_soon(self._fill_band, band, state)
+        band = state.bands[n] = Band(stream, n, start, stop, buf, self.tables.generation)
+        self.runtime.start_soon(self._fill_band, band, state)
 
     async def _decode_rows(self, stream: ArrayStream, k: int, count: int, out: np.ndarray) -> memoryview:
         """`decoded_rows_sync` in as many parts as there are decoding threads, each a share of
         the chunk columns, at once: decoding is what such a band waits for. A part's error is
         raised once every part has ended (none is cancelled: its thread would go on writing in
         OUT, which another band may then take)."""
-        parts = self._decoders.threads
+        parts = self.runtime.decode_threads
         done: list = [None] * parts
 
         async def part(p: int) -> None:
             try:
-                done[p] = await self.run_io(decoded_rows_sync, stream, self.store, k, count, out, p, parts, cpu=True)
+                done[p] = await self.runtime.run_io(decoded_rows_sync, stream, self.runtime.store, k, count, out, p, parts, cpu=True)
             except Exception as e:  # raised below, once the others have ended
                 done[p] = e
 
@@ -268,10 +255,10 @@ class BandReads:
             if isinstance(result, BaseException):
                 raise result
         for _, gets, stored, seconds in done:
-            self.counters["store_gets"] += gets
-            self.counters["store_bytes"] += stored
-            self.counters["bytes_decoded"] += gets * stream.meta.chunk_nbytes
-            self.counters["decode_seconds"] += seconds
+            self.runtime.counters["store_gets"] += gets
+            self.runtime.counters["store_bytes"] += stored
+            self.runtime.counters["bytes_decoded"] += gets * stream.meta.chunk_nbytes
+            self.runtime.counters["decode_seconds"] += seconds
         return done[0][0]
 
     def _band_freed(self, nbytes: int) -> None:
@@ -285,7 +272,7 @@ class BandReads:
             if rows:  # rows of chunks, from their files or as they decode
                 try:
                     if direct.transposed(stream):
-                        data = await self.run_io(self.direct.transposed_rows_sync, stream, band.number * rows, rows,
+                        data = await self.runtime.run_io(self.direct.transposed_rows_sync, stream, band.number * rows, rows,
                                                  band.buf)
                     else:
                         data = await self._decode_rows(stream, band.number * rows, rows, band.buf)
@@ -295,26 +282,26 @@ class BandReads:
                     band.buf = None  # its thread may still be writing there (timed out): not reused
                     raise
                 band.data = data
-                self.counters["bands_assembled"] += 1
+                self.runtime.counters["bands_assembled"] += 1
                 return
             plan = stream.plan(band.start, band.stop - band.start)
             if self.direct is not None and direct.worth(stream, plan, band.stop - band.start):
                 try:
-                    data = await self.run_io(self.direct.read_sync, stream, plan, band.buf, False)
+                    data = await self.runtime.run_io(self.direct.read_sync, stream, plan, band.buf, False)
                 except direct.Fallback:
                     pass
             if data is None:
                 # The chunks after this band start loading now (the usual read-ahead), so that
                 # decoding runs ahead of the bands on every decoding thread.
-                self._read_ahead(stream, band.start, band.stop - band.start, state, True)
-                reader, plan = self._planner(stream, plan, band.start, band.stop - band.start)
-                chunks = await self.chunks(reader.meta, plan.chunks)
-                data = await self.run_cpu(reader.assemble, plan, chunks, band.buf)
+                self.prefetch.read_ahead(stream, band.start, band.stop - band.start, state, True)
+                reader, plan = self.shards.planner(stream, plan, band.start, band.stop - band.start)
+                chunks = await self.loads.chunks(reader.meta, plan.chunks)
+                data = await self.runtime.run_cpu(reader.assemble, plan, chunks, band.buf)
                 if reader is stream:
                     del chunks  # this band's hold on them: those wholly in it or before are done
-                    self.release_behind(stream, state, band.stop, plan.chunks)
+                    self.spares.release_behind(stream, state, band.stop, plan.chunks)
             band.data = memoryview(data)
-            self.counters["bands_assembled"] += 1
+            self.runtime.counters["bands_assembled"] += 1
         except ZarrfsError:
             pass  # a read of these bytes takes the usual path, which reports it
         except Exception:  # background work must not end the daemon

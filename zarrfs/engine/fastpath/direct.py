@@ -30,6 +30,7 @@ from ... import grid
 from ...codecs.chain import decodes_into, reads_into
 from ...views.streams import ArrayStream, ReadPlan, plan_bytes
 from ...storage.store import LOCAL_OPEN_FLAGS
+from .gates import LOAD_MAX_RATIO, PIECE_MIN_BYTES
 
 # Open chunk files kept: a 1 MiB read of a wide array touches a row of chunks; a few rows of
 # them open cost nothing, while reopening per read costs a path lookup per chunk per read.
@@ -45,13 +46,6 @@ RECIPES = 64
 # chunks), 8 MiB reads: 0.23-0.25 s in place, 0.35-0.37 s through scratch.
 IOV_MAX = 1024
 ROW_MIN_BYTES = 4096
-# Reads cut into smaller pieces than this on average go through the chunk cache, unless loading
-# their chunks would copy more than LOAD_MAX_RATIO times the read (chunks of a few columns and
-# full height: a 128 KiB read of 256 of them would load the whole array). At 4 KiB a piece
-# (the 64-column chunks above: 256 in a 1 MiB read) the files are faster (1.0 s per GiB
-# against 2.1-2.8 s).
-PIECE_MIN_BYTES = 4096
-LOAD_MAX_RATIO = 16
 # A transposing copy takes a chunk's rows TRANSPOSE_STAGE_BYTES of them at a time, at least
 # TRANSPOSE_MIN_ROWS (`stage_rows`: 128 rows of 4 KiB), and copies them a block of
 # TRANSPOSE_BLOCK_BYTES of their columns at a time (`copy_transposed`).

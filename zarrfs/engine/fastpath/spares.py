@@ -15,7 +15,6 @@ Mixed into Engine (docs/CONCURRENCY.md); used from the trio thread only.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import sys
 import weakref
@@ -25,9 +24,14 @@ import numpy as np
 
 from ...codecs.chain import decodes_into, reads_into
 from ...model import ArrayMeta
+from ..memory import private_buffer
+from ..runtime import Runtime
+from ..tables import ChunkTables, cache_key
+from .gates import SPARE_MIN_BYTES
+
+__all__ = ["Spares", "private_buffer"]
 
 SPARE_MAX_BYTES = 128 << 20  # buffers kept for reuse, all sizes together
-SPARE_MIN_BYTES = 256 << 10  # smaller chunks cost few page faults: decoded as before
 # Buffers alive at once, at most: each is a mapping of its own, and a process has 65,530 by
 # default (vm.max_map_count) for everything, malloc's and numpy's large allocations included.
 BUFFERS_MAX = 8192
@@ -36,45 +40,17 @@ BUFFERS_MAX = 8192
 SOLE = 3
 
 
-# Buffers of at least this size are asked to be backed by huge pages (private_buffer).
-HUGE_PAGE_BYTES = 2 << 20
-
-
-def private_buffer(nbytes: int) -> np.ndarray:
-    """NBYTES of fresh memory (uint8) in a mapping of its own, private as malloc's are (the
-    default, shared, faults through tmpfs: 1 GiB took 0.75-0.84 s to touch, against 0.53-0.60 s).
-    OSError when out of memory.
-
-    A buffer of HUGE_PAGE_BYTES or more starts at a huge page boundary of a mapping one huge page
-    longer, advised to use huge pages (MADV_HUGEPAGE; the kernel's `enabled` setting still
-    decides): first touched, it takes a fault per 2 MiB instead of per 4 KiB, and decoding into
-    it and copying out of it miss the TLB less. Cold `cat` of the 1 GiB blosc array, interleaved
-    pairs: 0.79-0.87 -> 0.74-0.87 s (daemon CPU 1.00-1.09 -> 0.91-1.05 s); with every free block
-    of 2 MiB or more taken by other processes (most free memory in 4 KiB pieces), 0.73-1.88 ->
-    0.66-1.61 s, faster in each of 6 pairs, and no compaction stall (/proc/vmstat compact_stall)
-    during any timed read. An earlier version of this file saw numpy's huge-page allocations
-    stall on compaction; numpy asks for them for every large array, fresh each time, where these
-    buffers are reused (spares), so few are ever faulted in."""
-    if nbytes < HUGE_PAGE_BYTES:
-        return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(AttributeError, OSError):  # (no MADV_HUGEPAGE: not Linux, or THP built out)
-        region.madvise(mmap.MADV_HUGEPAGE)
-    start = np.frombuffer(region, np.uint8, count=0).ctypes.data
-    return np.frombuffer(region, np.uint8, count=nbytes, offset=-start % HUGE_PAGE_BYTES)
-
-
 class Spares:
-    """Decode buffers given back by sequential readers (mixed into Engine)."""
+    """Decode buffers given back by sequential readers (ENABLED: read-only mounts of local stores)."""
 
-    def _init_spares(self) -> None:
-        self.recycle_enabled = False  # set by the daemon: read-only mounts of local stores
+    def __init__(self, runtime: Runtime, tables: ChunkTables, enabled: bool) -> None:
+        self.runtime, self.tables, self.enabled = runtime, tables, enabled
         self._spares: dict[int, list[np.ndarray]] = {}
         self._spare_bytes = 0
         self._buffers = 0  # alive (cached chunks' and spare ones)
 
     def _recycles(self, meta: ArrayMeta) -> bool:
-        return (self.recycle_enabled and meta.source is None and meta.chunk_nbytes >= SPARE_MIN_BYTES
+        return (self.enabled and meta.source is None and meta.chunk_nbytes >= SPARE_MIN_BYTES
                 and (decodes_into(meta.codec) or reads_into(meta.codec)))
 
     def decode_buffer(self, meta: ArrayMeta) -> np.ndarray | None:
@@ -84,7 +60,7 @@ class Spares:
         free = self._spares.get(meta.chunk_nbytes)
         if free:
             self._spare_bytes -= meta.chunk_nbytes
-            self.counters["buffers_reused"] += 1
+            self.runtime.counters["buffers_reused"] += 1
             return free.pop()
         if self._buffers >= BUFFERS_MAX:
             return None
@@ -117,15 +93,15 @@ class Spares:
         state.held_next = min(held.values(), default=1 << 63)
 
     def _recycle(self, meta: ArrayMeta, idx: Any) -> None:
-        key = self._key(meta, idx)
-        arr = self.cache.get(key, count=False)
+        key = cache_key(meta, idx)
+        arr = self.tables.cache.get(key, count=False)
         if arr is None:
             return
         buf = arr.base
         if (sys.getrefcount(arr) != SOLE or type(buf) is not np.ndarray or type(buf.base) is not memoryview
                 or type(buf.base.obj) is not mmap.mmap or sys.getrefcount(buf) != SOLE):
             return  # not ours, or held elsewhere: it stays cached
-        self.cache.discard(key)
+        self.tables.cache.discard(key)
         del arr
         if sys.getrefcount(buf) != SOLE - 1 or self._spare_bytes + buf.nbytes > SPARE_MAX_BYTES:
             return

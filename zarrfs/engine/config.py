@@ -1,0 +1,39 @@
+"""EngineConfig: what an engine is told when it is built (its optional strategies and bounds)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# The `timeout` option's default (options.Options.timeout_s) for engines built without it (tests).
+DEFAULT_TIMEOUT_S = 30.0
+# Dirty (written, not yet stored) chunks are flushed oldest first beyond this budget, so a
+# streaming copy of any size holds at most this much: a few chunk rows of a large array.
+# Past a quarter of it the oldest are stored in the background while the writer goes on.
+DIRTY_MAX_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """An engine's settings, fixed for its life. The defaults are a writable mount's (no fast
+    path that needs the store to stay unchanged under it): what tests build without options."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S  # the longest wait of one store call (the `timeout` option)
+    # Uncompressed chunks of a local store copied straight from their files (fastpath/direct.py):
+    # read-only mounts only, where no written chunk can be newer than its file.
+    direct_reads: bool = False
+    bands: bool = False  # sequential readers served from bands assembled ahead (fastpath/bands.py)
+    recycle: bool = False  # decode buffers given back by sequential readers (fastpath/spares.py)
+    dirty_max_bytes: int = DIRTY_MAX_BYTES
+    # Read-ahead's bound; None: by the store's kind and the cache's size (readahead.window_bound).
+    prefetch_max_bytes: int | None = None
+    decoder_thread_name: str = "zarrfs-decode"  # the decoding threads' name (workers.py)
+
+    @classmethod
+    def for_mount(cls, options: Any, store: Any) -> EngineConfig:
+        """The configuration of a mount of STORE with OPTIONS (options.Options): the fast paths
+        that need a store nothing else writes through this mount run on read-only mounts, those
+        that read chunk files on local stores."""
+        read_only = not options.writable
+        return cls(timeout_s=options.timeout_s, direct_reads=store.is_local and read_only, bands=read_only,
+                   recycle=store.is_local and read_only)
