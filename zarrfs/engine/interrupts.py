@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 # (almost all) are never looked at.
 POLL_S = 0.2
 # Reads waiting this long are also matched against every task with a signal pending (all of
-# /proc is read, a few ms on a busy workstation): not every poll of a store that is merely slow.
+# /proc is read, costly on a busy machine): not every poll of a store that is merely slow.
 OTHER_READERS_AFTER_S = 1.0
 
 

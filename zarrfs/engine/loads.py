@@ -77,9 +77,8 @@ def read_decode_sync(meta: ArrayMeta, store: Any, idx: Index, key: str, out: np.
     seconds decoding), or (None, None, 0.0) when it is not stored.
 
     Its stored bytes go into this thread's scratch buffer, kept for the thread's next chunk:
-    read into fresh memory, each chunk's bytes cost their page faults again (a cold `cat` of
-    the zstd array: 120k faults, half of them these), and a second worker call handed them
-    to a decoding thread. Nothing decoded refers to the scratch buffer: it is copied if it did.
+    read into fresh memory, each chunk's bytes cost their page faults again, and a second
+    worker call handed them to a decoding thread. Nothing decoded refers to the scratch buffer: it is copied if it did.
     """
     need = -(-(meta.chunk_nbytes + SCRATCH_SLACK) // SCRATCH_STEP) * SCRATCH_STEP
     buf = getattr(_scratch, "buf", None)

@@ -28,15 +28,10 @@ Index = tuple[int, ...]
 # share of the cache so that prefetched chunks are not evicted before they are read.
 PREFETCH_MAX_BYTES = 256 << 20
 PREFETCH_CACHE_SHARE = 4
-# A local store's reads take no round trip: a window of two chunk rows of the reference array
-# (1024 x 16384 float32 each). The remote window held four such rows decoded at once, each into
-# fresh memory: on a cold `cat` of the blosc array, 130k page faults and a peak RSS of 480 MiB;
-# with one row and private decode buffers (spares.py), 80-100k and 250 MiB. But with one row,
-# the next row's chunks were asked for only once the reader was in the row before, whose
-# every chunk a 1 MiB read needs: the decoding threads waited at the end of each row
-# (in-process, busy 1.78 of 2, against 1.90 with two rows). Cold `cat` of the zstd array,
-# 4 interleaved pairs: 1.13-1.42 -> 1.08-1.14 s; blosc 0.72-0.88 -> 0.66-0.77 s; peak RSS
-# +62 MiB (187 -> 250 MiB).
+# A local store's reads take no round trip: its window is smaller, two rows of chunks of a large
+# array, each decoded into memory of its own. One row left the decoding threads waiting at the
+# end of each row (the next row was asked for only once the reader was in it); more rows cost
+# memory and page faults for no speed (docs/PERFORMANCE.md).
 LOCAL_PREFETCH_MAX_BYTES = 128 << 20
 
 
@@ -77,7 +72,7 @@ class Prefetch:
 
         Shards that fit in the window are loaded whole; in a smaller window, only the
         inner chunks the window covers. A sequential reader of a remote store
-        (`_whole_shards`) gets every shard the read and the window touch read whole, and
+        (ShardReads.whole) gets every shard the read and the window touch read whole, and
         this is called before the read's own loads, so that they share one request.
         """
         if not self.runtime.running or self.max_bytes <= 0:
@@ -112,7 +107,7 @@ class Prefetch:
             meta = stream.meta
         # A window that grows inside a row of chunks a whole row of which it already covered
         # asks for no chunk that was not asked for (unless cached chunks were dropped since):
-        # the plan of its new part is skipped (a 1 MiB read of the reference array plans 16).
+        # the plan of its new part is skipped (a large read plans a chunk per chunk column).
         last = stream.last_chunk_row(start, stop)
         if last is not None and last[1] and state.planned_row == (stream, self.tables.generation, last[0]):
             return

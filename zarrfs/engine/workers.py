@@ -3,9 +3,8 @@
 Decoding is CPU-bound, so it runs in as many threads as there are cores. Under a trio limiter
 around trio.to_thread calls, a thread could start its next decode only after the end of the
 last reached the trio thread, which passed the turn on: a thread busy replying to the kernel
-kept them waiting (in-process sequential reads of the 1 GiB zstd array: the two decoding
-threads were busy 1.57 of 2). Here a thread takes the next call itself, and only its result
-goes through the trio thread (Engine.run_cpu; 1.81-1.83 of 2, 0.91-1.14 s -> 0.83-0.90 s).
+kept them waiting. Here a thread takes the next call itself, and only its result goes
+through the trio thread (Runtime.run_cpu; docs/PERFORMANCE.md).
 
 (concurrent.futures.ThreadPoolExecutor has the queue, but joins its threads at exit, a
 thread stuck in a store included, keeps idle ones for good, and cannot replace one.)

@@ -24,9 +24,8 @@ ROWS_MIN = 8
 # A copy that transposes (the F view of C-ordered chunks, the C view of F-ordered ones) goes
 # through a C-ordered staging buffer of at most this many bytes at a time: first the source's
 # rows as they lie in memory, then the transposing copy out of the staged block, which the CPU
-# cache still holds. Straight from a cold chunk, numpy's transposing copy read the chunk a few
-# bytes per row: 1.17-1.19 s per GiB for the F view's bands of the reference array, against
-# 0.40-0.48 s staged in 512 KiB blocks.
+# cache still holds. Straight from a cold chunk, numpy's transposing copy reads the chunk a few
+# bytes per row, several times slower (docs/PERFORMANCE.md).
 STAGE_BYTES = 512 << 10
 
 Index = tuple[int, ...]
@@ -142,7 +141,7 @@ class ArrayStream:
         self._grid_order = not flip and not any(self.origin)
         # A whole array's C-order elements in its own dtype, not read through shards: its reads
         # within a row or two, or of many rows in one row of chunks, can be served from cached
-        # chunks without a plan (Engine._small_read, Engine._rows_read).
+        # chunks without a plan (engine/fastpath/rows.py).
         self.row_reads = bool(not flip and chunk is None and self.dtype == meta.dtype and shape
                               and not self.dtype.hasobject and meta.inner is None)
 

@@ -53,8 +53,7 @@ log = logging.getLogger(__name__)
 
 BAND_BYTES = 8 << 20
 # Bands assembled ahead of the one being read: two, so that two worker threads assemble at once
-# (one alone fell behind a `cat` of an uncompressed array: 8 MiB took about as long to copy
-# from the chunk files as to reply).
+# (one alone falls behind a reader whose bands take as long to copy as to reply).
 BANDS_AHEAD = 2
 BANDS_PER_READER = BANDS_AHEAD + 2  # and the band being read, and one that the reader just left
 BAND_BUDGET_BYTES = 192 << 20  # all readers' band buffers together: three of ROW_BAND_MAX_BYTES
@@ -110,7 +109,7 @@ class BandReads:
         self.band_bytes = 0  # buffers of every reader's bands
         self.band_bytes_peak = 0
         # Each stream's band_span, fixed for the stream (its array's metadata is): asked on
-        # every read of a reader with bands, and before every large read (`bands_first`).
+        # every read of a reader with bands, and before every large read (`first`).
         self._spans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _span(self, stream: ArrayStream) -> tuple[int, int, int]:

@@ -40,10 +40,8 @@ OPEN_FILES = 256
 # into scratch), some 100 KB of objects.
 RECIPES = 64
 # The most buffers one preadv takes (Linux's UIO_MAXIOV), and the least row read into place
-# by one of them: narrower rows are read whole into scratch and copied into place. The 1 GiB
-# array in chunks of 64 float32 columns (256 B rows), 1 MiB reads: 2.2-2.9 s in place, 1.0 s
-# through scratch; 8 MiB reads (bands): 1.1 s against 0.4 s. 4 KiB rows (1024 x 1024
-# chunks), 8 MiB reads: 0.23-0.25 s in place, 0.35-0.37 s through scratch.
+# by one of them: narrower rows are read whole into scratch and copied into place (a buffer
+# per narrow row costs the kernel more than the extra copy; docs/PERFORMANCE.md).
 IOV_MAX = 1024
 ROW_MIN_BYTES = 4096
 # A transposing copy takes a chunk's rows TRANSPOSE_STAGE_BYTES of them at a time, at least
@@ -143,11 +141,8 @@ def copy_transposed(dst: np.ndarray, src: np.ndarray) -> None:
     at a time: each block (TRANSPOSE_BLOCK_BYTES) stays in the CPU's caches while it is read
     across, and each of DST's rows gets SRC's rows' count of elements in one run.
 
-    Those runs are numpy's inner loop, and short ones cost: copying the reference array's F
-    view in-process on a 2-core Xeon VM took 0.96-1.58 s per GiB 16 rows at a time, 0.58-0.76
-    s 128 rows at a time in blocks of 256 columns, 0.63-0.75 s 128 whole rows at a time. (The
-    machine of an earlier session found 128 whole rows twice as slow as 16: the blocks keep
-    what is read across as small as 16 rows of 4 KiB.)"""
+    Those runs are numpy's inner loop, and short ones cost; the blocks keep what is read
+    across small on CPUs whose caches hold little (docs/PERFORMANCE.md)."""
     n = src.shape[0]
     step = max(1, TRANSPOSE_BLOCK_BYTES // max(1, n * src.itemsize))
     for c in range(0, src.shape[1], step):
@@ -237,7 +232,7 @@ class DirectReads:
         if plan.take_bytes == 0:
             return plan.header_part
         shape, chunks = stream.stream_shape, stream.stream_chunks  # C order: the array's own
-        ncols, width = shape[-1], chunks[-1]
+        ncols = shape[-1]
         run = _Run(self, stream, out, nowait)
         e0, e1 = plan.first_elem, plan.stop_elem
         row = e0 // ncols

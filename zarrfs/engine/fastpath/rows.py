@@ -47,10 +47,9 @@ class RowReads:
         array, rows longer than the read (it would copy more than it needs), a read across rows
         of chunks, a chunk not at hand, or chunks so narrow that bands serve them.
 
-        What `cat` of a decoded array asks 63 times in 64 (1 MiB reads of the reference array,
-        whose rows of chunks are 64 MiB): 16 copies of 17 rows. Through the planner, the loads'
-        bookkeeping and a cancel scope, each such read took some 150 us of Python in the trio
-        thread, which replies to every read of every reader."""
+        Most of what `cat` of a decoded array asks: through the planner, the loads' bookkeeping
+        and a cancel scope, each such read costs Python in the trio thread, which replies to
+        every read of every reader (docs/PERFORMANCE.md)."""
         span = self._row_span(stream, offset, size)
         if span is None or (readahead is not None and readahead.bands):
             return None, None
@@ -87,9 +86,7 @@ class RowReads:
         buffer; None sends it the usual way (any other read, or stream than a whole array's
         C-order elements in its own dtype: ArrayStream.row_reads).
 
-        Written out for the 20,000 random 4 KiB reads of bench.py (each across two chunks of
-        the reference array): 12.6-14.4 us a read in-process through the plan-free helpers it
-        replaced, 6.4-6.7 here."""
+        Written out for random 4 KiB reads, where any helper call is a share of the read's time."""
         span = self._row_span(stream, offset, size)
         if span is None:
             return None
