@@ -566,3 +566,45 @@ async def test_delayed_calls_run_once_after_the_last_ask(autojump_clock, caplog)
         nursery.cancel_scope.cancel()
     assert [(name, round(t - start, 6)) for name, t in calls] == [("a2", 8.0), ("c2", 9.0)]
     assert "boom" in caplog.text
+
+
+def test_engine_config_for_a_mount_runs_the_fast_paths_of_read_only_mounts(tmp_path):
+    """EngineConfig.for_mount: direct reads and decode buffer reuse on read-only mounts of local
+    stores, bands on any read-only mount; a writable mount runs none of them."""
+    from zarrfs.options import Options
+
+    class Remote:
+        is_local = False
+
+    local = Store(str(tmp_path))
+    assert EngineConfig.for_mount(Options(timeout_s=7.0), local) == EngineConfig(
+        timeout_s=7.0, direct_reads=True, bands=True, recycle=True)
+    assert EngineConfig.for_mount(Options(), Remote()) == EngineConfig(bands=True)
+    assert EngineConfig.for_mount(Options(writable=True), local) == EngineConfig()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+async def test_fast_paths_on_or_off_give_numpy_s_bytes(tmp_path, fast):
+    """A sequential reader of narrow uncompressed chunks, read as the FUSE layer reads (read_now,
+    then read with reply), gets np.save's bytes of zarr-python's values with every optional
+    strategy on (some serving it) or off (none serving it)."""
+    path = str(tmp_path / "s")
+    value = np.arange(256 * 1024, dtype="<f4").reshape(256, 1024)
+    zarr.create_array(store=path, name="a", shape=value.shape, chunks=(64, 64), dtype="<f4",
+                      zarr_format=2, compressors=None)[...] = value
+    zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
+    config = EngineConfig(direct_reads=fast, bands=fast, recycle=fast)
+    store, engine, streams = setup(path, config=config)
+    s = streams["a"]
+    reader, got = ReadAhead(), b""
+    async with trio.open_nursery() as n:
+        await n.start(engine.run)
+        for off in range(0, s.size, 128 << 10):
+            data = engine.read_now(s, off, 128 << 10, reader)
+            if data is None:
+                data = await engine.read(s, off, 128 << 10, readahead=reader, reply=True)
+            got += bytes(data)  # (a view of the reused reply buffer: copied before the next read)
+        n.cancel_scope.cancel()
+    assert got == np_save_bytes(zarr.open_array(os.path.join(path, "a"), mode="r")[...])
+    served = engine.counters["direct_reads"] + engine.counters["band_reads"]
+    assert served > 0 if fast else served == 0
