@@ -316,7 +316,8 @@ async def test_local_reads_stuck_past_the_timeout_hold_no_decoding_thread(tmp_pa
     a[:] = np.arange(a.size, dtype="<f4").reshape(a.shape)
     stuck = [f"a/c/0/{j}" for j in range(DECODE_THREADS)]
     store = CountingStore(path, slow=stuck)
-    engine = Engine(store, ChunkCache(1 << 26), EngineConfig(timeout_s=0.5, recycle=True))  # (a read-only mount of a local store)
+    # (recycle: a read-only mount of a local store)
+    engine = Engine(store, ChunkCache(1 << 26), EngineConfig(timeout_s=0.5, recycle=True))
     s = ArrayStream(open_hierarchy_sync(store).node_sync("a"))
     row = a.shape[1] * 4
     try:

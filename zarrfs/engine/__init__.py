@@ -1,4 +1,4 @@
-"""The engine: reads and writes of array streams as cached, deduplicated chunk loads and stores; the one place where trio meets the core.
+"""The engine: reads and writes of arrays as cached, deduplicated chunk loads and stores; where trio meets the core.
 
 Engine is a facade over parts that each own one job and are handed what they share:
 Runtime (runtime.py: threads, limiter, nursery, counters), ChunkTables (tables.py: the cache

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import trio
 
-from ..storage import chunksource
 from ..codecs.chain import reads_into
 from ..errors import CorruptChunk, MetadataError, StoreError, ZarrfsError
 from ..model import ArrayMeta
+from ..storage import chunksource
 from . import revalidate
 from .memory import private_buffer
 from .readahead import PREFETCH_CACHE_SHARE
@@ -320,13 +320,13 @@ class Loads:
         into = out if out is not None and reads_into(meta.codec) else None
         # A local chunk that decodes into OUT is read and decoded in one call, in a decoding
         # thread (read_decode_sync).
-        together = out is not None and into is None and self.runtime.store.is_local
+        run_io, store = self.runtime.run_io, self.runtime.store
+        together = out is not None and into is None and store.is_local
         try:
             if together:
-                nbytes, arr, seconds = await self.runtime.run_io(read_decode_sync, meta, self.runtime.store, idx, key, out,
-                                                         key=key, cpu=True)
+                nbytes, arr, seconds = await run_io(read_decode_sync, meta, store, idx, key, out, key=key, cpu=True)
             else:
-                raw = await self.runtime.run_io(chunksource.read_chunk_sync, meta, self.runtime.store, idx, into, key=key)
+                raw = await run_io(chunksource.read_chunk_sync, meta, store, idx, into, key=key)
                 nbytes = None if raw is None else len(raw)
         except ZarrfsError as e:
             self.runtime.count_error(e, key)
@@ -391,10 +391,12 @@ class Loads:
                     else:
                         self.runtime.counters["store_bytes"] += src.index_nbytes
                     load.value = index
-                    if self.tables.versions.get(shard_unit(meta, shard), 0) == version and self.revalidation.current_layout(meta):
+                    if (self.tables.version(shard_unit(meta, shard)) == version
+                            and self.revalidation.current_layout(meta)):
                         self.tables.cache.put(key, index)
                 except BaseException as e:  # counted and logged by the batch that asked
-                    load.error = e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
+                    load.error = (e if isinstance(e, ZarrfsError)
+                                  else StoreError(f"load of shard {shard} was interrupted"))
                     raise
                 finally:
                     if self.tables.inflight.get(key) is load:
@@ -419,7 +421,7 @@ class Loads:
             self.runtime.counters["store_gets"] += 1
             if found is not None:
                 self.runtime.counters["store_bytes"] += len(found[0])
-            if self.tables.versions.get(shard_unit(meta, shard), 0) == version and self.revalidation.current_layout(meta):
+            if self.tables.version(shard_unit(meta, shard)) == version and self.revalidation.current_layout(meta):
                 self.tables.cache.put((meta.path, shard, INDEX), NO_SHARD if found is None else found[1])
             return (None, None) if found is None else found
 

@@ -45,7 +45,8 @@ class ReadAhead:
 
     def __init__(self) -> None:
         self.next_offset, self.window, self.planned = -1, 0, 0
-        self.planned_row: tuple | None = None  # (stream, band generation, row of chunks) whose every chunk the window asked for
+        # (stream, generation, row of chunks) whose every chunk the window asked for
+        self.planned_row: tuple | None = None
         self.bands: dict = {}
         self.spare: list = []
         self.held: dict = {}  # chunks its sequential reads used and have not passed, and where they end (spares.py)

@@ -1,4 +1,4 @@
-"""Cached chunks checked against the store after `metadata_ttl` instead of read again: one listing of an array's prefix per array read after the TTL.
+"""Cached chunks checked against the store after `metadata_ttl` instead of read again: one listing per array read.
 
 A chunk read from the store is noted with what identifies the
 version read without another request: when the GET began and how many bytes it returned (fsspec
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta
@@ -124,14 +125,15 @@ class Revalidation:
         self._checked[meta.path] = self._epoch
         mine = [(k, f) for k, f in self._fetched.items() if k[0] == meta.path]
         held = [(k, f) for k, f in mine if self.tables.cache.contains(k)]
-        for k, f in mine:
+        for k, _ in mine:
             if not self.tables.cache.contains(k):
                 del self._fetched[k]  # evicted meanwhile
         if not held:
             return
         prefix = meta.keys.prefix
         try:
-            versions = await self.runtime.run_io(self.runtime.store.versions_below_sync, prefix, key=("versions", meta.path))
+            versions = await self.runtime.run_io(self.runtime.store.versions_below_sync, prefix,
+                                                 key=("versions", meta.path))
         except ZarrfsError as e:
             log.info("%s: cached chunks dropped, their versions could not be checked: %s", meta.path or "/", e)
             versions = None

@@ -1,4 +1,4 @@
-"""Runtime: the engine's worker threads, limiter, nursery, single-flight calls, counters and failure log; every part uses it."""
+"""Runtime: the engine's threads, limiter, nursery, single-flight calls, counters, failure log: what every part uses."""
 
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ import trio
 
 from ..codecs import rangedecode
 from ..errors import CorruptChunk, ZarrfsError
-from ..views.streams import ArrayStream, plan_bytes
 from ..model import ArrayMeta
+from ..views.streams import ArrayStream, plan_bytes
 from .loads import Loads
 from .revalidate import Revalidation
 from .runtime import Runtime

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..storage import chunksource
 from .. import grid
 from ..codecs.chain import is_fill
 from ..errors import StoreError, ZarrfsError
 from ..model import ArrayMeta
+from ..storage import chunksource
 from ..views.streams import ArrayStream
 from .loads import Loads
 from .runtime import Runtime

@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from .. import grid
-from . import npy
 from ..model import ArrayMeta
+from . import npy
 
 # Reads of at least this many rows (of the last dimension) are assembled a whole row at a time
 # (`_assemble_rows`: one copy per chunk per run of rows, at most two rows' extra bytes).
@@ -87,7 +87,7 @@ def _transposes(source: np.ndarray) -> bool:
     return strides[0] < min(strides[1:])
 
 
-def plan_bytes(plan: "ReadPlan", out: np.ndarray) -> bytes | memoryview:
+def plan_bytes(plan: ReadPlan, out: np.ndarray) -> bytes | memoryview:
     """A plan's bytes, given OUT (bytes) holding its whole elements from its first: a view of
     OUT, or new bytes when the plan starts in the header."""
     data = out[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]

@@ -243,7 +243,8 @@ class BandReads:
 
         async def part(p: int) -> None:
             try:
-                done[p] = await self.runtime.run_io(decoded_rows_sync, stream, self.runtime.store, k, count, out, p, parts, cpu=True)
+                done[p] = await self.runtime.run_io(decoded_rows_sync, stream, self.runtime.store, k, count, out,
+                                                    p, parts, cpu=True)
             except Exception as e:  # raised below, once the others have ended
                 done[p] = e
 
@@ -271,8 +272,8 @@ class BandReads:
             if rows:  # rows of chunks, from their files or as they decode
                 try:
                     if direct.transposed(stream):
-                        data = await self.runtime.run_io(self.direct.transposed_rows_sync, stream, band.number * rows, rows,
-                                                 band.buf)
+                        data = await self.runtime.run_io(self.direct.transposed_rows_sync, stream,
+                                                         band.number * rows, rows, band.buf)
                     else:
                         data = await self._decode_rows(stream, band.number * rows, rows, band.buf)
                 except direct.Fallback:

@@ -28,8 +28,8 @@ import numpy as np
 
 from ... import grid
 from ...codecs.chain import decodes_into, reads_into
-from ...views.streams import ArrayStream, ReadPlan, plan_bytes
 from ...storage.store import LOCAL_OPEN_FLAGS
+from ...views.streams import ArrayStream, ReadPlan, plan_bytes
 from .gates import LOAD_MAX_RATIO, PIECE_MIN_BYTES
 
 # Open chunk files kept: a 1 MiB read of a wide array touches a row of chunks; a few rows of

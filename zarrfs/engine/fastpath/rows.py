@@ -1,4 +1,4 @@
-"""Row reads: small reads, and reads of many rows in one row of chunks, served from chunks at hand with no plan and no await.
+"""Row reads: small reads, and many rows in one row of chunks, served from chunks at hand with no plan, no await.
 
 Both are optional: off, such a read is planned and assembled like any other, the same bytes
 with more Python in the trio thread.
@@ -125,14 +125,15 @@ class RowReads:
                 n = (hi - lo) * item
                 flat = arr.flags.c_contiguous
                 at = (row_at + lo - k * width) * item
-                if flat and len(spans) == 1 and n == (c1 - c0) * item:  # the read is in this one chunk: its bytes as they are
+                if flat and len(spans) == 1 and n == (c1 - c0) * item:  # the read is in this one chunk: its bytes
                     return _flat_bytes(arr)[at + skip:at + skip + take]
                 if out is None:
                     out = self.reply.room(take + 2 * item)
                 if flat:
                     out[pos:pos + n] = _flat_bytes(arr)[at:at + n]
                 else:  # F-ordered chunks, fill values
-                    self.reply.buf[pos:pos + n].view(meta.dtype)[...] = arr[(*within, slice(lo - k * width, hi - k * width))]
+                    cols = slice(lo - k * width, hi - k * width)
+                    self.reply.buf[pos:pos + n].view(meta.dtype)[...] = arr[(*within, cols)]
                 pos += n
         return out[skip:skip + take]
 

@@ -1,4 +1,4 @@
-"""Shard reads: a sequential reader of a remote store takes whole shards, one request each; reads of shards decoded whole copy from them.
+"""Shard reads: whole shards, one request each, for a remote sequential reader; plans over shards decoded whole.
 
 Both are optional: off, a read plans over inner chunks and loads each through its shard's
 index and ranges, the same bytes with more requests and more copies.

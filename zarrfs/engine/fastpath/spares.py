@@ -1,14 +1,15 @@
 """Spares: decoded chunks a sequential reader has left behind give their memory to the next decodes.
 
 A cold `cat` of a compressed array decodes every chunk into fresh memory, and the kernel fills
-fresh pages on first touch: a large share of the whole read's time (docs/PERFORMANCE.md). Yet once a reader of a read-only mount is
-past a chunk, the kernel's page cache holds the file's bytes, and the decoded chunk is rarely
-wanted again. So on read-only mounts of local stores, chunks that decode into a buffer of
-their own size (a lone blosc or zstd compressor) are decoded into buffers of this engine's
-(`decode_buffer`), uncompressed chunks read into them, and a sequential reader gives back the chunks
-it has passed (`release_behind`): each leaves the cache, and its buffer, if nothing else holds
-the chunk or a view of it (reference counts: a reader's plan, a band being assembled, a reply
-being sent), is kept for the next decode of that size, at most SPARE_MAX_BYTES of them.
+fresh pages on first touch: a large share of the whole read's time (docs/PERFORMANCE.md). Yet
+once a reader of a read-only mount is past a chunk, the kernel's page cache holds the file's
+bytes, and the decoded chunk is rarely wanted again. So on read-only mounts of local stores,
+chunks that decode into a buffer of their own size (a lone blosc or zstd compressor) are
+decoded into buffers of this engine's (`decode_buffer`), uncompressed chunks read into them,
+and a sequential reader gives back the chunks it has passed (`release_behind`): each leaves the
+cache, and its buffer, if nothing else holds the chunk or a view of it (reference counts: a
+reader's plan, a band being assembled, a reply being sent), is kept for the next decode of that
+size, at most SPARE_MAX_BYTES of them.
 A part of the engine (docs/CONCURRENCY.md); used from the trio thread only.
 """
 
