@@ -31,8 +31,7 @@ fi
 # zarrfs as a plain `pip install` gives it (no extras), for tests/mounted/test_install.py: built here so
 # that the first test does not spend a minute compiling pyfuse3; cached outside the clone.
 .venv/bin/python tests/support/plain_venv.py
-# Lint and format check before the tests. For now only tests/, scripts/ and benchmarks/: zarrfs/
-# is reformatted in one step of its own, after which this checks the whole repository (`.`).
-.venv/bin/python -m ruff check tests scripts benchmarks
-.venv/bin/python -m ruff format --check tests scripts benchmarks
+# Lint and format check of the whole repository before the tests (configuration in pyproject.toml).
+.venv/bin/python -m ruff check .
+.venv/bin/python -m ruff format --check .
 exec .venv/bin/python -m pytest "$@"

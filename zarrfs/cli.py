@@ -8,7 +8,8 @@ import sys
 
 from . import __version__
 from .errors import UserError
-from .options import TREE, build_options, options_help, options_man, split_o
+from .manual import TREE, options_help, options_man
+from .options import build_options, split_o
 
 USAGE = "zarrfs SOURCE MOUNTPOINT [-f] [-o OPTION[,OPTION...]] [--OPTION[=VALUE] ...]"
 CLEAR_USAGE = "zarrfs --clear-cache [-o cache_dir=PATH]"
@@ -32,21 +33,24 @@ class _ManAction(argparse.Action):
 
 def parse(argv: list[str]) -> tuple[str, str, list[str], bool]:
     parser = _Parser(
-        prog="zarrfs", usage=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="zarrfs",
+        usage=USAGE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount a Zarr hierarchy: groups as directories, arrays as .npy files.",
         epilog="the tree of a mount (docs/VIEWS.md: The tree):\n" + TREE + "\n\n"
-               "mount options (-o NAME[=VALUE] or --NAME[=VALUE]):\n" + options_help() + "\n\n"
-               "signals: SIGTERM/SIGINT unmount; SIGUSR1 switches debug logging on and off.\n"
-               "unmount with: fusermount3 -u MOUNTPOINT (or umount as root)")
+        "mount options (-o NAME[=VALUE] or --NAME[=VALUE]):\n" + options_help() + "\n\n"
+        "signals: SIGTERM/SIGINT unmount; SIGUSR1 switches debug logging on and off.\n"
+        "unmount with: fusermount3 -u MOUNTPOINT (or umount as root)",
+    )
     parser.add_argument("source", metavar="SOURCE", help="local path or fsspec URL of the store")
     parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
-    parser.add_argument("-o", dest="o", action="append", default=[], metavar="OPTIONS",
-                        help="comma-separated options")
+    parser.add_argument("-o", dest="o", action="append", default=[], metavar="OPTIONS", help="comma-separated options")
     parser.add_argument("--version", action="version", version=f"zarrfs {__version__}")
     parser.add_argument("--man", action=_ManAction, help="print the zarrfs(1) manual page (roff) and exit")
-    parser.add_argument("--clear-cache", action="store_true",
-                        help=f"remove every entry of the disk cache and exit ({CLEAR_USAGE})")
+    parser.add_argument(
+        "--clear-cache", action="store_true", help=f"remove every entry of the disk cache and exit ({CLEAR_USAGE})"
+    )
     args, extra = parser.parse_known_args(argv)
     items = [i for o in args.o for i in split_o(o)]
     for flag in extra:

@@ -15,10 +15,19 @@ from .errors import MetadataError, Unsupported
 # Core v3 data type names (final spec and the drafts) and their numpy equivalents.
 V3_NAMES = {
     "bool": "|b1",
-    "int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
-    "uint8": "|u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8",
-    "float16": "<f2", "float32": "<f4", "float64": "<f8",
-    "complex64": "<c8", "complex128": "<c16",
+    "int8": "|i1",
+    "int16": "<i2",
+    "int32": "<i4",
+    "int64": "<i8",
+    "uint8": "|u1",
+    "uint16": "<u2",
+    "uint32": "<u4",
+    "uint64": "<u8",
+    "float16": "<f2",
+    "float32": "<f4",
+    "float64": "<f8",
+    "complex64": "<c8",
+    "complex128": "<c16",
     "bfloat16": None,  # named by the spec, but numpy has no such type
 }
 # Names of variable-size types (v3 final and zarr-python 3 extensions).
@@ -180,7 +189,7 @@ def _integer_value(value: Any, dtype: np.dtype, legacy: bool = False) -> int:
     if not isinstance(value, int):
         raise MetadataError(f"bad fill value {value!r} for {dtype}: not an integer")
     info = np.iinfo(dtype)
-    if legacy and not info.min <= value <= info.max and -2**63 <= value < 2**64:
+    if legacy and not info.min <= value <= info.max and -(2**63) <= value < 2**64:
         value = np.array(value % 2**info.bits, dtype=f"u{dtype.itemsize}").view(dtype.newbyteorder("="))[()]
         return int(value)
     if not info.min <= value <= info.max:

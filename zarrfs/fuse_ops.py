@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import errno
 import functools
-import math
 import logging
+import math
 import os
 import stat
 import time
@@ -14,13 +14,13 @@ from typing import Any
 import pyfuse3
 import trio
 
-from .tree.commits import Commits, entry_path
 from .engine import Engine
 from .errors import InvalidArgument, NotADir, ReadOnly, ZarrfsError
-from .tree.handles import Handle
-from .tree.entries import Entry, Kind, fs_name
-from .tree.namespace import Namespace
 from .options import Options
+from .tree.commits import Commits, entry_path
+from .tree.entries import Entry, Kind, fs_name
+from .tree.handles import Handle
+from .tree.namespace import Namespace
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,11 @@ def fuse_error(name: str, args: tuple, e: Exception) -> pyfuse3.FUSEError:
     if isinstance(e, pyfuse3.FUSEError):
         return e
     if isinstance(e, ZarrfsError):
-        level = logging.WARNING if e.errno in (errno.EIO, errno.EOPNOTSUPP, errno.EINVAL, errno.EFBIG) \
-            and not e.logged else logging.DEBUG
+        level = (
+            logging.WARNING
+            if e.errno in (errno.EIO, errno.EOPNOTSUPP, errno.EINVAL, errno.EFBIG) and not e.logged
+            else logging.DEBUG
+        )
         log.log(level, "%s: %s", name, e)
         return pyfuse3.FUSEError(e.errno)
     if isinstance(e, OSError):
@@ -79,7 +82,7 @@ def boundary(fn: Any) -> Any:
     """Only FUSEError may leave a handler: map ours to their errno, log and EIO the rest."""
 
     @functools.wraps(fn)
-    async def wrapper(self: "ZarrOperations", *args: Any) -> Any:
+    async def wrapper(self: ZarrOperations, *args: Any) -> Any:
         try:
             return await fn(self, *args)
         except Exception as e:
@@ -119,8 +122,9 @@ class ZarrOperations(pyfuse3.Operations):
         attr.generation = 0
         # The kernel keeps names and sizes no longer than zarrfs trusts them (metadata_ttl).
         attr.entry_timeout = attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.freshness.metadata_ttl_s)
-        writable = ((self.options.writable and (entry.writable or (entry.kind is Kind.GROUP and entry.view == "")))
-                    or entry.saves_statistics)
+        writable = (
+            self.options.writable and (entry.writable or (entry.kind is Kind.GROUP and entry.view == ""))
+        ) or entry.saves_statistics
         if entry.is_dir:
             attr.st_mode = stat.S_IFDIR | ((0o755 if writable else 0o555) & ~self.umask)
             attr.st_nlink = 2
@@ -188,8 +192,9 @@ class ZarrOperations(pyfuse3.Operations):
 
         async def one(key: str) -> None:
             try:
-                mtime = await self.engine.once(("mtime", key), lambda: self.engine.run_io(
-                    self.engine.store.mtime_ns_sync, key))  # one request for concurrent lookups
+                mtime = await self.engine.once(
+                    ("mtime", key), lambda: self.engine.run_io(self.engine.store.mtime_ns_sync, key)
+                )  # one request for concurrent lookups
                 self._mtimes[key] = mtime or self.mount_time_ns
             except ZarrfsError as e:  # a time is not worth an error: the mount time, asked again next time
                 log.info("modification time of %s unknown: %s", key, e)
@@ -262,8 +267,9 @@ class ZarrOperations(pyfuse3.Operations):
         while batch := await self._watched(self._dir_openers.get(fh), self.ns.dir_items(fh, start, READDIR_BATCH)):
             await self._watched(self._dir_openers.get(fh), self._resolve_mtimes([entry for _, entry in batch]))
             for i, (name, entry) in enumerate(batch):
-                if not pyfuse3.readdir_reply(token, os.fsencode(name), self.attributes(entry),
-                                             len(dots) + start + i + 1):
+                if not pyfuse3.readdir_reply(
+                    token, os.fsencode(name), self.attributes(entry), len(dots) + start + i + 1
+                ):
                     self.ns.drop_unused([e for _, e in batch[i:]])  # not sent: no reference taken
                     return
                 self.ns.remember(entry)
@@ -284,9 +290,13 @@ class ZarrOperations(pyfuse3.Operations):
         # Read-only: pages the kernel cached stay valid. Writable: another view or writer may
         # have changed the data, so each open starts without cached pages. Generated files
         # bypass the page cache so each open sees its own snapshot.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=not handle.direct_io and not self.options.writable
-                                and self.ns.freshness.metadata_ttl_s == math.inf,  # else each open reads anew
-                                direct_io=handle.direct_io)
+        return pyfuse3.FileInfo(
+            fh=fh,
+            keep_cache=not handle.direct_io
+            and not self.options.writable
+            and self.ns.freshness.metadata_ttl_s == math.inf,  # else each open reads anew
+            direct_io=handle.direct_io,
+        )
 
     @boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
@@ -346,8 +356,9 @@ class ZarrOperations(pyfuse3.Operations):
         return await handle.write(off, buf)
 
     @boundary
-    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
-                     ctx: Any) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._check_writable()
         entry, handle = await self.ns.create_file(parent_inode, fs_name(name))
         info = self._file_info(handle)
@@ -392,17 +403,27 @@ class ZarrOperations(pyfuse3.Operations):
         await self.commits.done("rm", self.commits.path_in(parent_inode, fs_name(name)), ctx.uid)
 
     @boundary
-    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes,
-                     flags: int, ctx: Any) -> None:
+    async def rename(
+        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
+    ) -> None:
         self._check_writable()
         if flags & ~RENAME_NOREPLACE:
             # RENAME_EXCHANGE / RENAME_WHITEOUT: callers such as mv fall back to a plain rename on EINVAL.
             log.debug("rename %s: flags %#x are not supported", fs_name(name_old), flags)
             raise pyfuse3.FUSEError(errno.EINVAL)
-        await self.ns.rename(parent_inode_old, fs_name(name_old), parent_inode_new, fs_name(name_new),
-                             replace=not flags & RENAME_NOREPLACE)
-        await self.commits.done("mv", f"{self.commits.path_in(parent_inode_old, fs_name(name_old))} -> "
-                                    f"{self.commits.path_in(parent_inode_new, fs_name(name_new))}", ctx.uid)
+        await self.ns.rename(
+            parent_inode_old,
+            fs_name(name_old),
+            parent_inode_new,
+            fs_name(name_new),
+            replace=not flags & RENAME_NOREPLACE,
+        )
+        await self.commits.done(
+            "mv",
+            f"{self.commits.path_in(parent_inode_old, fs_name(name_old))} -> "
+            f"{self.commits.path_in(parent_inode_new, fs_name(name_new))}",
+            ctx.uid,
+        )
 
     @boundary
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:

@@ -49,13 +49,13 @@ def flat_boxes(shape: Index, first: int, stop: int) -> Iterator[tuple[Index, Ind
     if not shape:
         yield (), ()
         return
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
 
     def ones(base: Index) -> Index:
         return (1,) * len(base)
 
     def split(d: int, base: Index, lo: int, hi: int) -> Iterator[tuple[Index, Index]]:
-        st, rest = strides[d], shape[d + 1:]
+        st, rest = strides[d], shape[d + 1 :]
         if not rest:
             yield base + (lo,), ones(base) + (hi - lo,)
             return
@@ -94,8 +94,11 @@ def row_run(row: int, shape: Index, chunks: Index) -> tuple[Index, Index, int]:
         return (), (), 1
     idx.reverse()
     last, height = idx[-1], chunks[-2]
-    return (tuple(i // c for i, c in zip(idx, chunks)), tuple(i % c for i, c in zip(idx, chunks)),
-            min(shape[-2] - last, height - last % height))
+    return (
+        tuple(i // c for i, c in zip(idx, chunks)),
+        tuple(i % c for i, c in zip(idx, chunks)),
+        min(shape[-2] - last, height - last % height),
+    )
 
 
 def flat_row(within: Index, chunks: Index) -> int:

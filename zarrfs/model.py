@@ -7,16 +7,16 @@ import functools
 import json
 import math
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
-from .storage import chunksource
 from . import grid
-from .views import npy
 from .codecs.chain import CodecChain
 from .errors import MetadataError, ZarrfsError
+from .storage import chunksource
 from .storage.keys import ChunkKeys
+from .views import npy
 
 # An array's .npy file size is an off_t (st_size, read offsets): signed 64 bits.
 MAX_FILE_BYTES = 2**63 - 1
@@ -71,22 +71,30 @@ class ArrayMeta:
         """Refuse shapes no file or numpy array can hold (2^62 x 2^62: the size overflows st_size)."""
         where = self.metadata_key
         if any(n > MAX_INDEX for n in (*self.shape, *self.chunk_shape)):
-            raise MetadataError(f"{where}: shape {self.shape} or chunks {self.chunk_shape} too large "
-                                f"(a dimension over 2^63-1)")
+            raise MetadataError(
+                f"{where}: shape {self.shape} or chunks {self.chunk_shape} too large (a dimension over 2^63-1)"
+            )
         try:
             header = max(len(npy.header(self.dtype, self.shape, f)) for f in (False, True))
         except ValueError as e:
-            raise MetadataError(f"{where}: no NPY header can describe shape {self.shape} of {self.dtype}: {e}") from None
+            raise MetadataError(
+                f"{where}: no NPY header can describe shape {self.shape} of {self.dtype}: {e}"
+            ) from None
         if header + self.nbytes > MAX_FILE_BYTES:
-            raise MetadataError(f"{where}: shape {self.shape} of {self.dtype} too large: {self.nbytes} bytes "
-                                f"do not fit a file (at most 2^63-1 bytes)")
+            raise MetadataError(
+                f"{where}: shape {self.shape} of {self.dtype} too large: {self.nbytes} bytes "
+                f"do not fit a file (at most 2^63-1 bytes)"
+            )
         if math.prod(self.chunk_shape) * self.dtype.itemsize > MAX_FILE_BYTES:
-            raise MetadataError(f"{where}: chunks {self.chunk_shape} of {self.dtype} too large "
-                                f"(over 2^63-1 bytes each)")
+            raise MetadataError(
+                f"{where}: chunks {self.chunk_shape} of {self.dtype} too large (over 2^63-1 bytes each)"
+            )
         positions = grid.n_chunks(self.shape, self.chunk_shape)
         if positions > MAX_INDEX:
-            raise MetadataError(f"{where}: shape {self.shape} in chunks {self.chunk_shape} too large: "
-                                f"{positions} grid positions (at most 2^63-1)")
+            raise MetadataError(
+                f"{where}: shape {self.shape} in chunks {self.chunk_shape} too large: "
+                f"{positions} grid positions (at most 2^63-1)"
+            )
 
     @property
     def nbytes(self) -> int:
@@ -145,8 +153,12 @@ def fill_fields(value: Any, dtype: np.dtype, read: Callable[[Any, np.dtype], np.
         fill = read(value, dtype)
     except MetadataError as e:
         reason = f"its fill value cannot be read: {e}"
-        return {"fill_value": np.zeros((), dtype), "fill_error": reason, "erase_fill_chunks": False,
-                "read_only": reason}
+        return {
+            "fill_value": np.zeros((), dtype),
+            "fill_error": reason,
+            "erase_fill_chunks": False,
+            "read_only": reason,
+        }
     return {"fill_value": fill, "erase_fill_chunks": value is not None}
 
 
@@ -175,7 +187,7 @@ class BrokenNode:
     attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-Node = Union[ArrayMeta, GroupMeta, BrokenNode]
+Node = ArrayMeta | GroupMeta | BrokenNode
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -195,13 +207,15 @@ class NewArray:
     @property
     def fill(self) -> np.ndarray:
         """The fill value as a 0-d array of `dtype` (zeros when none was given)."""
-        return np.asarray(self.fill_value if self.fill_value is not None else np.zeros((), self.dtype),
-                          dtype=self.dtype)
+        return np.asarray(
+            self.fill_value if self.fill_value is not None else np.zeros((), self.dtype), dtype=self.dtype
+        )
 
 
 def ints(value: Any, what: str, where: str) -> tuple[int, ...]:
     """A tuple of non-negative ints from a JSON list, or a MetadataError naming the field."""
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                       for v in value):
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
         raise MetadataError(f"`{what}` must be a list of non-negative integers in {where}, got {value!r}")
     return tuple(value)

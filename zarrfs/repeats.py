@@ -64,8 +64,13 @@ class LogOnce:
 class RepeatedFailures:
     """Decides which failure lines reach the log, and counts failures by key."""
 
-    def __init__(self, window_s: float = REPEAT_WINDOW_S, max_tracked: int = MAX_TRACKED,
-                 keys_max: int = ERRORS_BY_KEY_MAX, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        window_s: float = REPEAT_WINDOW_S,
+        max_tracked: int = MAX_TRACKED,
+        keys_max: int = ERRORS_BY_KEY_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.window_s = window_s
         self.max_tracked = max_tracked
         self.keys_max = keys_max

@@ -579,7 +579,8 @@ def test_engine_config_for_a_mount_runs_the_fast_paths_of_read_only_mounts(tmp_p
 
     local = Store(str(tmp_path))
     assert EngineConfig.for_mount(Options(timeout_s=7.0), local) == EngineConfig(
-        timeout_s=7.0, direct_reads=True, bands=True, recycle=True)
+        timeout_s=7.0, direct_reads=True, bands=True, recycle=True
+    )
     assert EngineConfig.for_mount(Options(), Remote()) == EngineConfig(bands=True)
     assert EngineConfig.for_mount(Options(writable=True), local) == EngineConfig()
 
@@ -591,8 +592,9 @@ async def test_fast_paths_on_or_off_give_numpy_s_bytes(tmp_path, fast):
     strategy on (some serving it) or off (none serving it)."""
     path = str(tmp_path / "s")
     value = np.arange(256 * 1024, dtype="<f4").reshape(256, 1024)
-    zarr.create_array(store=path, name="a", shape=value.shape, chunks=(64, 64), dtype="<f4",
-                      zarr_format=2, compressors=None)[...] = value
+    zarr.create_array(
+        store=path, name="a", shape=value.shape, chunks=(64, 64), dtype="<f4", zarr_format=2, compressors=None
+    )[...] = value
     zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
     config = EngineConfig(direct_reads=fast, bands=fast, recycle=fast)
     store, engine, streams = setup(path, config=config)

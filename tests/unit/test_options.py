@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from zarrfs.errors import UserError
+from zarrfs.manual import OPTION_TABLE, options_markdown
 from zarrfs.options import (
-    OPTION_TABLE,
     build_options,
-    options_markdown,
     parse_size,
     read_storage_options_file,
     redact_url,

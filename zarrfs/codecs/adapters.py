@@ -50,8 +50,11 @@ class BytesBytes:
 
     def tell_zlib(self) -> None:
         """Say once for this array that its `gzip` chunks are zlib streams."""
-        self._tell_once("zlib", "its gzip chunks are zlib streams (as an early writer stored them): "
-                                "read as zlib; chunks written here are gzip")
+        self._tell_once(
+            "zlib",
+            "its gzip chunks are zlib streams (as an early writer stored them): "
+            "read as zlib; chunks written here are gzip",
+        )
 
     def _tell_once(self, what: str, text: str) -> None:
         """Log a quirk of the stored chunks once for this array, named by its document (else

@@ -58,7 +58,7 @@ def zstd_content_size(data: Any) -> int | None:
     at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
     if len(head) < at + fcs_nbytes:
         return None
-    size = int.from_bytes(head[at:at + fcs_nbytes], "little")
+    size = int.from_bytes(head[at : at + fcs_nbytes], "little")
     return size + 256 if fcs_nbytes == 2 else size  # the 2-byte field is offset by 256
 
 
@@ -131,8 +131,13 @@ def decode_bounded(codec: Any, data: Any, limit: int, name: str, out: np.ndarray
     elif cid == "bz2":
         return inflate_bounded(bz2.BZ2Decompressor, memoryview(u1(data)), limit, name, members=True)
     elif cid == "lzma":
-        return inflate_bounded(lambda: lzma.LZMADecompressor(format=codec.format, filters=codec.filters),
-                        memoryview(u1(data)), limit, name, members=codec.format != lzma.FORMAT_RAW)
+        return inflate_bounded(
+            lambda: lzma.LZMADecompressor(format=codec.format, filters=codec.filters),
+            memoryview(u1(data)),
+            limit,
+            name,
+            members=codec.format != lzma.FORMAT_RAW,
+        )
     out = codec.decode(data)
     n = u1(out).size
     if n > limit:  # a codec that does not tell its size first: at least stop here

@@ -64,8 +64,11 @@ class BytesBytesCodec(Protocol):
 @functools.cache
 def _conforms(cls: type, role: type) -> bool:
     """Whether instances of CLS have every method of ROLE (asked once per class and role)."""
-    return all(callable(getattr(cls, name, None)) for name in role.__dict__
-               if not name.startswith("_") and callable(role.__dict__[name]))
+    return all(
+        callable(getattr(cls, name, None))
+        for name in role.__dict__
+        if not name.startswith("_") and callable(role.__dict__[name])
+    )
 
 
 def _check_roles(array_array: tuple, array_bytes: Any, bytes_bytes: tuple) -> None:
@@ -171,8 +174,9 @@ class CodecChain:
     def __post_init__(self) -> None:
         _check_roles(self.array_array, self.array_bytes, self.bytes_bytes)
 
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray,
-               out: np.ndarray | None = None) -> np.ndarray:
+    def decode(
+        self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Decode stored bytes into an array of exactly `shape` and `dtype` (may be F-ordered).
 
         Each bytes->bytes step may produce at most what its encoding was given: the last
@@ -252,16 +256,24 @@ class CodecChain:
 def decodes_into(chain: Any) -> bool:
     """Whether CodecChain.decode can decode a chunk of this chain into a buffer given for it:
     a lone blosc or zstd compressor over the chunk's bytes as stored."""
-    return (type(chain) is CodecChain and not chain.array_array and len(chain.bytes_bytes) == 1
-            and type(chain.array_bytes) is BytesLayout
-            and getattr(chain.bytes_bytes[0].codec, "codec_id", None) in ("blosc", "zstd"))
+    return (
+        type(chain) is CodecChain
+        and not chain.array_array
+        and len(chain.bytes_bytes) == 1
+        and type(chain.array_bytes) is BytesLayout
+        and getattr(chain.bytes_bytes[0].codec, "codec_id", None) in ("blosc", "zstd")
+    )
 
 
 def reads_into(chain: Any) -> bool:
     """Whether a chunk of this chain is its bytes as stored (no codec but the bytes layout), so
     that a buffer its stored bytes are read into is what CodecChain.decode views."""
-    return (type(chain) is CodecChain and not chain.array_array and not chain.bytes_bytes
-            and type(chain.array_bytes) is BytesLayout)
+    return (
+        type(chain) is CodecChain
+        and not chain.array_array
+        and not chain.bytes_bytes
+        and type(chain.array_bytes) is BytesLayout
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

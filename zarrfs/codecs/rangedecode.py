@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CorruptChunk
 from .chain import BytesLayout, CodecChain
 from .rangedecoders import (
     BLOSC_HEADER_BYTES,
@@ -29,7 +30,7 @@ from .rangedecoders import (
     StreamDecoder,
     zstandard,
 )
-from ..errors import CorruptChunk
+
 # The engine sizes its decoders with these (re-exported).
 from .rangedecoders import MIN_WINDOW_BYTES as MIN_WINDOW_BYTES
 from .rangedecoders import OUT_STEP_BYTES as OUT_STEP_BYTES
@@ -70,8 +71,9 @@ def is_stream(chain: CodecChain) -> bool:
     return chain.bytes_bytes[0].codec.codec_id != "blosc"
 
 
-def decoder(chain: CodecChain, nbytes: int, fetch: Fetch, name: str,
-            window_bytes: int = WINDOW_BYTES, limit: int | None = None) -> "RangeDecoder":
+def decoder(
+    chain: CodecChain, nbytes: int, fetch: Fetch, name: str, window_bytes: int = WINDOW_BYTES, limit: int | None = None
+) -> RangeDecoder:
     """A decoder of the chunk whose encoded bytes FETCH reads, of NBYTES decoded bytes (a
     `supported` chain), keeping WINDOW_BYTES of what it decoded last; NAME labels its errors.
     With LIMIT (`decoder_limit`), a zstd or lzma stream that needs a larger window or
@@ -95,15 +97,16 @@ def decoder_limit(chain: CodecChain, head: bytes, name: str) -> int:
         except zstandard.ZstdError:  # (a skippable frame first, or not zstd: the decoder says which)
             return ZSTD_MAX_WINDOW_BYTES
         if window > ZSTD_MAX_WINDOW_BYTES:
-            raise CorruptChunk(f"{name}: zstd frame needs a window of {window} bytes, more than the "
-                               f"{ZSTD_MAX_WINDOW_BYTES} allowed")
+            raise CorruptChunk(
+                f"{name}: zstd frame needs a window of {window} bytes, more than the {ZSTD_MAX_WINDOW_BYTES} allowed"
+            )
         return max(window, ZSTD_MIN_WINDOW_BYTES)
     if cid == "lzma":
         return _lzma_dict(codec, head)
     if cid == "bz2":
         return BZ2_STATE_BYTES
     if cid == "blosc" and len(head) >= BLOSC_HEADER_BYTES:
-        nbytes, blocksize = (int.from_bytes(head[i:i + 4], "little") for i in (4, 8))
+        nbytes, blocksize = (int.from_bytes(head[i : i + 4], "little") for i in (4, 8))
         if blocksize > 0:  # (else the decoder refuses the header)
             return min(BLOSC_TABLE_MAX_BYTES, 4 * -(-nbytes // blocksize)) + 2 * blocksize
     return 0
@@ -141,7 +144,7 @@ def _lzma_dict(codec: Any, head: bytes) -> int:
                 varint()
         for _ in range((flags & 3) + 1):
             fid, nprops = varint(), varint()
-            props = head[at:at + nprops]
+            props = head[at : at + nprops]
             at += nprops
             if fid == XZ_LZMA2_ID and len(props) == 1 and props[0] <= 40:
                 bits = props[0]
@@ -150,10 +153,11 @@ def _lzma_dict(codec: Any, head: bytes) -> int:
         pass
     return LZMA_DEFAULT_DICT_BYTES
 
+
 def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> list[int]:
     strides = [0] * len(shape)
     step = itemsize
-    for d in (range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape))):
+    for d in range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape)):
         strides[d] = step
         step *= shape[d]
     return strides
@@ -165,8 +169,9 @@ def first_byte(shape: tuple[int, ...], itemsize: int, order: str, boxes: list[tu
     return min(sum(b.start * s for b, s in zip(box, strides)) for box in boxes)
 
 
-def regions(shape: tuple[int, ...], itemsize: int, order: str, box: tuple[slice, ...], span: int = SPAN_BYTES
-            ) -> list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[slice, ...]]]:
+def regions(
+    shape: tuple[int, ...], itemsize: int, order: str, box: tuple[slice, ...], span: int = SPAN_BYTES
+) -> list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[slice, ...]]]:
     """A box of a chunk (SHAPE, elements of ITEMSIZE in ORDER) cut into pieces whose bytes lie
     within SPAN, in increasing order of their bytes: (first byte, stop byte, shape, strides
     of the piece's elements from its first byte, the piece's part of the box as slices of it)."""
@@ -181,8 +186,15 @@ def regions(shape: tuple[int, ...], itemsize: int, order: str, box: tuple[slice,
 
     def emit(lo_idx: list[int], hi_idx: list[int]) -> None:
         lo, hi = extent(lo_idx, hi_idx)
-        out.append((lo, hi, tuple(h - l for l, h in zip(lo_idx, hi_idx)), tuple(strides),
-                    tuple(slice(l - b.start, h - b.start) for l, h, b in zip(lo_idx, hi_idx, box))))
+        out.append(
+            (
+                lo,
+                hi,
+                tuple(h - a for a, h in zip(lo_idx, hi_idx)),
+                tuple(strides),
+                tuple(slice(a - b.start, h - b.start) for a, h, b in zip(lo_idx, hi_idx, box)),
+            )
+        )
 
     def cut(lo_idx: list[int], hi_idx: list[int], level: int) -> None:
         lo, hi = extent(lo_idx, hi_idx)
@@ -206,8 +218,9 @@ def regions(shape: tuple[int, ...], itemsize: int, order: str, box: tuple[slice,
     return out
 
 
-def fill_sync(dec: RangeDecoder, pieces: list, targets: list[np.ndarray], dtype: np.dtype,
-              start: int, budget: int) -> int:
+def fill_sync(
+    dec: RangeDecoder, pieces: list, targets: list[np.ndarray], dtype: np.dtype, start: int, budget: int
+) -> int:
     """Copy decoded pieces (`regions`) START.. of a chunk into their TARGETS (the box of each
     piece's list entry), elements of DTYPE as stored, until about BUDGET bytes were decoded;
     the index of the first piece not copied (len(pieces): all)."""
@@ -222,8 +235,9 @@ def fill_sync(dec: RangeDecoder, pieces: list, targets: list[np.ndarray], dtype:
     return len(pieces)
 
 
-def chunk_pieces(shape: tuple[int, ...], dtype: np.dtype, order: str,
-                 boxes: list[tuple[slice, ...]], span: int = SPAN_BYTES) -> list[tuple]:
+def chunk_pieces(
+    shape: tuple[int, ...], dtype: np.dtype, order: str, boxes: list[tuple[slice, ...]], span: int = SPAN_BYTES
+) -> list[tuple]:
     """Every box's pieces (`regions`), each tagged with its box's number, in increasing order of
     their bytes in the chunk (so that a stream is decoded once for all of them)."""
     pieces = []

@@ -106,8 +106,16 @@ class _Source:
 class StreamDecoder(RangeDecoder):
     """A compressed stream decoded from its start, the last bytes of its output kept (a window)."""
 
-    def __init__(self, codec: Any, nbytes: int, fetch: Fetch, name: str, window_bytes: int = WINDOW_BYTES,
-                 stage: Any = None, limit: int | None = None) -> None:
+    def __init__(
+        self,
+        codec: Any,
+        nbytes: int,
+        fetch: Fetch,
+        name: str,
+        window_bytes: int = WINDOW_BYTES,
+        stage: Any = None,
+        limit: int | None = None,
+    ) -> None:
         self.codec, self.nbytes, self.fetch, self.name = codec, nbytes, fetch, name
         self.limit = limit  # the most its decompressor may hold (decoder_limit)
         self.stage = stage  # the chain's BytesBytes, which logs a quirk of the array once
@@ -205,16 +213,15 @@ class StreamDecoder(RangeDecoder):
         """Decode up to N more bytes into the window (what lies before KEEP_FROM may go)."""
         out = self._produce(n)
         if not out:
-            raise CorruptChunk(f"{self.name}: compressed stream ends after {self.pos} bytes, "
-                               f"{self.nbytes} expected")
+            raise CorruptChunk(f"{self.name}: compressed stream ends after {self.pos} bytes, {self.nbytes} expected")
         k = len(out)
         if self.pos + k > self.nbytes:
             raise CorruptChunk(f"{self.name}: decodes to more than the {self.nbytes} bytes expected")
         if self.held + k > len(self.window):  # keep the last half (or from KEEP_FROM, if more)
             keep = min(len(self.window) - k, self.held, max(self.back, self.pos - keep_from))
-            self.window[:keep] = self.window[self.held - keep:self.held]
+            self.window[:keep] = self.window[self.held - keep : self.held]
             self.held = keep
-        self.window[self.held:self.held + k] = np.frombuffer(out, np.uint8)
+        self.window[self.held : self.held + k] = np.frombuffer(out, np.uint8)
         self.held += k
         self.pos += k
         self.decoded += k
@@ -226,7 +233,7 @@ class StreamDecoder(RangeDecoder):
         while self.pos < hi:
             self._step(min(self.out_step, hi - self.pos), lo)
         start = self.held - (self.pos - lo)
-        return memoryview(self.window)[start:start + hi - lo]
+        return memoryview(self.window)[start : start + hi - lo]
 
 
 class BloscBlocks(RangeDecoder):
@@ -241,12 +248,11 @@ class BloscBlocks(RangeDecoder):
             raise CorruptChunk(f"{name}: blosc header cut short ({len(head)} bytes)")
         self.head = bytearray(head)
         self.flags = head[2]
-        declared, self.blocksize, self.cbytes = (int.from_bytes(head[i:i + 4], "little") for i in (4, 8, 12))
+        declared, self.blocksize, self.cbytes = (int.from_bytes(head[i : i + 4], "little") for i in (4, 8, 12))
         if declared != nbytes:
             raise CorruptChunk(f"{name}: blosc header says {declared} bytes, expected {nbytes}")
         if self.blocksize <= 0 or self.cbytes > grown_bound(nbytes):
-            raise CorruptChunk(f"{name}: blosc header is not valid (blocksize {self.blocksize}, "
-                               f"{self.cbytes} bytes)")
+            raise CorruptChunk(f"{name}: blosc header is not valid (blocksize {self.blocksize}, {self.cbytes} bytes)")
         self.nblocks = -(-nbytes // self.blocksize)
         self.kept_at, self.kept = 0, np.empty(0, np.uint8)  # the blocks decoded last, from byte kept_at
         self.bounds: np.ndarray | None = None  # (start, end) of each block's encoded bytes
@@ -257,7 +263,7 @@ class BloscBlocks(RangeDecoder):
     def read(self, lo: int, hi: int) -> memoryview:
         self._check(lo, hi)
         if self.kept_at <= lo and hi <= self.kept_at + len(self.kept):
-            return memoryview(self.kept)[lo - self.kept_at:hi - self.kept_at]
+            return memoryview(self.kept)[lo - self.kept_at : hi - self.kept_at]
         if self.flags & BLOSC_MEMCPYED:  # stored as it is, after the header
             at = BLOSC_HEADER_BYTES
             data = self.fetch(at + lo, at + hi)
@@ -269,12 +275,12 @@ class BloscBlocks(RangeDecoder):
         kept_end = self.kept_at + len(self.kept)
         if self.kept_at <= lo < kept_end:  # its first blocks are the last decoded: the others only
             out = np.empty(hi - lo, np.uint8)
-            out[:kept_end - lo] = self.kept[lo - self.kept_at:]
+            out[: kept_end - lo] = self.kept[lo - self.kept_at :]
             self._keep(kept_end // self.blocksize, last)
-            out[kept_end - lo:] = self.kept[kept_end - self.kept_at:hi - self.kept_at]
+            out[kept_end - lo :] = self.kept[kept_end - self.kept_at : hi - self.kept_at]
             return memoryview(out)
         self._keep(first, last)
-        return memoryview(self.kept)[lo - self.kept_at:hi - self.kept_at]
+        return memoryview(self.kept)[lo - self.kept_at : hi - self.kept_at]
 
     def _keep(self, first: int, last: int) -> None:
         """Blocks FIRST..LAST decoded and kept (one more before them where blosc needs it)."""
@@ -288,8 +294,10 @@ class BloscBlocks(RangeDecoder):
         if self.bounds is None:
             size = 4 * self.nblocks
             if size > BLOSC_TABLE_MAX_BYTES:
-                raise CorruptChunk(f"{self.name}: blosc chunk of {self.nblocks} blocks, more than "
-                                   f"{BLOSC_TABLE_MAX_BYTES // 4} (blocksize {self.blocksize})")
+                raise CorruptChunk(
+                    f"{self.name}: blosc chunk of {self.nblocks} blocks, more than "
+                    f"{BLOSC_TABLE_MAX_BYTES // 4} (blocksize {self.blocksize})"
+                )
             raw = self.fetch(BLOSC_HEADER_BYTES, BLOSC_HEADER_BYTES + size)
             if len(raw) != size:
                 raise CorruptChunk(f"{self.name}: blosc block starts cut short")
@@ -306,7 +314,7 @@ class BloscBlocks(RangeDecoder):
     def _blocks(self, first: int, last: int) -> np.ndarray:
         """Blocks FIRST..LAST decoded: their bytes framed as a blosc chunk of their own (the
         header with their size, their starts, their compressed bytes), which blosc decodes."""
-        bounds = self._table()[first:last + 1]
+        bounds = self._table()[first : last + 1]
         k = last - first + 1
         size = min(self.nbytes, (last + 1) * self.blocksize) - first * self.blocksize
         lengths = bounds[:, 1] - bounds[:, 0]
@@ -317,7 +325,7 @@ class BloscBlocks(RangeDecoder):
         frame = bytearray(at + int(lengths.sum()))
         if hi - lo <= 2 * lengths.sum():  # (their bytes together, in one read)
             span = self.fetch(lo, hi)
-            parts = [memoryview(span)[a - lo:b - lo] for a, b in bounds.tolist()]
+            parts = [memoryview(span)[a - lo : b - lo] for a, b in bounds.tolist()]
         else:
             parts = [self.fetch(a, b) for a, b in bounds.tolist()]
         new_starts = []
@@ -325,7 +333,7 @@ class BloscBlocks(RangeDecoder):
         for (a, b), part in zip(bounds.tolist(), parts):
             if len(part) != b - a:
                 raise CorruptChunk(f"{self.name}: blosc chunk cut short")
-            frame[pos:pos + len(part)] = part
+            frame[pos : pos + len(part)] = part
             new_starts.append(pos)
             pos += len(part)
         head = bytearray(self.head)

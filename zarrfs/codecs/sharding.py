@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import grid
+from ..errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
 from .bounded import u1
 from .chain import BytesLayout, CodecChain, is_fill
-from ..errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
 
 ABSENT = 2**64 - 1  # index entry of an inner chunk that is not stored
 ENTRY_DTYPE = np.dtype("<u8")
@@ -64,7 +64,7 @@ class ShardIndex:
         nbytes = self.nbytes(per_shard)
         if buf.size < nbytes:
             raise CorruptChunk(f"{_shard(where)}: {buf.size} bytes, shorter than its index of {nbytes}")
-        return self.decode(buf[buf.size - nbytes:] if self.at_end else buf[:nbytes], per_shard, where)
+        return self.decode(buf[buf.size - nbytes :] if self.at_end else buf[:nbytes], per_shard, where)
 
     @staticmethod
     def entry(index: np.ndarray, pos: Index) -> tuple[int, int] | None:
@@ -87,8 +87,10 @@ class ShardIndex:
             except CorruptChunk as e:
                 raise CorruptChunk(f"{_shard(where)}: {e}") from None
             if found is not None and found[0] + found[1] > buf.size:
-                raise CorruptChunk(f"{_shard(where)}: inner chunk {pos} at {found[0]}+{found[1]} lies outside the shard")
-            out[pos] = None if found is None else buf[found[0]:found[0] + found[1]]
+                raise CorruptChunk(
+                    f"{_shard(where)}: inner chunk {pos} at {found[0]}+{found[1]} lies outside the shard"
+                )
+            out[pos] = None if found is None else buf[found[0] : found[0] + found[1]]
         return out
 
     def assemble(self, parts: dict[Index, Any], per_shard: Index) -> bytes:
@@ -141,8 +143,9 @@ class ShardingIndexed:
     def max_encoded_nbytes(self, shape: Index, dtype: np.dtype) -> int:
         """Every inner chunk at its largest, and the index."""
         per_shard = self.per_shard(shape)
-        return (math.prod(per_shard) * self.inner.max_encoded_nbytes(self.inner_chunks, dtype)
-                + self.layout.nbytes(per_shard))
+        return math.prod(per_shard) * self.inner.max_encoded_nbytes(self.inner_chunks, dtype) + self.layout.nbytes(
+            per_shard
+        )
 
     def decode(self, data: Any, shape: Index, dtype: np.dtype, fill: np.ndarray | None) -> np.ndarray:
         """The shard's elements; inner chunks not stored are FILL (None: the fill value cannot be
@@ -183,7 +186,12 @@ class ShardingIndexed:
         return self.encode(arr, fill, keep)
 
     def describe(self) -> dict:
-        return {"name": "sharding_indexed", "configuration": {
-            "chunk_shape": list(self.inner_chunks), "codecs": self.inner.describe(),
-            "index_codecs": self.index.describe(),
-            "index_location": "end" if self.index_at_end else "start"}}
+        return {
+            "name": "sharding_indexed",
+            "configuration": {
+                "chunk_shape": list(self.inner_chunks),
+                "codecs": self.inner.describe(),
+                "index_codecs": self.index.describe(),
+                "index_location": "end" if self.index_at_end else "start",
+            },
+        }

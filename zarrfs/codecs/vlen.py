@@ -18,10 +18,10 @@ import numcodecs
 import numpy as np
 
 from .. import grid
-from .chain import CodecChain
 from ..dtypes import _bytes_value
 from ..errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
 from ..model import ArrayMeta
+from .chain import CodecChain
 
 # The width scan reads at most this many stored bytes (which bounds the time it takes), and
 # decodes at most this many bytes of strings (vlen codecs are not bounded by a chunk's declared
@@ -32,8 +32,7 @@ VLEN_SCAN_MAX_DECODED_BYTES = 256 << 20
 VLEN_SCAN_MAX_CHUNKS = 4096
 # The numcodecs id of each vlen codec and the numpy kind it is shown as.
 VLEN_KINDS = {"vlen-utf8": "U", "vlen-bytes": "S"}
-READ_ONLY_REASON = ("variable-length {what} are shown as fixed-width {kind} and cannot be written "
-                    "through the mount")
+READ_ONLY_REASON = "variable-length {what} are shown as fixed-width {kind} and cannot be written through the mount"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +60,10 @@ class VLenArrayBytes:
         items = self.items(data, math.prod(shape))
         fixed = fixed_width(items, self.kind)
         if fixed.dtype.itemsize > dtype.itemsize:
-            raise CorruptChunk(f"an element is longer than the width {dtype} found when the array was "
-                               f"first read (the store changed since; refresh)")
+            raise CorruptChunk(
+                f"an element is longer than the width {dtype} found when the array was "
+                f"first read (the store changed since; refresh)"
+            )
         return fixed.astype(dtype).reshape(shape, order=self.order)
 
     def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
@@ -71,8 +72,7 @@ class VLenArrayBytes:
         return 4 + math.prod(shape) * (4 + dtype.itemsize)
 
     def encode(self, arr: np.ndarray, fill: np.ndarray) -> Any:
-        raise Unsupported(READ_ONLY_REASON.format(what="strings" if self.kind == "U" else "bytes",
-                                                  kind=self.kind))
+        raise Unsupported(READ_ONLY_REASON.format(what="strings" if self.kind == "U" else "bytes", kind=self.kind))
 
     def describe(self) -> dict:
         return {"name": self.name, "configuration": {}}
@@ -95,14 +95,29 @@ def vlen_step(name: Any, order: str, where: str) -> VLenArrayBytes:
     return VLenArrayBytes(name, order)
 
 
-def placeholder(path: str, shape: tuple[int, ...], chunks: tuple[int, ...], step: VLenArrayBytes,
-                bytes_bytes: tuple, fill: Any, **kw: Any) -> ArrayMeta:
+def placeholder(
+    path: str,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    step: VLenArrayBytes,
+    bytes_bytes: tuple,
+    fill: Any,
+    **kw: Any,
+) -> ArrayMeta:
     """An ArrayMeta of a vlen array before its width is known (see `resolve_sync`)."""
     fill_value = _fill(fill, step.kind)
     what = "strings" if step.kind == "U" else "bytes"
-    return ArrayMeta(path=path, shape=shape, dtype=fill_value.dtype, chunk_shape=chunks, fill_value=fill_value,
-                     codec=CodecChain((), step, bytes_bytes), erase_fill_chunks=False,
-                     read_only=READ_ONLY_REASON.format(what=what, kind=step.kind), **kw)
+    return ArrayMeta(
+        path=path,
+        shape=shape,
+        dtype=fill_value.dtype,
+        chunk_shape=chunks,
+        fill_value=fill_value,
+        codec=CodecChain((), step, bytes_bytes),
+        erase_fill_chunks=False,
+        read_only=READ_ONLY_REASON.format(what=what, kind=step.kind),
+        **kw,
+    )
 
 
 def _fill(fill: Any, kind: str) -> np.ndarray:
@@ -162,9 +177,11 @@ def resolve_sync(store: Any, meta: ArrayMeta, list_keys: Any) -> ArrayMeta:
 
 
 def _too_large(meta: ArrayMeta, what: str) -> str:
-    return (f"{meta.metadata_key}: variable-length array too large to show as fixed width: finding its "
-            f"longest element would read {what} (zarrfs reads at most {VLEN_SCAN_MAX_STORED_BYTES >> 20} MiB "
-            f"stored / {VLEN_SCAN_MAX_DECODED_BYTES >> 20} MiB decoded for that)")
+    return (
+        f"{meta.metadata_key}: variable-length array too large to show as fixed width: finding its "
+        f"longest element would read {what} (zarrfs reads at most {VLEN_SCAN_MAX_STORED_BYTES >> 20} MiB "
+        f"stored / {VLEN_SCAN_MAX_DECODED_BYTES >> 20} MiB decoded for that)"
+    )
 
 
 def _chunk_keys(meta: ArrayMeta, list_keys: Any) -> list[str]:

@@ -59,15 +59,21 @@ def build(source: str, options: Options) -> ZarrOperations:
     store = open_store(source, storage_options, options, shown)
     check_store(store, shown, min(START_TIMEOUT_S, options.timeout_s))
     versioned = options.format == "icechunk" or (
-        options.format == "auto" and icechunk.looks_like_repository_sync(store))
+        options.format == "auto" and icechunk.looks_like_repository_sync(store)
+    )
     if versioned:
-        store = icechunk.IcechunkStore(source, storage_options, ref=options.ref, snapshot=options.snapshot,
-                                            log_level=options.log_level, timeout_s=options.timeout_s,
-                                            writable=options.writable,
-                                            authorized=options.authorize_virtual_chunk_access)
+        store = icechunk.IcechunkStore(
+            source,
+            storage_options,
+            ref=options.ref,
+            snapshot=options.snapshot,
+            log_level=options.log_level,
+            timeout_s=options.timeout_s,
+            writable=options.writable,
+            authorized=options.authorize_virtual_chunk_access,
+        )
     elif options.ref is not None or options.snapshot is not None:
-        raise UserError(f"{shown}: ref= and snapshot= choose a version of an Icechunk repository; "
-                        f"this is not one")
+        raise UserError(f"{shown}: ref= and snapshot= choose a version of an Icechunk repository; this is not one")
     if options.writable and store.read_only:
         scheme = source.split("://", 1)[0] if "://" in source else "this protocol"
         what = "references" if getattr(store, "is_references", False) else f"{scheme} stores"
@@ -75,13 +81,24 @@ def build(source: str, options: Options) -> ZarrOperations:
     metadata_ttl_s = mount_metadata_ttl_s(source, options, store)
     # metadata_ttl=0 asks the store at every read: a kept entry would cost a listing each time.
     # An Icechunk repository's keys are its snapshots' own, not objects of the store: not cached.
-    if (is_remote(source) and not versioned and not store.is_local and not store.is_references
-            and options.disk_cache_bytes > 0 and metadata_ttl_s > 0):
+    if (
+        is_remote(source)
+        and not versioned
+        and not store.is_local
+        and not store.is_references
+        and options.disk_cache_bytes > 0
+        and metadata_ttl_s > 0
+    ):
         disk = DiskCache(options.cache_dir or default_cache_dir(), options.disk_cache_bytes)
         if disk.usable:
             log.info("disk cache: %s, at most %d bytes", disk.directory, disk.max_bytes)
-            store = DiskCachedStore(store, disk, store_identity(source, storage_options), metadata_ttl_s,
-                                    own_prefix=formats.base.RESERVED_PREFIX)
+            store = DiskCachedStore(
+                store,
+                disk,
+                store_identity(source, storage_options),
+                metadata_ttl_s,
+                own_prefix=formats.base.RESERVED_PREFIX,
+            )
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
     if versioned:  # an Icechunk snapshot holds a Zarr v3 hierarchy, read as it is
@@ -94,10 +111,19 @@ def build(source: str, options: Options) -> ZarrOperations:
     if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
         raise UserError(f"{shown}: {root.error}")
     engine = Engine(store, ChunkCache(options.cache_size_bytes), EngineConfig.for_mount(options, store))
-    namespace = Namespace(hierarchy, root, source, engine, show_views=options.show_views, writable=options.writable,
-                          create_chunks=options.chunks, create_codec=options.codec, on_name_gone=invalidate_name,
-                          on_data_stale_sync=invalidate_data_sync,
-                          metadata_ttl_s=metadata_ttl_s)
+    namespace = Namespace(
+        hierarchy,
+        root,
+        source,
+        engine,
+        show_views=options.show_views,
+        writable=options.writable,
+        create_chunks=options.chunks,
+        create_codec=options.codec,
+        on_name_gone=invalidate_name,
+        on_data_stale_sync=invalidate_data_sync,
+        metadata_ttl_s=metadata_ttl_s,
+    )
     log.info("opened %s as %s (root: %s)", shown, hierarchy.name, root.kind)
     return ZarrOperations(namespace, engine, options)
 
@@ -106,8 +132,9 @@ def open_store(source: str, storage_options: dict, options: Options, shown: str)
     """The store SOURCE names: a reference set (kerchunk, VirtualiZarr), or any fsspec URL; a
     backend that is not installed is a one-line error naming the extra that brings it."""
     try:
-        refs = open_references_sync(source, storage_options, options.remote_protocol, options.remote_options,
-                                    options.timeout_s, shown)
+        refs = open_references_sync(
+            source, storage_options, options.remote_protocol, options.remote_options, options.timeout_s, shown
+        )
         if refs is not None:
             return Store(source, fs=refs)
         if options.remote_protocol is not None or options.remote_options is not None:

@@ -40,8 +40,10 @@ OPEN_FILES_WANTED = 1 << 16
 
 def check_mountpoint(mountpoint: str) -> None:
     """Raise a UserError unless MOUNTPOINT is an empty directory, not mounted, and FUSE is there."""
-    dead = UserError(f"mountpoint {mountpoint} is a dead FUSE mount (its daemon is gone): "
-                     f"run fusermount3 -uz {mountpoint} and mount again")
+    dead = UserError(
+        f"mountpoint {mountpoint} is a dead FUSE mount (its daemon is gone): "
+        f"run fusermount3 -uz {mountpoint} and mount again"
+    )
     try:
         os.stat(mountpoint)
         if os.path.ismount(mountpoint):
@@ -56,8 +58,9 @@ def check_mountpoint(mountpoint: str) -> None:
     if not os.path.isdir(mountpoint):
         raise UserError(f"mountpoint {mountpoint} is not a directory")
     if os.path.ismount(mountpoint):
-        raise UserError(f"mountpoint {mountpoint} is already a mount point "
-                        f"(unmount it first: fusermount3 -u {mountpoint})")
+        raise UserError(
+            f"mountpoint {mountpoint} is already a mount point (unmount it first: fusermount3 -u {mountpoint})"
+        )
     if os.listdir(mountpoint):
         raise UserError(f"mountpoint {mountpoint} is not empty")
     if not os.path.exists("/dev/fuse"):
@@ -209,8 +212,7 @@ async def _sweep_staging(ops: ZarrOperations) -> None:
 
     One thread outside the engine's I/O limiter, one store call at a time: reads keep every I/O
     thread, and each call is bounded by the backend timeouts that `timeout` sets."""
-    await trio.to_thread.run_sync(staging.sweep_sync, ops.ns.hierarchy, ops.ns.lease.writer,
-                                  abandon_on_cancel=True)
+    await trio.to_thread.run_sync(staging.sweep_sync, ops.ns.hierarchy, ops.ns.lease.writer, abandon_on_cancel=True)
 
 
 async def _refresh_lease(ops: ZarrOperations) -> None:
@@ -260,8 +262,14 @@ def run(source: str, mountpoint: str, options: Options) -> int:
 
 
 def _started(source: str, mountpoint: str, dest: str) -> None:
-    lifecycle_log.info("zarrfs %s (pid %d) mounted %s on %s; log: %s; SIGUSR1 toggles debug logging",
-                   __version__, os.getpid(), redact_url(source), mountpoint, dest)
+    lifecycle_log.info(
+        "zarrfs %s (pid %d) mounted %s on %s; log: %s; SIGUSR1 toggles debug logging",
+        __version__,
+        os.getpid(),
+        redact_url(source),
+        mountpoint,
+        dest,
+    )
 
 
 def _daemonize(source: str, mountpoint: str, options: Options) -> int:

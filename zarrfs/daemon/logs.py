@@ -95,8 +95,12 @@ class DroppedReplyFilter(logging.Filter):
     NO_WAITER = os.strerror(errno.ENOENT)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if (record.levelno == logging.ERROR and record.args == (self.NO_WAITER,)
-                and isinstance(record.msg, str) and record.msg.endswith("(): fuse_reply_* failed with %s")):
+        if (
+            record.levelno == logging.ERROR
+            and record.args == (self.NO_WAITER,)
+            and isinstance(record.msg, str)
+            and record.msg.endswith("(): fuse_reply_* failed with %s")
+        ):
             record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
             # The pyfuse3 logger never lets its own debug through; the root's level decides.
             return logging.getLogger().isEnabledFor(logging.DEBUG)

@@ -59,8 +59,9 @@ class Engine:
         self.writeback = WriteBack(runtime, tables, self.loads, self.read, config.dirty_max_bytes)
         self.streams = StreamedReads(runtime, tables, self.loads, self.revalidation)
         direct = DirectReads(store) if config.direct_reads and store.is_local else None
-        self.fast = FastPaths(runtime, tables, self.loads, self.revalidation, self.prefetch, shards, spares,
-                              direct, config.bands)
+        self.fast = FastPaths(
+            runtime, tables, self.loads, self.revalidation, self.prefetch, shards, spares, direct, config.bands
+        )
         self.interrupts = Interrupts()  # requests ended early when their process got a signal
         self.later = Later()  # delayed calls (plain files' write-back)
         self.held_memory_bytes = 0  # plain files' bytes in memory (tree/ingest.py HeldFile)
@@ -123,8 +124,9 @@ class Engine:
 
     # --- reads ----------------------------------------------------------------------------
 
-    async def read(self, stream: ArrayStream, offset: int, size: int,
-                   readahead: ReadAhead | None = None, reply: bool = False) -> bytes | memoryview:
+    async def read(
+        self, stream: ArrayStream, offset: int, size: int, readahead: ReadAhead | None = None, reply: bool = False
+    ) -> bytes | memoryview:
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently;
         with `readahead` (the reader's own state), a sequential reader's next window is loaded.
         With `reply` (a FUSE read handler, which returns the bytes at once: pyfuse3 replies
@@ -149,8 +151,9 @@ class Engine:
                 self.counters["reads"] += 1
                 return data
         plan = stream.plan(offset, size)
-        sequential = readahead is not None and (offset == readahead.next_offset
-                                                or fast.shards.sequential_start(stream, offset, size, readahead))
+        sequential = readahead is not None and (
+            offset == readahead.next_offset or fast.shards.sequential_start(stream, offset, size, readahead)
+        )
         if readahead is not None:  # at once: a read the kernel sends while this one loads is sequential too
             readahead.next_offset = offset + size
         if reply:
@@ -176,8 +179,9 @@ class Engine:
             fast.spares.release_behind(stream, readahead, offset, plan.chunks)
         return data
 
-    def read_now(self, stream: ArrayStream, offset: int, size: int,
-                 readahead: ReadAhead | None = None) -> memoryview | None:
+    def read_now(
+        self, stream: ArrayStream, offset: int, size: int, readahead: ReadAhead | None = None
+    ) -> memoryview | None:
         """A FUSE read served at once, with no await (so no wait to interrupt): a small read, or
         one of many rows in one row of chunks, whose chunks are at hand, as a view of the reused
         reply buffer (or of a chunk); None: `read` it."""
@@ -241,6 +245,7 @@ class Engine:
         removed or replaced). Loads under way keep their readers; later readers start loads of
         their own (a load caches its value only while it is still the one in the table: what
         it read may be the old array)."""
+
         def within(p: str) -> bool:
             return p == path or p.startswith(path + "/")
 
@@ -264,8 +269,12 @@ class Engine:
         path = meta.path
         lost = [k for k in self.tables.dirty if k[0] == path]
         if lost:  # their grid is gone from the store: stored now, they would corrupt the new array
-            log.warning("%s: %d written chunks not yet stored are dropped: another writer replaced the array "
-                        "in the store with another shape, data type or chunking", path or "/", len(lost))
+            log.warning(
+                "%s: %d written chunks not yet stored are dropped: another writer replaced the array "
+                "in the store with another shape, data type or chunking",
+                path or "/",
+                len(lost),
+            )
         self.discard(path)  # (chunks, shard indexes, written chunks, versions, loads under way)
         self.revalidation.adopt_layout(meta)
         self._new_generation()
@@ -300,13 +309,18 @@ class Engine:
         return {
             "uptime_s": round(time.time() - self.started, 3),
             **dict(self.counters),
-            "cache_hits": cache.hits, "cache_misses": cache.misses,
-            "cache_evictions": cache.evictions, "cache_bytes": cache.used_bytes,
+            "cache_hits": cache.hits,
+            "cache_misses": cache.misses,
+            "cache_evictions": cache.evictions,
+            "cache_bytes": cache.used_bytes,
             "cache_max_bytes": cache.max_bytes,
-            "oversize_chunks": cache.oversize_held, "oversize_bytes": cache.oversize_bytes,
-            "oversize_slots": cache.oversize_slots, "oversize_evictions": cache.oversize_evictions,
+            "oversize_chunks": cache.oversize_held,
+            "oversize_bytes": cache.oversize_bytes,
+            "oversize_slots": cache.oversize_slots,
+            "oversize_evictions": cache.oversize_evictions,
             "decode_seconds": round(self.runtime.decode_seconds, 6),
-            "band_bytes": bands.band_bytes, "band_bytes_peak": bands.band_bytes_peak,
+            "band_bytes": bands.band_bytes,
+            "band_bytes_peak": bands.band_bytes_peak,
             "plain_files_pending": self.later.waiting,  # closed, waiting for their write-back
             "plain_memory_bytes": self.held_memory_bytes,
             **self.store.disk_stats(),

@@ -100,8 +100,9 @@ class ChunkCache:
 
     def discard_prefix(self, path: str) -> None:
         """Drop every chunk of an array, or of every array below a group (keys are (path, index))."""
-        for key in [k for k in (*self._items, *self._oversize)
-                    if k[0] == path or k[0].startswith(path + "/") or not path]:
+        for key in [
+            k for k in (*self._items, *self._oversize) if k[0] == path or k[0].startswith(path + "/") or not path
+        ]:
             self.discard(key)
 
     def keys(self) -> list[Hashable]:

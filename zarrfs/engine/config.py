@@ -35,5 +35,9 @@ class EngineConfig:
         that need a store nothing else writes through this mount run on read-only mounts, those
         that read chunk files on local stores."""
         read_only = not options.writable
-        return cls(timeout_s=options.timeout_s, direct_reads=store.is_local and read_only, bands=read_only,
-                   recycle=store.is_local and read_only)
+        return cls(
+            timeout_s=options.timeout_s,
+            direct_reads=store.is_local and read_only,
+            bands=read_only,
+            recycle=store.is_local and read_only,
+        )

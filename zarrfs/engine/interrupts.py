@@ -43,10 +43,26 @@ OTHER_READERS_AFTER_S = 1.0
 # count), "pread" (pread64: the fourth the offset), or "on" (from the descriptor's position on).
 READ_SYSCALLS = {
     # read pread64 readv preadv preadv2
-    "x86_64": {0: (0, "count"), 17: (0, "pread"), 19: (0, "on"), 295: (0, "on"), 327: (0, "on"),
-               40: (1, "on"), 275: (0, "on"), 326: (0, "on")},  # sendfile splice copy_file_range
-    "aarch64": {63: (0, "count"), 67: (0, "pread"), 65: (0, "on"), 69: (0, "on"), 286: (0, "on"),
-                71: (1, "on"), 76: (0, "on"), 285: (0, "on")},
+    "x86_64": {
+        0: (0, "count"),
+        17: (0, "pread"),
+        19: (0, "on"),
+        295: (0, "on"),
+        327: (0, "on"),
+        40: (1, "on"),
+        275: (0, "on"),
+        326: (0, "on"),
+    },  # sendfile splice copy_file_range
+    "aarch64": {
+        63: (0, "count"),
+        67: (0, "pread"),
+        65: (0, "on"),
+        69: (0, "on"),
+        286: (0, "on"),
+        71: (1, "on"),
+        76: (0, "on"),
+        285: (0, "on"),
+    },
 }.get(os.uname().machine, {})
 
 

@@ -66,13 +66,13 @@ def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes, out: np.ndarray | N
     except Exception as e:  # numcodecs raises many types for corrupt input
         raise CorruptChunk(f"chunk {key}: cannot decode: {type(e).__name__}: {e}") from None
     if arr.shape != meta.chunk_shape or arr.dtype != meta.dtype:
-        raise CorruptChunk(f"chunk {key}: decoded to {arr.shape} {arr.dtype}, "
-                           f"expected {meta.chunk_shape} {meta.dtype}")
+        raise CorruptChunk(f"chunk {key}: decoded to {arr.shape} {arr.dtype}, expected {meta.chunk_shape} {meta.dtype}")
     return arr
 
 
-def read_decode_sync(meta: ArrayMeta, store: Any, idx: Index, key: str, out: np.ndarray
-                     ) -> tuple[int | None, np.ndarray | None, float]:
+def read_decode_sync(
+    meta: ArrayMeta, store: Any, idx: Index, key: str, out: np.ndarray
+) -> tuple[int | None, np.ndarray | None, float]:
     """A local chunk read and decoded into OUT in one worker call: (its stored size, the array,
     seconds decoding), or (None, None, 0.0) when it is not stored.
 
@@ -100,8 +100,9 @@ def read_decode_sync(meta: ArrayMeta, store: Any, idx: Index, key: str, out: np.
     return len(raw), arr, time.perf_counter() - began
 
 
-def decode_chunks_sync(meta: ArrayMeta, pieces: list[tuple[str, Any]],
-                       outs: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
+def decode_chunks_sync(
+    meta: ArrayMeta, pieces: list[tuple[str, Any]], outs: list[np.ndarray | None] | None = None
+) -> list[np.ndarray]:
     """Decode several stored chunks of one array, each labelled by its key for errors (and
     maybe into the buffer given for it)."""
     outs = outs or [None] * len(pieces)
@@ -140,8 +141,9 @@ class Loads:
         """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
         return (await self.chunks(meta, (idx,)))[idx]
 
-    async def chunks(self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index],
-                     whole: bool = False) -> dict[Index, np.ndarray]:
+    async def chunks(
+        self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index], whole: bool = False
+    ) -> dict[Index, np.ndarray]:
         """Several chunks: those held or cached at once; the others loaded concurrently, each
         once however many readers want it (inner chunks of one shard in one batch).
 
@@ -206,11 +208,12 @@ class Loads:
         batches = []
         for group in by_shard.values():
             group.sort(key=src.position)
-            batches += [group[i:i + per_batch] for i in range(0, len(group), per_batch)]
+            batches += [group[i : i + per_batch] for i in range(0, len(group), per_batch)]
         return batches
 
-    async def _load_batch(self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, Flight],
-                          whole: bool = False) -> None:
+    async def _load_batch(
+        self, meta: ArrayMeta, batch: list[Index], loads: dict[Index, Flight], whole: bool = False
+    ) -> None:
         """Load a batch and settle its loads (values or the error); cache what is still current.
 
         Only cancellation propagates: load errors reach every reader through its Flight.
@@ -262,13 +265,19 @@ class Loads:
         async with self._oversize_lock:
             if meta.path not in self._oversize_told:
                 self._oversize_told.add(meta.path)
-                log.warning("%s: chunk %s decodes to %d bytes, more than cache_size (%d): such chunks are "
-                            "decoded whole (their codecs cannot be decoded a range at a time), one at a time, and "
-                            "the last %d kept beside the cache. "
-                            "Give a cache_size of at least %d bytes (four chunks: read-ahead, a quarter of the "
-                            "cache, then spans one), or rechunk the array in smaller chunks",
-                            meta.path or "/", meta.chunk_key(idx), meta.chunk_nbytes, self.tables.cache.max_bytes,
-                            self.tables.cache.oversize_slots, meta.chunk_nbytes * PREFETCH_CACHE_SHARE)
+                log.warning(
+                    "%s: chunk %s decodes to %d bytes, more than cache_size (%d): such chunks are "
+                    "decoded whole (their codecs cannot be decoded a range at a time), one at a time, and "
+                    "the last %d kept beside the cache. "
+                    "Give a cache_size of at least %d bytes (four chunks: read-ahead, a quarter of the "
+                    "cache, then spans one), or rechunk the array in smaller chunks",
+                    meta.path or "/",
+                    meta.chunk_key(idx),
+                    meta.chunk_nbytes,
+                    self.tables.cache.max_bytes,
+                    self.tables.cache.oversize_slots,
+                    meta.chunk_nbytes * PREFETCH_CACHE_SHARE,
+                )
             self.tables.cache.make_room_oversize()
             self.runtime.counters["oversize_loads"] += 1
             yield
@@ -282,8 +291,9 @@ class Loads:
                 pass
             self.tables.drop_lock(key, lock)
 
-    async def _load_inner_consistent(self, meta: ArrayMeta, batch: list[Index], whole: bool = False
-                                     ) -> tuple[dict[Index, np.ndarray], ZarrfsError | None, dict[Index, int]]:
+    async def _load_inner_consistent(
+        self, meta: ArrayMeta, batch: list[Index], whole: bool = False
+    ) -> tuple[dict[Index, np.ndarray], ZarrfsError | None, dict[Index, int]]:
         """Inner chunks read from one version of their shard, and the chunks' write versions
         when the read began.
 
@@ -355,8 +365,13 @@ class Loads:
         self.runtime.counters["fill_chunks"] += 1
         return np.broadcast_to(meta.fill_value, meta.chunk_shape)
 
-    async def _decode(self, meta: ArrayMeta, pieces: list[tuple[str, Any]],
-                      count_errors: bool = True, outs: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    async def _decode(
+        self,
+        meta: ArrayMeta,
+        pieces: list[tuple[str, Any]],
+        count_errors: bool = True,
+        outs: list[np.ndarray | None] | None = None,
+    ) -> list[np.ndarray]:
         """Decode encoded chunks (labelled for errors) in one worker thread (maybe into OUTS)."""
         t0 = time.perf_counter()
         try:
@@ -391,12 +406,14 @@ class Loads:
                     else:
                         self.runtime.counters["store_bytes"] += src.index_nbytes
                     load.value = index
-                    if (self.tables.version(shard_unit(meta, shard)) == version
-                            and self.revalidation.current_layout(meta)):
+                    if self.tables.version(shard_unit(meta, shard)) == version and self.revalidation.current_layout(
+                        meta
+                    ):
                         self.tables.cache.put(key, index)
                 except BaseException as e:  # counted and logged by the batch that asked
-                    load.error = (e if isinstance(e, ZarrfsError)
-                                  else StoreError(f"load of shard {shard} was interrupted"))
+                    load.error = (
+                        e if isinstance(e, ZarrfsError) else StoreError(f"load of shard {shard} was interrupted")
+                    )
                     raise
                 finally:
                     if self.tables.inflight.get(key) is load:
@@ -448,8 +465,10 @@ class Loads:
                 continue
             offset, nbytes = found
             if nbytes > limit:
-                raise CorruptChunk(f"shard {shard_key}: its index gives inner chunk {src.position(idx)} "
-                                   f"{nbytes} bytes, more than any encoding of {meta.chunk_nbytes} bytes takes")
+                raise CorruptChunk(
+                    f"shard {shard_key}: its index gives inner chunk {src.position(idx)} "
+                    f"{nbytes} bytes, more than any encoding of {meta.chunk_nbytes} bytes takes"
+                )
             else:
                 stored.append((offset, nbytes, idx))
         if not stored:
@@ -458,8 +477,9 @@ class Loads:
         if body is not None:
             ranges, datas = [(0, len(body))], [body]
             if max(o + n for o, n, _ in stored) > len(body):
-                raise CorruptChunk(f"shard {shard_key}: inner chunks named by its index lie outside the shard "
-                                   f"({len(body)} bytes)")
+                raise CorruptChunk(
+                    f"shard {shard_key}: inner chunks named by its index lie outside the shard ({len(body)} bytes)"
+                )
         else:
             ranges = merge_ranges(stored, RANGE_GAP_LOCAL if self.runtime.store.is_local else RANGE_GAP_REMOTE)
             datas = await self.runtime.run_io(src.read_ranges_sync, self.runtime.store, shard, ranges)
@@ -471,8 +491,9 @@ class Loads:
             while offset + nbytes > ranges[r][1]:  # pieces and ranges are both in offset order
                 r += 1
             start = offset - ranges[r][0]
-            pieces.append((f"{shard_key} (inner chunk {src.position(idx)})",
-                           memoryview(datas[r])[start:start + nbytes]))
+            pieces.append(
+                (f"{shard_key} (inner chunk {src.position(idx)})", memoryview(datas[r])[start : start + nbytes])
+            )
         for (_, _, idx), arr in zip(stored, await self._decode(meta, pieces, count_errors=False)):
             out[idx] = arr
         return out

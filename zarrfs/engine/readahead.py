@@ -55,15 +55,15 @@ class ReadAhead:
 
 def window_bound(store: Any, cache: Any) -> int:
     """Read-ahead's bound by default: by the store's kind, and a share of the cache."""
-    return min(LOCAL_PREFETCH_MAX_BYTES if store.is_local else PREFETCH_MAX_BYTES,
-               cache.max_bytes // PREFETCH_CACHE_SHARE)
+    return min(
+        LOCAL_PREFETCH_MAX_BYTES if store.is_local else PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE
+    )
 
 
 class Prefetch:
     """Prefetch for sequential readers: chunks of a window ahead of each, loaded in the background."""
 
-    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads, shards: ShardReads,
-                 max_bytes: int) -> None:
+    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads, shards: ShardReads, max_bytes: int) -> None:
         self.runtime, self.tables, self.loads, self.shards = runtime, tables, loads, shards
         self.max_bytes = max_bytes  # the window's bound
 
@@ -102,8 +102,11 @@ class Prefetch:
             self._shards_ahead(stream, start, stop)
             return
         meta = stream.meta
-        if (meta.inner is not None and not self.runtime.store.ranges_ignored
-                and math.prod(meta.chunk_shape) * meta.dtype.itemsize > window):
+        if (
+            meta.inner is not None
+            and not self.runtime.store.ranges_ignored
+            and math.prod(meta.chunk_shape) * meta.dtype.itemsize > window
+        ):
             stream = stream.for_reads()
             meta = stream.meta
         # A window that grows inside a row of chunks a whole row of which it already covered
@@ -128,8 +131,11 @@ class Prefetch:
         ahead = []
         for shard in stream.plan(start, stop - start).chunks:
             if not self.tables.known(stream.meta, shard):
-                ahead += [idx for idx in inner.source.inner_of(shard)
-                          if not self.tables.loading(inner, idx) and not self.tables.known(inner, idx)]
+                ahead += [
+                    idx
+                    for idx in inner.source.inner_of(shard)
+                    if not self.tables.loading(inner, idx) and not self.tables.known(inner, idx)
+                ]
         if ahead:
             self.runtime.counters["prefetched"] += len(ahead)
             self.runtime.start_soon(self._prefetch, inner, ahead, True)

@@ -94,8 +94,10 @@ class Revalidation:
                 self._layouts[meta.path] = _layouts_of(meta)
             return
         if meta.chunk_layout_hash not in known:
-            raise Stale(f"{meta.path or '/'}: read with metadata the store no longer holds (the array was "
-                        f"replaced with another shape, data type or chunking)")
+            raise Stale(
+                f"{meta.path or '/'}: read with metadata the store no longer holds (the array was "
+                f"replaced with another shape, data type or chunking)"
+            )
 
     def current_layout(self, meta: ArrayMeta) -> bool:
         """Whether what was loaded with `meta` may be cached (not if its layout was replaced meanwhile)."""
@@ -132,14 +134,15 @@ class Revalidation:
             return
         prefix = meta.keys.prefix
         try:
-            versions = await self.runtime.run_io(self.runtime.store.versions_below_sync, prefix,
-                                                 key=("versions", meta.path))
+            versions = await self.runtime.run_io(
+                self.runtime.store.versions_below_sync, prefix, key=("versions", meta.path)
+            )
         except ZarrfsError as e:
             log.info("%s: cached chunks dropped, their versions could not be checked: %s", meta.path or "/", e)
             versions = None
         changed = 0
         for k, f in held:
-            if versions is None or not self._unchanged(f, versions.get(f.key[len(prefix) + 1:] if prefix else f.key)):
+            if versions is None or not self._unchanged(f, versions.get(f.key[len(prefix) + 1 :] if prefix else f.key)):
                 self.tables.cache.discard(k)
                 del self._fetched[k]
                 changed += 1

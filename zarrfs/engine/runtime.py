@@ -31,11 +31,30 @@ DECODE_THREADS = max(1, os.cpu_count() or 1)
 # retry comes within milliseconds). A store that is back answers that request, and the mount
 # serves again at once, no remount.
 STALL_GRACE_S = 1.0
-COUNTERS = ("reads", "store_gets", "store_bytes", "fill_chunks", "bytes_decoded", "prefetched",
-            "bytes_written", "chunks_stored", "chunks_erased", "oversize_loads",
-            "plain_files_stored", "plain_bytes_stored", "direct_reads", "direct_bytes", "revalidations",
-            "chunks_changed", "band_reads", "bands_assembled", "small_reads", "row_reads", "buffers_reused",
-            "streamed_reads")
+COUNTERS = (
+    "reads",
+    "store_gets",
+    "store_bytes",
+    "fill_chunks",
+    "bytes_decoded",
+    "prefetched",
+    "bytes_written",
+    "chunks_stored",
+    "chunks_erased",
+    "oversize_loads",
+    "plain_files_stored",
+    "plain_bytes_stored",
+    "direct_reads",
+    "direct_bytes",
+    "revalidations",
+    "chunks_changed",
+    "band_reads",
+    "bands_assembled",
+    "small_reads",
+    "row_reads",
+    "buffers_reused",
+    "streamed_reads",
+)
 
 
 def _call_name(fn: Any) -> str:
@@ -91,8 +110,9 @@ class Runtime:
         """Start `fn(*args)` as a background task (only while `running`)."""
         self._nursery.start_soon(fn, *args)
 
-    async def run_io(self, fn: Any, *args: Any, key: Any = None, cpu: bool = False,
-                     ended: Callable[[], None] | None = None) -> Any:
+    async def run_io(
+        self, fn: Any, *args: Any, key: Any = None, cpu: bool = False, ended: Callable[[], None] | None = None
+    ) -> Any:
         """Run a blocking store call in a worker thread under the I/O limiter, for at most
         `timeout_s` (waiting for a thread included); then StoreError (EIO). The caller stops
         waiting at once when cancelled or timed out: a thread stuck in the store is left behind
@@ -142,11 +162,12 @@ class Runtime:
             return
         self.errors["timeout"] += 1
         state = "is still unanswered" if outcome[0] is None else "failed too"
-        raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)}; "
-                         f"not asked again: its request of {age:.1f} s ago {state})")
+        raise StoreError(
+            f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)}; "
+            f"not asked again: its request of {age:.1f} s ago {state})"
+        )
 
-    async def run_cpu(self, fn: Any, *args: Any, abandon: bool = False,
-                      ended: Callable[[], None] | None = None) -> Any:
+    async def run_cpu(self, fn: Any, *args: Any, abandon: bool = False, ended: Callable[[], None] | None = None) -> Any:
         """`fn(*args)` in a decoding thread (workers.py), calls taken in the order asked.
 
         Cancelled, a call not started is dropped; a running one is waited for, as
@@ -163,6 +184,7 @@ class Runtime:
                     token.run_sync_soon(then)
                 except trio.RunFinishedError:  # abandoned when the engine stopped
                     pass
+
             return callback
 
         future = self._decoders.submit(fn, *args)

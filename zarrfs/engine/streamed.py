@@ -83,13 +83,15 @@ def open_chunk_sync(meta: ArrayMeta, store: Any, key: str) -> tuple[int, bytes] 
     if size is None:
         return None
     if size > meta.max_stored_nbytes:
-        raise CorruptChunk(f"chunk {key}: holds {size} bytes, more than the {meta.max_stored_nbytes} "
-                           f"it can legitimately take")
+        raise CorruptChunk(
+            f"chunk {key}: holds {size} bytes, more than the {meta.max_stored_nbytes} it can legitimately take"
+        )
     return size, store.get_range_sync(key, 0, min(size, rangedecode.HEAD_BYTES))
 
 
-def fill_chunk_sync(slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: list,
-                    targets: list[np.ndarray], start: int, budget: int) -> int:
+def fill_chunk_sync(
+    slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: list, targets: list[np.ndarray], start: int, budget: int
+) -> int:
     """A chunk's pieces from START decoded into TARGETS (rangedecode.fill_sync), its decoder
     made first if the slot (opened: open_chunk_sync) has none; -1 when the chunk is not stored."""
     if slot.absent:
@@ -101,8 +103,7 @@ def fill_chunk_sync(slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: 
             b = min(b, size)
             return store.get_range_sync(key, a, b) if a < b else b""
 
-        slot.dec = rangedecode.decoder(meta.codec, meta.chunk_nbytes, fetch, f"chunk {key}", slot.window,
-                                       slot.limit)
+        slot.dec = rangedecode.decoder(meta.codec, meta.chunk_nbytes, fetch, f"chunk {key}", slot.window, slot.limit)
     stored = meta.codec.array_bytes.stored_dtype(meta.dtype)
     try:
         return rangedecode.fill_sync(slot.dec, pieces, targets, stored, start, budget)
@@ -153,9 +154,13 @@ class StreamedReads:
         meta = stream.meta
         if meta.path not in self._streamed_told:
             self._streamed_told.add(meta.path)
-            log.info("%s: chunks decode to %d bytes, more than cache_size (%d): reads decode only the "
-                     "bytes they need, never a whole chunk", meta.path or "/", meta.chunk_nbytes,
-                     self.tables.cache.max_bytes)
+            log.info(
+                "%s: chunks decode to %d bytes, more than cache_size (%d): reads decode only the "
+                "bytes they need, never a whole chunk",
+                meta.path or "/",
+                meta.chunk_nbytes,
+                self.tables.cache.max_bytes,
+            )
         self.revalidation.check_layout(meta)
         await self.revalidation.check_cached(meta)
         out = np.empty(stream.element_bytes(plan), np.uint8)
@@ -220,9 +225,20 @@ class StreamedReads:
             while 0 <= k < len(pieces):
                 before = 0 if slot.dec is None else slot.dec.decoded
                 slot.running += 1
-                k = await self.runtime.run_io(fill_chunk_sync, slot, meta, self.runtime.store, key, pieces, targets, k,
-                                      STEP_DECODE_BYTES, key=key, cpu=True,
-                                      ended=functools.partial(self._worker_ended, slot))
+                k = await self.runtime.run_io(
+                    fill_chunk_sync,
+                    slot,
+                    meta,
+                    self.runtime.store,
+                    key,
+                    pieces,
+                    targets,
+                    k,
+                    STEP_DECODE_BYTES,
+                    key=key,
+                    cpu=True,
+                    ended=functools.partial(self._worker_ended, slot),
+                )
                 step = 0 if slot.dec is None else slot.dec.decoded - before
                 self.runtime.counters["bytes_decoded"] += step
                 decoded += step
@@ -315,8 +331,11 @@ class StreamedReads:
         without starting again (another reader's may be far ahead); else a new one (the least
         recently used idle ones dropped while MOST or more would be kept)."""
         version = self.tables.version(write_unit(meta, idx))
-        for stale in [s for s in self._idle if s.generation != self.tables.generation
-                      or s.version != self.tables.version((s.path, s.idx))]:
+        for stale in [
+            s
+            for s in self._idle
+            if s.generation != self.tables.generation or s.version != self.tables.version((s.path, s.idx))
+        ]:
             self._drop_idle(stale)
         best, cost = None, None
         for slot in self._idle:

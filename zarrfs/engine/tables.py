@@ -78,8 +78,7 @@ class ChunkTables:
         self.cache = cache
         self.inflight: dict[tuple, Flight] = {}
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
-        self.dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = (
-            collections.OrderedDict())
+        self.dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = collections.OrderedDict()
         self.storing: dict[tuple[str, Index], np.ndarray] = {}
         # Dirty shards patched from what the store holds: the inner chunks written since
         # (None: every inner chunk is encoded again at flush).

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 Index = tuple[int, ...]
 
 
-def encode_chunk_sync(meta: ArrayMeta, key: str, arr: np.ndarray,
-                      old: bytes | None = None, changed: set[Index] | None = None) -> bytes | None:
+def encode_chunk_sync(
+    meta: ArrayMeta, key: str, arr: np.ndarray, old: bytes | None = None, changed: set[Index] | None = None
+) -> bytes | None:
     """The bytes to store for a chunk, or None when it is all fill value (then it is erased).
 
     For a shard read from stored bytes `old`, only the inner chunks in `changed` are
@@ -51,12 +52,17 @@ def encode_chunk_sync(meta: ArrayMeta, key: str, arr: np.ndarray,
     return bytes(data) if len(data) else None
 
 
-
 class WriteBack:
     """Writes into chunks and their way to the store: the only writer of the dirty tables."""
 
-    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads,
-                 read: Callable[[ArrayStream, int, int], Awaitable[Any]], dirty_max_bytes: int) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        tables: ChunkTables,
+        loads: Loads,
+        read: Callable[[ArrayStream, int, int], Awaitable[Any]],
+        dirty_max_bytes: int,
+    ) -> None:
         self.runtime, self.tables, self.loads = runtime, tables, loads
         self._read = read  # the engine's read: the other bytes of elements a write cuts
         self.dirty_max_bytes = dirty_max_bytes
@@ -83,18 +89,23 @@ class WriteBack:
             # Partial elements at the edges keep their other bytes.
             first = len(stream.header) + plan.first_elem * item
             raw[:] = np.frombuffer(await self._read(stream, first, n_elems * item), np.uint8)
-        src = data[len(plan.header_part):len(plan.header_part) + plan.take_bytes]
-        raw[plan.skip_bytes:plan.skip_bytes + plan.take_bytes] = np.frombuffer(src, np.uint8)
+        src = data[len(plan.header_part) : len(plan.header_part) + plan.take_bytes]
+        raw[plan.skip_bytes : plan.skip_bytes + plan.take_bytes] = np.frombuffer(src, np.uint8)
         covered = stream.coverage(plan)
-        partial = [idx for idx in plan.chunks
-                   if covered[idx] < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape))]
+        partial = [
+            idx for idx in plan.chunks if covered[idx] < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape))
+        ]
         loaded: dict[Index, np.ndarray] = {}
         seen: dict[Index, int] = {}
         while True:
             # Chunks to start from: partly written, not dirty, and not loaded since their
             # last change (another writer may change or store them while we wait).
-            need = [idx for idx in partial if (meta.path, idx) not in self.tables.dirty and (
-                idx not in loaded or self.tables.versions.get((meta.path, idx), 0) != seen[idx])]
+            need = [
+                idx
+                for idx in partial
+                if (meta.path, idx) not in self.tables.dirty
+                and (idx not in loaded or self.tables.versions.get((meta.path, idx), 0) != seen[idx])
+            ]
             if not need:
                 break
             for idx in need:
@@ -209,8 +220,11 @@ class WriteBack:
                 # A shard of which few inner chunks changed keeps the others' stored bytes
                 # (read again from a local store: cheaper than encoding them; remote, not).
                 old = None
-                if (changed is not None and self.runtime.store.is_local
-                        and len(changed) < math.prod(meta.inner.source.per_shard) // 2):
+                if (
+                    changed is not None
+                    and self.runtime.store.is_local
+                    and len(changed) < math.prod(meta.inner.source.per_shard) // 2
+                ):
                     old = await self.runtime.run_io(self.runtime.store.get_sync, store_key, meta.max_stored_nbytes)
                 data = await self.runtime.run_cpu(encode_chunk_sync, meta, store_key, arr, old, changed)
                 await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)

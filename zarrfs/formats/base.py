@@ -9,7 +9,8 @@ import logging
 import math
 import re
 import secrets
-from typing import Any, ClassVar, Iterable
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
 from ..errors import (
     InvalidArgument,
@@ -19,8 +20,8 @@ from ..errors import (
     Unsupported,
     ZarrfsError,
 )
-from ..storage.keys import check_key, join
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node
+from ..storage.keys import check_key, join
 from ..storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class Hierarchy(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def open_sync(cls, store: Store, options: Any = None) -> "Hierarchy":
+    def open_sync(cls, store: Store, options: Any = None) -> Hierarchy:
         """Open the hierarchy (reading what must be read once, such as consolidated metadata).
 
         `options` is the mount's Options; formats take their own settings from it.
@@ -236,14 +237,15 @@ class Hierarchy(abc.ABC):
             raise InvalidArgument(f"{name!r}: {problem} ({self.name})")
         longest = max(len(c.encode("utf-8", "surrogateescape")) for c in self.stored_components(name))
         if longest > NAME_MAX_BYTES:
-            raise NameTooLong(f"{name!r}: its store key component would be {longest} bytes "
-                              f"(at most {NAME_MAX_BYTES})")
+            raise NameTooLong(f"{name!r}: its store key component would be {longest} bytes (at most {NAME_MAX_BYTES})")
         if self.case_insensitive:
             folded = name.casefold()
             clash = next((s for s in siblings if s != name and s.casefold() == folded), None)
             if clash is not None:
-                raise InvalidArgument(f"{name!r}: sibling {clash!r} differs only in case; {self.name} "
-                                      f"requires case-insensitively unique sibling names")
+                raise InvalidArgument(
+                    f"{name!r}: sibling {clash!r} differs only in case; {self.name} "
+                    f"requires case-insensitively unique sibling names"
+                )
 
     # --- staged arrays: all-or-nothing create and replace ----------------------------------
 
@@ -340,7 +342,7 @@ class Hierarchy(abc.ABC):
             self.store.erase_sync(key)
         self.after_change_sync()
 
-    def after_change_sync(self) -> None:
+    def after_change_sync(self) -> None:  # noqa: B027 (a hook: most formats have nothing to do)
         """Called after metadata changed (formats with consolidated metadata refresh it)."""
 
     def chunk_sizes_sync(self, meta: ArrayMeta) -> dict[str, int | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -18,8 +18,11 @@ def dimensions_of(node: Node) -> tuple[str, ...] | None:
     if not isinstance(node, ArrayMeta):
         return None
     names = node.dimension_names if node.format == "v3" else node.attributes.get(V2_DIMENSIONS_ATTR)
-    if not isinstance(names, (list, tuple)) or len(names) != len(node.shape) or not all(
-            isinstance(n, str) for n in names):
+    if (
+        not isinstance(names, (list, tuple))
+        or len(names) != len(node.shape)
+        or not all(isinstance(n, str) for n in names)
+    ):
         return None
     return tuple(names)
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 
-from ..storage.keys import join
 from ..model import GroupMeta, NewArray, Node
+from ..storage.keys import join
 from .base import StagedArray
 from .v3 import V3Hierarchy
-
 
 ROOT_GROUP = {"zarr_format": 3, "node_type": "group", "attributes": {}}
 
@@ -30,7 +29,7 @@ class IcechunkHierarchy(V3Hierarchy):
     def stage_array(self, path: str, new: NewArray, writer: str = "") -> StagedArray:
         """As for v3; the staging area gets the array's documents before its first chunk."""
         staged = super().stage_array(path, new, writer)
-        docs = {join(staged.staging, key[len(path):].lstrip("/")): value for key, value in staged.docs.items()}
+        docs = {join(staged.staging, key[len(path) :].lstrip("/")): value for key, value in staged.docs.items()}
         self.store.stage_docs(staged.staging, docs)
         return staged
 
@@ -89,4 +88,3 @@ class IcechunkHierarchy(V3Hierarchy):
 
     def discard_staging_sync(self, staged: StagedArray) -> None:
         self.store.erase_below_sync(staged.staging)
-

@@ -128,7 +128,7 @@ class NodeDocsHierarchy(Hierarchy):
             prefix = path + "/" if path else ""
             for p in consolidated:
                 if p and p.startswith(prefix):
-                    names.add(p[len(prefix):].split("/", 1)[0])
+                    names.add(p[len(prefix) :].split("/", 1)[0])
             nodes = (self.node_sync(join(path, n)) for n in sorted(names))
             return [n for n in nodes if n is not None]
         _, dirs = self.store.list_dir_sync(path)
@@ -178,10 +178,10 @@ class NodeDocsHierarchy(Hierarchy):
         return [key for key in keys if key in self.doc_names or is_chunk(key)]
 
     def relocate_key(self, key: str, old_path: str, new_path: str) -> str:
-        return new_path + key[len(old_path):] if old_path else join(new_path, key)
+        return new_path + key[len(old_path) :] if old_path else join(new_path, key)
 
     def write_array_docs_sync(self, path: str, docs: dict[str, bytes]) -> None:
-        self.write_docs_sync(path, {key[len(path):].lstrip("/"): json.loads(value) for key, value in docs.items()})
+        self.write_docs_sync(path, {key[len(path) :].lstrip("/"): json.loads(value) for key, value in docs.items()})
 
     def dump_docs(self, path: str, docs: dict[str, Any]) -> dict[str, bytes]:
         """A node's documents as the store will hold them (store key -> bytes)."""
@@ -196,12 +196,12 @@ class NodeDocsHierarchy(Hierarchy):
             super().commit_array_sync(staged, old)  # remote, root, or stray files at the path
             return
         for key, value in staged.docs.items():
-            self.store.set_sync(join(staged.staging, key[len(path) + 1:]), value)
+            self.store.set_sync(join(staged.staging, key[len(path) + 1 :]), value)
         self.store.swap_dirs_sync(staged.staging, path)
         self.store.erase_below_sync(staged.staging)  # the old array, now under the staging name
         if self.consolidated is not None:
             entry = {n: None for n in self.doc_names}
-            entry.update({key[len(path) + 1:]: json.loads(value) for key, value in staged.docs.items()})
+            entry.update({key[len(path) + 1 :]: json.loads(value) for key, value in staged.docs.items()})
             self.consolidated = {**self.consolidated, path: entry}
             self.write_consolidated_sync()
 

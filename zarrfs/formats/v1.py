@@ -9,14 +9,13 @@ import logging
 import re
 from typing import Any
 
-
 from .. import dtypes
 from ..codecs.adapters import compressor_config
 from ..codecs.chain import UnusableChain
 from ..errors import MetadataError, UnknownCodec, Unsupported
-from ..storage.keys import ChunkKeys
 from ..model import ArrayMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
+from ..storage.keys import ChunkKeys
 from ..storage.store import Store
 from .base import Hierarchy, broken, common_plain_name_problem, guess_chunks, json_object
 from .v2 import v2_chain
@@ -64,7 +63,7 @@ class V1Hierarchy(Hierarchy):
         return None
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> "V1Hierarchy":
+    def open_sync(cls, store: Store, options: Options | None = None) -> V1Hierarchy:
         return cls(store, (options or Options()).v1_order)
 
     def node_sync(self, path: str) -> Node | None:
@@ -101,8 +100,7 @@ class V1Hierarchy(Hierarchy):
 
     def node_keys_sync(self, node: Node) -> list[str]:
         """The array's keys: `meta`, `attrs` and chunk keys (plain files beside them stay)."""
-        return [key for key in self.store.sizes_below_sync("")
-                if key in self.doc_names or _CHUNK_KEY_RE.fullmatch(key)]
+        return [key for key in self.store.sizes_below_sync("") if key in self.doc_names or _CHUNK_KEY_RE.fullmatch(key)]
 
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         self.store.set_sync(ATTRS_KEY, json.dumps(attributes, indent=4, sort_keys=True).encode())
@@ -113,11 +111,16 @@ class V1Hierarchy(Hierarchy):
             raise Unsupported("a v1 store holds one array: only the root array can be replaced")
         config = compressor_config(new.codec, "blosc", new.dtype.itemsize)
         compression, opts = ("none", None) if config is None else _v1_compression(config)
-        doc = {"zarr_format": 1, "shape": list(new.shape),
-               "chunks": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize)),
-               "dtype": dtypes.v2_dtype_json(new.dtype), "compression": compression,
-               "compression_opts": opts, "fill_value": dtypes.fill_to_json(new.fill, new.dtype, bytes_as_text=True),
-               "order": "C"}
+        doc = {
+            "zarr_format": 1,
+            "shape": list(new.shape),
+            "chunks": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize)),
+            "dtype": dtypes.v2_dtype_json(new.dtype),
+            "compression": compression,
+            "compression_opts": opts,
+            "fill_value": dtypes.fill_to_json(new.fill, new.dtype, bytes_as_text=True),
+            "order": "C",
+        }
         meta = parse_array(doc, {}, self.v1_order)
         return {ATTRS_KEY: b"{}", META_KEY: json.dumps(doc, indent=4, sort_keys=True).encode()}, meta
 
@@ -146,12 +149,21 @@ def v1_compressor_config(compression: Any, opts: Any) -> dict | None:
         opts = opts or {}
         fmt = opts.get("format", 1)
         # Only raw streams (format 3) need the filter chain to decode; containers carry it.
-        return {"id": "lzma", "format": fmt, "check": opts.get("check", -1),
-                "preset": opts.get("preset"), "filters": opts.get("filters") if fmt == 3 else None}
+        return {
+            "id": "lzma",
+            "format": fmt,
+            "check": opts.get("check", -1),
+            "preset": opts.get("preset"),
+            "filters": opts.get("filters") if fmt == 3 else None,
+        }
     if compression == "blosc":
         opts = opts or {}
-        return {"id": "blosc", "cname": opts.get("cname", "lz4"), "clevel": opts.get("clevel", 5),
-                "shuffle": opts.get("shuffle", 1)}
+        return {
+            "id": "blosc",
+            "cname": opts.get("cname", "lz4"),
+            "clevel": opts.get("clevel", 5),
+            "shuffle": opts.get("shuffle", 1),
+        }
     raise Unsupported(f"{META_KEY}: unknown compression {compression!r}")
 
 
@@ -171,12 +183,26 @@ def parse_array(doc: dict[str, Any], attrs: dict[str, Any], v1_order: str) -> Ar
     try:
         codec = v2_chain(v1_compressor_config(compression, doc.get("compression_opts")), None, stored_order, META_KEY)
     except (UnknownCodec, Unsupported) as e:  # listed with its metadata; reads fail with this error
-        description = [{"name": "bytes", "configuration": {"order": stored_order}},
-                       {"name": compression, "configuration": doc.get("compression_opts")}]
-        codec = UnusableChain(error=UnknownCodec(str(e)), description=description,
-                              layout_order=stored_order if stored_order in ("C", "F") else "C")
+        description = [
+            {"name": "bytes", "configuration": {"order": stored_order}},
+            {"name": compression, "configuration": doc.get("compression_opts")},
+        ]
+        codec = UnusableChain(
+            error=UnknownCodec(str(e)),
+            description=description,
+            layout_order=stored_order if stored_order in ("C", "F") else "C",
+        )
     return ArrayMeta(
-        path="", shape=shape, dtype=dtype, chunk_shape=chunks,
-        codec=codec, keys=ChunkKeys("", ".", "", ZERO_D_KEY), attributes=attrs, format="v1", metadata_key=META_KEY,
-        **fill_fields(doc.get("fill_value"), dtype,
-                      functools.partial(dtypes.fill_value, bytes_as_text=True, legacy=True)))
+        path="",
+        shape=shape,
+        dtype=dtype,
+        chunk_shape=chunks,
+        codec=codec,
+        keys=ChunkKeys("", ".", "", ZERO_D_KEY),
+        attributes=attrs,
+        format="v1",
+        metadata_key=META_KEY,
+        **fill_fields(
+            doc.get("fill_value"), dtype, functools.partial(dtypes.fill_value, bytes_as_text=True, legacy=True)
+        ),
+    )

@@ -8,19 +8,18 @@ import json
 import logging
 from typing import Any
 
-
 from .. import dtypes
 from ..codecs import vlen
 from ..codecs.adapters import BytesBytes, compressor_config, numcodecs_codec
 from ..codecs.chain import BytesLayout, CodecChain, UnusableChain
 from ..errors import MetadataError, UnknownCodec, Unsupported
-from ..storage.keys import ChunkKeys, join
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
+from ..storage.keys import ChunkKeys, join
 from ..storage.store import Store
 from .base import consolidated_path, guess_chunks, json_object
-from .nodedocs import NodeDocsHierarchy
 from .datasets import V2_DIMENSIONS_ATTR
+from .nodedocs import NodeDocsHierarchy
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ class V2Hierarchy(NodeDocsHierarchy):
         return any(v is not None for v in raw.values())
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> "V2Hierarchy":
+    def open_sync(cls, store: Store, options: Options | None = None) -> V2Hierarchy:
         raw = store.get_sync(".zmetadata")
         consolidated = None
         if raw is not None:
@@ -79,12 +78,15 @@ class V2Hierarchy(NodeDocsHierarchy):
 
     def array_docs(self, path: str, new: NewArray) -> tuple[dict[str, bytes], ArrayMeta]:
         doc = {
-            "zarr_format": 2, "shape": list(new.shape),
+            "zarr_format": 2,
+            "shape": list(new.shape),
             "chunks": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize)),
             "dtype": dtypes.v2_dtype_json(new.dtype),
             "compressor": compressor_config(new.codec, "blosc", new.dtype.itemsize),
             "fill_value": None if new.fill_null else dtypes.fill_to_json(new.fill, new.dtype),
-            "order": "C", "filters": None, "dimension_separator": ".",
+            "order": "C",
+            "filters": None,
+            "dimension_separator": ".",
         }
         attrs = dict(new.attributes)
         if new.dimension_names is not None:
@@ -135,12 +137,23 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
     try:
         codec = v2_chain(doc.get("compressor"), doc.get("filters"), order, key)
     except UnknownCodec as e:  # listed with its metadata; reads fail with this error
-        codec = UnusableChain(error=e, description=v2_description(doc.get("compressor"), doc.get("filters"), order),
-                              layout_order=order if order in ("C", "F") else "C")
+        codec = UnusableChain(
+            error=e,
+            description=v2_description(doc.get("compressor"), doc.get("filters"), order),
+            layout_order=order if order in ("C", "F") else "C",
+        )
     return ArrayMeta(
-        path=path, shape=shape, dtype=dtype, chunk_shape=chunks,
-        codec=codec, keys=ChunkKeys(path, sep, "", "0"), attributes=attrs, format="v2", metadata_key=key,
-        **fill_fields(doc.get("fill_value"), dtype, functools.partial(dtypes.fill_value, legacy=True)))
+        path=path,
+        shape=shape,
+        dtype=dtype,
+        chunk_shape=chunks,
+        codec=codec,
+        keys=ChunkKeys(path, sep, "", "0"),
+        attributes=attrs,
+        format="v2",
+        metadata_key=key,
+        **fill_fields(doc.get("fill_value"), dtype, functools.partial(dtypes.fill_value, legacy=True)),
+    )
 
 
 def _separator(doc: dict[str, Any], key: str) -> str:
@@ -150,26 +163,39 @@ def _separator(doc: dict[str, Any], key: str) -> str:
     return sep
 
 
-def _vlen_array(path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tuple[int, ...],
-                chunks: tuple[int, ...], key: str) -> ArrayMeta:
+def _vlen_array(
+    path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tuple[int, ...], chunks: tuple[int, ...], key: str
+) -> ArrayMeta:
     """An object array whose first filter is vlen-utf8 or vlen-bytes (its width still to be found)."""
     filters = doc.get("filters") or []
     first = filters[0].get("id") if filters and isinstance(filters[0], dict) else None
     if first not in vlen.VLEN_KINDS:
-        raise Unsupported(f"{key}: data type '|O' with filters {filters!r}: only vlen-utf8 and vlen-bytes "
-                          f"object arrays are readable")
+        raise Unsupported(
+            f"{key}: data type '|O' with filters {filters!r}: only vlen-utf8 and vlen-bytes object arrays are readable"
+        )
     order = doc.get("order", "C")
     rest = v2_chain(doc.get("compressor"), filters[1:], order, key)
-    return vlen.placeholder(path, shape, chunks, vlen.vlen_step(first, order, key), rest.bytes_bytes,
-                            doc.get("fill_value"), keys=ChunkKeys(path, _separator(doc, key), "", "0"),
-                            attributes=attrs, format="v2", metadata_key=key)
+    return vlen.placeholder(
+        path,
+        shape,
+        chunks,
+        vlen.vlen_step(first, order, key),
+        rest.bytes_bytes,
+        doc.get("fill_value"),
+        keys=ChunkKeys(path, _separator(doc, key), "", "0"),
+        attributes=attrs,
+        format="v2",
+        metadata_key=key,
+    )
 
 
 def v2_description(compressor: Any, filters: Any, order: str) -> list[dict]:
     """The codecs of v1/v2 metadata as CodecChain.describe shows them, straight from the document."""
     steps = [*(filters if isinstance(filters, list) else []), *([compressor] if compressor is not None else [])]
-    return [{"name": "bytes", "configuration": {"order": order}},
-            *({"name": s.get("id") if isinstance(s, dict) else None, "configuration": s} for s in steps)]
+    return [
+        {"name": "bytes", "configuration": {"order": order}},
+        *({"name": s.get("id") if isinstance(s, dict) else None, "configuration": s} for s in steps),
+    ]
 
 
 def v2_chain(compressor: Any, filters: Any, order: str, where: str) -> CodecChain:

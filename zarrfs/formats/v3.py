@@ -7,7 +7,6 @@ import json
 import logging
 from typing import Any
 
-
 from .. import dtypes
 from ..codecs import vlen
 from ..codecs.adapters import (
@@ -22,17 +21,28 @@ from ..codecs.adapters import (
 from ..codecs.chain import BytesLayout, CodecChain, Transpose, UnusableChain, transpose_order
 from ..codecs.sharding import ShardingIndexed
 from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
-from ..storage.keys import ChunkKeys, join
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
+from ..storage.keys import ChunkKeys, join
 from ..storage.store import Store
 from .base import consolidated_path, guess_chunks, json_object, root_zarr_json_sync
 from .nodedocs import NodeDocsHierarchy
 
 log = logging.getLogger(__name__)
 
-ARRAY_FIELDS = {"zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding",
-                "fill_value", "codecs", "attributes", "dimension_names", "storage_transformers"}
+ARRAY_FIELDS = {
+    "zarr_format",
+    "node_type",
+    "shape",
+    "data_type",
+    "chunk_grid",
+    "chunk_key_encoding",
+    "fill_value",
+    "codecs",
+    "attributes",
+    "dimension_names",
+    "storage_transformers",
+}
 GROUP_FIELDS = {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
 
 
@@ -47,7 +57,7 @@ class V3Hierarchy(NodeDocsHierarchy):
         return doc is not None and doc.get("zarr_format") == 3
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> "V3Hierarchy":
+    def open_sync(cls, store: Store, options: Options | None = None) -> V3Hierarchy:
         root = json_object("zarr.json", store.get_sync("zarr.json")) or {}
         if root.get("node_type") == "group":
             # The root group is the mount: one it must not read refuses the mount (docs/SEMANTICS.md).
@@ -95,11 +105,17 @@ class V3Hierarchy(NodeDocsHierarchy):
         if compressor is not None:
             codecs.append(v3_codec_json(compressor, new.dtype.itemsize))
         doc = {
-            "zarr_format": 3, "node_type": "array", "shape": list(new.shape), "data_type": data_type,
-            "chunk_grid": {"name": "regular", "configuration": {
-                "chunk_shape": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize))}},
+            "zarr_format": 3,
+            "node_type": "array",
+            "shape": list(new.shape),
+            "data_type": data_type,
+            "chunk_grid": {
+                "name": "regular",
+                "configuration": {"chunk_shape": list(new.chunks or guess_chunks(new.shape, new.dtype.itemsize))},
+            },
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": dtypes.fill_to_json(new.fill, new.dtype), "codecs": codecs,
+            "fill_value": dtypes.fill_to_json(new.fill, new.dtype),
+            "codecs": codecs,
             "attributes": dict(new.attributes),
         }
         if new.dimension_names is not None:
@@ -118,8 +134,11 @@ class V3Hierarchy(NodeDocsHierarchy):
 
     def write_consolidated_sync(self) -> None:
         root = dict((self.consolidated.get("") or {}).get("zarr.json") or {"zarr_format": 3, "node_type": "group"})
-        metadata = {path: docs["zarr.json"] for path, docs in sorted(self.consolidated.items())
-                    if path and docs.get("zarr.json") is not None}
+        metadata = {
+            path: docs["zarr.json"]
+            for path, docs in sorted(self.consolidated.items())
+            if path and docs.get("zarr.json") is not None
+        }
         root["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": metadata}
         self.store.set_sync("zarr.json", (json.dumps(root, indent=2) + "\n").encode())
 
@@ -215,9 +234,17 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
         raise MetadataError(f"{key}: missing field {e}") from None
     names = doc.get("dimension_names")
     return ArrayMeta(
-        path=path, shape=shape, dtype=dtype, chunk_shape=chunks, codec=codec, **fill,
-        keys=chunk_keys(path, doc.get("chunk_key_encoding"), key), attributes=attrs, format="v3",
-        metadata_key=key, dimension_names=tuple(names) if isinstance(names, list) else None,
+        path=path,
+        shape=shape,
+        dtype=dtype,
+        chunk_shape=chunks,
+        codec=codec,
+        **fill,
+        keys=chunk_keys(path, doc.get("chunk_key_encoding"), key),
+        attributes=attrs,
+        format="v3",
+        metadata_key=key,
+        dimension_names=tuple(names) if isinstance(names, list) else None,
     ).with_inner_reads()
 
 
@@ -225,22 +252,34 @@ def parse_array(path: str, doc: dict[str, Any], attrs: dict[str, Any]) -> ArrayM
 VLEN_DATA_TYPES = {"string": "vlen-utf8", "variable_length_bytes": "vlen-bytes", "bytes": "vlen-bytes"}
 
 
-def _vlen_array(path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tuple[int, ...],
-                chunks: tuple[int, ...], key: str) -> ArrayMeta:
+def _vlen_array(
+    path: str, doc: dict[str, Any], attrs: dict[str, Any], shape: tuple[int, ...], chunks: tuple[int, ...], key: str
+) -> ArrayMeta:
     """A `string` / `bytes` array: codecs vlen-utf8 or vlen-bytes, then bytes->bytes codecs."""
     codecs = doc["codecs"]
     first = codecs[0].get("name") if isinstance(codecs, list) and codecs and isinstance(codecs[0], dict) else None
     if first != VLEN_DATA_TYPES[doc["data_type"]]:
-        raise Unsupported(f"{key}: data type {doc['data_type']!r} with codecs {codecs!r}: only "
-                          f"{VLEN_DATA_TYPES[doc['data_type']]} first is readable")
+        raise Unsupported(
+            f"{key}: data type {doc['data_type']!r} with codecs {codecs!r}: only "
+            f"{VLEN_DATA_TYPES[doc['data_type']]} first is readable"
+        )
     rest = v3_chain([{"name": "bytes"}, *codecs[1:]], len(shape), key)
     if rest.array_array or not isinstance(rest.array_bytes, BytesLayout):
         raise Unsupported(f"{key}: codecs after {first} must be bytes->bytes codecs")
     names = doc.get("dimension_names")
-    return vlen.placeholder(path, shape, chunks, vlen.vlen_step(first, "C", key), rest.bytes_bytes,
-                            doc["fill_value"], keys=chunk_keys(path, doc.get("chunk_key_encoding"), key),
-                            attributes=attrs, format="v3", metadata_key=key,
-                            dimension_names=tuple(names) if isinstance(names, list) else None)
+    return vlen.placeholder(
+        path,
+        shape,
+        chunks,
+        vlen.vlen_step(first, "C", key),
+        rest.bytes_bytes,
+        doc["fill_value"],
+        keys=chunk_keys(path, doc.get("chunk_key_encoding"), key),
+        attributes=attrs,
+        format="v3",
+        metadata_key=key,
+        dimension_names=tuple(names) if isinstance(names, list) else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -256,20 +295,25 @@ DEFAULT_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}
 def _numcodecs(name: str, config: dict, where: str) -> Any:
     """The numcodecs codec of a v3 codec entry that is not one of the core array codecs."""
     if name == "blosc":
-        conf = {"id": "blosc", "cname": config.get("cname", "lz4"), "clevel": config.get("clevel", 5),
-                "shuffle": blosc_shuffle(config.get("shuffle", "noshuffle")),
-                "blocksize": config.get("blocksize", 0),
-                "typesize": config.get("typesize")}  # the element size to shuffle by when encoding
+        conf = {
+            "id": "blosc",
+            "cname": config.get("cname", "lz4"),
+            "clevel": config.get("clevel", 5),
+            "shuffle": blosc_shuffle(config.get("shuffle", "noshuffle")),
+            "blocksize": config.get("blocksize", 0),
+            "typesize": config.get("typesize"),
+        }  # the element size to shuffle by when encoding
         return numcodecs_codec(conf, where)
     if name == "gzip":
         return numcodecs_codec({"id": "gzip", "level": config.get("level", 5)}, where)
     if name == "zstd":
-        return numcodecs_codec({"id": "zstd", "level": config.get("level", 0),
-                                "checksum": config.get("checksum", False)}, where)
+        return numcodecs_codec(
+            {"id": "zstd", "level": config.get("level", 0), "checksum": config.get("checksum", False)}, where
+        )
     if name == "crc32c":
         return numcodecs_codec({"id": "crc32c"}, where)
     if name.startswith("numcodecs."):
-        return numcodecs_codec({"id": name[len("numcodecs."):], **config}, where)
+        return numcodecs_codec({"id": name[len("numcodecs.") :], **config}, where)
     raise UnknownCodec(f"unknown codec {name!r} in {where}")
 
 
@@ -282,8 +326,9 @@ def _sharding(config: dict, ndim: int, where: str) -> ShardingIndexed:
     if location not in ("start", "end"):
         raise MetadataError(f"bad index_location {location!r} in {where}")
     index_codecs = config.get("index_codecs") or DEFAULT_INDEX_CODECS
-    return ShardingIndexed(inner, v3_chain(config.get("codecs"), ndim, where),
-                           v3_chain(index_codecs, ndim + 1, where), location == "end")
+    return ShardingIndexed(
+        inner, v3_chain(config.get("codecs"), ndim, where), v3_chain(index_codecs, ndim + 1, where), location == "end"
+    )
 
 
 def _stage(name: str, config: dict, ndim: int, where: str) -> Any:
@@ -295,7 +340,7 @@ def _stage(name: str, config: dict, ndim: int, where: str) -> Any:
     if name == "sharding_indexed":
         return _sharding(config, ndim, where)
     codec = _numcodecs(name, config, where)
-    short = name[len("numcodecs."):] if name.startswith("numcodecs.") else ""
+    short = name[len("numcodecs.") :] if name.startswith("numcodecs.") else ""
     if short in ARRAY_ARRAY_IDS:
         return NumcodecsArray(codec, name)
     if short in ARRAY_BYTES_IDS:

@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..codecs.sharding import PLAIN_INDEX, ShardIndex, ShardingIndexed
 from ..errors import CorruptChunk, MetadataError
 from .keys import ChunkKeys
-from ..codecs.sharding import PLAIN_INDEX, ShardIndex, ShardingIndexed
 
 Index = tuple[int, ...]
 
@@ -72,8 +72,7 @@ class _InShards:
 
     def inner_of(self, shard: Index) -> list[Index]:
         """Grid positions of every chunk of a shard."""
-        return [tuple(s * n + p for s, n, p in zip(shard, self.per_shard, pos))
-                for pos in np.ndindex(*self.per_shard)]
+        return [tuple(s * n + p for s, n, p in zip(shard, self.per_shard, pos)) for pos in np.ndindex(*self.per_shard)]
 
     @property
     def index_nbytes(self) -> int:
@@ -110,8 +109,9 @@ class _InShards:
         out = store.get_ranges_sync(key, ranges)
         for (start, end), data in zip(ranges, out):
             if len(data) != end - start:
-                raise CorruptChunk(f"shard {key}: bytes {start}:{end} named by its index lie outside the shard "
-                                   f"({len(data)} read)")
+                raise CorruptChunk(
+                    f"shard {key}: bytes {start}:{end} named by its index lie outside the shard ({len(data)} read)"
+                )
         return out
 
     def read_sync(self, store: Any, idx: Index, max_nbytes: int | None = None) -> bytes | None:
@@ -121,8 +121,10 @@ class _InShards:
             return None
         offset, nbytes = found
         if max_nbytes is not None and nbytes > max_nbytes:
-            raise CorruptChunk(f"shard {self.key(idx)}: its index gives inner chunk {self.position(idx)} "
-                               f"{nbytes} bytes, more than the {max_nbytes} it can take")
+            raise CorruptChunk(
+                f"shard {self.key(idx)}: its index gives inner chunk {self.position(idx)} "
+                f"{nbytes} bytes, more than the {max_nbytes} it can take"
+            )
         data = self.read_ranges_sync(store, self.shard_of(idx), [(offset, offset + nbytes)])[0]
         return data
 
@@ -224,6 +226,10 @@ def with_inner_reads(meta: Any) -> Any:
         per_shard = sharding.per_shard(meta.chunk_shape)
     except MetadataError:
         return meta  # reported when a shard is decoded
-    inner = dataclasses.replace(meta, chunk_shape=sharding.inner_chunks, codec=sharding.inner,
-                                source=ShardedInner(meta.keys, per_shard, sharding))
+    inner = dataclasses.replace(
+        meta,
+        chunk_shape=sharding.inner_chunks,
+        codec=sharding.inner,
+        source=ShardedInner(meta.keys, per_shard, sharding),
+    )
     return dataclasses.replace(meta, inner=inner)

@@ -26,25 +26,44 @@ def describe_failure(exc: BaseException) -> str:
     text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
     low = text.lower()
     names = {type(e).__name__ for e in chain}
-    if any(isinstance(e, socket.gaierror) for e in chain) or any(s in low for s in (
-            "name or service not known", "temporary failure in name resolution", "nodename nor servname",
-            "no address associated", "name resolution", "could not resolve", "getaddrinfo")):
+    if any(isinstance(e, socket.gaierror) for e in chain) or any(
+        s in low
+        for s in (
+            "name or service not known",
+            "temporary failure in name resolution",
+            "nodename nor servname",
+            "no address associated",
+            "name resolution",
+            "could not resolve",
+            "getaddrinfo",
+        )
+    ):
         return f"host name not resolved ({_short(exc)})"
-    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "connection refused" in low \
-            or "connect call failed" in low:
+    if (
+        any(isinstance(e, ConnectionRefusedError) for e in chain)
+        or "connection refused" in low
+        or "connect call failed" in low
+    ):
         return f"connection refused ({_short(exc)})"
     if "EndpointConnectionError" in names or "ClientConnectorError" in names or "could not connect" in low:
         return f"cannot connect ({_short(exc)})"
     if any(isinstance(e, TimeoutError) for e in chain) or "timeout" in low or "timed out" in low:
         return f"timed out ({_short(exc)})"
-    if "NoCredentialsError" in names or "DefaultCredentialsError" in names or "unable to locate credentials" in low \
-            or "partialcredentials" in low:
-        return ("no credentials found (give them by the backend's environment variables or profile, or "
-                "storage_options_file)")
+    if (
+        "NoCredentialsError" in names
+        or "DefaultCredentialsError" in names
+        or "unable to locate credentials" in low
+        or "partialcredentials" in low
+    ):
+        return (
+            "no credentials found (give them by the backend's environment variables or profile, or "
+            "storage_options_file)"
+        )
     if any(s in low for s in ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken", "invalidtoken")):
         return f"credentials refused ({_short(exc)})"
-    if any(isinstance(e, PermissionError) for e in chain) or any(s in low for s in (
-            "accessdenied", "access denied", "forbidden", " 403", "401", "unauthorized")):
+    if any(isinstance(e, PermissionError) for e in chain) or any(
+        s in low for s in ("accessdenied", "access denied", "forbidden", " 403", "401", "unauthorized")
+    ):
         return f"access denied ({_short(exc)})"
     if "nosuchbucket" in low:
         return "bucket does not exist"

@@ -32,7 +32,7 @@ def mtime_ns_of(info: dict[str, Any]) -> int | None:
             return int(value * 1e9)
         if isinstance(value, datetime.datetime):
             if value.tzinfo is None:
-                value = value.replace(tzinfo=datetime.timezone.utc)
+                value = value.replace(tzinfo=datetime.UTC)
             return int(value.timestamp() * 1e9)
         if isinstance(value, str):
             try:
@@ -43,6 +43,6 @@ def mtime_ns_of(info: dict[str, Any]) -> int | None:
                 except (TypeError, ValueError):
                     continue
             if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+                parsed = parsed.replace(tzinfo=datetime.UTC)
             return int(parsed.timestamp() * 1e9)
     return None

@@ -51,11 +51,11 @@ class ChunkKeys:
         if self.prefix:
             if not key.startswith(self.prefix + "/"):
                 return False
-            key = key[len(self.prefix) + 1:]
+            key = key[len(self.prefix) + 1 :]
         return key == self.zero_d or _chunk_name_re(self.head, self.sep).fullmatch(key) is not None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _chunk_name_re(head: str, sep: str) -> re.Pattern[str]:
     """The pattern of chunk names (below the prefix) with this head and separator."""
     return re.compile(rf"{re.escape(head)}\d+(?:{re.escape(sep)}\d+)*")

@@ -19,8 +19,12 @@ RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 # A local key is opened without blocking (a FIFO would hold a worker thread forever) and
 # read only when it is a regular file. These are what the others are called in errors.
-FILE_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-              (stat.S_ISSOCK, "socket"))
+FILE_KINDS = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
 LOCAL_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -51,8 +55,7 @@ class InsideRoot:
             raise StoreError(f"key {key!r} resolves outside the store ({real})")
 
 
-def read_file(path: str, key: str, start: int, end: int | None, max_nbytes: int | None = None,
-              into: Any = None) -> Any:
+def read_file(path: str, key: str, start: int, end: int | None, max_nbytes: int | None = None, into: Any = None) -> Any:
     """Bytes [start, end) of the file of KEY at PATH (start < 0: the last -start bytes; end
     None: to its end), or None when it is absent or a directory; read into INTO (a writable
     buffer) when they fit in it: INTO returned when they are exactly its size, else a view of
@@ -76,14 +79,13 @@ def read_file(path: str, key: str, start: int, end: int | None, max_nbytes: int 
         lo = max(0, size + start) if start < 0 else min(start, size)
         hi = size if end is None else max(lo, min(end, size))
         if max_nbytes is not None and hi - lo > max_nbytes:
-            raise StoreError(f"{key!r} holds {hi - lo} bytes, more than the {max_nbytes} it can "
-                             f"legitimately take")
+            raise StoreError(f"{key!r} holds {hi - lo} bytes, more than the {max_nbytes} it can legitimately take")
         if into is not None and hi - lo <= len(into):
             view, at = memoryview(into).cast("B"), lo
-            while at < hi and (got := os.preadv(fd, [view[at - lo:hi - lo]], at)):
+            while at < hi and (got := os.preadv(fd, [view[at - lo : hi - lo]], at)):
                 at += got
             if at == hi:
-                return into if hi - lo == len(into) else view[:hi - lo]
+                return into if hi - lo == len(into) else view[: hi - lo]
         data = os.pread(fd, hi - lo, lo)  # one call unless past 2 GiB
         while len(data) < hi - lo and (more := os.pread(fd, hi - lo - len(data), lo + len(data))):
             data += more

@@ -16,6 +16,7 @@ import fsspec
 from fsspec.implementations.reference import LazyReferenceMapper, ReferenceFileSystem
 
 from ..errors import UserError
+from .failures import describe_failure
 from .remote import (
     REMOTE_PROTOCOLS,
     bound_retries,
@@ -23,7 +24,6 @@ from .remote import (
     missing_backend,
     protocol_of,
 )
-from .failures import describe_failure
 
 # What a SOURCE naming a reference file ends with: kerchunk's JSON, and its Parquet directories.
 JSON_SUFFIX = ".json"
@@ -40,9 +40,14 @@ ZARR_DOCUMENTS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
 READ_HERE = ("fo", "target_options", "ref_storage_args", "target_protocol", "remote_protocol", "remote_options")
 
 
-def open_references_sync(source: str, storage_options: dict[str, Any], remote_protocol: str | None,
-                         remote_options: dict[str, Any] | None, timeout_s: float,
-                         shown: str) -> ReferenceFileSystem | None:
+def open_references_sync(
+    source: str,
+    storage_options: dict[str, Any],
+    remote_protocol: str | None,
+    remote_options: dict[str, Any] | None,
+    timeout_s: float,
+    shown: str,
+) -> ReferenceFileSystem | None:
     """The reference file system SOURCE names, or None when SOURCE is not a reference set.
 
     SOURCE names one as `reference://` with `fo` in STORAGE_OPTIONS (fsspec's spelling), as a
@@ -66,20 +71,26 @@ def open_references_sync(source: str, storage_options: dict[str, Any], remote_pr
         elif isinstance(fo, str):
             references = _read_sync(*_file_system(fo, target_options, timeout_s, shown), None, shown)
         else:
-            raise UserError(f"{shown}: give the references as storage_options={{\"fo\": \"PATH or URL\"}}, "
-                            f"or name the reference file as SOURCE")
+            raise UserError(
+                f'{shown}: give the references as storage_options={{"fo": "PATH or URL"}}, '
+                f"or name the reference file as SOURCE"
+            )
     else:
         named = _named_sync(source, storage_options, timeout_s, shown)
         if named is None:
             if _local_archive(source):
-                raise UserError(f"{shown}: a netCDF4/HDF5 file, not a Zarr store: mount kerchunk's references "
-                                f"of it (docs/REMOTE.md: References)")
+                raise UserError(
+                    f"{shown}: a netCDF4/HDF5 file, not a Zarr store: mount kerchunk's references "
+                    f"of it (docs/REMOTE.md: References)"
+                )
             return None
         references = _read_sync(*named, shown)
     target = _first_target(references)
     if target is not None and "://" not in target and not os.path.isabs(target):
-        raise UserError(f"{shown}: the references name their data file by a relative path ({target}): "
-                        f"make them with its absolute path or URL")
+        raise UserError(
+            f"{shown}: the references name their data file by a relative path ({target}): "
+            f"make them with its absolute path or URL"
+        )
     # Given here rather than left to fsspec: it would look for it in the references again, and
     # stop at the padding rows of Parquet references (a missing path reads as NaN).
     protocol = remote_protocol or (fsspec.core.split_protocol(target)[0] if target else None) or "file"
@@ -95,12 +106,16 @@ def open_references_sync(source: str, storage_options: dict[str, Any], remote_pr
 
 def _local_archive(source: str) -> bool:
     """Whether SOURCE is a local file named as netCDF4 and HDF5 files are."""
-    return (protocol_of(source) == "file" and source.lower().endswith(ARCHIVE_SUFFIXES)
-            and os.path.isfile(source.removeprefix("file://")))
+    return (
+        protocol_of(source) == "file"
+        and source.lower().endswith(ARCHIVE_SUFFIXES)
+        and os.path.isfile(source.removeprefix("file://"))
+    )
 
 
-def _named_sync(source: str, storage_options: dict[str, Any], timeout_s: float,
-                shown: str) -> tuple[Any, str, str] | None:
+def _named_sync(
+    source: str, storage_options: dict[str, Any], timeout_s: float, shown: str
+) -> tuple[Any, str, str] | None:
     """(file system, path, `json` or `parquet`) when SOURCE names a reference file by its suffix
     (and is one), else None: a directory called `x.json` and a Zarr store called `x.parq` stay stores."""
     if "::" in source:
@@ -125,8 +140,9 @@ def _named_sync(source: str, storage_options: dict[str, Any], timeout_s: float,
 def _file_system(url: str, storage_options: dict[str, Any], timeout_s: float, shown: str) -> tuple[Any, str]:
     """The file system and path of URL, with the backend's waits bounded."""
     try:
-        return fsspec.core.url_to_fs(url, skip_instance_cache=True,
-                                     **bounded_storage_options(url, storage_options, timeout_s))
+        return fsspec.core.url_to_fs(
+            url, skip_instance_cache=True, **bounded_storage_options(url, storage_options, timeout_s)
+        )
     except ImportError as e:
         raise UserError(f"{shown}: {missing_backend(e) or e}") from None
     except (ValueError, TypeError) as e:
@@ -168,8 +184,9 @@ def _checked(doc: Any, shown: str) -> dict[str, Any]:
         raise UserError(f"{shown}: not fsspec references (not a JSON object)")
     if "version" in doc:
         if doc["version"] != 1 or not isinstance(doc.get("refs"), dict):
-            raise UserError(f"{shown}: references of version {doc['version']!r} without `refs`: "
-                            f"zarrfs reads versions 0 and 1")
+            raise UserError(
+                f"{shown}: references of version {doc['version']!r} without `refs`: zarrfs reads versions 0 and 1"
+            )
         return doc
     if "zarr_format" in doc or "zarr_consolidated_format" in doc:
         raise UserError(f"{shown}: a Zarr metadata document, not references: mount the directory holding it")

@@ -36,8 +36,16 @@ POOL_CONNECTIONS = 64
 # arrays took 566 s.
 HTTP_CONNECTIONS = 6
 # The packages optional backends need, by top-level module, and the zarrfs extra that brings each.
-BACKEND_EXTRAS = {"aiohttp": "http", "requests": "http", "s3fs": "s3", "aiobotocore": "s3", "botocore": "s3",
-                  "gcsfs": "gcs", "pyarrow": "references", "pandas": "references"}
+BACKEND_EXTRAS = {
+    "aiohttp": "http",
+    "requests": "http",
+    "s3fs": "s3",
+    "aiobotocore": "s3",
+    "botocore": "s3",
+    "gcsfs": "gcs",
+    "pyarrow": "references",
+    "pandas": "references",
+}
 # The extras scripts/install.sh installs by default: its venv is made again with exactly the extras
 # given, so the remedy names these beside the one missing.
 SYSTEM_EXTRAS = ("http", "s3", "gcs")
@@ -54,8 +62,10 @@ def missing_backend(exc: BaseException) -> str | None:
             extra = BACKEND_EXTRAS.get(module)
             if extra is not None:
                 extras = ",".join(dict.fromkeys((*SYSTEM_EXTRAS, extra)))
-                return (f"module {module} is not installed: pip install 'zarrfs[{extra}]' "
-                        f"(the system install: ZARRFS_EXTRAS={extras} scripts/install.sh)")
+                return (
+                    f"module {module} is not installed: pip install 'zarrfs[{extra}]' "
+                    f"(the system install: ZARRFS_EXTRAS={extras} scripts/install.sh)"
+                )
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -106,8 +116,7 @@ def bounded_storage_options(source: str, storage_options: dict[str, Any], timeou
         import aiohttp
 
         client = out.setdefault("client_kwargs", {})
-        client.setdefault("timeout", aiohttp.ClientTimeout(total=timeout_s, connect=connect_s,
-                                                           sock_read=attempt_s))
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=timeout_s, connect=connect_s, sock_read=attempt_s))
         out.setdefault("get_client", _http_client)
     elif protocol in GCS_PROTOCOLS:
         out.setdefault("requests_timeout", attempt_s)

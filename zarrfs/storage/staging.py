@@ -19,13 +19,14 @@ import os
 import secrets
 import socket
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..errors import ZarrfsError
 from ..formats.base import RESERVED_PREFIX, STAGING_PREFIX, Hierarchy
-from .keys import join
 from ..model import GroupMeta
 from ..repeats import LogOnce
+from .keys import join
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -103,13 +104,20 @@ class Lease:
     refreshed_s: float
 
     def to_bytes(self) -> bytes:
-        doc = {"writer": self.writer, "host": self.machine.host, "boot_id": self.machine.boot_id,
-               "pid_namespace": self.machine.pid_namespace, "pid": self.pid, "pid_start_ticks": self.pid_start,
-               "mounted": self.mounted_s, "refreshed": self.refreshed_s}
+        doc = {
+            "writer": self.writer,
+            "host": self.machine.host,
+            "boot_id": self.machine.boot_id,
+            "pid_namespace": self.machine.pid_namespace,
+            "pid": self.pid,
+            "pid_start_ticks": self.pid_start,
+            "mounted": self.mounted_s,
+            "refreshed": self.refreshed_s,
+        }
         return (json.dumps(doc, indent=2) + "\n").encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes | None) -> "Lease | None":
+    def from_bytes(cls, raw: bytes | None) -> Lease | None:
         """The lease a key holds; None when it is absent or not a lease this code wrote."""
         try:
             doc = json.loads(raw) if raw is not None else None
@@ -118,9 +126,14 @@ class Lease:
             start = doc.get("pid_start_ticks")
             if not all(math.isfinite(float(doc[k])) for k in ("mounted", "refreshed")):
                 return None
-            return cls(str(doc["writer"]), Machine(str(doc["host"]), str(doc["boot_id"]), str(doc["pid_namespace"])),
-                       int(doc["pid"]), None if start is None else int(start),
-                       float(doc["mounted"]), float(doc["refreshed"]))
+            return cls(
+                str(doc["writer"]),
+                Machine(str(doc["host"]), str(doc["boot_id"]), str(doc["pid_namespace"])),
+                int(doc["pid"]),
+                None if start is None else int(start),
+                float(doc["mounted"]),
+                float(doc["refreshed"]),
+            )
         except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
             return None
 
@@ -143,7 +156,7 @@ class Lease:
 
 def staging_writer(name: str) -> str | None:
     """The writer id in a staging area's name; None for a name without one (older daemons)."""
-    writer, sep, _ = name[len(STAGING_PREFIX):].partition("-")
+    writer, sep, _ = name[len(STAGING_PREFIX) :].partition("-")
     return writer if sep and writer else None
 
 
@@ -203,14 +216,14 @@ def staging_dirs(hierarchy: Hierarchy, max_groups: int = SWEEP_MAX_GROUPS) -> It
         yield hierarchy.staging_dir(group)
         if not group and not isinstance(hierarchy.node_sync(""), GroupMeta):
             break  # a root array (every v1 store): its directories are chunks, not groups
-        stack.extend(sorted((c.path for c in hierarchy.children_sync(group) if isinstance(c, GroupMeta)),
-                            reverse=True))
+        stack.extend(sorted((c.path for c in hierarchy.children_sync(group) if isinstance(c, GroupMeta)), reverse=True))
     if stack:
         log.info("looked for staging areas in the first %d groups only", max_groups)
 
 
-def sweep_sync(hierarchy: Hierarchy, own_writer: str, now_s: float | None = None,
-               dirs: Iterator[str] | None = None) -> dict[str, Any]:
+def sweep_sync(
+    hierarchy: Hierarchy, own_writer: str, now_s: float | None = None, dirs: Iterator[str] | None = None
+) -> dict[str, Any]:
     """Remove the staging areas (and leases) of writers that died, each with one log line.
 
     Never raises: a store that fails stops the sweep with one log line. Returns counts
@@ -222,8 +235,11 @@ def sweep_sync(hierarchy: Hierarchy, own_writer: str, now_s: float | None = None
     out: dict[str, Any] = {"removed": 0, "kept": 0, "leases_removed": 0, "stopped": None}
     try:
         files, _ = store.list_dir_sync("")
-        leases = {name[len(LEASE_PREFIX):]: Lease.from_bytes(store.get_sync(name))
-                  for name in files if name.startswith(LEASE_PREFIX) and name != LEASE_PREFIX + own_writer}
+        leases = {
+            name[len(LEASE_PREFIX) :]: Lease.from_bytes(store.get_sync(name))
+            for name in files
+            if name.startswith(LEASE_PREFIX) and name != LEASE_PREFIX + own_writer
+        }
         for parent in staging_dirs(hierarchy) if dirs is None else dirs:
             for name in store.list_dir_sync(parent)[1]:
                 if not name.startswith(STAGING_PREFIX):
@@ -239,13 +255,21 @@ def sweep_sync(hierarchy: Hierarchy, own_writer: str, now_s: float | None = None
             if lease is None or lease.gone_because(here, now_s) is not None:
                 store.erase_sync(LEASE_PREFIX + writer)
                 out["leases_removed"] += 1
-                log.info("removed the lease %s%s of a writer that is gone%s", LEASE_PREFIX, writer,
-                         f" ({lease.describe()})" if lease is not None else " (unreadable)")
+                log.info(
+                    "removed the lease %s%s of a writer that is gone%s",
+                    LEASE_PREFIX,
+                    writer,
+                    f" ({lease.describe()})" if lease is not None else " (unreadable)",
+                )
     except Exception as e:  # a store that fails (or a hierarchy that cannot be walked) ends the sweep
         out["stopped"] = str(e) if isinstance(e, ZarrfsError) else f"{type(e).__name__}: {e}"
         log.warning("looking for staging areas of writers that died stopped: %s", out["stopped"])
-    log.info("staging check done: %d staging areas of writers that died removed, %d kept, %d stale leases removed",
-             out["removed"], out["kept"], out["leases_removed"])
+    log.info(
+        "staging check done: %d staging areas of writers that died removed, %d kept, %d stale leases removed",
+        out["removed"],
+        out["kept"],
+        out["leases_removed"],
+    )
     return out
 
 
@@ -263,9 +287,13 @@ def _sweep_area_sync(store: Store, prefix: str, lease: Lease | None, here: Machi
         newest_s = max(times) / 1e9 if times else None
         if keys and (newest_s is None or now_s - newest_s <= LEASE_STALE_S):
             return False  # maybe a writer at work without a lease: kept while its keys are recent
-        whose = (f"with no lease, no key written since {_when(newest_s)}" if newest_s is not None
-                 else "with no lease and no keys")
+        whose = (
+            f"with no lease, no key written since {_when(newest_s)}"
+            if newest_s is not None
+            else "with no lease and no keys"
+        )
     store.erase_below_sync(prefix)
-    log.warning("removed the staging area %s of a writer that died: %d keys, %s, %s",
-                prefix, len(keys), _size(nbytes), whose)
+    log.warning(
+        "removed the staging area %s of a writer that died: %d keys, %s, %s", prefix, len(keys), _size(nbytes), whose
+    )
     return True

@@ -42,8 +42,9 @@ FETCH_MARGIN_S = 5.0
 class Store:
     """A Zarr store rooted at an fsspec URL or local path; keys are `/`-separated strings."""
 
-    def __init__(self, source: str, storage_options: dict[str, Any] | None = None,
-                 fs: fsspec.AbstractFileSystem | None = None) -> None:
+    def __init__(
+        self, source: str, storage_options: dict[str, Any] | None = None, fs: fsspec.AbstractFileSystem | None = None
+    ) -> None:
         """The store at SOURCE; or, given FS (a file system opened already), FS's keys from its
         root, SOURCE being only what messages call it."""
         self.source = source
@@ -94,8 +95,9 @@ class Store:
             self._inside.check(key, full)
         return full
 
-    def _read_local(self, key: str, start: int, end: int | None, max_nbytes: int | None = None,
-                    into: Any = None) -> Any:
+    def _read_local(
+        self, key: str, start: int, end: int | None, max_nbytes: int | None = None, into: Any = None
+    ) -> Any:
         """Bytes [start, end) of a local key, or None when it is absent (see local.read_file)."""
         return local.read_file(self.path(key), key, start, end, max_nbytes, into)
 
@@ -161,7 +163,7 @@ class Store:
             name = entry["name"].rstrip("/")
             if not name.startswith(below):
                 continue
-            leaf = name[len(below):]
+            leaf = name[len(below) :]
             if self._quoted_names:
                 leaf = urllib.parse.unquote(leaf)
             if not leaf or "/" in leaf or leaf in (".", ".."):
@@ -179,8 +181,10 @@ class Store:
     def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
         """Every key below a prefix (recursively), relative to it: (size, modification time in ns,
         ETag or generation) as far as one listing tells."""
-        return {rel: (size_of(info), mtime_ns_of(info), etag_of(info))
-                for rel, info in self._infos_below_sync(prefix).items()}
+        return {
+            rel: (size_of(info), mtime_ns_of(info), etag_of(info))
+            for rel, info in self._infos_below_sync(prefix).items()
+        }
 
     def _infos_below_sync(self, prefix: str) -> dict[str, dict[str, Any]]:
         base = self.path(prefix).rstrip("/")
@@ -195,7 +199,7 @@ class Store:
         for name, info in found.items():
             name = name.rstrip("/")
             if name.startswith(below) and name != base:
-                rel = name[len(below):]
+                rel = name[len(below) :]
                 out[urllib.parse.unquote(rel) if self._quoted_names else rel] = info
         return out
 
@@ -234,8 +238,9 @@ class Store:
         path = self.path(key)
 
         async def gather() -> list[Any]:
-            return await asyncio.gather(*(self.fs._cat_file(path, start=a, end=b) for a, b in ranges),
-                                        return_exceptions=True)
+            return await asyncio.gather(
+                *(self.fs._cat_file(path, start=a, end=b) for a, b in ranges), return_exceptions=True
+            )
 
         out = []
         for (start, end), res in zip(ranges, fsspec.asyn.sync(self.fs.loop, gather)):
@@ -419,8 +424,15 @@ class Store:
 
     def disk_stats(self) -> dict[str, Any]:
         """Counters of a disk cache in front of the store: none here."""
-        return {"disk_hits": 0, "disk_misses": 0, "disk_bytes": 0, "disk_max_bytes": 0, "disk_evictions": 0,
-                "disk_errors": 0, "disk_cache_dir": None}
+        return {
+            "disk_hits": 0,
+            "disk_misses": 0,
+            "disk_bytes": 0,
+            "disk_max_bytes": 0,
+            "disk_evictions": 0,
+            "disk_errors": 0,
+            "disk_cache_dir": None,
+        }
 
     # --- operations: start-up checks, times, space (the daemon and fuse_ops use these) ----
 

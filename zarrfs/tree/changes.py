@@ -38,7 +38,7 @@ def _stems(names: Any) -> list[str]:
 class Changes:
     """The changes a writable mount makes to names and nodes."""
 
-    def __init__(self, ns: "Namespace") -> None:
+    def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.engine = ns.engine
         self.hierarchy = ns.hierarchy
@@ -47,7 +47,7 @@ class Changes:
         # mount's life (a local store also keeps them as its metadata document's time).
         self._times: dict[str, int] = {}
 
-    def _group_dir(self, inode: int, plain: bool = False) -> "Entry":
+    def _group_dir(self, inode: int, plain: bool = False) -> Entry:
         """The directory `inode` if it takes new names (`plain`: plain files, which the root of a
         store whose root is an array takes when its format keeps them there)."""
         entry = self.inodes.get(inode)
@@ -55,8 +55,11 @@ class Changes:
             raise NotPermitted("only groups of the main tree take new files and directories")
         if entry.error is not None:
             raise entry.error
-        if entry.node is None and self.ns.root_node.kind == "array" and not (
-                plain and self.hierarchy.plain_files_beside_root_array):
+        if (
+            entry.node is None
+            and self.ns.root_node.kind == "array"
+            and not (plain and self.hierarchy.plain_files_beside_root_array)
+        ):
             raise NotPermitted("a store whose root is an array holds no other nodes")
         return entry
 
@@ -66,19 +69,28 @@ class Changes:
         fresh_nodes: dict[str, Node | None] = {}  # one metadata read per node, however many views
         for other in self.inodes.all():
             was = other.node
-            if other.inode == skip or was is None or isinstance(was, BrokenNode) or not (
-                    was.path == old_path or (old_path and was.path.startswith(old_path + "/"))):
+            if (
+                other.inode == skip
+                or was is None
+                or isinstance(was, BrokenNode)
+                or not (was.path == old_path or (old_path and was.path.startswith(old_path + "/")))
+            ):
                 continue
-            target = new_path + was.path[len(old_path):]
+            target = new_path + was.path[len(old_path) :]
             if target not in fresh_nodes:
                 fresh_nodes[target] = await self.engine.run_io(self.hierarchy.node_sync, target)
             fresh = fresh_nodes[target]
             if fresh is None or fresh.kind != was.kind:
                 other.error = NotFound(f"{was.path} is gone")
                 continue
-            if other.kind is Kind.CHUNK and isinstance(fresh, ArrayMeta) and (
-                    len(other.origin) != len(fresh.shape) or any(
-                        i >= n for i, n in zip(other.origin, grid.grid_shape(fresh.shape, fresh.chunk_shape)))):
+            if (
+                other.kind is Kind.CHUNK
+                and isinstance(fresh, ArrayMeta)
+                and (
+                    len(other.origin) != len(fresh.shape)
+                    or any(i >= n for i, n in zip(other.origin, grid.grid_shape(fresh.shape, fresh.chunk_shape)))
+                )
+            ):
                 other.error = NotFound(f"chunk {other.origin} of {fresh.path} no longer exists")
                 continue
             other.show(fresh)
@@ -89,8 +101,13 @@ class Changes:
     def unname(self, path: str, keep: int = 0) -> None:
         """Entries of a removed or replaced node (and its views, chunk files, descendants)
         lose their names; open files on them get ENOENT from now on."""
-        gone = {e.inode: e for e in self.inodes.all() if e.inode != keep and e.node is not None and (
-            e.node.path == path or e.node.path.startswith(path + "/") or (not path and e.inode != ROOT_INODE))}
+        gone = {
+            e.inode: e
+            for e in self.inodes.all()
+            if e.inode != keep
+            and e.node is not None
+            and (e.node.path == path or e.node.path.startswith(path + "/") or (not path and e.inode != ROOT_INODE))
+        }
         self.inodes.drop_names_of(gone)
         for entry in gone.values():
             entry.error = NotFound(f"{path} was removed or replaced")
@@ -109,7 +126,7 @@ class Changes:
         self.hierarchy.check_name(stem, _stems(names))
         return join(parent.node.path if parent.node else "", stem)
 
-    async def create(self, parent_inode: int, name: str) -> "Entry":
+    async def create(self, parent_inode: int, name: str) -> Entry:
         self._group_dir(parent_inode, plain=is_held_name(name))
         names = await self.ns.listings.children(parent_inode)
         if name in names:
@@ -139,7 +156,7 @@ class Changes:
 
     # --- groups and names ------------------------------------------------------------------
 
-    async def mkdir(self, parent_inode: int, name: str) -> "Entry":
+    async def mkdir(self, parent_inode: int, name: str) -> Entry:
         parent = self._group_dir(parent_inode)
         names = await self.ns.listings.children(parent_inode)
         if name in names or name + NPY_SUFFIX in names:  # an array and a group cannot share a path
@@ -194,8 +211,9 @@ class Changes:
         self.inodes.drop_name((parent_inode, name))
         self.ns.invalidate()
 
-    async def rename(self, old_parent: int, old_name: str, new_parent: int, new_name: str,
-                     replace: bool = True) -> None:
+    async def rename(
+        self, old_parent: int, old_name: str, new_parent: int, new_name: str, replace: bool = True
+    ) -> None:
         """Move a node; with replace false an existing target is refused (EEXIST), as RENAME_NOREPLACE asks."""
         self._group_dir(old_parent, plain=True)
         target_dir = self._group_dir(new_parent, plain=True)
@@ -211,8 +229,11 @@ class Changes:
             await self._rename_held(entry, new_parent, new_name)
             return
         node, w = entry.node, entry.writing
-        if node is None or entry.kind not in (Kind.GROUP, Kind.ARRAY) or (
-                w is not None and (w.pending is not None or w.staged is not None)):
+        if (
+            node is None
+            or entry.kind not in (Kind.GROUP, Kind.ARRAY)
+            or (w is not None and (w.pending is not None or w.staged is not None))
+        ):
             raise NotPermitted(f"{old_name} cannot be moved now")
         if (entry.kind is Kind.ARRAY) != new_name.endswith(NPY_SUFFIX) or new_name == NPY_SUFFIX:
             raise NotPermitted(f"{new_name}: arrays are NAME.npy files, groups are directories")
@@ -236,7 +257,7 @@ class Changes:
             # while this waited is not, one created meanwhile is).
             old_dir, new_dir = self.hierarchy.plain_dir(node.path), self.hierarchy.plain_dir(new_path)
             for held in self.ns.plain.inside(node.path):
-                held.key = new_dir + held.key[len(old_dir):]
+                held.key = new_dir + held.key[len(old_dir) :]
         self.engine.discard(node.path)
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.
@@ -245,7 +266,7 @@ class Changes:
         self.inodes.name(new_parent, new_name, entry)
         self.ns.invalidate()
 
-    async def _rename_held(self, entry: "Entry", new_parent: int, new_name: str) -> None:
+    async def _rename_held(self, entry: Entry, new_parent: int, new_name: str) -> None:
         """A held file renamed: to NAME.npy it becomes that array; to another held name it moves."""
         if not is_held_name(new_name):
             await self.ns.ingest.adopt(entry, new_parent, new_name)
@@ -279,7 +300,7 @@ class Changes:
             self.inodes.register(new_parent, new_name, entry)
         self.ns.invalidate()
 
-    async def set_times(self, entry: "Entry", mtime_ns: int) -> None:
+    async def set_times(self, entry: Entry, mtime_ns: int) -> None:
         """utimensat: an array's or a plain file's modification time, kept where the store can
         (a local store: the time of the metadata document or key) and for the mount's life."""
         if entry.kind is Kind.HELD:
@@ -308,7 +329,7 @@ class Changes:
         """A new array at `path`: the time a writer set on the one before is gone."""
         self._times.pop(path, None)
 
-    def time_of(self, entry: "Entry") -> int | None:
+    def time_of(self, entry: Entry) -> int | None:
         """The modification time a writer set on `entry` (None: the store's)."""
         if entry.held is not None:
             return entry.held.mtime_ns
@@ -316,7 +337,7 @@ class Changes:
             return self._times.get(entry.node.path)
         return None
 
-    def touched(self, entry: "Entry") -> None:
+    def touched(self, entry: Entry) -> None:
         """A write: the time a writer set before is replaced by now."""
         if entry.held is not None:
             entry.held.mtime_ns = None
@@ -326,7 +347,7 @@ class Changes:
         if entry.node is not None:
             self._times.pop(entry.node.path, None)
 
-    async def set_attributes(self, entry: "Entry", value: bytes) -> None:
+    async def set_attributes(self, entry: Entry, value: bytes) -> None:
         try:
             attrs = json.loads(value)
         except (ValueError, UnicodeDecodeError) as e:

@@ -26,7 +26,7 @@ def change_message(operation: str, path: str, uid: int | None) -> str:
     return f"zarrfs: {operation} {path} by {user}@{socket.gethostname()}"
 
 
-def entry_path(entry: "Entry") -> str:
+def entry_path(entry: Entry) -> str:
     """The hierarchy path (or name) a commit message gives a file."""
     return getattr(entry.node, "path", None) or entry.key or "/"
 
@@ -34,7 +34,7 @@ def entry_path(entry: "Entry") -> str:
 class Commits:
     """Files open for writing (by file handle: the opener's uid) and the commits operations make."""
 
-    def __init__(self, ns: "Namespace", engine: "Engine", writable: bool) -> None:
+    def __init__(self, ns: Namespace, engine: Engine, writable: bool) -> None:
         self.ns, self.engine, self.writable = ns, engine, writable
         self._writers: dict[int, int | None] = {}
 
@@ -54,7 +54,7 @@ class Commits:
         parent = getattr(self.ns.get(parent_inode).node, "path", "")
         return f"{parent}/{name}" if parent else name
 
-    async def file_done(self, operation: str, fh: int, entry: "Entry") -> None:
+    async def file_done(self, operation: str, fh: int, entry: Entry) -> None:
         """A close or fsync of a file opened for writing is one commit."""
         if fh in self._writers:
             await self.done(operation, entry_path(entry), self._writers[fh])

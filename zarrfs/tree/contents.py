@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class Contents:
     """Settles entries: fills in stored bytes and the contents of generated files."""
 
-    def __init__(self, ns: "Namespace") -> None:
+    def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.engine = ns.engine
         self.hierarchy = ns.hierarchy
@@ -36,7 +36,7 @@ class Contents:
         self.stored_sizes_lazy = not ns.hierarchy.store.is_local
         self.previews = Previews(ns.engine)
 
-    async def settle(self, entry: "Entry") -> None:
+    async def settle(self, entry: Entry) -> None:
         """Fill in what an entry's attributes need (after following what the store holds now):
         stored bytes, sizes of generated files."""
         ns, listings = self.ns, self.ns.listings
@@ -60,12 +60,16 @@ class Contents:
                 entry.stored_bytes = await self._chunk_stored_bytes(entry, sizes)
         elif entry.kind is Kind.INFO:
             entry.content = registry.info_json(
-                entry.node, await listings.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None)
+                entry.node, await listings.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None
+            )
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind in (Kind.TEXT, Kind.PAM):
             statistics = ns.statistics.of(entry.node)
-            entry.content = (images.pam(entry.node, statistics) if entry.kind is Kind.PAM else
-                             images.text(entry.view, entry.node, ns.npy_name(entry.node), statistics))
+            entry.content = (
+                images.pam(entry.node, statistics)
+                if entry.kind is Kind.PAM
+                else images.text(entry.view, entry.node, ns.npy_name(entry.node), statistics)
+            )
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind is Kind.PREVIEW:
             entry.content = await self.previews.get(entry.node)
@@ -85,12 +89,15 @@ class Contents:
         else:
             entry.stored_bytes = entry.size
 
-    async def _settle_netcdf(self, entry: "Entry") -> None:
+    async def _settle_netcdf(self, entry: Entry) -> None:
         """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""
         group = entry.node
         children = await self.ns.listings.nodes_below(group.path)
-        fit = {meta.path for meta in netcdf.group_arrays(children)
-               if netcdf.scan_wanted(meta) and await self._fits_int32(meta)}
+        fit = {
+            meta.path
+            for meta in netcdf.group_arrays(children)
+            if netcdf.scan_wanted(meta) and await self._fits_int32(meta)
+        }
         nc = netcdf.group_file(group.attributes, children, fit)
         if nc.left_out:
             log.warning("netcdf/%s: left out: %s", group.path or self.ns.root_stem, "; ".join(nc.left_out))
@@ -106,11 +113,14 @@ class Contents:
         except ZarrfsError as e:  # the engine logged the key
             log.warning("netcdf: %s kept 64-bit (CDF-5): its values could not be read: %s", meta.path, e)
             return False
-        return all(netcdf.fits_int32(chunks[idx][tuple(slice(0, n) for n in
-                                                        grid.data_shape(idx, meta.shape, meta.chunk_shape))])
-                   for idx in wanted)
+        return all(
+            netcdf.fits_int32(
+                chunks[idx][tuple(slice(0, n) for n in grid.data_shape(idx, meta.shape, meta.chunk_shape))]
+            )
+            for idx in wanted
+        )
 
-    async def _chunk_stored_bytes(self, entry: "Entry", sizes: dict[str, int | None]) -> int:
+    async def _chunk_stored_bytes(self, entry: Entry, sizes: dict[str, int | None]) -> int:
         stored = sizes.get(entry.node.chunk_key(entry.origin)) or 0
         inner_size = getattr(entry.node.source, "stored_nbytes_sync", None)
         if inner_size is not None and stored:  # an inner chunk: its part of the shard

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import NotFound, ZarrfsError
 from ..model import ArrayMeta, Node
@@ -25,12 +26,38 @@ Maker = Callable[[], "Entry"]
 class Entry:
     """One file or directory of the mount, as long as the kernel or an open file refers to it."""
 
-    __slots__ = ("inode", "kind", "view", "node", "error", "key", "origin", "_stream", "_size", "stored_bytes",
-                 "listing", "content", "lookups", "opens", "writing", "held", "name_key", "checked")
+    __slots__ = (
+        "inode",
+        "kind",
+        "view",
+        "node",
+        "error",
+        "key",
+        "origin",
+        "_stream",
+        "_size",
+        "stored_bytes",
+        "listing",
+        "content",
+        "lookups",
+        "opens",
+        "writing",
+        "held",
+        "name_key",
+        "checked",
+    )
 
-    def __init__(self, inode: int, kind: Kind, view: str = "", node: Node | None = None,
-                 error: ZarrfsError | None = None, key: str | None = None, size: int = 0,
-                 origin: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        inode: int,
+        kind: Kind,
+        view: str = "",
+        node: Node | None = None,
+        error: ZarrfsError | None = None,
+        key: str | None = None,
+        size: int = 0,
+        origin: tuple[int, ...] | None = None,
+    ) -> None:
         self.inode = inode
         self.kind = kind
         self.view = view  # the .zarrfs view directory it is in ("" for the main tree)

@@ -23,9 +23,9 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from ..views import netcdf
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
+from ..views import netcdf
 from .kinds import Kind
 from .versions import is_version_path
 
@@ -41,7 +41,7 @@ REFRESH_FILE = "refresh"
 class Freshness:
     """Drops listings and metadata older than `metadata_ttl_s` (inf: never, unless refreshed)."""
 
-    def __init__(self, ns: "Namespace", metadata_ttl_s: float = math.inf) -> None:
+    def __init__(self, ns: Namespace, metadata_ttl_s: float = math.inf) -> None:
         self.ns = ns
         self.engine = ns.engine
         self.hierarchy = ns.hierarchy
@@ -79,15 +79,19 @@ class Freshness:
 
         return await self.engine.once(("node", path, epoch), load)
 
-    async def follow(self, entry: "Entry") -> None:
+    async def follow(self, entry: Entry) -> None:
         """Make an entry showing an array (or a group's netCDF file) show what the store holds now,
         once per epoch; a failure to read its metadata fails the request (EIO, logged)."""
         epoch = self.epoch
         if entry.checked == epoch:
             return
         node = entry.node
-        if (not (isinstance(node, ArrayMeta) or (entry.kind is Kind.NETCDF and isinstance(node, GroupMeta)))
-                or entry.writing is not None or entry.held is not None or entry.error is not None):
+        if (
+            not (isinstance(node, ArrayMeta) or (entry.kind is Kind.NETCDF and isinstance(node, GroupMeta)))
+            or entry.writing is not None
+            or entry.held is not None
+            or entry.error is not None
+        ):
             entry.checked = epoch  # groups: their listings are read again; the rest has no node to follow
             return
         try:
@@ -104,7 +108,7 @@ class Freshness:
         elif fresh is not node:
             self._take(entry, node, fresh)
 
-    def _take(self, entry: "Entry", old: ArrayMeta, fresh: Node | None) -> None:
+    def _take(self, entry: Entry, old: ArrayMeta, fresh: Node | None) -> None:
         """An entry of array `old` meets `fresh`, what the store holds at its path now: shown in
         place when its files' bytes keep their layout, else every entry of the old array retires."""
         if not old.path and fresh is not None:  # a root array: the root's listing shows it
@@ -121,17 +125,25 @@ class Freshness:
         is gone) lose their names and read ESTALE: the kernel then looks the names up again and gets
         new inodes (fresh pages); files opened before keep the old inode, its pages, and ESTALE."""
         layout = fresh.file_layout if isinstance(fresh, ArrayMeta) else None
-        gone = [e for e in self.inodes.all()
-                if isinstance(e.node, ArrayMeta) and e.node.path == path and e.writing is None and e.held is None
-                and e.error is None and e.node.file_layout != layout]
+        gone = [
+            e
+            for e in self.inodes.all()
+            if isinstance(e.node, ArrayMeta)
+            and e.node.path == path
+            and e.writing is None
+            and e.held is None
+            and e.error is None
+            and e.node.file_layout != layout
+        ]
         self.retire_entries(gone, f"{path or '/'} was replaced in the store ({_what_now(fresh)})")
         self.ns.listings.forget_sizes(path)
         if gone and path not in self._told_replaced:
             self._told_replaced.add(path)
-            log.info("%s: replaced in the store (%s); files of it opened before read ESTALE",
-                     path or "/", _what_now(fresh))
+            log.info(
+                "%s: replaced in the store (%s); files of it opened before read ESTALE", path or "/", _what_now(fresh)
+            )
 
-    def retire_entries(self, gone: list["Entry"], why: str) -> None:
+    def retire_entries(self, gone: list[Entry], why: str) -> None:
         """These entries lose their names and answer ESTALE (`why`) from now on."""
         inodes = {e.inode for e in gone}
         for e in gone:
@@ -139,7 +151,7 @@ class Freshness:
         self.inodes.drop_names_of(inodes)
         self.inodes.drop_unused(gone)
 
-    async def _follow_netcdf(self, entry: "Entry", group: GroupMeta) -> None:
+    async def _follow_netcdf(self, entry: Entry, group: GroupMeta) -> None:
         """A group's netCDF file laid out again from its arrays now; it retires if its bytes moved
         (its header changed)."""
         old = entry.laid_out
@@ -158,14 +170,22 @@ class Freshness:
         """Chunks of the array at `path` changed in the store: the kernel drops its files' pages (in
         the background: a read of that array may hold one of them locked until it is answered)."""
         self.ns.statistics.forget(path)
-        self.ns.forget_pages([e.inode for e in self.inodes.all()
-                              if not e.is_dir and e.node is not None and getattr(e.node, "path", None) == path])
+        self.ns.forget_pages(
+            [
+                e.inode
+                for e in self.inodes.all()
+                if not e.is_dir and e.node is not None and getattr(e.node, "path", None) == path
+            ]
+        )
 
     async def _show_other_snapshot(self) -> None:
         """The store shows another snapshot: entries the kernel holds show their node in it (or
         give ENOENT when it has none), as after a replacement."""
-        tops = {e.node.path.split("/", 1)[0] for e in self.inodes.all()
-                if e.node is not None and not isinstance(e.node, BrokenNode) and not is_version_path(e.node.path)}
+        tops = {
+            e.node.path.split("/", 1)[0]
+            for e in self.inodes.all()
+            if e.node is not None and not isinstance(e.node, BrokenNode) and not is_version_path(e.node.path)
+        }
         for top in sorted(tops):
             await self.ns.changes.repoint(top, top)
 

@@ -12,7 +12,6 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from ..views import images
 from ..engine import ReadAhead
 from ..errors import (
     AccessDenied,
@@ -26,6 +25,7 @@ from ..errors import (
     TooBig,
 )
 from ..model import BrokenNode
+from ..views import images
 from .kinds import ARRAY_FILE_KINDS, Kind
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class Handle:
     # Writes reach it on a read-only mount (else they fail with EROFS before it sees them).
     writes_on_read_only = False
 
-    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+    def __init__(self, ns: Namespace, entry: Entry) -> None:
         self.ns = ns
         self.entry = entry
         self._told_stale = False
@@ -89,13 +89,13 @@ class Handle:
 class SnapshotHandle(Handle):
     """A generated file (stats.json, info/*.json): its bytes as they were at open."""
 
-    def __init__(self, ns: "Namespace", entry: "Entry", content: bytes, direct_io: bool = False) -> None:
+    def __init__(self, ns: Namespace, entry: Entry, content: bytes, direct_io: bool = False) -> None:
         super().__init__(ns, entry)
         self.content = content
         self.direct_io = direct_io
 
     async def read(self, offset: int, size: int) -> bytes:
-        return self.content[offset:offset + size]
+        return self.content[offset : offset + size]
 
 
 class StoreKeyHandle(Handle):
@@ -109,7 +109,7 @@ class ArrayHandle(Handle):
     """An array's file in one layout (the main tree's .npy, npy-f, raw, raw-f, a chunk file),
     or a new NPY file being written; read-ahead follows this open's sequential reads only."""
 
-    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+    def __init__(self, ns: Namespace, entry: Entry) -> None:
         super().__init__(ns, entry)
         self.readahead = ReadAhead()
 
@@ -124,7 +124,7 @@ class ArrayHandle(Handle):
         if w is not None and w.stream is not None:  # a file being written: the writer's own layout
             return await self.ns.engine.read(w.stream, offset, size, readahead=self.readahead)
         if w is not None and w.pending is not None:  # no NPY header yet: only what was written so far
-            return bytes(w.pending[offset:offset + size])
+            return bytes(w.pending[offset : offset + size])
         await self.current()
         if entry.error is not None:
             raise entry.error
@@ -149,7 +149,7 @@ class NetcdfHandle(Handle):
     """A group's netCDF file: header bytes, then each variable's big-endian elements read through
     the engine (one read-ahead state per variable: a reader of the whole file reads each in turn)."""
 
-    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+    def __init__(self, ns: Namespace, entry: Entry) -> None:
         super().__init__(ns, entry)
         self.readaheads: dict[int, ReadAhead] = {}
 
@@ -180,13 +180,13 @@ class StatisticsRewriteHandle(Handle):
     # Each open reads the text made from the kept statistics, not pages left by the writer.
     direct_io = True
 
-    def __init__(self, ns: "Namespace", entry: "Entry") -> None:
+    def __init__(self, ns: Namespace, entry: Entry) -> None:
         super().__init__(ns, entry)
         self.written = bytearray()
         self.changed = False  # written to since the last close of a descriptor
 
     async def read(self, offset: int, size: int) -> bytes:
-        return bytes(self.written[offset:offset + size])
+        return bytes(self.written[offset : offset + size])
 
     async def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
@@ -196,8 +196,10 @@ class StatisticsRewriteHandle(Handle):
         grow = end - len(self.written)
         if grow > 0:
             if self.ns.rewrite_bytes + grow > REWRITES_MAX_BYTES:
-                error = NoSpace(f"{name}: statistics not saved: the rewrites open on this mount would hold "
-                                f"more than {REWRITES_MAX_BYTES >> 20} MiB")
+                error = NoSpace(
+                    f"{name}: statistics not saved: the rewrites open on this mount would hold "
+                    f"more than {REWRITES_MAX_BYTES >> 20} MiB"
+                )
                 self.ns.engine.note_failure(error, name)  # said once a minute at most
                 raise error
             self.ns.rewrite_bytes += grow
@@ -213,8 +215,12 @@ class StatisticsRewriteHandle(Handle):
             return
         self.changed = False
         if not await self.ns.statistics.keep(self.entry, bytes(self.written)):
-            log.warning("%s/%s: a rewrite that changes more than band statistics is refused (%s)",
-                        self.entry.view, self.entry.node.path, self.entry.kind.value)
+            log.warning(
+                "%s/%s: a rewrite that changes more than band statistics is refused (%s)",
+                self.entry.view,
+                self.entry.node.path,
+                self.entry.kind.value,
+            )
             raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved here")
 
     async def release(self) -> None:
@@ -251,7 +257,7 @@ class HeldFileHandle(Handle):
             await self.ns.sync(self.entry)
 
 
-def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
+def _handle_for(ns: Namespace, entry: Entry) -> Handle:
     if entry.kind is Kind.STATS and entry.view == "refresh":
         return SnapshotHandle(ns, entry, b"", direct_io=True)
     if entry.kind is Kind.STATS:
@@ -269,7 +275,7 @@ def _handle_for(ns: "Namespace", entry: "Entry") -> Handle:
     return Handle(ns, entry)
 
 
-def opened(ns: "Namespace", entry: "Entry", kind: type[Handle] | None = None) -> Handle:
+def opened(ns: Namespace, entry: Entry, kind: type[Handle] | None = None) -> Handle:
     """A handle on `entry` (of class KIND, else the one its kind of file takes), counted as
     open (a created file, or one `open_file` checked)."""
     entry.opens += 1
@@ -277,7 +283,7 @@ def opened(ns: "Namespace", entry: "Entry", kind: type[Handle] | None = None) ->
     return kind(ns, entry) if kind is not None else _handle_for(ns, entry)
 
 
-async def _check_write_open(ns: "Namespace", entry: "Entry", flags: int) -> None:
+async def _check_write_open(ns: Namespace, entry: Entry, flags: int) -> None:
     if entry.saves_statistics and flags & os.O_TRUNC and not flags & os.O_APPEND:
         return  # a rewrite that saves statistics (StatisticsRewriteHandle)
     if not ns.writes_allowed:
@@ -292,7 +298,7 @@ async def _check_write_open(ns: "Namespace", entry: "Entry", flags: int) -> None
         raise NotPermitted(f"{entry.node.path or '/'}: {reason}")
 
 
-async def open_file(ns: "Namespace", entry: "Entry", flags: int) -> Handle:
+async def open_file(ns: Namespace, entry: Entry, flags: int) -> Handle:
     """open(2) of an existing file: EISDIR, EROFS, EACCES, EINVAL (O_APPEND on an array),
     EPERM (a read-only representation), or the entry's own error; O_TRUNC starts a replacement."""
     if entry.is_dir:

@@ -118,8 +118,9 @@ class HeldFile:
         spool = self._new_spool()
         try:
             for start in range(0, self.size, ADOPT_BLOCK_BYTES):
-                spool.write(self._engine.store.get_range_sync(self.key, start, min(start + ADOPT_BLOCK_BYTES,
-                                                                                     self.size)))
+                spool.write(
+                    self._engine.store.get_range_sync(self.key, start, min(start + ADOPT_BLOCK_BYTES, self.size))
+                )
         except BaseException:
             spool.close()
             raise
@@ -209,12 +210,12 @@ class HeldFile:
 class PlainFiles:
     """The Namespace's steps of plain files: truncate, fsync, close, last close, write-back, unmount."""
 
-    def __init__(self, ns: "Namespace") -> None:
+    def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.engine = ns.engine
         self.inodes = ns.inodes
 
-    async def truncate(self, entry: "Entry", size: int) -> None:
+    async def truncate(self, entry: Entry, size: int) -> None:
         """A held file takes any size."""
         if entry.held is None:
             raise entry.error or NotFound("removed")
@@ -222,7 +223,7 @@ class PlainFiles:
         if entry.opens == 0:  # truncate(2) by path: no close will follow
             self.keep_later(entry)
 
-    async def keep(self, entry: "Entry") -> None:
+    async def keep(self, entry: Entry) -> None:
         """A plain file's bytes and time into its store key; from then on the store lists it."""
         held = entry.held
         if held is None or not (held.dirty or held.mtime_ns is not None):
@@ -233,18 +234,18 @@ class PlainFiles:
             self.inodes.unregister(entry, keep_name=True)
             self.ns.invalidate()
 
-    def keep_later(self, entry: "Entry", delay_s: float = PLAIN_WRITE_BACK_S) -> None:
+    def keep_later(self, entry: Entry, delay_s: float = PLAIN_WRITE_BACK_S) -> None:
         """Store a plain file written since its last store `delay_s` from now (write-back):
         one renamed to NAME.npy or removed before then is never stored under its name."""
         held = entry.held
         if held is not None and held.dirty:
             self.engine.later.call(("keep", entry.inode), delay_s, lambda: self._write_back(entry, held))
 
-    def cancel_keep(self, entry: "Entry") -> None:
+    def cancel_keep(self, entry: Entry) -> None:
         """No write-back of this file is due (it is becoming an array)."""
         self.engine.later.cancel(("keep", entry.inode))
 
-    async def _write_back(self, entry: "Entry", held: HeldFile) -> None:
+    async def _write_back(self, entry: Entry, held: HeldFile) -> None:
         """The delayed store of a plain file; a failure is said once, and it is tried again
         later (and at unmount) while its bytes stay here."""
         if entry.held is not held or not held.dirty:
@@ -254,8 +255,13 @@ class PlainFiles:
             await self.keep(entry)
         except ZarrfsError as e:
             if not held.failing:
-                log.warning("%s: storing this plain file failed: %s; its bytes stay in the daemon, "
-                            "tried again every %g s and at unmount", name, e, PLAIN_RETRY_S)
+                log.warning(
+                    "%s: storing this plain file failed: %s; its bytes stay in the daemon, "
+                    "tried again every %g s and at unmount",
+                    name,
+                    e,
+                    PLAIN_RETRY_S,
+                )
             held.failing = True
             self.keep_later(entry, PLAIN_RETRY_S)
             return
@@ -265,7 +271,7 @@ class PlainFiles:
         if entry.opens == 0:
             held.unload()
 
-    async def sync(self, entry: "Entry") -> None:
+    async def sync(self, entry: Entry) -> None:
         """fsync: the file is in its store key when it returns."""
         try:
             await self.keep(entry)
@@ -274,7 +280,7 @@ class PlainFiles:
             self.keep_later(entry, PLAIN_RETRY_S)  # its bytes stay here: tried again later
             raise
 
-    async def close(self, entry: "Entry") -> None:
+    async def close(self, entry: Entry) -> None:
         """close(2): stored later (write-back); past the memory bound its bytes move to TMPDIR."""
         self.keep_later(entry)
         if entry.held is not None and self.engine.held_memory_bytes > PLAIN_MEMORY_MAX_BYTES:
@@ -283,12 +289,12 @@ class PlainFiles:
             except (OSError, ZarrfsError) as e:  # TMPDIR full: it stays in memory
                 log.warning("%s: its bytes stay in memory, TMPDIR refused them: %s", self.inodes.path_of(entry), e)
 
-    def release(self, entry: "Entry") -> None:
+    def release(self, entry: Entry) -> None:
         """The last close: a kept file's local copy goes (reads go to its key)."""
         if entry.held is not None:
             entry.held.unload()
 
-    async def shutdown(self, entry: "Entry") -> None:
+    async def shutdown(self, entry: Entry) -> None:
         """Unmount: what is not stored yet is stored (or said lost)."""
         if entry.held.dirty:
             name = self.inodes.path_of(entry)
@@ -305,11 +311,14 @@ class PlainFiles:
         if not path:
             return []
         prefix = self.ns.hierarchy.plain_dir(path) + "/"
-        inside = [e for e in self.inodes.all() if e.held is not None and e.held.key is not None
-                  and not e.held.gone and e.held.key.startswith(prefix)]
+        inside = [
+            e
+            for e in self.inodes.all()
+            if e.held is not None and e.held.key is not None and not e.held.gone and e.held.key.startswith(prefix)
+        ]
         return [e.held for e in sorted(inside, key=lambda e: e.inode)]
 
-    def forget(self, entry: "Entry", error: Exception) -> None:
+    def forget(self, entry: Entry, error: Exception) -> None:
         """A plain file removed or replaced: open files on it get `error`."""
         if entry.held is not None:
             entry.held.close()

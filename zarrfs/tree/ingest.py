@@ -62,7 +62,6 @@ class Coverage:
         return sum(end - start for start, end in self._spans)
 
 
-
 class Incoming:
     """An NPY file being written into an array: its bytes until the header is whole (`pending`),
     then the staged array it fills (`staged`), the writer's own layout (`stream`: its order and
@@ -123,8 +122,13 @@ class Ingest:
     """The Namespace's steps of NPY files being written: truncate, write, fsync, close, last close,
     unmount, and a held file becoming an array."""
 
-    def __init__(self, ns: "Namespace", lease: LeaseKeeper, create_chunks: tuple[int, ...] | None = None,
-                 create_codec: str | None = None) -> None:
+    def __init__(
+        self,
+        ns: Namespace,
+        lease: LeaseKeeper,
+        create_chunks: tuple[int, ...] | None = None,
+        create_codec: str | None = None,
+    ) -> None:
         self.ns = ns
         self.engine = ns.engine
         self.hierarchy = ns.hierarchy
@@ -140,7 +144,7 @@ class Ingest:
         """Whether some file is being written into an array that is not complete yet."""
         return any(e.writing is not None and e.writing.staged is not None for e in self.inodes.all())
 
-    async def truncate(self, entry: "Entry", size: int = 0) -> None:
+    async def truncate(self, entry: Entry, size: int = 0) -> None:
         """A .npy file only to 0: its next NPY header defines the array that replaces it (the
         old one stays until the new one is complete)."""
         if entry.kind is not Kind.ARRAY or entry.view != "":
@@ -151,7 +155,7 @@ class Ingest:
             await self._drop_staged(entry)
         entry.writing = Incoming(replacing=entry.node)
 
-    async def write(self, entry: "Entry", offset: int, data: bytes) -> int:
+    async def write(self, entry: Entry, offset: int, data: bytes) -> int:
         """Bytes into an array's file: a file being created or replaced, or the data of an array."""
         if entry.node is not None:
             self.ns.statistics.forget(entry.node.path)
@@ -162,10 +166,12 @@ class Ingest:
             raise entry.error
         stream = w.stream if w is not None and w.stream is not None else entry.stream
         if offset + len(data) > stream.size:
-            raise TooBig(f"{entry.key or stream.meta.path}: an array's file cannot grow "
-                         f"(write ends at {offset + len(data)}, size {stream.size}); truncate to replace it")
+            raise TooBig(
+                f"{entry.key or stream.meta.path}: an array's file cannot grow "
+                f"(write ends at {offset + len(data)}, size {stream.size}); truncate to replace it"
+            )
         hlen = len(stream.header)
-        if offset < hlen and data[: hlen - offset] != stream.header[offset:offset + len(data)]:
+        if offset < hlen and data[: hlen - offset] != stream.header[offset : offset + len(data)]:
             raise InvalidArgument("a write to the NPY header may not change shape or dtype; truncate first")
         await self.engine.write(stream, offset, data)
         if w is not None and w.received is not None:
@@ -174,7 +180,7 @@ class Ingest:
         entry.stored_bytes = None
         return len(data)
 
-    async def _ingest(self, entry: "Entry", offset: int, data: bytes) -> int:
+    async def _ingest(self, entry: Entry, offset: int, data: bytes) -> int:
         w = entry.writing
         if w.rejected is not None:
             raise w.rejected
@@ -183,7 +189,7 @@ class Ingest:
             raise w.reject(InvalidArgument(f"{self.inodes.path_of(entry)}: the NPY header must be written first"))
         if offset > len(buf):
             buf.extend(bytes(offset - len(buf)))
-        buf[offset:offset + len(data)] = data
+        buf[offset : offset + len(data)] = data
         try:
             parsed = parse_npy_header(buf, self.inodes.path_of(entry))
         except InvalidArgument as e:
@@ -203,8 +209,7 @@ class Ingest:
         await self._claim_staging(w.staged.staging)
         if rest:
             if len(buf) > w.stream.size:
-                raise TooBig(f"{path}: {len(buf)} bytes written, more than the {w.stream.size} "
-                             f"its NPY header declares")
+                raise TooBig(f"{path}: {len(buf)} bytes written, more than the {w.stream.size} its NPY header declares")
             await self.engine.write(w.stream, hlen, rest)
             w.received.add(hlen, len(buf))
         return len(data)
@@ -219,7 +224,7 @@ class Ingest:
         siblings = await self.ns.listings.nodes_below(path.rpartition("/")[0])
         return in_dataset(new, siblings, self.hierarchy.name)
 
-    async def commit(self, entry: "Entry") -> None:
+    async def commit(self, entry: Entry) -> None:
         """A staged array that is complete becomes the node at its path (all-or-nothing)."""
         w = entry.writing
         staged, old = w.staged, w.replacing
@@ -252,7 +257,7 @@ class Ingest:
         self.ns.invalidate()
         await self._release_staging(staged.staging)
 
-    async def _drop_staged(self, entry: "Entry") -> None:
+    async def _drop_staged(self, entry: Entry) -> None:
         """Forget a staged array's chunks (held and stored): the old array, if any, stays."""
         w = entry.writing
         staged = w.staged
@@ -282,7 +287,7 @@ class Ingest:
                 except ZarrfsError as e:
                     self.lease.failed(e)
 
-    async def abandon(self, entry: "Entry") -> None:
+    async def abandon(self, entry: Entry) -> None:
         """A file that did not become an array: its staged chunks go; a replaced array stays
         as it was; a created one disappears."""
         w = entry.writing
@@ -295,14 +300,14 @@ class Ingest:
             self.inodes.unregister(entry)
             entry.error = NotFound(f"{entry.key} was never stored")
 
-    async def sync(self, entry: "Entry") -> None:
+    async def sync(self, entry: Entry) -> None:
         """fsync: what was written is in the store (a staged array's chunks, in its staging area)."""
         problem = entry.writing.header_problem(self.inodes.path_of(entry)) if entry.writing is not None else None
         if problem is not None:
             raise problem
         await self._flush_entry(entry)
 
-    async def _flush_entry(self, entry: "Entry") -> None:
+    async def _flush_entry(self, entry: Entry) -> None:
         w = entry.writing
         stream = w.stream if w is not None and w.staged is not None else entry.stream
         if stream is not None and entry.kind in (Kind.ARRAY, Kind.CHUNK):
@@ -310,7 +315,7 @@ class Ingest:
             self.ns.listings.forget_sizes(stream.meta.path)
             entry.stored_bytes = None
 
-    async def close(self, entry: "Entry") -> None:
+    async def close(self, entry: Entry) -> None:
         """close(2) of one descriptor: what was written is stored, and a new array complete now is
         committed. One still short of its header or data stays as it is: the close of every
         descriptor sharing the open file (a forked child's, a dup's) comes here, while others
@@ -320,11 +325,13 @@ class Ingest:
             await self.commit(entry)
             return
         if w is not None and (w.staged is not None or w.pending):
-            log.debug("%s: a descriptor closed before the file was complete; its last close decides",
-                      self.inodes.path_of(entry))
+            log.debug(
+                "%s: a descriptor closed before the file was complete; its last close decides",
+                self.inodes.path_of(entry),
+            )
         await self._flush_entry(entry)
 
-    async def release(self, entry: "Entry") -> None:
+    async def release(self, entry: Entry) -> None:
         """The last close: a new array complete now is committed (unless a close did); one short
         of its NPY header or data is dropped with a WARNING, the old array staying (an empty
         NAME.npy stays, held aside); a committed writer's own layout is forgotten. Nothing here
@@ -344,7 +351,7 @@ class Ingest:
         if entry.writing is not None and (entry.writing.pending is None or entry.writing.replacing is not None):
             entry.writing = None  # committed, or truncated and never rewritten: the old array stays
 
-    async def finish(self, entry: "Entry", when: str) -> bool:
+    async def finish(self, entry: Entry, when: str) -> bool:
         """End a file being written that nobody writes any more: complete, it is committed (True);
         short of its NPY header or data, it is dropped (the old array stays) with a WARNING naming
         it and what arrived. An empty file stays as it is (False)."""
@@ -365,7 +372,7 @@ class Ingest:
         log.warning("%s: %s %s; %s", name, reason, when, what)
         return False
 
-    async def shutdown(self, entry: "Entry") -> None:
+    async def shutdown(self, entry: Entry) -> None:
         """Unmount: a complete staged array is committed, the rest dropped, each with a log line."""
         w = entry.writing
         if w is not None and (w.staged is not None or w.pending):
@@ -375,7 +382,7 @@ class Ingest:
         elif w is not None and w.pending is not None and entry.node is None:
             log.info("%s: empty file, never an array; dropped at unmount", self.inodes.path_of(entry))
 
-    async def adopt(self, entry: "Entry", parent_inode: int, name: str) -> None:
+    async def adopt(self, entry: Entry, parent_inode: int, name: str) -> None:
         """A held file renamed to NAME.npy becomes array NAME (staged, streamed in, committed),
         its bytes never stored as a plain key unless they were already. On any error the held
         file stays as it was (its write-back still to come) and the rename fails."""
@@ -386,10 +393,13 @@ class Ingest:
             self.ns.plain.keep_later(entry)
             raise
 
-    async def _adopt_now(self, entry: "Entry", parent_inode: int, name: str) -> None:
+    async def _adopt_now(self, entry: Entry, parent_inode: int, name: str) -> None:
         other = await self.ns.child(parent_inode, name)
-        busy = other is not None and other.writing is not None and (
-            other.writing.staged is not None or other.writing.pending is not None)
+        busy = (
+            other is not None
+            and other.writing is not None
+            and (other.writing.staged is not None or other.writing.pending is not None)
+        )
         if other is not None and (other.kind is not Kind.ARRAY or other.node is None or busy):
             raise Exists(f"{name} is being written or is not an array")
         names = await self.ns.listings.children(parent_inode)
@@ -405,8 +415,10 @@ class Ingest:
         ingest = ArrayStream(staged.meta, "F" if fortran else "C", header=bytes(head[:hlen]), dtype=dtype)
         if entry.size != ingest.size:
             kind = Incomplete if entry.size < ingest.size else InvalidArgument
-            raise kind(f"{label}: holds {entry.size - hlen} data bytes, its NPY header declares "
-                       f"{ingest.size - hlen}; not renamed to {name}")
+            raise kind(
+                f"{label}: holds {entry.size - hlen} data bytes, its NPY header declares "
+                f"{ingest.size - hlen}; not renamed to {name}"
+            )
         try:
             await self._store_held(entry, staged, ingest, old)
         except ZarrfsError:
@@ -438,8 +450,7 @@ class Ingest:
         self.ns.invalidate()
         await self.renew_lease()
 
-    async def _store_held(self, entry: "Entry", staged: Any, ingest: ArrayStream,
-                          old: Node | None) -> None:
+    async def _store_held(self, entry: Entry, staged: Any, ingest: ArrayStream, old: Node | None) -> None:
         """Stream a held file's data into a staged array and commit it (nothing left on failure)."""
         try:
             await self._claim_staging(staged.staging)

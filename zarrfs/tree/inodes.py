@@ -8,12 +8,13 @@ one with a new inode.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection
+from collections.abc import Callable, Collection
+from typing import Any
 
 from ..errors import NotFound
+from ..model import Node
 from ..storage.keys import join
 from .entries import NPY_SUFFIX, Entry, Kind, Maker
-from ..model import Node
 
 ROOT_INODE = 1
 
@@ -154,10 +155,15 @@ class Inodes:
         """Drop entries that neither the kernel nor an open file refers to and that hold nothing
         the store does not (entries made for a reply that was never sent, or forgotten)."""
         for entry in entries:
-            if (entry.lookups or entry.opens or entry.inode == ROOT_INODE or entry.writing is not None
-                    or (entry.held is not None and entry.held.needs_entry)
-                    or self._entries.get(entry.inode) is not entry
-                    or any(parent == entry.inode for parent, _ in self._pending)):
+            if (
+                entry.lookups
+                or entry.opens
+                or entry.inode == ROOT_INODE
+                or entry.writing is not None
+                or (entry.held is not None and entry.held.needs_entry)
+                or self._entries.get(entry.inode) is not entry
+                or any(parent == entry.inode for parent, _ in self._pending)
+            ):
                 continue  # a directory holding files apart keeps its inode: their names hang on it
             del self._entries[entry.inode]
             if entry.name_key is not None and self._by_name.get(entry.name_key) == entry.inode:

@@ -34,7 +34,7 @@ def _node_key(node: Node) -> str:
 class Listings:
     """Directory listings and what they are made of, cached until invalidated."""
 
-    def __init__(self, ns: "Namespace") -> None:
+    def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.hierarchy = ns.hierarchy
         self.engine = ns.engine
@@ -119,6 +119,7 @@ class Listings:
         entry = self.inodes.get(inode)
         await self.ns.freshness.revalidate()
         if entry.listing is None:
+
             async def load() -> dict[str, Maker]:
                 if entry.listing is None:
                     entry.listing = await self._load_listing(entry)
@@ -162,8 +163,7 @@ class Listings:
         for f, size in files.items():
             key = f"{prefix}/{f}" if prefix else f
             if self.listable(f, key):
-                names[f] = lambda key=key, s=size: new(Kind.STOREKEY, "store", key=key,
-                                                       size=s if s is not None else -1)
+                names[f] = lambda key=key, s=size: new(Kind.STOREKEY, "store", key=key, size=s if s is not None else -1)
         return names
 
     async def _group_listing(self, entry: Entry) -> dict[str, Maker]:
@@ -194,8 +194,10 @@ class Listings:
         """(name, maker) of a node's entries in a view directory."""
         base = node.path.rsplit("/", 1)[-1] if node.path else self.ns.root_stem
         error = node.error if isinstance(node, BrokenNode) else None
-        return [(name, lambda kind=kind: self.inodes.new(kind, view, node, error=error))
-                for name, kind in registry.view_names(view, node, base)]
+        return [
+            (name, lambda kind=kind: self.inodes.new(kind, view, node, error=error))
+            for name, kind in registry.view_names(view, node, base)
+        ]
 
     def _plain_group(self, entry: Entry) -> str | None:
         """The group whose plain files directory `entry` lists (None: it lists none)."""
@@ -203,8 +205,7 @@ class Listings:
             return None
         if isinstance(entry.node, GroupMeta):
             return entry.node.path
-        if (entry.node is None and self.ns.root_node.kind == "array"
-                and self.hierarchy.plain_files_beside_root_array):
+        if entry.node is None and self.ns.root_node.kind == "array" and self.hierarchy.plain_files_beside_root_array:
             return ""
         return None
 

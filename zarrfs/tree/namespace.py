@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,11 +45,20 @@ log = logging.getLogger(__name__)
 class Namespace:
     """Maps inodes and names to groups, arrays and views."""
 
-    def __init__(self, hierarchy: Hierarchy, root: Node, source: str, engine: Engine, show_views: bool = False,
-                 writable: bool = False, create_chunks: tuple[int, ...] | None = None,
-                 create_codec: str | None = None, on_name_gone: Callable[[int, str], None] | None = None,
-                 metadata_ttl_s: float = math.inf,
-                 on_data_stale_sync: Callable[[list[int]], None] | None = None) -> None:
+    def __init__(
+        self,
+        hierarchy: Hierarchy,
+        root: Node,
+        source: str,
+        engine: Engine,
+        show_views: bool = False,
+        writable: bool = False,
+        create_chunks: tuple[int, ...] | None = None,
+        create_codec: str | None = None,
+        on_name_gone: Callable[[int, str], None] | None = None,
+        metadata_ttl_s: float = math.inf,
+        on_data_stale_sync: Callable[[list[int]], None] | None = None,
+    ) -> None:
         self.hierarchy = hierarchy
         self.engine = engine
         self.on_data_stale_sync = on_data_stale_sync  # files whose cached pages a refresh made stale
@@ -143,7 +152,7 @@ class Namespace:
             names = list(children)
             if inode == ROOT_INODE and self.show_views:
                 names.append(VIEWS_DIR)
-            for name in names[start:start + count]:
+            for name in names[start : start + count]:
                 if name == VIEWS_DIR and inode == ROOT_INODE:
                     makers[name] = lambda: self.inodes.new(Kind.VIEWS, "views")
                 else:
@@ -317,8 +326,9 @@ class Namespace:
     async def unlink(self, parent: int, name: str) -> None:
         await self.changes.unlink(parent, name)
 
-    async def rename(self, old_parent: int, old_name: str, new_parent: int, new_name: str,
-                     replace: bool = True) -> None:
+    async def rename(
+        self, old_parent: int, old_name: str, new_parent: int, new_name: str, replace: bool = True
+    ) -> None:
         """Move a node; with replace false an existing target is refused (EEXIST)."""
         await self.changes.rename(old_parent, old_name, new_parent, new_name, replace)
 

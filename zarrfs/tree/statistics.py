@@ -19,7 +19,7 @@ class SavedStatistics:
     """Statistics by array path, with the node they are of; kept until the array changes or a
     refresh (never stored: GDAL computes them again)."""
 
-    def __init__(self, ns: "Namespace") -> None:
+    def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.engine = ns.engine
         self._kept: dict[str, tuple[Node, Statistics]] = {}
@@ -30,7 +30,7 @@ class SavedStatistics:
         kept = self._kept.get(meta.path)
         return kept[1] if kept is not None and kept[0] is meta else None
 
-    async def keep(self, entry: "Entry", written: bytes) -> bool:
+    async def keep(self, entry: Entry, written: bytes) -> bool:
         """A rewrite of a file that saves statistics: keep the ones it adds (False, and nothing
         kept, when it changes anything else)."""
         meta, epoch = entry.node, self._epoch
@@ -61,8 +61,7 @@ class SavedStatistics:
     def _changed(self, path: str | None) -> None:
         """The files that show the statistics of `path` (every array when None) are made again,
         and the kernel drops what it keeps of them."""
-        files = [e for e in self.ns.inodes.all()
-                 if e.saves_statistics and (path is None or e.node.path == path)]
+        files = [e for e in self.ns.inodes.all() if e.saves_statistics and (path is None or e.node.path == path)]
         for entry in files:
             entry.stored_bytes = None
         self.ns.forget_pages([e.inode for e in files])

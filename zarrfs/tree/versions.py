@@ -8,10 +8,11 @@ hierarchy, engine and cache serve it as the main tree, and its files are the mai
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ..storage.icechunk import SNAPSHOT_PREFIX
 from ..model import GroupMeta
+from ..storage.icechunk import SNAPSHOT_PREFIX
 from .kinds import Kind
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def is_version_path(path: str) -> bool:
 class Versions:
     """The `versions` view directory and what it holds."""
 
-    def __init__(self, ns: "Namespace") -> None:
+    def __init__(self, ns: Namespace) -> None:
         self.ns = ns
         self.engine = ns.engine
         self.hierarchy = ns.hierarchy
@@ -47,16 +48,17 @@ class Versions:
         """Whether the store has a history to show."""
         return hasattr(self.hierarchy.store, "refs_sync")
 
-    def _version_root(self, snapshot_id: str) -> "Entry":
+    def _version_root(self, snapshot_id: str) -> Entry:
         return self.inodes.new(Kind.GROUP, "", GroupMeta(version_path(snapshot_id), {}, self.hierarchy.name))
 
-    async def listing(self, entry: "Entry") -> dict[str, Callable[[], "Entry"]]:
+    async def listing(self, entry: Entry) -> dict[str, Callable[[], Entry]]:
         """Names in `versions/` (entry.key ""), `branches/`, `tags/` or `snapshots/`."""
         store = self.hierarchy.store
         if entry.key == "":
             new = self.inodes.new
             names: dict[str, Callable[[], Entry]] = {
-                d: (lambda d=d: new(Kind.VERSIONS, VERSIONS_DIR, key=d)) for d in (*REF_DIRS, SNAPSHOTS_DIR)}
+                d: (lambda d=d: new(Kind.VERSIONS, VERSIONS_DIR, key=d)) for d in (*REF_DIRS, SNAPSHOTS_DIR)
+            }
             names[LOG_FILE] = lambda: new(Kind.VERSIONLOG, VERSIONS_DIR)
             return names
         if entry.key in REF_DIRS:
@@ -72,12 +74,15 @@ class Versions:
             out[name] = lambda s=snapshot_id: self._version_root(s)
         return out
 
-    def _renamed_version(self, entry: "Entry", name: str, snapshot_id: str | None) -> None:
+    def _renamed_version(self, entry: Entry, name: str, snapshot_id: str | None) -> None:
         """A branch that names another snapshot now (or none) is another directory (open files in
         the old one keep reading it): the old entry loses its name."""
         old = self.inodes.named(entry.inode, name)
-        if old is not None and old.node is not None and (
-                snapshot_id is None or old.node.path != version_path(snapshot_id)):
+        if (
+            old is not None
+            and old.node is not None
+            and (snapshot_id is None or old.node.path != version_path(snapshot_id))
+        ):
             self.inodes.drop_name((entry.inode, name), tell=True)
 
     async def recheck(self) -> None:
@@ -94,14 +99,14 @@ class Versions:
         for parent, name in named:
             self._renamed_version(dirs[parent], name, refs.get(name))
 
-    async def snapshot_maker(self, name: str) -> Callable[[], "Entry"] | None:
+    async def snapshot_maker(self, name: str) -> Callable[[], Entry] | None:
         """`snapshots/ID` of a snapshot not listed (not an ancestor of the one mounted)."""
         store = self.hierarchy.store
         if await self.engine.run_io(store.has_snapshot_sync, name, key=("snapshot", name)):
             return lambda: self._version_root(name)
         return None
 
-    async def settle_log(self, entry: "Entry") -> None:
+    async def settle_log(self, entry: Entry) -> None:
         """log.json: the ancestry of the snapshot shown, made again when the mount shows another."""
         store: Any = self.hierarchy.store
         entry.key = store.snapshot_id

@@ -8,25 +8,48 @@ saves into the last two. Pure: no I/O, no trio.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
-from . import preview, tiff
-from .streams import ArrayStream, npy_header
 from ..model import ArrayMeta, Node
 from ..tree.kinds import Kind
+from . import preview, tiff
+from .streams import ArrayStream, npy_header
 
 # ENVI `data type` codes (ENVI header format; GDAL's ENVI driver reads the same table).
-ENVI_TYPES = {"u1": 1, "b1": 1, "i2": 2, "i4": 3, "f4": 4, "f8": 5, "c8": 6, "c16": 9,
-              "u2": 12, "u4": 13, "i8": 14, "u8": 15}
+ENVI_TYPES = {
+    "u1": 1,
+    "b1": 1,
+    "i2": 2,
+    "i4": 3,
+    "f4": 4,
+    "f8": 5,
+    "c8": 6,
+    "c16": 9,
+    "u2": 12,
+    "u4": 13,
+    "i8": 14,
+    "u8": 15,
+}
 # GDAL data type names of a VRTRawRasterBand (Int8 and Float16 need a GDAL newer than
 # Debian 12's 3.6, so those arrays get no VRT).
-GDAL_TYPES = {"u1": "Byte", "b1": "Byte", "u2": "UInt16", "i2": "Int16", "u4": "UInt32", "i4": "Int32",
-              "u8": "UInt64", "i8": "Int64", "f4": "Float32", "f8": "Float64", "c8": "CFloat32",
-              "c16": "CFloat64"}
+GDAL_TYPES = {
+    "u1": "Byte",
+    "b1": "Byte",
+    "u2": "UInt16",
+    "i2": "Int16",
+    "u4": "UInt32",
+    "i4": "Int32",
+    "u8": "UInt64",
+    "i8": "Int64",
+    "f4": "Float32",
+    "f8": "Float64",
+    "c8": "CFloat32",
+    "c16": "CFloat64",
+}
 # A VRT holds about 300 bytes a band: 65,536 bands keep its text under 20 MB.
 MAX_VRT_BANDS = 1 << 16
 # Band metadata GDAL saves into a VRT or an .aux.xml when it has computed statistics
@@ -46,8 +69,13 @@ def _code(dtype: np.dtype) -> str:
 
 def _raster(meta: ArrayMeta, table: dict[str, object]) -> bool:
     """2-D or 3-D (bands, rows, columns), no empty dimension, a type the format names."""
-    return (meta.dtype.fields is None and meta.dtype.subdtype is None and 2 <= len(meta.shape) <= 3
-            and all(n > 0 for n in meta.shape) and _code(meta.dtype) in table)
+    return (
+        meta.dtype.fields is None
+        and meta.dtype.subdtype is None
+        and 2 <= len(meta.shape) <= 3
+        and all(n > 0 for n in meta.shape)
+        and _code(meta.dtype) in table
+    )
 
 
 def tiff_ok(meta: ArrayMeta) -> bool:
@@ -105,9 +133,11 @@ def envi_header(meta: ArrayMeta) -> bytes:
     """raw/PATH.hdr: the raw view (C order, the .npy's byte order) as an ENVI band-sequential file."""
     bands, rows, cols = _bands_rows_cols(meta)
     big = meta.dtype.byteorder == ">" or (meta.dtype.byteorder == "=" and np.little_endian is False)
-    text = (f"ENVI\ndescription = {{zarrfs array /{meta.path}}}\nsamples = {cols}\nlines = {rows}\n"
-            f"bands = {bands}\nheader offset = 0\nfile type = ENVI Standard\n"
-            f"data type = {ENVI_TYPES[_code(meta.dtype)]}\ninterleave = bsq\nbyte order = {int(big)}\n")
+    text = (
+        f"ENVI\ndescription = {{zarrfs array /{meta.path}}}\nsamples = {cols}\nlines = {rows}\n"
+        f"bands = {bands}\nheader offset = 0\nfile type = ENVI Standard\n"
+        f"data type = {ENVI_TYPES[_code(meta.dtype)]}\ninterleave = bsq\nbyte order = {int(big)}\n"
+    )
     return text.encode()
 
 
@@ -129,10 +159,14 @@ def vrt(meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None 
         items = statistics[b] if statistics else {}
         if items:
             lines += ["    <Metadata>"] + [_mdi(k, v) for k, v in sorted(items.items())] + ["    </Metadata>"]
-        lines += [f'    <SourceFilename relativeToVRT="1">{source}</SourceFilename>',
-                  f"    <ImageOffset>{offset + b * rows * cols * item}</ImageOffset>",
-                  f"    <PixelOffset>{item}</PixelOffset>", f"    <LineOffset>{cols * item}</LineOffset>",
-                  f"    <ByteOrder>{order}</ByteOrder>", "  </VRTRasterBand>"]
+        lines += [
+            f'    <SourceFilename relativeToVRT="1">{source}</SourceFilename>',
+            f"    <ImageOffset>{offset + b * rows * cols * item}</ImageOffset>",
+            f"    <PixelOffset>{item}</PixelOffset>",
+            f"    <LineOffset>{cols * item}</LineOffset>",
+            f"    <ByteOrder>{order}</ByteOrder>",
+            "  </VRTRasterBand>",
+        ]
     lines.append("</VRTDataset>")
     return ("\n".join(lines) + "\n").encode()
 
@@ -153,8 +187,11 @@ def pam(meta: ArrayMeta, statistics: list[dict[str, str]] | None = None) -> byte
     lines = ["<PAMDataset>"]
     for b, items in enumerate(statistics or []):
         if items:
-            lines += ([f'  <PAMRasterBand band="{b + 1}">', "    <Metadata>"]
-                      + [_mdi(k, v) for k, v in sorted(items.items())] + ["    </Metadata>", "  </PAMRasterBand>"])
+            lines += (
+                [f'  <PAMRasterBand band="{b + 1}">', "    <Metadata>"]
+                + [_mdi(k, v) for k, v in sorted(items.items())]
+                + ["    </Metadata>", "  </PAMRasterBand>"]
+            )
     lines.append("</PAMDataset>")
     return ("\n".join(lines) + "\n").encode()
 
@@ -192,8 +229,11 @@ def pam_statistics(written: bytes, meta: ArrayMeta) -> list[dict[str, str]] | No
             domain = child.get("domain")
             if domain not in derived or _items(child) != derived[domain]:
                 return None
-        elif child.tag == "PAMRasterBand" and BAND_NUMBER.fullmatch(child.get("band", "")) \
-                and int(child.get("band")) <= bands:
+        elif (
+            child.tag == "PAMRasterBand"
+            and BAND_NUMBER.fullmatch(child.get("band", ""))
+            and int(child.get("band")) <= bands
+        ):
             items = _band_statistics(child)
             if items is None or len(child) or set(child.attrib) != {"band"}:
                 return None
@@ -218,8 +258,13 @@ def _band_statistics(band: ElementTree.Element) -> dict[str, str] | None:
 
 
 def _same_tree(a: ElementTree.Element, b: ElementTree.Element) -> bool:
-    return (a.tag == b.tag and a.attrib == b.attrib and (a.text or "").strip() == (b.text or "").strip()
-            and len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b)))
+    return (
+        a.tag == b.tag
+        and a.attrib == b.attrib
+        and (a.text or "").strip() == (b.text or "").strip()
+        and len(a) == len(b)
+        and all(_same_tree(x, y) for x, y in zip(a, b))
+    )
 
 
 def vrt_statistics(written: bytes, meta: ArrayMeta, npy_name: str) -> list[dict[str, str]] | None:

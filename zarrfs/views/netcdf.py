@@ -17,15 +17,16 @@ import binascii
 import json
 import math
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from .. import grid
 from ..errors import ZarrfsError
-from .streams import ArrayStream
 from ..model import ArrayMeta, Node
+from .streams import ArrayStream
 
 # Tags and type codes of the netCDF classic format specification.
 NC_DIMENSION, NC_VARIABLE, NC_ATTRIBUTE = 0x0A, 0x0B, 0x0C
@@ -33,12 +34,33 @@ NC_BYTE, NC_CHAR, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE = 1, 2, 3, 4, 5, 6
 NC_UBYTE, NC_USHORT, NC_UINT, NC_INT64, NC_UINT64 = 7, 8, 9, 10, 11
 # Types of CDF-1/2; the others need CDF-5.
 CLASSIC_TYPES = {NC_BYTE, NC_CHAR, NC_SHORT, NC_INT, NC_FLOAT, NC_DOUBLE}
-NC_DTYPES = {NC_BYTE: ">i1", NC_CHAR: "S1", NC_SHORT: ">i2", NC_INT: ">i4", NC_FLOAT: ">f4", NC_DOUBLE: ">f8",
-             NC_UBYTE: ">u1", NC_USHORT: ">u2", NC_UINT: ">u4", NC_INT64: ">i8", NC_UINT64: ">u8"}
+NC_DTYPES = {
+    NC_BYTE: ">i1",
+    NC_CHAR: "S1",
+    NC_SHORT: ">i2",
+    NC_INT: ">i4",
+    NC_FLOAT: ">f4",
+    NC_DOUBLE: ">f8",
+    NC_UBYTE: ">u1",
+    NC_USHORT: ">u2",
+    NC_UINT: ">u4",
+    NC_INT64: ">i8",
+    NC_UINT64: ">u8",
+}
 # numpy kind and size -> netCDF type (booleans as bytes 0/1, as netCDF writers store them)
-TYPE_OF = {("i", 1): NC_BYTE, ("b", 1): NC_BYTE, ("i", 2): NC_SHORT, ("i", 4): NC_INT, ("f", 4): NC_FLOAT,
-           ("f", 8): NC_DOUBLE, ("u", 1): NC_UBYTE, ("u", 2): NC_USHORT, ("u", 4): NC_UINT, ("i", 8): NC_INT64,
-           ("u", 8): NC_UINT64}
+TYPE_OF = {
+    ("i", 1): NC_BYTE,
+    ("b", 1): NC_BYTE,
+    ("i", 2): NC_SHORT,
+    ("i", 4): NC_INT,
+    ("f", 4): NC_FLOAT,
+    ("f", 8): NC_DOUBLE,
+    ("u", 1): NC_UBYTE,
+    ("u", 2): NC_USHORT,
+    ("u", 4): NC_UINT,
+    ("i", 8): NC_INT64,
+    ("u", 8): NC_UINT64,
+}
 # netCDF3's coercions (xarray's, netCDF-Java's): unsigned integers as the signed type of the
 # same width, marked `_Unsigned = "true"` (the same bytes, read back as unsigned).
 SIGNED_OF = {NC_UBYTE: NC_BYTE, NC_USHORT: NC_SHORT, NC_UINT: NC_INT}
@@ -48,7 +70,7 @@ SIGNED_OF = {NC_UBYTE: NC_BYTE, NC_USHORT: NC_SHORT, NC_UINT: NC_INT}
 # small); larger ones stay 64-bit (CDF-5).
 SCAN_MAX_BYTES = 4 * 2**20
 SCAN_MAX_CHUNKS = 256
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 # CDF-2 counts (dimension lengths, vsize) are 32-bit: larger ones need CDF-5.
 CDF2_MAX_DIM = 2**31 - 1
 CDF2_MAX_VSIZE = 2**32 - 4
@@ -109,10 +131,12 @@ class Variable:
             return raw
         values = np.frombuffer(raw, self.meta.dtype)
         if not fits_int32(values):
-            raise ZarrfsError(f"{self.meta.path}: values written after its netCDF file was laid out "
-                              f"no longer fit the file's int variable {self.name}")
+            raise ZarrfsError(
+                f"{self.meta.path}: values written after its netCDF file was laid out "
+                f"no longer fit the file's int variable {self.name}"
+            )
         skip = offset % 4
-        return values.astype(">i4").tobytes()[skip:skip + size]
+        return values.astype(">i4").tobytes()[skip : skip + size]
 
 
 def fits_int32(values: np.ndarray) -> bool:
@@ -123,8 +147,11 @@ def fits_int32(values: np.ndarray) -> bool:
 def scan_wanted(meta: ArrayMeta) -> bool:
     """Whether an array's values decide its netCDF type: 64-bit integers, small enough to scan."""
     chunks = grid.n_chunks(meta.shape, meta.chunk_shape)
-    return (nc_type(meta.dtype) in (NC_INT64, NC_UINT64) and chunks <= SCAN_MAX_CHUNKS
-            and chunks * meta.chunk_nbytes <= SCAN_MAX_BYTES)
+    return (
+        nc_type(meta.dtype) in (NC_INT64, NC_UINT64)
+        and chunks <= SCAN_MAX_CHUNKS
+        and chunks * meta.chunk_nbytes <= SCAN_MAX_BYTES
+    )
 
 
 def storage_type(meta: ArrayMeta, fits: bool) -> int:
@@ -142,9 +169,9 @@ def _number_attr(values: list, cdf5: bool) -> tuple[int, bytes, int] | None:
     if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
         return None
     if all(isinstance(v, int) for v in values):
-        if all(-2**31 <= v < 2**31 for v in values):
+        if all(-(2**31) <= v < 2**31 for v in values):
             return NC_INT, np.asarray(values, ">i4").tobytes(), len(values)
-        if cdf5 and all(-2**63 <= v < 2**63 for v in values):
+        if cdf5 and all(-(2**63) <= v < 2**63 for v in values):
             return NC_INT64, np.asarray(values, ">i8").tobytes(), len(values)
         if not all(float(v) == v for v in values):
             return None
@@ -249,16 +276,24 @@ class NetcdfFile:
                 candidates.append((name, meta, storage_type(meta, fits), fill))
                 taken.add(name)
         self.left_out += [f"{g}: a child group (its own file)" for g in self.child_groups]
-        self.cdf5 = any(t not in CLASSIC_TYPES or max(m.shape, default=0) > CDF2_MAX_DIM
-                        or _padded(math.prod(m.shape) * np.dtype(NC_DTYPES[t]).itemsize) > CDF2_MAX_VSIZE
-                        for _, m, t, _ in candidates)
+        self.cdf5 = any(
+            t not in CLASSIC_TYPES
+            or max(m.shape, default=0) > CDF2_MAX_DIM
+            or _padded(math.prod(m.shape) * np.dtype(NC_DTYPES[t]).itemsize) > CDF2_MAX_VSIZE
+            for _, m, t, _ in candidates
+        )
         for name, meta, type_, fill in candidates:
-            dims = [self._dimension(n, length, name, i, taken)
-                    for i, (n, length) in enumerate(zip(dimension_names(meta), meta.shape))]
+            dims = [
+                self._dimension(n, length, name, i, taken)
+                for i, (n, length) in enumerate(zip(dimension_names(meta), meta.shape))
+            ]
             unsigned = nc_type(meta.dtype) in SIGNED_OF
             # (a signed array's own `_Unsigned` stays: xarray decodes it in Zarr stores as well)
-            attrs = [attribute(k, v, self.cdf5) for k, v in meta.attributes.items()
-                     if k not in (XARRAY_DIMS, "_FillValue") and not (unsigned and k == "_Unsigned")]
+            attrs = [
+                attribute(k, v, self.cdf5)
+                for k, v in meta.attributes.items()
+                if k not in (XARRAY_DIMS, "_FillValue") and not (unsigned and k == "_Unsigned")
+            ]
             attrs += [fill_attribute(fill, type_)] if fill is not None else []
             if unsigned:
                 attrs.append(attribute("_Unsigned", "true", self.cdf5))
@@ -291,8 +326,13 @@ class NetcdfFile:
             return struct.pack(">i", 0) + self._count(0)
         out = [struct.pack(">i", NC_ATTRIBUTE), self._count(len(attrs))]
         for name, type_, data, count in attrs:
-            out += [self._name(name), struct.pack(">i", type_), self._count(count),
-                    data, b"\0" * (_padded(len(data)) - len(data))]
+            out += [
+                self._name(name),
+                struct.pack(">i", type_),
+                self._count(count),
+                data,
+                b"\0" * (_padded(len(data)) - len(data)),
+            ]
         return b"".join(out)
 
     def _header(self) -> bytes:
@@ -313,8 +353,12 @@ class NetcdfFile:
         for v in self.variables:
             out += [self._name(v.name), self._count(len(v.dims))]
             out += [self._count(dim_ids[d]) for d in v.dims]
-            out += [self._attrs(v.attrs), struct.pack(">i", v.type), self._count(_padded(v.nbytes)),
-                    struct.pack(">q", v.begin)]
+            out += [
+                self._attrs(v.attrs),
+                struct.pack(">i", v.type),
+                self._count(_padded(v.nbytes)),
+                struct.pack(">q", v.begin),
+            ]
         return b"".join(out)
 
     def _layout(self) -> None:

@@ -18,7 +18,7 @@ def header(dtype: np.dtype, shape: tuple[int, ...], fortran_order: bool = False)
     """The complete NPY header (magic, length, dict, padding, newline) for an array."""
     shape = tuple(int(n) for n in shape)
     descr = np.lib.format.dtype_to_descr(dtype)
-    text = "{'descr': %r, 'fortran_order': %r, 'shape': %r, }" % (descr, bool(fortran_order), shape)
+    text = f"{{'descr': {descr!r}, 'fortran_order': {bool(fortran_order)!r}, 'shape': {shape!r}, }}"
     if shape:
         grow_axis = shape[-1] if fortran_order else shape[0]
         text += " " * (GROWTH_AXIS_MAX_DIGITS - len(repr(grow_axis)))
@@ -69,7 +69,7 @@ def parse_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | N
     start = len(MAGIC) + 2 + len_size
     if len(data) < start:
         return None
-    hlen = int.from_bytes(data[len(MAGIC) + 2:start], "little")
+    hlen = int.from_bytes(data[len(MAGIC) + 2 : start], "little")
     if start + hlen > MAX_HEADER_BYTES:
         raise NotNpy(f"header length field claims {hlen} bytes, more than the {MAX_HEADER_BYTES} accepted")
     if len(data) < start + hlen:
@@ -92,6 +92,6 @@ def incomplete_reason(data: bytes) -> str:
         len_size = 2 if data[len(MAGIC)] == 1 else 4
         start = len(MAGIC) + 2 + len_size
         if len(data) >= start:
-            hlen = int.from_bytes(data[len(MAGIC) + 2:start], "little")
+            hlen = int.from_bytes(data[len(MAGIC) + 2 : start], "little")
             return f"NPY header incomplete after {len(data)} bytes (its length field claims {hlen} bytes)"
     return f"NPY header incomplete after {len(data)} bytes"

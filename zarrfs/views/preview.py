@@ -36,8 +36,13 @@ BATCH = 8
 
 def supported(meta: ArrayMeta) -> bool:
     """2+ dimensions, none empty, a numeric or bool type."""
-    return (len(meta.shape) >= 2 and all(n > 0 for n in meta.shape) and meta.dtype.fields is None
-            and meta.dtype.subdtype is None and meta.dtype.kind in "biufc")
+    return (
+        len(meta.shape) >= 2
+        and all(n > 0 for n in meta.shape)
+        and meta.dtype.fields is None
+        and meta.dtype.subdtype is None
+        and meta.dtype.kind in "biufc"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +119,9 @@ def picks(meta: ArrayMeta, p: Plan, idx: Index) -> tuple[np.ndarray, np.ndarray]
     return np.nonzero(p.rows // ch == idx[-2])[0], np.nonzero(p.cols // cw == idx[-1])[0]
 
 
-def render(meta: ArrayMeta, p: Plan, chunks: dict[Index, np.ndarray],
-           picked: dict[Index, np.ndarray] | None = None) -> np.ndarray:
+def render(
+    meta: ArrayMeta, p: Plan, chunks: dict[Index, np.ndarray], picked: dict[Index, np.ndarray] | None = None
+) -> np.ndarray:
     """The preview's values (float64, NaN where nothing is known) from the chunks loaded, or for
     a strided preview from PICKED: a chunk's values at its `picks` alone, read without it."""
     h, w = meta.shape[-2:]
@@ -125,7 +131,7 @@ def render(meta: ArrayMeta, p: Plan, chunks: dict[Index, np.ndarray],
         plane = np.full((p.out_shape[0] * f, p.out_shape[1] * f), np.nan)
         for idx, chunk in chunks.items():
             sub = _page_of(meta, p, idx, chunk)
-            plane[idx[-2] * ch: idx[-2] * ch + sub.shape[0], idx[-1] * cw: idx[-1] * cw + sub.shape[1]] = sub
+            plane[idx[-2] * ch : idx[-2] * ch + sub.shape[0], idx[-1] * cw : idx[-1] * cw + sub.shape[1]] = sub
         blocks = plane.reshape(p.out_shape[0], f, p.out_shape[1], f)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks stay NaN
@@ -159,6 +165,7 @@ def scale(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
 def png(values: np.ndarray) -> bytes:
     """The PNG of a preview's values (grey, or grey and alpha)."""
     from PIL import Image  # a dependency; imported when the first preview is drawn, not at start-up
+
     grey, alpha = scale(values)
     image = Image.fromarray(grey, "L") if alpha is None else Image.fromarray(np.dstack([grey, alpha]), "LA")
     buf = io.BytesIO()

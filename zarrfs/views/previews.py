@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from . import preview
 from ..errors import ZarrfsError
-from .streams import ArrayStream
 from ..model import ArrayMeta
+from . import preview
+from .streams import ArrayStream
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,23 @@ class Previews:
         wanted = list(p.chunks)
         for start in range(0, len(wanted), preview.BATCH):
             if time.monotonic() > deadline:
-                log.warning("preview of %s: %d of %d chunks loaded in %.0f s; the rest is drawn transparent",
-                            meta.path or "/", len(chunks), len(wanted), preview.MAX_SECONDS)
+                log.warning(
+                    "preview of %s: %d of %d chunks loaded in %.0f s; the rest is drawn transparent",
+                    meta.path or "/",
+                    len(chunks),
+                    len(wanted),
+                    preview.MAX_SECONDS,
+                )
                 break
             try:
-                got = await self.engine.chunks(meta, wanted[start:start + preview.BATCH])
+                got = await self.engine.chunks(meta, wanted[start : start + preview.BATCH])
             except ZarrfsError as e:  # the engine logged the key; the picture goes on without them
-                log.warning("preview of %s: chunks %s drawn transparent: %s", meta.path or "/",
-                            wanted[start:start + preview.BATCH], e)
+                log.warning(
+                    "preview of %s: chunks %s drawn transparent: %s",
+                    meta.path or "/",
+                    wanted[start : start + preview.BATCH],
+                    e,
+                )
                 continue
             chunks.update(got)
             self.engine.counters["preview_chunks"] += len(got)
@@ -81,8 +90,13 @@ class Previews:
         ones = (1,) * (len(meta.shape) - 2)
         for n, idx in enumerate(p.chunks):
             if time.monotonic() > deadline:
-                log.warning("preview of %s: %d of %d chunks read in %.0f s; the rest is drawn transparent",
-                            meta.path or "/", n, len(p.chunks), preview.MAX_SECONDS)
+                log.warning(
+                    "preview of %s: %d of %d chunks read in %.0f s; the rest is drawn transparent",
+                    meta.path or "/",
+                    n,
+                    len(p.chunks),
+                    preview.MAX_SECONDS,
+                )
                 break
             ri, ci = preview.picks(meta, p, idx)
             if not len(ri) or not len(ci):
@@ -94,13 +108,20 @@ class Previews:
             values = np.empty((len(ri), len(ci)), meta.dtype)
             if len(ri) * (c1 - c0) * meta.dtype.itemsize <= ROWS_MAX_BYTES:
                 lines = np.empty((len(ri), c1 - c0), meta.dtype)
-                parts = [(lead + (slice(int(r), int(r) + 1), slice(c0, c1)), lines[a:a + 1].reshape(ones + (1, -1)))
-                         for a, r in enumerate(rows)]
+                parts = [
+                    (lead + (slice(int(r), int(r) + 1), slice(c0, c1)), lines[a : a + 1].reshape(ones + (1, -1)))
+                    for a, r in enumerate(rows)
+                ]
             else:
                 lines = None
-                parts = [(lead + (slice(int(r), int(r) + 1), slice(int(c), int(c) + 1)),
-                          values[a:a + 1, b:b + 1].reshape(ones + (1, 1)))
-                         for a, r in enumerate(rows) for b, c in enumerate(cols)]
+                parts = [
+                    (
+                        lead + (slice(int(r), int(r) + 1), slice(int(c), int(c) + 1)),
+                        values[a : a + 1, b : b + 1].reshape(ones + (1, 1)),
+                    )
+                    for a, r in enumerate(rows)
+                    for b, c in enumerate(cols)
+                ]
             try:
                 decoded = await self.engine.read_boxes(meta, idx, parts)
             except ZarrfsError as e:  # the engine logged the key; the picture goes on without it

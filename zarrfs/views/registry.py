@@ -14,18 +14,21 @@ from typing import Any
 import numpy as np
 
 from .. import grid
-from . import images
 from ..model import ArrayMeta, GroupMeta, Node
 from ..tree.kinds import Kind
+from . import images
 
 VIEWS_DIR = ".zarrfs"
 STATS_FILE = "stats.json"
 # The array views under .zarrfs: name -> (file suffix, element order, with NPY header);
 # "" is the main tree's NAME.npy.
-ARRAY_VIEWS = {"": (".npy", "C", True), "npy-f": (".npy", "F", True),
-               "raw": (".raw", "C", False), "raw-f": (".raw", "F", False)}
-VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", "slice", "netcdf",
-             *images.IMAGE_VIEWS)
+ARRAY_VIEWS = {
+    "": (".npy", "C", True),
+    "npy-f": (".npy", "F", True),
+    "raw": (".raw", "C", False),
+    "raw-f": (".raw", "F", False),
+}
+VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", "slice", "netcdf", *images.IMAGE_VIEWS)
 # Views whose directories list groups only: their files are looked up by name (slice/A[SEL].npy).
 LOOKUP_ONLY_VIEWS = ("slice",)
 # Views of groups, not arrays: name -> (file suffix, entry kind) (a group's file sits beside its directory).
@@ -82,19 +85,30 @@ def info_json(node: Node, sizes: dict[str, int | None] | None) -> bytes:
     info: dict[str, Any] = {"path": node.path, "kind": node.kind}
     if isinstance(node, ArrayMeta):
         info.update(
-            format=node.format, shape=list(node.shape), dtype=np.lib.format.dtype_to_descr(node.dtype),
-            chunk_shape=list(node.chunk_shape), order=node.codec.order, codecs=node.codec.describe(),
-            fill_value=jsonable(node.fill_value), dimension_names=jsonable(node.dimension_names),
-            attributes=node.attributes, metadata_key=node.metadata_key,
+            format=node.format,
+            shape=list(node.shape),
+            dtype=np.lib.format.dtype_to_descr(node.dtype),
+            chunk_shape=list(node.chunk_shape),
+            order=node.codec.order,
+            codecs=node.codec.describe(),
+            fill_value=jsonable(node.fill_value),
+            dimension_names=jsonable(node.dimension_names),
+            attributes=node.attributes,
+            metadata_key=node.metadata_key,
             chunks_total=grid.n_chunks(node.shape, node.chunk_shape),
             chunks_stored=len(sizes) if sizes is not None else None,
             logical_bytes=node.nbytes,
-            stored_bytes=sum(s or 0 for s in sizes.values()) if sizes is not None else None)
+            stored_bytes=sum(s or 0 for s in sizes.values()) if sizes is not None else None,
+        )
         if node.fill_error is not None:
             info.update(fill_value=None, fill_value_error=node.fill_error)
     elif isinstance(node, GroupMeta):
-        info.update(format=node.format, attributes=node.attributes, metadata_key=node.metadata_key,
-                    implicit=node.metadata_key is None)
+        info.update(
+            format=node.format,
+            attributes=node.attributes,
+            metadata_key=node.metadata_key,
+            implicit=node.metadata_key is None,
+        )
     return (json.dumps(info, indent=2) + "\n").encode()
 
 
@@ -109,6 +123,10 @@ def xattrs(node: Node | None) -> dict[str, bytes]:
         return {}
     out: dict[str, Any] = {"attributes": node.attributes}
     if isinstance(node, ArrayMeta):
-        out.update(shape=list(node.shape), dtype=np.lib.format.dtype_to_descr(node.dtype),
-                   chunks=list(node.chunk_shape), codecs=node.codec.describe())
+        out.update(
+            shape=list(node.shape),
+            dtype=np.lib.format.dtype_to_descr(node.dtype),
+            chunks=list(node.chunk_shape),
+            codecs=node.codec.describe(),
+        )
     return {"user.zarr." + k: json.dumps(jsonable(v)).encode() for k, v in out.items()}

@@ -12,17 +12,17 @@ import ast
 import dataclasses
 import itertools
 import math
-from typing import Iterator, Union
+from collections.abc import Iterator
 
 import numpy as np
 
 from .. import grid
-from .streams import element_span, npy_header, plan_bytes
 from ..model import ArrayMeta
+from .streams import element_span, npy_header, plan_bytes
 
 Index = tuple[int, ...]
 # One dimension of a normalized selection: an integer position, or (start, step, count).
-Dim = Union[int, tuple[int, int, int]]
+Dim = int | tuple[int, int, int]
 # File suffixes of a selection: with an NPY header, or the raw elements only.
 SUFFIXES = {".npy": True, ".raw": False}
 
@@ -37,7 +37,7 @@ def split_name(name: str) -> tuple[str, str, bool] | None:
         if name.endswith("]" + suffix) and "[" in name:
             i = name.index("[")
             if i > 0:
-                return name[:i], name[i + 1:-len(suffix) - 1], header
+                return name[:i], name[i + 1 : -len(suffix) - 1], header
     return None
 
 
@@ -86,7 +86,7 @@ def normalize(items: list, shape: Index) -> tuple[Dim, ...]:
         raise BadSelection(f"too many indices: {n_index} for an array of {len(shape)} dimensions")
     if Ellipsis in items:
         i = items.index(Ellipsis)
-        items = items[:i] + [slice(None)] * (len(shape) - n_index) + items[i + 1:]
+        items = items[:i] + [slice(None)] * (len(shape) - n_index) + items[i + 1 :]
     items = items + [slice(None)] * (len(shape) - len(items))
     out: list[Dim] = []
     for d, (item, n) in enumerate(zip(items, shape)):
@@ -150,8 +150,7 @@ class SliceStream:
         """No row of chunks of the array holds a slice's bytes in order (streams.ArrayStream)."""
         return None
 
-    def __init__(self, meta: ArrayMeta, dims: tuple[Dim, ...], with_header: bool = True,
-                 scalar: bool = False) -> None:
+    def __init__(self, meta: ArrayMeta, dims: tuple[Dim, ...], with_header: bool = True, scalar: bool = False) -> None:
         self.meta = meta
         self.dims = dims
         self.scalar = scalar
@@ -199,14 +198,15 @@ class SliceStream:
         needed = dict.fromkeys(idx for idx, *_ in self._pieces(boxes))
         return SlicePlan(header_part, e0, e1, skip, take, boxes, tuple(needed))
 
-    def assemble(self, plan: SlicePlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
-                 ) -> bytes | memoryview:
+    def assemble(
+        self, plan: SlicePlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
+    ) -> bytes | memoryview:
         """The bytes of `plan`, given every chunk it names (full chunk shape, any layout), in
         OUT (uint8, large enough) or a fresh buffer."""
         if plan.take_bytes == 0:
             return plan.header_part
         n = plan.stop_elem - plan.first_elem
-        buf = np.empty(n, dtype=self.dtype) if out is None else out[:n * self.dtype.itemsize].view(self.dtype)
+        buf = np.empty(n, dtype=self.dtype) if out is None else out[: n * self.dtype.itemsize].view(self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan.boxes):
-            buf[pos:pos + math.prod(box)].reshape(box)[dst] = chunks[idx][src]
+            buf[pos : pos + math.prod(box)].reshape(box)[dst] = chunks[idx][src]
         return plan_bytes(plan, buf.view(np.uint8))

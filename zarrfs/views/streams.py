@@ -70,9 +70,9 @@ def copy_elements(target: np.ndarray, source: np.ndarray) -> None:
     stage = np.empty((min(per, len(rows)), *rows.shape[1:]), source.dtype)
     out = target.T
     for at in range(0, len(rows), per):
-        block = stage[:len(rows) - at] if at + per > len(rows) else stage
-        np.copyto(block, rows[at:at + len(block)])
-        out[at:at + len(block)] = block
+        block = stage[: len(rows) - at] if at + per > len(rows) else stage
+        np.copyto(block, rows[at : at + len(block)])
+        out[at : at + len(block)] = block
 
 
 def _transposes(source: np.ndarray) -> bool:
@@ -90,7 +90,7 @@ def _transposes(source: np.ndarray) -> bool:
 def plan_bytes(plan: ReadPlan, out: np.ndarray) -> bytes | memoryview:
     """A plan's bytes, given OUT (bytes) holding its whole elements from its first: a view of
     OUT, or new bytes when the plan starts in the header."""
-    data = out[plan.skip_bytes:plan.skip_bytes + plan.take_bytes]
+    data = out[plan.skip_bytes : plan.skip_bytes + plan.take_bytes]
     return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)
 
 
@@ -115,8 +115,15 @@ class ArrayStream:
     # elements in C or F order, so that its plans can be cut into chunk regions and rows.
     is_array_stream = True
 
-    def __init__(self, meta: ArrayMeta, order: str = "C", with_header: bool = True,
-                 chunk: Index | None = None, header: bytes | None = None, dtype: np.dtype | None = None) -> None:
+    def __init__(
+        self,
+        meta: ArrayMeta,
+        order: str = "C",
+        with_header: bool = True,
+        chunk: Index | None = None,
+        header: bytes | None = None,
+        dtype: np.dtype | None = None,
+    ) -> None:
         self.meta = meta
         # The elements' dtype in this stream: the array's, or a writer's own byte order.
         self.dtype = meta.dtype if dtype is None else dtype
@@ -142,8 +149,14 @@ class ArrayStream:
         # A whole array's C-order elements in its own dtype, not read through shards: its reads
         # within a row or two, or of many rows in one row of chunks, can be served from cached
         # chunks without a plan (engine/fastpath/rows.py).
-        self.row_reads = bool(not flip and chunk is None and self.dtype == meta.dtype and shape
-                              and not self.dtype.hasobject and meta.inner is None)
+        self.row_reads = bool(
+            not flip
+            and chunk is None
+            and self.dtype == meta.dtype
+            and shape
+            and not self.dtype.hasobject
+            and meta.inner is None
+        )
 
     @property
     def stream_shape(self) -> Index:
@@ -244,10 +257,10 @@ class ArrayStream:
         """For each chunk a plan needs: the regions of it (slices in the array's dimension
         order) and where each goes, a view of OUT (uint8, `element_bytes(plan)`) of the
         region's shape; what `assemble` copies, for a caller that has no whole chunks."""
-        buf = out[:self.element_bytes(plan)].view(self.dtype)
+        buf = out[: self.element_bytes(plan)].view(self.dtype)
         regions: dict[Index, list] = {}
         for idx, src, pos, box, dst in self._pieces(plan):
-            target = buf[pos:pos + math.prod(box)].reshape(box)[(*dst, ...)]
+            target = buf[pos : pos + math.prod(box)].reshape(box)[(*dst, ...)]
             if self._flip:
                 src, target = src[::-1], target.T
             regions.setdefault(idx, []).append((src, target))
@@ -264,10 +277,11 @@ class ArrayStream:
         """The reverse of assemble: copy the plan's elements from `buf` into writable chunks."""
         for idx, src, pos, box, dst in self._pieces(plan):
             chunk = chunks[idx].T if self._flip else chunks[idx]
-            chunk[src] = buf[pos:pos + math.prod(box)].reshape(box)[dst]
+            chunk[src] = buf[pos : pos + math.prod(box)].reshape(box)[dst]
 
-    def assemble(self, plan: ReadPlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
-                 ) -> bytes | memoryview:
+    def assemble(
+        self, plan: ReadPlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
+    ) -> bytes | memoryview:
         """The bytes of `plan`, given every chunk it names (full chunk shape, any layout), in
         OUT (uint8, at least `element_bytes(plan)`) or a fresh buffer.
 
@@ -277,11 +291,11 @@ class ArrayStream:
             return plan.header_part
         if out is None and self._shape and plan.stop_elem - plan.first_elem >= ROWS_MIN * self._shape[-1]:
             return self._assemble_rows(plan, chunks)
-        out = np.empty(self.element_bytes(plan), np.uint8) if out is None else out[:self.element_bytes(plan)]
+        out = np.empty(self.element_bytes(plan), np.uint8) if out is None else out[: self.element_bytes(plan)]
         buf = out.view(self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan):
             chunk = chunks[idx].T if self._flip else chunks[idx]
-            copy_elements(buf[pos:pos + math.prod(box)].reshape(box)[(*dst, ...)], chunk[src])  # (a view: 0-d too)
+            copy_elements(buf[pos : pos + math.prod(box)].reshape(box)[(*dst, ...)], chunk[src])  # (a view: 0-d too)
         return plan_bytes(plan, out)
 
     def _assemble_rows(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes | memoryview:
@@ -310,7 +324,7 @@ class ArrayStream:
                 dst = np.ndarray((m, n), self.dtype, out, at + c0 * item, (row_bytes, item))
                 copy_elements(dst, (chunk.T if self._flip else chunk)[rows + (slice(0, n),)].reshape(m, n))
             row += m
-        return plan_bytes(plan, out[(plan.first_elem - first * ncols) * item:])  # from the plan's first element
+        return plan_bytes(plan, out[(plan.first_elem - first * ncols) * item :])  # from the plan's first element
 
     def element_bytes(self, plan: ReadPlan) -> int:
         """Bytes of the whole elements a plan covers (its data, plus the parts of elements it cuts)."""

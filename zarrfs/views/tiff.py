@@ -37,8 +37,15 @@ CLASSIC_MAX_BYTES = (1 << 32) - 1
 
 def supported(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
     """Whether an array can be shown as TIFF: 2+ dimensions, none empty, a numeric or bool type."""
-    return (len(shape) >= 2 and all(n > 0 for n in shape) and shape[-1] < 1 << 32 and shape[-2] < 1 << 32
-            and dtype.fields is None and dtype.subdtype is None and dtype.kind in SAMPLE_FORMATS)
+    return (
+        len(shape) >= 2
+        and all(n > 0 for n in shape)
+        and shape[-1] < 1 << 32
+        and shape[-2] < 1 << 32
+        and dtype.fields is None
+        and dtype.subdtype is None
+        and dtype.kind in SAMPLE_FORMATS
+    )
 
 
 def header_fits(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
@@ -57,8 +64,12 @@ def pixel_dtype(dtype: np.dtype) -> np.dtype:
 def description(path: str, shape: tuple[int, ...], dtype: np.dtype, attributes: Any) -> str:
     """ImageDescription: JSON with the array's shape first (tifffile reads it back as the
     N-D shape), path, dtype and attributes (left out when larger than MAX_DESCRIPTION_BYTES)."""
-    doc: dict[str, Any] = {"shape": list(shape), "path": path, "dtype": np.lib.format.dtype_to_descr(dtype),
-                           "attributes": attributes}
+    doc: dict[str, Any] = {
+        "shape": list(shape),
+        "path": path,
+        "dtype": np.lib.format.dtype_to_descr(dtype),
+        "attributes": attributes,
+    }
     text = json.dumps(doc, default=str)
     if len(text) > MAX_DESCRIPTION_BYTES:
         doc["attributes"] = None
@@ -111,11 +122,20 @@ def _ifd_size(lay: _Layout, tags: list[tuple[int, int, Any]]) -> int:
     return len(_ifd(lay, 0, tags, None)[0])
 
 
-def _page_tags(lay: _Layout, dtype: np.dtype, rows: int, cols: int, strip_offsets: list[int],
-               strip_counts: list[int], rows_per_strip: int, desc: bytes | None) -> list[tuple[int, int, Any]]:
+def _page_tags(
+    lay: _Layout,
+    dtype: np.dtype,
+    rows: int,
+    cols: int,
+    strip_offsets: list[int],
+    strip_counts: list[int],
+    rows_per_strip: int,
+    desc: bytes | None,
+) -> list[tuple[int, int, Any]]:
     tags = [
         (254, LONG, 0),  # NewSubfileType: a full-resolution image
-        (256, LONG, cols), (257, LONG, rows),
+        (256, LONG, cols),
+        (257, LONG, rows),
         (258, SHORT, dtype.itemsize * 8),  # BitsPerSample
         (259, SHORT, 1),  # Compression: none
         (262, SHORT, 1),  # PhotometricInterpretation: MinIsBlack
@@ -146,8 +166,9 @@ def _build(lay: _Layout, dtype: np.dtype, shape: tuple[int, ...], desc: bytes, d
     page_bytes = rows * row_bytes
     rows_per_strip, n_strips = _strips(rows, row_bytes)
     counts = [rows_per_strip * row_bytes] * (n_strips - 1) + [(rows - rows_per_strip * (n_strips - 1)) * row_bytes]
-    magic = b"II" + (struct.pack("<HHHQ", 43, 8, 0, lay.file_header) if lay.big
-                     else struct.pack("<HI", 42, lay.file_header))
+    magic = b"II" + (
+        struct.pack("<HHHQ", 43, 8, 0, lay.file_header) if lay.big else struct.pack("<HI", 42, lay.file_header)
+    )
     parts, at = [magic], lay.file_header
     for p in range(pages):
         start = p * page_bytes + (data_at or 0)
@@ -179,4 +200,3 @@ def header(dtype: np.dtype, shape: tuple[int, ...], desc: str = "") -> bytes:
         if big or data_at + data_bytes <= CLASSIC_MAX_BYTES:
             return _build(lay, dtype, shape, desc_bytes, data_at)
     raise AssertionError("unreachable")
-

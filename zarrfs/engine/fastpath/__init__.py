@@ -47,9 +47,18 @@ ORDER = ("small", "rows", "bands", "direct")
 class FastPaths:
     """The optional read strategies of one engine, each tried by the method of its step."""
 
-    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads, revalidation: Revalidation,
-                 prefetch: Prefetch, shards: ShardReads, spares: Spares, direct_reads: DirectReads | None,
-                 bands: bool) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        tables: ChunkTables,
+        loads: Loads,
+        revalidation: Revalidation,
+        prefetch: Prefetch,
+        shards: ShardReads,
+        spares: Spares,
+        direct_reads: DirectReads | None,
+        bands: bool,
+    ) -> None:
         self.runtime = runtime
         self.reply = ReplyBuffer()
         self.rows = RowReads(tables, revalidation, self.reply)
@@ -57,8 +66,9 @@ class FastPaths:
         self.shards, self.spares = shards, spares
         self.bands = BandReads(runtime, tables, loads, prefetch, shards, spares, self.reply, direct_reads, bands)
 
-    def read_now(self, stream: Any, offset: int, size: int,
-                 readahead: ReadAhead | None) -> tuple[memoryview | None, str, list | None]:
+    def read_now(
+        self, stream: Any, offset: int, size: int, readahead: ReadAhead | None
+    ) -> tuple[memoryview | None, str, list | None]:
         """Steps 1 and 2, with no await: (the bytes, the step's name, the chunks used (rows)),
         or (None, "", None) when neither serves the read."""
         if size < SMALL_READ_BYTES:

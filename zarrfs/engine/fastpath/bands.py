@@ -89,8 +89,9 @@ class Band:
 
     __slots__ = ("stream", "number", "start", "stop", "buf", "data", "generation", "done")
 
-    def __init__(self, stream: ArrayStream, number: int, start: int, stop: int, buf: np.ndarray,
-                 generation: int) -> None:
+    def __init__(
+        self, stream: ArrayStream, number: int, start: int, stop: int, buf: np.ndarray, generation: int
+    ) -> None:
         self.stream, self.number, self.start, self.stop = stream, number, start, stop
         self.buf, self.generation = buf, generation
         self.data: memoryview | None = None  # set when assembled
@@ -100,9 +101,18 @@ class Band:
 class BandReads:
     """Band reads for sequential readers (ENABLED: read-only mounts)."""
 
-    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads, prefetch: Prefetch,
-                 shards: ShardReads, spares: Spares, reply: ReplyBuffer, direct: DirectReads | None,
-                 enabled: bool) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        tables: ChunkTables,
+        loads: Loads,
+        prefetch: Prefetch,
+        shards: ShardReads,
+        spares: Spares,
+        reply: ReplyBuffer,
+        direct: DirectReads | None,
+        enabled: bool,
+    ) -> None:
         self.runtime, self.tables, self.loads, self.prefetch = runtime, tables, loads, prefetch
         self.shards, self.spares, self.reply, self.direct = shards, spares, reply, direct
         self.enabled = enabled
@@ -136,8 +146,10 @@ class BandReads:
         for band in bands:
             if band.data is None and band.generation == self.tables.generation:
                 await band.done.wait()  # being assembled: the usual path would load the same chunks
-        if any(state.bands.get(band.number) is not band or band.data is None
-               or band.generation != self.tables.generation for band in bands):
+        if any(
+            state.bands.get(band.number) is not band or band.data is None or band.generation != self.tables.generation
+            for band in bands
+        ):
             return None
         # A reader well into a row of chunks leaves the one before: its buffer takes the next
         # but one (three per reader), which then has two rows' reading to be assembled.
@@ -148,21 +160,25 @@ class BandReads:
         self.runtime.counters["band_reads"] += 1
         if len(bands) == 1 and offset >= bands[0].start:
             band = bands[0]
-            return band.data[offset - band.start:end - band.start]
+            return band.data[offset - band.start : end - band.start]
         out = self.reply.room(end - offset)
         at = max(0, min(origin, end) - offset)  # the header's part (bands hold elements only)
-        out[:at] = stream.header[offset:offset + at]
+        out[:at] = stream.header[offset : offset + at]
         for band in bands:
             lo, hi = max(offset, band.start), min(end, band.stop)
-            out[at:at + hi - lo] = band.data[lo - band.start:hi - band.start]
+            out[at : at + hi - lo] = band.data[lo - band.start : hi - band.start]
             at += hi - lo
         return out[:at]
 
     def ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, pieces: int) -> None:
         """After a sequential read (from the cache or the chunk files), cut into PIECES chunks:
         start the bands of its end and the next, if its pieces are small or its copies transpose."""
-        if (not self.enabled or not self.runtime.running or size < BAND_MIN_READ_BYTES
-                or (pieces * BAND_MAX_PIECE_BYTES <= size and not transposing(stream))):
+        if (
+            not self.enabled
+            or not self.runtime.running
+            or size < BAND_MIN_READ_BYTES
+            or (pieces * BAND_MAX_PIECE_BYTES <= size and not transposing(stream))
+        ):
             return
         origin, span, _ = self._span(stream)
         self._forget_bands(state, max(offset - origin, 0) // span)
@@ -177,8 +193,12 @@ class BandReads:
         chunks read straight from their files: start the bands it reads and the next, so that
         it waits for them instead of loading the same chunks through the cache (the first read
         of a `cat`, or one after a seek)."""
-        if (not self.enabled or not self.runtime.running or size < BAND_MIN_READ_BYTES
-                or offset not in (0, state.next_offset)):
+        if (
+            not self.enabled
+            or not self.runtime.running
+            or size < BAND_MIN_READ_BYTES
+            or offset not in (0, state.next_offset)
+        ):
             return
         origin, span, rows = self._span(stream)
         if rows == 0:
@@ -243,8 +263,9 @@ class BandReads:
 
         async def part(p: int) -> None:
             try:
-                done[p] = await self.runtime.run_io(decoded_rows_sync, stream, self.runtime.store, k, count, out,
-                                                    p, parts, cpu=True)
+                done[p] = await self.runtime.run_io(
+                    decoded_rows_sync, stream, self.runtime.store, k, count, out, p, parts, cpu=True
+                )
             except Exception as e:  # raised below, once the others have ended
                 done[p] = e
 
@@ -272,8 +293,9 @@ class BandReads:
             if rows:  # rows of chunks, from their files or as they decode
                 try:
                     if direct.transposed(stream):
-                        data = await self.runtime.run_io(self.direct.transposed_rows_sync, stream,
-                                                         band.number * rows, rows, band.buf)
+                        data = await self.runtime.run_io(
+                            self.direct.transposed_rows_sync, stream, band.number * rows, rows, band.buf
+                        )
                     else:
                         data = await self._decode_rows(stream, band.number * rows, rows, band.buf)
                 except direct.Fallback:
@@ -305,8 +327,9 @@ class BandReads:
         except ZarrfsError:
             pass  # a read of these bytes takes the usual path, which reports it
         except Exception:  # background work must not end the daemon
-            log.exception("unexpected error assembling bytes %d-%d of %s", band.start, band.stop,
-                          stream.meta.path or "/")
+            log.exception(
+                "unexpected error assembling bytes %d-%d of %s", band.start, band.stop, stream.meta.path or "/"
+            )
         finally:
             band.done.set()
             if state.bands.get(band.number) is not band and band.buf is not None:  # dropped while assembled
@@ -316,8 +339,9 @@ class BandReads:
 _decoded = threading.local()  # .buf: a worker thread's buffer for the chunk it decodes (decoded_rows_sync)
 
 
-def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.ndarray, part: int = 0,
-                      parts: int = 1) -> tuple[memoryview, int, int, float]:
+def decoded_rows_sync(
+    stream: ArrayStream, store, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1
+) -> tuple[memoryview, int, int, float]:
     """The bytes of rows K.. K+COUNT-1 of a `direct.transposed(decoded=True)` stream's chunks
     (as many as there are), assembled in OUT (of their chunk columns, share PART of PARTS):
     each chunk read and decoded into this worker thread's own buffer (a chunk not stored: its
@@ -343,5 +367,5 @@ def decoded_rows_sync(stream: ArrayStream, store, k: int, count: int, out: np.nd
         rows, cols = dst.shape
         mem = arr if stream.order == "F" else arr.T  # the chunk in its memory order, across the stream
         for r in range(0, cols, per):
-            direct.copy_transposed(dst[:, r:r + per], mem[r:min(r + per, cols), :rows])
-    return memoryview(out)[:direct.transposed_bytes(stream, k, count)], gets, stored, seconds
+            direct.copy_transposed(dst[:, r : r + per], mem[r : min(r + per, cols), :rows])
+    return memoryview(out)[: direct.transposed_bytes(stream, k, count)], gets, stored, seconds

@@ -89,10 +89,17 @@ def eligible(stream: ArrayStream) -> bool:
         return False
     meta = stream.meta
     chain = meta.codec
-    return (reads_into(chain) and chain.array_bytes.order == "C"
-            and chain.array_bytes.stored_dtype(meta.dtype) == meta.dtype == stream.dtype
-            and meta.source is None and stream.order == "C" and meta.dtype.itemsize > 0
-            and not meta.dtype.hasobject and len(meta.shape) > 0 and all(meta.chunk_shape))
+    return (
+        reads_into(chain)
+        and chain.array_bytes.order == "C"
+        and chain.array_bytes.stored_dtype(meta.dtype) == meta.dtype == stream.dtype
+        and meta.source is None
+        and stream.order == "C"
+        and meta.dtype.itemsize > 0
+        and not meta.dtype.hasobject
+        and len(meta.shape) > 0
+        and all(meta.chunk_shape)
+    )
 
 
 def transposed(stream: ArrayStream, decoded: bool = False) -> bool:
@@ -111,8 +118,14 @@ def transposed(stream: ArrayStream, decoded: bool = False) -> bool:
             return False
     elif not reads_into(chain) or chain.array_bytes.stored_dtype(meta.dtype) != meta.dtype:
         return False
-    return (chain.array_bytes.order != stream.order and stream.dtype == meta.dtype and meta.source is None
-            and meta.dtype.itemsize > 0 and not meta.dtype.hasobject and all(meta.chunk_shape))
+    return (
+        chain.array_bytes.order != stream.order
+        and stream.dtype == meta.dtype
+        and meta.source is None
+        and meta.dtype.itemsize > 0
+        and not meta.dtype.hasobject
+        and all(meta.chunk_shape)
+    )
 
 
 def transposed_chunks(stream: ArrayStream, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1):
@@ -126,7 +139,7 @@ def transposed_chunks(stream: ArrayStream, k: int, count: int, out: np.ndarray, 
     for i in range(k, min(k + count, -(-s0 // a))):
         rows = np.ndarray((min(a, s0 - i * a), s1), stream.dtype, out, at)
         for m in range(part * columns // parts, (part + 1) * columns // parts):
-            yield stream.array_index((i, m)), rows[:, m * b:(m + 1) * b]
+            yield stream.array_index((i, m)), rows[:, m * b : (m + 1) * b]
         at += rows.nbytes
 
 
@@ -146,7 +159,7 @@ def copy_transposed(dst: np.ndarray, src: np.ndarray) -> None:
     n = src.shape[0]
     step = max(1, TRANSPOSE_BLOCK_BYTES // max(1, n * src.itemsize))
     for c in range(0, src.shape[1], step):
-        dst[c:c + step] = src[:, c:c + step].T
+        dst[c : c + step] = src[:, c : c + step].T
 
 
 def transposed_bytes(stream: ArrayStream, k: int, count: int) -> int:
@@ -264,7 +277,7 @@ class DirectReads:
         stage = getattr(local, "stage", None)
         if stage is None or len(stage) < per * a * item:
             stage = local.stage = np.empty(per * a * item, np.uint8)
-        file_rows = stage[:per * a * item].view(stream.dtype).reshape(per, a)
+        file_rows = stage[: per * a * item].view(stream.dtype).reshape(per, a)
         flat = memoryview(stage)
         files = self._worker_files()
         for idx, dst in transposed_chunks(stream, k, count, out):
@@ -272,10 +285,10 @@ class DirectReads:
             rows, cols = dst.shape
             for r in range(0, cols, per):
                 n = min(per, cols - r)
-                if os.preadv(fd, [flat[:n * a * item]], r * a * item) != n * a * item:
+                if os.preadv(fd, [flat[: n * a * item]], r * a * item) != n * a * item:
                     raise Fallback(meta.chunk_key(idx))  # cut short meanwhile
-                copy_transposed(dst[:, r:r + n], file_rows[:n, :rows])
-        return memoryview(out)[:transposed_bytes(stream, k, count)]
+                copy_transposed(dst[:, r : r + n], file_rows[:n, :rows])
+        return memoryview(out)[: transposed_bytes(stream, k, count)]
 
     def _scratch(self, nbytes: int) -> np.ndarray:
         """A buffer of at least NBYTES for the trio thread's reads, reused (no fresh memory per read)."""
@@ -336,23 +349,23 @@ class _Run:
         is 16 chunks of 17 row parts each)."""
         item, view, rb, width, ncols = self.item, self.view, self.row_bytes, self.width, self.ncols
         recipe = []
-        for j in (range(lo // width, (hi - 1) // width + 1) if m == 1 else range(-(-ncols // width))):
+        for j in range(lo // width, (hi - 1) // width + 1) if m == 1 else range(-(-ncols // width)):
             c0 = j * width
             c1 = min(c0 + width, ncols)
             a, b = max(lo, c0), min(hi, c1)
             if m == 1:
                 if a >= b:
                     continue
-                iov = [view[at + a * item:at + b * item]]
+                iov = [view[at + a * item : at + b * item]]
                 start = a - c0
             else:
                 full = (c1 - c0) * item
-                iov = [view[at + a * item:at + c1 * item]] if a < c1 else []
+                iov = [view[at + a * item : at + c1 * item]] if a < c1 else []
                 start = a - c0 if a < c1 else width
                 s = at + rb + c0 * item
-                iov += [view[x:x + full] for x in range(s, s + (m - 2) * rb, rb)]
+                iov += [view[x : x + full] for x in range(s, s + (m - 2) * rb, rb)]
                 if b > c0:
-                    iov.append(view[at + (m - 1) * rb + c0 * item:at + (m - 1) * rb + b * item])
+                    iov.append(view[at + (m - 1) * rb + c0 * item : at + (m - 1) * rb + b * item])
                 if c1 - c0 < width:  # an edge chunk: its rows' padding lies between them
                     pad = self.reads._junk((width - c1 + c0) * item)
                     iov = [v for part in iov for v in (part, pad)][:-1]
@@ -372,8 +385,8 @@ class _Run:
             scratch = np.empty(need, np.uint8)
         sv = memoryview(scratch)
         for j in range(nj):
-            self._read(self.stream.array_index(lead + (j,)), _parts([sv[j * span:(j + 1) * span]]), q * cr)
-        rows = scratch[:nj * span].reshape(nj, m, cr)
+            self._read(self.stream.array_index(lead + (j,)), _parts([sv[j * span : (j + 1) * span]]), q * cr)
+        rows = scratch[: nj * span].reshape(nj, m, cr)
         nfull, edge = divmod(ncols * item, cr)  # whole chunk columns, and the edge one's bytes
         t0, t1 = (0 if lo == 0 else 1), (m if hi == ncols else m - 1)  # the rows needed whole
         if t1 > t0:
@@ -382,14 +395,14 @@ class _Run:
             if edge:
                 dst = np.ndarray((t1 - t0, edge), np.uint8, self.out, at + t0 * rb + nfull * cr, (rb, 1))
                 dst[...] = rows[nfull, t0:t1, :edge]
-        one = scratch[nj * span:need].reshape(nj, cr)
+        one = scratch[nj * span : need].reshape(nj, cr)
         out = self.out
         if t0 == 1:  # the first row from column LO
             one[...] = rows[:, 0]
-            out[at + lo * item:at + rb] = one.reshape(-1)[lo * item:rb]
+            out[at + lo * item : at + rb] = one.reshape(-1)[lo * item : rb]
         if t1 == m - 1:  # the last row up to column HI
             one[...] = rows[:, m - 1]
-            out[at + (m - 1) * rb:at + (m - 1) * rb + hi * item] = one.reshape(-1)[:hi * item]
+            out[at + (m - 1) * rb : at + (m - 1) * rb + hi * item] = one.reshape(-1)[: hi * item]
 
     def _read(self, idx: Index, parts: list, at: int) -> None:
         """PARTS (`_parts`) filled from chunk IDX's file from byte AT on (WouldBlock, or Fallback
@@ -415,7 +428,7 @@ class _Run:
 def _parts(iov: list) -> list[tuple[list, int]]:
     """IOV cut into lists one preadv takes (IOV_MAX), each with the bytes it holds (flat byte
     views: their lengths are their bytes)."""
-    return [(iov[k:k + IOV_MAX], sum(map(len, iov[k:k + IOV_MAX]))) for k in range(0, len(iov), IOV_MAX)]
+    return [(iov[k : k + IOV_MAX], sum(map(len, iov[k : k + IOV_MAX]))) for k in range(0, len(iov), IOV_MAX)]
 
 
 class _OpenFiles(OrderedDict):

@@ -38,8 +38,9 @@ class RowReads:
         d0, d1 = offset - hlen, min(offset + size, stream.size) - hlen
         return (meta, d0, d1) if 0 <= d0 < d1 else None
 
-    def rows_read(self, stream: ArrayStream, offset: int, size: int,
-                   readahead: ReadAhead | None) -> tuple[memoryview | None, list | None]:
+    def rows_read(
+        self, stream: ArrayStream, offset: int, size: int, readahead: ReadAhead | None
+    ) -> tuple[memoryview | None, list | None]:
         """A read of many rows of an array in one row of chunks (the run of rows `grid.row_run`
         gives), whose chunks are all at hand: the whole rows copied into the reused reply
         buffer, a copy per chunk, with no plan and no await; the bytes, and the chunks used.
@@ -77,7 +78,7 @@ class RowReads:
             dst = np.ndarray((m, n), meta.dtype, buf, k * width * item, (rb, item))
             copy_elements(dst, arr[(*lead, rows, slice(0, n))])
         skip = d0 - row * rb
-        return self.reply.view[skip:skip + d1 - d0], used
+        return self.reply.view[skip : skip + d1 - d0], used
 
     def small_read(self, stream: ArrayStream, offset: int, size: int) -> memoryview | None:
         """A read within one row of an array, or across the end of one row into the next, whose
@@ -126,16 +127,16 @@ class RowReads:
                 flat = arr.flags.c_contiguous
                 at = (row_at + lo - k * width) * item
                 if flat and len(spans) == 1 and n == (c1 - c0) * item:  # the read is in this one chunk: its bytes
-                    return _flat_bytes(arr)[at + skip:at + skip + take]
+                    return _flat_bytes(arr)[at + skip : at + skip + take]
                 if out is None:
                     out = self.reply.room(take + 2 * item)
                 if flat:
-                    out[pos:pos + n] = _flat_bytes(arr)[at:at + n]
+                    out[pos : pos + n] = _flat_bytes(arr)[at : at + n]
                 else:  # F-ordered chunks, fill values
                     cols = slice(lo - k * width, hi - k * width)
-                    self.reply.buf[pos:pos + n].view(meta.dtype)[...] = arr[(*within, cols)]
+                    self.reply.buf[pos : pos + n].view(meta.dtype)[...] = arr[(*within, cols)]
                 pos += n
-        return out[skip:skip + take]
+        return out[skip : skip + take]
 
 
 def _flat_bytes(arr: np.ndarray) -> memoryview:

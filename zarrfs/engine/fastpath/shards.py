@@ -35,8 +35,13 @@ class ShardReads:
         chunks they need; local stores read inner chunks as before.
         """
         meta, store = stream.meta, self.runtime.store
-        return (meta.inner is not None and self.runtime.running and not store.is_local
-                and not store.ranges_ignored and 0 < meta.chunk_nbytes <= self.window_bytes)
+        return (
+            meta.inner is not None
+            and self.runtime.running
+            and not store.is_local
+            and not store.ranges_ignored
+            and 0 < meta.chunk_nbytes <= self.window_bytes
+        )
 
     def sequential_start(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> bool:
         """Whether a reader's first read starts a sequential read of whole shards: at offset 0,
@@ -49,8 +54,12 @@ class ShardReads:
         if state.next_offset != -1 or offset != 0 or not self.whole(stream):
             return False
         start = size >= SEQUENTIAL_START_BYTES
-        log.debug("%s: first read, %d bytes at 0: %s", stream.meta.path or "/", size,
-                  "a sequential start" if start else "not yet sequential")
+        log.debug(
+            "%s: first read, %d bytes at 0: %s",
+            stream.meta.path or "/",
+            size,
+            "a sequential start" if start else "not yet sequential",
+        )
         return start
 
     def planner(self, stream: ArrayStream, plan: Any, offset: int, size: int) -> tuple[ArrayStream, Any]:
@@ -58,7 +67,10 @@ class ShardReads:
         stream's own): the one over inner chunks of shards that can be read in part, unless every
         shard the plan needs is already decoded whole (then over the shards: fewer, larger copies)."""
         fine = stream.for_reads()
-        if (fine is not stream and not self.runtime.store.ranges_ignored
-                and not all(self.tables.known(stream.meta, idx) for idx in plan.chunks)):
+        if (
+            fine is not stream
+            and not self.runtime.store.ranges_ignored
+            and not all(self.tables.known(stream.meta, idx) for idx in plan.chunks)
+        ):
             return fine, fine.plan(offset, size)
         return stream, plan

@@ -50,8 +50,12 @@ class Spares:
         self._buffers = 0  # alive (cached chunks' and spare ones)
 
     def _recycles(self, meta: ArrayMeta) -> bool:
-        return (self.enabled and meta.source is None and meta.chunk_nbytes >= SPARE_MIN_BYTES
-                and (decodes_into(meta.codec) or reads_into(meta.codec)))
+        return (
+            self.enabled
+            and meta.source is None
+            and meta.chunk_nbytes >= SPARE_MIN_BYTES
+            and (decodes_into(meta.codec) or reads_into(meta.codec))
+        )
 
     def decode_buffer(self, meta: ArrayMeta) -> np.ndarray | None:
         """A buffer to decode a chunk of META into (a spare one when there is), or None: decode as usual."""
@@ -98,8 +102,13 @@ class Spares:
         if arr is None:
             return
         buf = arr.base
-        if (sys.getrefcount(arr) != SOLE or type(buf) is not np.ndarray or type(buf.base) is not memoryview
-                or type(buf.base.obj) is not mmap.mmap or sys.getrefcount(buf) != SOLE):
+        if (
+            sys.getrefcount(arr) != SOLE
+            or type(buf) is not np.ndarray
+            or type(buf.base) is not memoryview
+            or type(buf.base.obj) is not mmap.mmap
+            or sys.getrefcount(buf) != SOLE
+        ):
             return  # not ours, or held elsewhere: it stays cached
         self.tables.cache.discard(key)
         del arr

@@ -48,6 +48,23 @@ from .hierarchy import V3DraftHierarchy
 from .layout import CORE_URI, PROTOCOL_URI, Layout, entry_point_layout, unknown_extensions
 from .writing import core_array_doc, dump_doc, protocol_array_doc
 
-__all__ = ["CORE_URI", "PROTOCOL_URI", "Layout", "ShardedChunks", "V3DraftHierarchy", "bytes_codec", "core_array_doc",
-           "core_chain", "draft_dtype", "draft_fill_value", "dump_doc", "entry_point_layout", "parse_array",
-           "parse_group", "protocol_array_doc", "storage_transformers", "unknown_extensions", "v2_filters"]
+__all__ = [
+    "CORE_URI",
+    "PROTOCOL_URI",
+    "Layout",
+    "ShardedChunks",
+    "V3DraftHierarchy",
+    "bytes_codec",
+    "core_array_doc",
+    "core_chain",
+    "draft_dtype",
+    "draft_fill_value",
+    "dump_doc",
+    "entry_point_layout",
+    "parse_array",
+    "parse_group",
+    "protocol_array_doc",
+    "storage_transformers",
+    "unknown_extensions",
+    "v2_filters",
+]

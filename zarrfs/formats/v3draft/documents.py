@@ -10,29 +10,42 @@ from typing import Any
 import numpy as np
 
 from ... import dtypes
-from ...storage.chunksource import ShardedChunks
 from ...codecs.adapters import BytesBytes, blosc_shuffle, numcodecs_codec
 from ...codecs.chain import BytesLayout, CodecChain, Transpose, transpose_order
 from ...errors import MetadataError, UnknownCodec, Unsupported, ZarrfsError
-from ...storage.keys import ChunkKeys, join
 from ...model import ArrayMeta, GroupMeta, fill_fields, ints
+from ...storage.chunksource import ShardedChunks
+from ...storage.keys import ChunkKeys, join
 from .layout import _CODEC_RE, _CORE_RE, _PROTOCOL_RE, _SHARDING_RE, Layout, unknown_extensions
 
 log = logging.getLogger(__name__)
 
 # Data type extensions zarr 2.12-2.18 writes, with a numpy descr as `type` and no fallback.
 _NUMPY_TYPE_EXTENSIONS = re.compile(
-    r"(core-protocol-v3\.0-dev/protocol/extensions/[a-z-]*dtypes/"           # complex
+    r"(core-protocol-v3\.0-dev/protocol/extensions/[a-z-]*dtypes/"  # complex
     r"|zarr-specs\.readthedocs\.io/en/latest/extensions/data-types/datetime/"  # datetime64, timedelta64
-    r"|^TODO: [a-z ]*array protocol URL$)")                                   # bytestring, unicode, structured
+    r"|^TODO: [a-z ]*array protocol URL$)"
+)  # bytestring, unicode, structured
 # Data type strings of the protocol draft (and of the May 2022 draft's own examples).
 _TYPESTR_RE = re.compile(r"^[<>|]?(b1|[iu][1248]|f[248]|c(8|16))$")
 
 # Names an array document may hold: the union over the drafts (May 2022: codecs;
 # zarr 2.18: compressor; protocol draft: zarr_format, chunk_codecs). Anything else
 # refuses the array, as the May 2022 draft requires ("must fail to open").
-ARRAY_FIELDS = {"shape", "data_type", "chunk_grid", "chunk_memory_layout", "fill_value", "extensions",
-                "attributes", "codecs", "storage_transformers", "compressor", "zarr_format", "chunk_codecs"}
+ARRAY_FIELDS = {
+    "shape",
+    "data_type",
+    "chunk_grid",
+    "chunk_memory_layout",
+    "fill_value",
+    "extensions",
+    "attributes",
+    "codecs",
+    "storage_transformers",
+    "compressor",
+    "zarr_format",
+    "chunk_codecs",
+}
 # zarr 2.18 also writes `dimension_separator` when it was given at creation (it reads
 # `chunk_grid.separator` and ignores this copy); only the `meta/root` layout takes it.
 PROTOCOL_ARRAY_FIELDS = ARRAY_FIELDS | {"dimension_separator"}
@@ -73,8 +86,9 @@ def parse_group(path: str, doc: dict[str, Any], key: str, layout: Layout) -> Gro
     return GroupMeta(path, _attributes(doc, key), "v3-draft", key)
 
 
-def parse_array(path: str, doc: dict[str, Any], key: str, layout: Layout,
-                warn: Callable[[str], None] = log.warning) -> ArrayMeta:
+def parse_array(
+    path: str, doc: dict[str, Any], key: str, layout: Layout, warn: Callable[[str], None] = log.warning
+) -> ArrayMeta:
     """An ArrayMeta from a draft array document (any of the three generations)."""
     unknown = sorted(set(doc) - (PROTOCOL_ARRAY_FIELDS if layout.family == "protocol" else ARRAY_FIELDS))
     if unknown:
@@ -89,8 +103,9 @@ def parse_array(path: str, doc: dict[str, Any], key: str, layout: Layout,
         if doc["fill_value"] is None and layout.family == "core" and not isinstance(doc["data_type"], dict):
             # "For any data type, the fill_value is required. The literal null is not
             # permitted" (May 2022); an extension data type interprets its own fill value.
-            raise MetadataError(f"{key}: fill_value null is not permitted for a core data type "
-                                f"(core draft of May 2022)")
+            raise MetadataError(
+                f"{key}: fill_value null is not permitted for a core data type (core draft of May 2022)"
+            )
     except KeyError as e:
         raise MetadataError(f"{key}: missing field {e}") from None
     if not isinstance(grid, dict):
@@ -132,8 +147,19 @@ def parse_array(path: str, doc: dict[str, Any], key: str, layout: Layout,
         raise MetadataError(f"{key}: bad chunk_grid separator {sep!r}")
     keys = ChunkKeys(join(layout.data, path), sep, head, zero_d)
     source = storage_transformers(doc.get("storage_transformers"), keys, len(shape), key)
-    return ArrayMeta(path=path, shape=shape, dtype=dtype, chunk_shape=chunks, codec=codec, **fill,
-                     keys=keys, attributes=attrs, format="v3-draft", metadata_key=key, source=source)
+    return ArrayMeta(
+        path=path,
+        shape=shape,
+        dtype=dtype,
+        chunk_shape=chunks,
+        codec=codec,
+        **fill,
+        keys=keys,
+        attributes=attrs,
+        format="v3-draft",
+        metadata_key=key,
+        source=source,
+    )
 
 
 def storage_transformers(value: Any, keys: ChunkKeys, ndim: int, key: str) -> ShardedChunks | None:
@@ -190,11 +216,12 @@ def draft_dtype(spec: Any, where: str, warn: Callable[[str], None] = log.warning
             dtype = draft_dtype(candidate, where, warn)
         except ZarrfsError:
             continue
-        warn(f"{where}: data type extension {uri} ({spec.get('type')!r}) not understood; "
-             f"reading it as its fallback {candidate!r}")
+        warn(
+            f"{where}: data type extension {uri} ({spec.get('type')!r}) not understood; "
+            f"reading it as its fallback {candidate!r}"
+        )
         return dtype
-    raise Unsupported(f"{where}: data type extension {uri} ({spec.get('type')!r}) not understood "
-                      f"and no known fallback")
+    raise Unsupported(f"{where}: data type extension {uri} ({spec.get('type')!r}) not understood and no known fallback")
 
 
 def draft_fill_value(value: Any, dtype: np.dtype, where: str) -> np.ndarray:

@@ -16,9 +16,9 @@ from ...errors import (
     UserError,
     ZarrfsError,
 )
-from ...storage.keys import join
 from ...model import ArrayMeta, GroupMeta, NewArray, Node
 from ...options import Options
+from ...storage.keys import join
 from ...storage.store import Store
 from ..base import (
     Hierarchy,
@@ -254,13 +254,16 @@ class V3DraftHierarchy(Hierarchy):
             doc = {"attributes": {}}
         attrs = dict(attributes)
         old = doc.get("attributes") if isinstance(doc.get("attributes"), dict) else {}
-        if (kind == "array" and layout.family == "protocol" and "codecs" not in doc
-                and "zarr_format" not in doc):  # zarr 2.18's documents: filters are attributes
+        if (
+            kind == "array" and layout.family == "protocol" and "codecs" not in doc and "zarr_format" not in doc
+        ):  # zarr 2.18's documents: filters are attributes
             if "filters" not in attrs and old.get("filters") is not None:
                 attrs["filters"] = old["filters"]
             if attrs.get("filters") != old.get("filters"):
-                raise InvalidArgument(f"{node.path}: attributes.filters holds the array's numcodecs filters "
-                                      f"({old.get('filters')!r}); it cannot be changed through attributes")
+                raise InvalidArgument(
+                    f"{node.path}: attributes.filters holds the array's numcodecs filters "
+                    f"({old.get('filters')!r}); it cannot be changed through attributes"
+                )
         doc["attributes"] = attrs
         self._put_doc(key, doc)
         return dataclasses.replace(node, attributes=attrs)
@@ -297,7 +300,7 @@ class V3DraftHierarchy(Hierarchy):
         for base in (layout.data, layout.meta):
             prefix = join(base, old_path) + "/"
             if key.startswith(prefix):
-                return join(base, new_path) + "/" + key[len(prefix):]
+                return join(base, new_path) + "/" + key[len(prefix) :]
         raise MetadataError(f"{key} does not belong to {old_path}")
 
     def erase_node_sync(self, node: Node) -> None:

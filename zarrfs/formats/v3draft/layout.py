@@ -58,14 +58,17 @@ def entry_point_layout(doc: dict[str, Any], source: str) -> Layout:
     elif _PROTOCOL_RE.match(fmt):
         family = "protocol"
     else:
-        raise UserError(f"{source}: zarr.json has zarr_format {fmt!r}; zarrfs reads the v3 drafts "
-                        f"{CORE_URI} and {PROTOCOL_URI}")
+        raise UserError(
+            f"{source}: zarr.json has zarr_format {fmt!r}; zarrfs reads the v3 drafts {CORE_URI} and {PROTOCOL_URI}"
+        )
     suffix = ".json"
     encoding = doc.get("metadata_encoding")
     if isinstance(encoding, dict):
         if "extension" in encoding:
-            raise UserError(f"{source}: zarr.json uses the metadata encoding extension "
-                            f"{encoding['extension']!r}, which zarrfs does not understand")
+            raise UserError(
+                f"{source}: zarr.json uses the metadata encoding extension "
+                f"{encoding['extension']!r}, which zarrfs does not understand"
+            )
         if encoding.get("type", "json") != "json":
             raise UserError(f"{source}: zarr.json: metadata encoding {encoding.get('type')!r} is not json")
         suffix = encoding.get("metadata_key_suffix", suffix)
@@ -106,7 +109,9 @@ def unknown_extensions(extensions: Any, where: str) -> list[str]:
         if not isinstance(ext, dict) or not isinstance(ext.get("extension"), str):
             raise MetadataError(f"{where}: bad extension entry {ext!r}")
         if ext.get("must_understand", True) is not False:
-            raise Unsupported(f"{where} requires extension {ext['extension']} (must_understand: true), "
-                              f"which zarrfs does not understand")
+            raise Unsupported(
+                f"{where} requires extension {ext['extension']} (must_understand: true), "
+                f"which zarrfs does not understand"
+            )
         ignored.append(ext["extension"])
     return ignored

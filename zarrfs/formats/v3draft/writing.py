@@ -24,8 +24,9 @@ def dump_doc(doc: dict[str, Any]) -> bytes:
 
 
 # zarr 2.18's data type extensions (meta.get_extended_dtype_info)
-Z218_COMPLEX = ("https://zarr-specs.readthedocs.io/en/core-protocol-v3.0-dev/protocol/extensions/"
-                "complex-dtypes/v1.0.html")
+Z218_COMPLEX = (
+    "https://zarr-specs.readthedocs.io/en/core-protocol-v3.0-dev/protocol/extensions/complex-dtypes/v1.0.html"
+)
 Z218_DATETIME = "https://zarr-specs.readthedocs.io/en/latest/extensions/data-types/datetime/v1.0.html"
 _Z218_DATE_UNITS = {"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "μs", "ns", "ps", "fs", "as"}
 _CORE_NAMES = {np.dtype(v): k for k, v in dtypes.V3_NAMES.items() if v is not None}
@@ -65,9 +66,13 @@ def protocol_array_doc(new: NewArray) -> dict[str, Any]:
     compressor for a 0-d array, chunk key `c0`; numpy type strings; `compressor` object)."""
     _, grid = _grid(new)
     doc: dict[str, Any] = {
-        "attributes": {}, "chunk_grid": grid, "chunk_memory_layout": "C",
-        "data_type": zarr218_dtype_json(new.dtype), "extensions": [],
-        "fill_value": dtypes.fill_to_json(new.fill, new.dtype), "shape": list(new.shape),
+        "attributes": {},
+        "chunk_grid": grid,
+        "chunk_memory_layout": "C",
+        "data_type": zarr218_dtype_json(new.dtype),
+        "extensions": [],
+        "fill_value": dtypes.fill_to_json(new.fill, new.dtype),
+        "shape": list(new.shape),
     }
     config = compressor_config(new.codec, "blosc", new.dtype.itemsize)
     if config is not None and new.shape:  # zarr 2.18 drops the compressor of 0-d arrays
@@ -85,8 +90,10 @@ def core_dtype_json(dtype: np.dtype) -> tuple[str, str | None]:
     base = dtype.newbyteorder("<") if dtype.byteorder in "<>=" else dtype
     name = _CORE_NAMES.get(base)
     if name is None:
-        raise Unsupported(f"data type {dtype} has no core data type in the May 2022 v3 draft "
-                          f"(bool, intN, uintN, floatN, complexN, r*)")
+        raise Unsupported(
+            f"data type {dtype} has no core data type in the May 2022 v3 draft "
+            f"(bool, intN, uintN, floatN, complexN, r*)"
+        )
     return name, "big" if big else None
 
 
@@ -116,7 +123,12 @@ def core_array_doc(new: NewArray) -> dict[str, Any]:
             conf.setdefault("checksum", False)
         codecs.append({"type": f"https://purl.org/zarr/spec/codecs/{config['id']}/1.0", "configuration": conf})
     return {
-        "attributes": {}, "chunk_grid": grid, "chunk_memory_layout": "C", "codecs": codecs,
-        "data_type": data_type, "extensions": [], "fill_value": core_fill_json(new.fill, new.dtype),
+        "attributes": {},
+        "chunk_grid": grid,
+        "chunk_memory_layout": "C",
+        "codecs": codecs,
+        "data_type": data_type,
+        "extensions": [],
+        "fill_value": core_fill_json(new.fill, new.dtype),
         "shape": list(new.shape),
     }

@@ -11,5 +11,13 @@ threads.
 from .cached import DiskCachedStore, is_chunk_key, store_identity
 from .entries import BLOCK_BYTES, Corrupt, DiskCache, Entry, default_cache_dir
 
-__all__ = ["BLOCK_BYTES", "Corrupt", "DiskCache", "DiskCachedStore", "Entry", "default_cache_dir", "is_chunk_key",
-           "store_identity"]
+__all__ = [
+    "BLOCK_BYTES",
+    "Corrupt",
+    "DiskCache",
+    "DiskCachedStore",
+    "Entry",
+    "default_cache_dir",
+    "is_chunk_key",
+    "store_identity",
+]

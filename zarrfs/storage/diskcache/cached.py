@@ -44,12 +44,12 @@ def is_chunk_key(keys: Any, key: str) -> bool:
     head = keys.prefix + "/" if keys.prefix else ""
     if not key.startswith(head):
         return False
-    name = key[len(head):]
+    name = key[len(head) :]
     if name == keys.zero_d:
         return True
     if not name.startswith(keys.head):
         return False
-    return all(p.isdigit() for p in name[len(keys.head):].split(keys.sep))
+    return all(p.isdigit() for p in name[len(keys.head) :].split(keys.sep))
 
 
 class DiskCachedStore:
@@ -160,7 +160,7 @@ class DiskCachedStore:
         if memo is None:
             return False
         listed_at, versions = memo
-        stored = versions.get(key[len(prefix) + 1:] if prefix else key)
+        stored = versions.get(key[len(prefix) + 1 :] if prefix else key)
         if not _unchanged(entry, stored):
             return False
         try:
@@ -171,8 +171,9 @@ class DiskCachedStore:
 
     def _kept(self, key: str) -> bool:
         """Whether a key's values may be kept at all."""
-        return self.cache.usable and not (self.own_prefix and any(
-            p.startswith(self.own_prefix) for p in key.split("/")))
+        return self.cache.usable and not (
+            self.own_prefix and any(p.startswith(self.own_prefix) for p in key.split("/"))
+        )
 
     def _lookup_sync(self, key: str, part: str | None = None) -> Entry | None:
         """A usable entry of a key (or part of it), else None (a broken one is dropped)."""
@@ -182,8 +183,12 @@ class DiskCachedStore:
         try:
             entry = self.cache.read_sync(path)
         except Corrupt as e:
-            log.warning("disk cache: the entry of %r%s is damaged (%s): dropped, read again from the store",
-                        key, f" ({part})" if part else "", e)
+            log.warning(
+                "disk cache: the entry of %r%s is damaged (%s): dropped, read again from the store",
+                key,
+                f" ({part})" if part else "",
+                e,
+            )
             self._count_error()
             self.cache.drop_sync(path)
             return None
@@ -204,8 +209,9 @@ class DiskCachedStore:
     def _keep_sync(self, key: str, part: str | None, body: bytes | None, began: float, size: int | None) -> bool:
         if not self._kept(key) or self._changed_since(key, began):
             return False
-        return self.cache.write_sync(self.cache.path(self._name(key), part), None if body is None else bytes(body),
-                              began, size)
+        return self.cache.write_sync(
+            self.cache.path(self._name(key), part), None if body is None else bytes(body), began, size
+        )
 
     def _count(self, miss: bool) -> None:
         with self._counts:
@@ -225,7 +231,7 @@ class DiskCachedStore:
         if entry is not None:
             self._as_of[key] = entry.validated
             if len(self._as_of) > AS_OF_KEPT:  # values no load asked about (metadata, whole shards)
-                for stale in list(self._as_of)[:AS_OF_KEPT // 2]:
+                for stale in list(self._as_of)[: AS_OF_KEPT // 2]:
                     self._as_of.pop(stale, None)
             return None if entry.body is None else Store._bounded(key, entry.body, max_nbytes)
         self._as_of.pop(key, None)
@@ -243,7 +249,7 @@ class DiskCachedStore:
         if prefix is None or not self.cache.parts_sync(self._name(key)):
             return None
         memo = self._listing_sync(prefix)
-        stored = None if memo is None else memo[1].get(key[len(prefix) + 1:] if prefix else key)
+        stored = None if memo is None else memo[1].get(key[len(prefix) + 1 :] if prefix else key)
         if stored is None or stored[0] is None or (max_nbytes is not None and stored[0] > max_nbytes):
             return None
         began = time.time()
@@ -309,8 +315,11 @@ class DiskCachedStore:
         if whole is not None:
             return [whole.body[a:b] for a, b in ranges]
         name = self._name(key)
-        pieces = sorted((int(m.group(1)), int(m.group(2)), p) for p in self.cache.parts_sync(name)
-                        if (m := _RANGE_PART.fullmatch(p)))
+        pieces = sorted(
+            (int(m.group(1)), int(m.group(2)), p)
+            for p in self.cache.parts_sync(name)
+            if (m := _RANGE_PART.fullmatch(p))
+        )
         bodies: dict[str, bytes | None] = {}
 
         def body(part: str) -> bytes | None:
@@ -327,13 +336,17 @@ class DiskCachedStore:
             while at < end:
                 best = None
                 for a, b, part in pieces:
-                    if a <= at < b and (best is None or b > best[1]) and body(part) is not None \
-                            and len(body(part)) == b - a:
+                    if (
+                        a <= at < b
+                        and (best is None or b > best[1])
+                        and body(part) is not None
+                        and len(body(part)) == b - a
+                    ):
                         best = (a, b, part)
                 if best is not None:
                     a, b, part = best
                     stop = min(b, end)
-                    plan.append(body(part)[at - a:stop - a])
+                    plan.append(body(part)[at - a : stop - a])
                     at = stop
                     continue
                 following = [a for a, b, part in pieces if a > at and bodies.get(part, b"") is not None]
@@ -392,10 +405,15 @@ class DiskCachedStore:
             self._touched(src, dst)
 
     def disk_stats(self) -> dict[str, Any]:
-        return {"disk_hits": self.cache.hits, "disk_misses": self.cache.misses,
-                "disk_bytes": self.cache.used_bytes, "disk_max_bytes": self.cache.max_bytes,
-                "disk_evictions": self.cache.evictions, "disk_errors": self.cache.errors,
-                "disk_cache_dir": self.cache.directory}
+        return {
+            "disk_hits": self.cache.hits,
+            "disk_misses": self.cache.misses,
+            "disk_bytes": self.cache.used_bytes,
+            "disk_max_bytes": self.cache.max_bytes,
+            "disk_evictions": self.cache.evictions,
+            "disk_errors": self.cache.errors,
+            "disk_cache_dir": self.cache.directory,
+        }
 
 
 def _unchanged(entry: Entry, stored: tuple[int | None, int | None, str | None] | None) -> bool:

@@ -26,7 +26,7 @@ import stat
 import struct
 import threading
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import google_crc32c
 
@@ -116,13 +116,15 @@ class DiskCache:
                 os.chmod(self.directory, 0o700)  # entries are the user's data: nobody else may list them
             os.makedirs(self.entries, 0o700, exist_ok=True)
             self._lock_fd = os.open(os.path.join(self.directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._usage_fd = os.open(os.path.join(self.directory, "usage"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                     0o600)
+            self._usage_fd = os.open(
+                os.path.join(self.directory, "usage"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
             with self._locked():
                 self._set_usage(self._scan_and_evict(self.max_bytes))
         except OSError as e:
-            log.warning("disk cache %s cannot be used (%s): every read goes to the store", self.directory,
-                        e.strerror or e)
+            log.warning(
+                "disk cache %s cannot be used (%s): every read goes to the store", self.directory, e.strerror or e
+            )
             self.errors += 1
             return False
         return True
@@ -237,14 +239,14 @@ class DiskCache:
         self.errors += 1
         reason = e.strerror or str(e)
         if self._said.first(reason):
-            log.warning("disk cache %s: cannot %s (%s); reads are served from the store", self.directory, what,
-                        reason)
+            log.warning("disk cache %s: cannot %s (%s); reads are served from the store", self.directory, what, reason)
 
     # --- entries --------------------------------------------------------------------------
 
     def path(self, name: str, part: str | None = None) -> str:
-        return os.path.join(self.entries, name) if part is None else os.path.join(self.entries,
-                                                                                    name + PARTS_SUFFIX, part)
+        return (
+            os.path.join(self.entries, name) if part is None else os.path.join(self.entries, name + PARTS_SUFFIX, part)
+        )
 
     def read_sync(self, path: str) -> Entry | None:
         """The entry at PATH, checked; None when there is none. Raises Corrupt."""
@@ -271,8 +273,7 @@ class DiskCache:
             os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
         finally:
             os.close(fd)
-        return Entry(None if flags & FLAG_ABSENT else body, began, None if size < 0 else size,
-                     st.st_mtime_ns / 1e9)
+        return Entry(None if flags & FLAG_ABSENT else body, began, None if size < 0 else size, st.st_mtime_ns / 1e9)
 
     def write_sync(self, path: str, body: bytes | None, began: float, size: int | None) -> bool:
         """Keep an entry (None: the key is absent), validated as of `began`. False when it could
@@ -280,10 +281,10 @@ class DiskCache:
         if not self.usable:
             return False
         data = b"" if body is None else body
-        head = HEADER.pack(MAGIC, len(data), 0, began, -1 if size is None else size,
-                           FLAG_ABSENT if body is None else 0)
-        head = HEADER.pack(MAGIC, len(data), _crc(data, head), began, -1 if size is None else size,
-                           FLAG_ABSENT if body is None else 0)
+        head = HEADER.pack(MAGIC, len(data), 0, began, -1 if size is None else size, FLAG_ABSENT if body is None else 0)
+        head = HEADER.pack(
+            MAGIC, len(data), _crc(data, head), began, -1 if size is None else size, FLAG_ABSENT if body is None else 0
+        )
         nbytes = _blocks(HEADER.size + len(data))
         if nbytes > self.max_bytes:
             return False
@@ -353,8 +354,9 @@ class DiskCache:
     def parts_sync(self, name: str) -> list[str]:
         """The parts kept of one key."""
         try:
-            return [p for p in os.listdir(os.path.join(self.entries, name + PARTS_SUFFIX))
-                    if not p.startswith(TMP_PREFIX)]
+            return [
+                p for p in os.listdir(os.path.join(self.entries, name + PARTS_SUFFIX)) if not p.startswith(TMP_PREFIX)
+            ]
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as e:
@@ -395,4 +397,4 @@ def _crc(body: bytes, head: bytes) -> int:
 
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -81,9 +81,17 @@ def virtual_access(prefixes: tuple[str, ...], storage_options: dict[str, Any]) -
     access: dict[str, Any] = {}
     for prefix in prefixes:
         s3 = prefix.startswith(("s3://", "s3a://"))
-        access[prefix] = (icechunk.containers_credentials({prefix: icechunk.s3_credentials(
-            access_key_id=key, secret_access_key=secret, session_token=storage_options.get("token"))})[prefix]
-            if s3 and key and secret else None)
+        access[prefix] = (
+            icechunk.containers_credentials(
+                {
+                    prefix: icechunk.s3_credentials(
+                        access_key_id=key, secret_access_key=secret, session_token=storage_options.get("token")
+                    )
+                }
+            )[prefix]
+            if s3 and key and secret
+            else None
+        )
     return access
 
 
@@ -104,13 +112,19 @@ def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
         secret = storage_options.get("secret") or storage_options.get("aws_secret_access_key")
         anonymous = bool(storage_options.get("anon")) or None
         return icechunk.s3_storage(
-            bucket=bucket, prefix=prefix, endpoint_url=endpoint,
+            bucket=bucket,
+            prefix=prefix,
+            endpoint_url=endpoint,
             region=storage_options.get("region_name") or client.get("region_name"),
             allow_http=bool(endpoint and endpoint.startswith("http://")),
-            access_key_id=key, secret_access_key=secret, session_token=storage_options.get("token"),
-            anonymous=anonymous, from_env=None if key or anonymous else True,
+            access_key_id=key,
+            secret_access_key=secret,
+            session_token=storage_options.get("token"),
+            anonymous=anonymous,
+            from_env=None if key or anonymous else True,
             # Path-style addressing: what S3-compatible servers on an endpoint_url expect.
-            force_path_style=bool(endpoint))
+            force_path_style=bool(endpoint),
+        )
     if scheme in ("gs", "gcs"):
         return icechunk.gcs_storage(bucket=bucket, prefix=prefix, from_env=True)
     raise UserError(f"{source}: Icechunk repositories are mounted from a local directory, s3:// or gs://")
@@ -130,14 +144,22 @@ class Repository:
     newest snapshot), at a tag, or at a snapshot. Other snapshots open read-only on demand.
     With `writable`, the session is writable and `commit_sync` makes what it holds a commit."""
 
-    def __init__(self, source: str, storage_options: dict[str, Any], ref: str | None, snapshot: str | None,
-                 writable: bool, authorized: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        source: str,
+        storage_options: dict[str, Any],
+        ref: str | None,
+        snapshot: str | None,
+        writable: bool,
+        authorized: tuple[str, ...],
+    ) -> None:
         icechunk = icechunk_module()
         self.source = source
         try:
             self.repo = icechunk.Repository.open(
                 storage_of(source, storage_options),
-                authorize_virtual_chunk_access=virtual_access(authorized, storage_options))
+                authorize_virtual_chunk_access=virtual_access(authorized, storage_options),
+            )
         except icechunk.IcechunkError as e:
             raise UserError(f"{source}: cannot open the Icechunk repository: {error_reason(e)}") from None
         self.branch: str | None = None
@@ -152,9 +174,11 @@ class Repository:
                 self.tag = ref
                 session = self.repo.readonly_session(tag=ref)
             else:
-                raise UserError(f"{source}: ref={ref}: no such branch or tag (branches: "
-                                f"{', '.join(sorted(self.repo.list_branches()))}; tags: "
-                                f"{', '.join(sorted(self.repo.list_tags())) or 'none'})")
+                raise UserError(
+                    f"{source}: ref={ref}: no such branch or tag (branches: "
+                    f"{', '.join(sorted(self.repo.list_branches()))}; tags: "
+                    f"{', '.join(sorted(self.repo.list_tags())) or 'none'})"
+                )
         except icechunk.IcechunkError as e:
             what = f"snapshot={snapshot}" if snapshot is not None else f"ref={ref or 'main'}"
             raise UserError(f"{source}: {what}: {error_reason(e)}") from None
@@ -203,13 +227,15 @@ class Repository:
             return False
         if not may_move:
             if self.tip_pending != tip:
-                log.info("branch %s moved to snapshot %s: shown once no file of the mount is open",
-                         self.branch, tip)
+                log.info("branch %s moved to snapshot %s: shown once no file of the mount is open", self.branch, tip)
             self.tip_pending = tip
             return False
         try:
-            session = (self.repo.writable_session(self.branch) if self.writable
-                       else self.repo.readonly_session(snapshot_id=tip))
+            session = (
+                self.repo.writable_session(self.branch)
+                if self.writable
+                else self.repo.readonly_session(snapshot_id=tip)
+            )
         except self.error as e:
             raise StoreError(f"opening snapshot {tip} of branch {self.branch!r} failed: {error_reason(e)}") from None
         log.info("branch %s: now showing snapshot %s (was %s)", self.branch, tip, self.snapshot_id)
@@ -234,13 +260,19 @@ class Repository:
             found = list(self.repo.ancestry(snapshot_id=self.snapshot_id))
         except self.error as e:
             raise StoreError(f"reading the ancestry of snapshot {self.snapshot_id} failed: {error_reason(e)}") from None
-        return [{"id": s.id, "time": s.written_at.astimezone(datetime.timezone.utc).isoformat(),
-                 "message": s.message, "parent": s.parent_id} for s in found]
+        return [
+            {
+                "id": s.id,
+                "time": s.written_at.astimezone(datetime.UTC).isoformat(),
+                "message": s.message,
+                "parent": s.parent_id,
+            }
+            for s in found
+        ]
 
     def log_json_sync(self) -> bytes:
         """`.zarrfs/versions/log.json`: what is mounted and its ancestry."""
-        doc = {"branch": self.branch, "tag": self.tag, "snapshot": self.snapshot_id,
-               "ancestry": self.ancestry_sync()}
+        doc = {"branch": self.branch, "tag": self.tag, "snapshot": self.snapshot_id, "ancestry": self.ancestry_sync()}
         return (json.dumps(doc, indent=2) + "\n").encode()
 
     def has_snapshot_sync(self, snapshot_id: str) -> bool:
@@ -281,8 +313,10 @@ class Repository:
     def _unauthorized(self, what: str, prefix: str) -> StoreError:
         """A virtual chunk of a container not authorised: one line per container (not per chunk)
         naming it and the option, then EIO for each read it fails."""
-        reason = (f"virtual chunks in container {prefix} are not read: the mount is not authorised to "
-                  f"(mount with -o {AUTHORIZE}={prefix})")
+        reason = (
+            f"virtual chunks in container {prefix} are not read: the mount is not authorised to "
+            f"(mount with -o {AUTHORIZE}={prefix})"
+        )
         line = self._refused.line(prefix, reason)
         if line is not None:
             log.warning("%s; %s", line, f"{what} failed")
@@ -309,9 +343,11 @@ class Repository:
                 tip = self.repo.lookup_branch(self.branch)
                 # icechunk's detector lets two replacements of one array (each a deletion and a new
                 # node) both through: a node both sides changed is a conflict here.
-                both = (_touched(session.status()) & _touched(self.repo.diff(from_snapshot_id=base,
-                                                                               to_snapshot_id=tip))
-                        if tip != base else set())
+                both = (
+                    _touched(session.status()) & _touched(self.repo.diff(from_snapshot_id=base, to_snapshot_id=tip))
+                    if tip != base
+                    else set()
+                )
                 if both:
                     return self._conflict(message, f"both changed {', '.join(sorted(both))}")
                 new = session.commit(message, rebase_with=icechunk.ConflictDetector())
@@ -331,7 +367,7 @@ class Repository:
     def _conflict(self, message: str, reason: str) -> str:
         """The session's change saved as a snapshot of its own, on a new branch; Conflict raised."""
         session = self.version.session
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
         name = f"{self.branch}.zarrfs-conflict-{stamp}-{os.getpid()}"
         try:
             saved = session.flush(f"{message} (conflicted with branch {self.branch})")
@@ -341,16 +377,29 @@ class Repository:
         finally:
             self.version = Version(self.repo.writable_session(self.branch))
             self.others_taken_in, self.tip_pending = True, self.version.snapshot_id
-        log.warning("%s: conflicts with another commit on branch %s (%s); the change is on branch %s",
-                    message, self.branch, reason, name)
-        raise Conflict(f"{message}: conflicts with another commit on branch {self.branch}; "
-                       f"the change is on branch {name}")
+        log.warning(
+            "%s: conflicts with another commit on branch %s (%s); the change is on branch %s",
+            message,
+            self.branch,
+            reason,
+            name,
+        )
+        raise Conflict(
+            f"{message}: conflicts with another commit on branch {self.branch}; the change is on branch {name}"
+        )
 
 
 def _touched(diff: Any) -> set[str]:
     """The nodes a change (icechunk's Diff) created, removed or changed; staging areas left out."""
-    paths = (diff.new_groups | diff.new_arrays | diff.deleted_groups | diff.deleted_arrays | diff.updated_groups
-             | diff.updated_arrays | set(diff.updated_chunks))
+    paths = (
+        diff.new_groups
+        | diff.new_arrays
+        | diff.deleted_groups
+        | diff.deleted_arrays
+        | diff.updated_groups
+        | diff.updated_arrays
+        | set(diff.updated_chunks)
+    )
     return {p for p in paths if "/" + RESERVED not in p}
 
 

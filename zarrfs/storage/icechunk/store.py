@@ -14,7 +14,8 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from ...errors import ReadOnly, StoreError, ZarrfsError
 from ..keys import join
@@ -61,9 +62,17 @@ class IcechunkStore:
     is_local = False  # no file paths: reads go through icechunk, whatever holds the repository
     ranges_ignored = False
 
-    def __init__(self, source: str, storage_options: dict[str, Any] | None = None, ref: str | None = None,
-                 snapshot: str | None = None, log_level: str = "warning", timeout_s: float | None = None,
-                 writable: bool = False, authorized: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        source: str,
+        storage_options: dict[str, Any] | None = None,
+        ref: str | None = None,
+        snapshot: str | None = None,
+        log_level: str = "warning",
+        timeout_s: float | None = None,
+        writable: bool = False,
+        authorized: tuple[str, ...] = (),
+    ) -> None:
         icechunk = icechunk_module()
         if "ICECHUNK_LOG" not in os.environ:  # icechunk's own log goes to stderr, not ours
             icechunk.set_logs_filter("icechunk=info" if log_level == "debug" else "error")
@@ -129,12 +138,13 @@ class IcechunkStore:
         if not key.startswith(SNAPSHOT_PREFIX):
             return self.version.store, key
         head, _, rest = key.partition("/")
-        return self.repository.snapshot_store(head[len(SNAPSHOT_PREFIX):]), rest
+        return self.repository.snapshot_store(head[len(SNAPSHOT_PREFIX) :]), rest
 
     # --- reads ------------------------------------------------------------------------
 
     def _run(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         """Run a coroutine of icechunk's store on this store's loop; wait for its result."""
+
         async def call() -> Any:
             return await make()
 
@@ -173,8 +183,8 @@ class IcechunkStore:
         Store._bounded(key, data, max_nbytes)
         if into is not None and len(data) <= len(into):  # the chunk's own buffer: no decoding copy after
             view = memoryview(into).cast("B")
-            view[:len(data)] = data
-            return into if len(data) == len(view) else view[:len(data)]
+            view[: len(data)] = data
+            return into if len(data) == len(view) else view[: len(data)]
         if key.rsplit("/", 1)[-1] == "zarr.json":  # a document: parsed as JSON, which takes bytes only
             return _plain(data)
         # A chunk: decoded straight from icechunk's buffer, uncopied (a copy here costs more
@@ -231,7 +241,7 @@ class IcechunkStore:
             data = await self._get(store, rel, RangeByteRequest(start, end))
             if data is None:
                 raise StoreError(f"reading {key!r} [{start}:{end}]: no such key")
-            return _plain(data)[:end - start]
+            return _plain(data)[: end - start]
 
         async def gather() -> list[Any]:
             return await asyncio.gather(*(one(a, b) for a, b in ranges), return_exceptions=True)
@@ -308,7 +318,7 @@ class IcechunkStore:
         for key, res in zip(keys, self._run(sizes)):
             if isinstance(res, BaseException):
                 raise self._failed(f"size of {key!r}", res)
-            out[key[len(base):]] = res
+            out[key[len(base) :]] = res
         return out
 
     def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
