@@ -20,6 +20,7 @@ import trio
 from ..codecs.chain import reads_into
 from ..errors import CorruptChunk, MetadataError, StoreError, ZarrfsError
 from ..model import ArrayMeta
+from ..repeats import LogOnce
 from ..storage import chunksource
 from . import revalidate
 from .memory import private_buffer
@@ -135,7 +136,7 @@ class Loads:
         # Chunks larger than the cache are loaded one at a time (each costs its encoded
         # bytes and its decoded array while it loads), and said once per array.
         self._oversize_lock = trio.Lock()
-        self._oversize_told: set[str] = set()
+        self._oversize_said = LogOnce()
 
     async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
@@ -263,8 +264,7 @@ class Loads:
             yield
             return
         async with self._oversize_lock:
-            if meta.path not in self._oversize_told:
-                self._oversize_told.add(meta.path)
+            if self._oversize_said.first(meta.path):
                 log.warning(
                     "%s: chunk %s decodes to %d bytes, more than cache_size (%d): such chunks are "
                     "decoded whole (their codecs cannot be decoded a range at a time), one at a time, and "

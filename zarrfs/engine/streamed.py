@@ -25,6 +25,7 @@ import trio
 from ..codecs import rangedecode
 from ..errors import CorruptChunk, ZarrfsError
 from ..model import ArrayMeta
+from ..repeats import LogOnce
 from ..views.streams import ArrayStream, plan_bytes
 from .loads import Loads
 from .revalidate import Revalidation
@@ -131,7 +132,7 @@ class StreamedReads:
         self._in_use = 0  # decoders in use (or held by an abandoned worker)
         self._held_bytes = 0  # the decoders' costs (idle, in use, or held by an abandoned worker)
         self._freed = trio.Event()  # set (and replaced) when one is given back, or its cost
-        self._streamed_told: set[str] = set()  # arrays whose first such read was logged
+        self._streamed_said = LogOnce()  # arrays whose first such read was logged
 
     def serves(self, stream: Any) -> bool:
         """Whether reads of STREAM decode ranges of its chunks instead of whole chunks: an
@@ -152,8 +153,7 @@ class StreamedReads:
         if plan.take_bytes == 0:
             return plan.header_part
         meta = stream.meta
-        if meta.path not in self._streamed_told:
-            self._streamed_told.add(meta.path)
+        if self._streamed_said.first(meta.path):
             log.info(
                 "%s: chunks decode to %d bytes, more than cache_size (%d): reads decode only the "
                 "bytes they need, never a whole chunk",
@@ -358,7 +358,8 @@ class StreamedReads:
 
     def forget(self, path: str) -> None:
         """Forget the idle decoders of an array, or of every array below a group."""
-        self._idle = [slot for slot in self._idle if not (slot.path == path or slot.path.startswith(path + "/"))]
+        for slot in [s for s in self._idle if s.path == path or s.path.startswith(path + "/")]:
+            self._drop_idle(slot)  # (their memory is given back too)
 
     @property
     def in_use(self) -> int:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
+from ..repeats import LogOnce
 from ..views import netcdf
 from .kinds import Kind
 from .versions import is_version_path
@@ -51,7 +52,7 @@ class Freshness:
         self._fresh_since = time.monotonic()
         # Nodes read from the store in this epoch, by path (listings, or one array's document)
         self._now_nodes: dict[str, Node | None] = {}
-        self._told_replaced: set[str] = set()  # paths whose replacement was logged in this epoch
+        self._replaced_said = LogOnce()  # paths whose replacement was logged in this epoch
 
     def saw_nodes(self, nodes: list[Node | None], paths: list[str] | None = None) -> None:
         """Nodes read from the store in this epoch (a listing, or one node at each of `paths`): the
@@ -137,8 +138,7 @@ class Freshness:
         ]
         self.retire_entries(gone, f"{path or '/'} was replaced in the store ({_what_now(fresh)})")
         self.ns.listings.forget_sizes(path)
-        if gone and path not in self._told_replaced:
-            self._told_replaced.add(path)
+        if gone and self._replaced_said.first(path):
             log.info(
                 "%s: replaced in the store (%s); files of it opened before read ESTALE", path or "/", _what_now(fresh)
             )
@@ -207,7 +207,7 @@ class Freshness:
             force = True
         self.epoch += 1
         self._now_nodes.clear()
-        self._told_replaced.clear()
+        self._replaced_said.forget()
         if moved:
             await self._show_other_snapshot()
         reread = getattr(self.hierarchy, "reread_consolidated_sync", None)
