@@ -120,10 +120,11 @@ class Store:
             raise
         except Exception as e:  # any failure of any backend is a store error of this key
             raise StoreError(f"reading {key!r} failed: {describe_failure(e)}") from None
-        return self._bounded(key, data, max_nbytes)
+        return self.bounded(key, data, max_nbytes)
 
     @staticmethod
-    def _bounded(key: str, data: bytes, max_nbytes: int | None) -> bytes:
+    def bounded(key: str, data: bytes, max_nbytes: int | None) -> bytes:
+        """DATA, unless it is longer than MAX_NBYTES (a key holding more than it can legitimately take)."""
         if max_nbytes is not None and len(data) > max_nbytes:
             raise StoreError(f"{key!r} holds {len(data)} bytes, more than the {max_nbytes} it can legitimately take")
         return data
@@ -144,7 +145,7 @@ class Store:
             elif isinstance(res, BaseException):
                 raise StoreError(f"reading {key!r} failed: {describe_failure(res)}")
             else:
-                out[key] = self._bounded(key, res, max_nbytes)
+                out[key] = self.bounded(key, res, max_nbytes)
         return out
 
     def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:

@@ -233,7 +233,7 @@ class DiskCachedStore:
             if len(self._as_of) > AS_OF_KEPT:  # values no load asked about (metadata, whole shards)
                 for stale in list(self._as_of)[: AS_OF_KEPT // 2]:
                     self._as_of.pop(stale, None)
-            return None if entry.body is None else Store._bounded(key, entry.body, max_nbytes)
+            return None if entry.body is None else Store.bounded(key, entry.body, max_nbytes)
         self._as_of.pop(key, None)
         data = self._from_parts_sync(key, max_nbytes)
         if data is None:
@@ -270,7 +270,7 @@ class DiskCachedStore:
             if entry is None:
                 missing.append(key)
             else:
-                out[key] = None if entry.body is None else Store._bounded(key, entry.body, max_nbytes)
+                out[key] = None if entry.body is None else Store.bounded(key, entry.body, max_nbytes)
         if missing:
             began = time.time()
             got = self.store.get_many_sync(missing, max_nbytes)

@@ -180,7 +180,7 @@ class IcechunkStore:
             raise self._failed(f"reading {key!r}", e) from None
         if data is None:
             return None
-        Store._bounded(key, data, max_nbytes)
+        Store.bounded(key, data, max_nbytes)
         if into is not None and len(data) <= len(into):  # the chunk's own buffer: no decoding copy after
             view = memoryview(into).cast("B")
             view[: len(data)] = data
@@ -202,7 +202,7 @@ class IcechunkStore:
         for key, res in zip(keys, self._run(gather)):
             if isinstance(res, BaseException):
                 raise self._failed(f"reading {key!r}", res)
-            out[key] = None if res is None else Store._bounded(key, _plain(res), max_nbytes)
+            out[key] = None if res is None else Store.bounded(key, _plain(res), max_nbytes)
         return out
 
     async def _size(self, store: Any, key: str) -> int | None:
