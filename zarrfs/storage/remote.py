@@ -29,11 +29,8 @@ REMOTE_METADATA_TTL_S = 10.0
 # Connections kept open to an object store: the engine's 16 store threads, plus room for the
 # concurrent document GETs of a directory listing.
 POOL_CONNECTIONS = 64
-# Connections at once to one web server, as a browser opens: a server that closes each
-# connection after its answer (HTTP/1.0, `python -m http.server`) takes new ones through a listen
-# backlog of 5 there, and the connections past it wait for a SYN retransmit (1 s, then 3 s):
-# 100 document GETs at once took 2.8-4.4 s against 0.1 s six at a time, and `ls -lR` of 2,000
-# arrays took 566 s.
+# Connections at once to one web server, as a browser opens: past a small listen backlog, new
+# connections wait for a SYN retransmit (docs/PERFORMANCE.md: Remote stores).
 HTTP_CONNECTIONS = 6
 # The packages optional backends need, by top-level module, and the zarrfs extra that brings each.
 BACKEND_EXTRAS = {
