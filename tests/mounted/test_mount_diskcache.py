@@ -21,8 +21,8 @@ import zarr
 
 from benchmarks.latency_proxy import Proxy
 from support import mounting, oracles
+from support.http_server import HttpServer
 from support.s3 import BUCKET, CREDENTIALS
-from test_mount_http import HttpServer
 
 SHAPE = (96, 96)
 CHUNKS = (16, 16)  # 36 chunks of 2 KiB

@@ -3,11 +3,8 @@ bounded waits, recovery, request counts of consolidated listings, TTL between tw
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
-import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -17,6 +14,7 @@ import pytest
 import zarr
 
 from support import mounting, oracles
+from support.remote import assert_recovers, put_v3, read_in_child, s3_options, serving
 from support.s3 import BUCKET, CREDENTIALS
 
 # The `timeout` the bounded-wait tests mount with, and what a reader may wait past it (a
@@ -25,122 +23,24 @@ TIMEOUT_S = 3
 MARGIN_S = 7
 
 
-def _options(port: int, *extra: str) -> list[str]:
-    so = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **CREDENTIALS}
-    return ["storage_options=" + json.dumps(so), *extra]
-
-
-def _put_v3(fs, tmp_path: Path, name: str, groups: int, arrays: int, consolidated: bool) -> dict[str, np.ndarray]:
-    """A v3 hierarchy written by zarr-python into the bucket: GROUPS groups of ARRAYS small arrays."""
-    local = tmp_path / name
-    root = zarr.open_group(str(local), mode="w", zarr_format=3)
-    values = {}
-    for g in range(groups):
-        grp = root.create_group(f"g{g}")
-        for a in range(arrays):
-            x = np.arange(12, dtype="<i4").reshape(3, 4) + 100 * g + a
-            arr = grp.create_array(f"a{a}", shape=x.shape, chunks=(2, 2), dtype=x.dtype)
-            arr[:] = x
-            values[f"g{g}/a{a}"] = x
-    if consolidated:
-        zarr.consolidate_metadata(str(local))
-    fs.put(str(local), f"{BUCKET}/{name}", recursive=True)
-    return values
-
-
-def _run(cmd: list[str], limit_s: float, sigint_after_s: float | None = None) -> tuple[int | None, float, str]:
-    """Run a reader: (exit code or None if still running after `limit_s`, then killed; seconds from
-    its start or from the SIGINT sent `sigint_after_s` after it; stderr)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    stuck = ""
-    if sigint_after_s is not None:
-        time.sleep(sigint_after_s)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        stuck = wait_or_describe(proc, STUCK_AFTER_S)
-    try:
-        _, err = proc.communicate(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return None, time.monotonic() - t0, stuck
-    return proc.returncode, time.monotonic() - t0, err.decode() + stuck
-
-
-# How long a reader may take to end after its SIGINT before wait_or_describe reads where it waits.
-STUCK_AFTER_S = 2.0
-
-
-def wait_or_describe(proc: subprocess.Popen, seconds: float) -> str:
-    """ "" if PROC ends within SECONDS, else where each of its tasks (and of the group it leads)
-    waits in the kernel (/proc: its stack, wchan and pending signals), read while it still waits:
-    what a test that failed on a reader ending late shows (a wait in the daemon, or in the kernel)."""
-    try:
-        proc.wait(seconds)
-        return ""
-    except subprocess.TimeoutExpired:
-        pass
-    lines = [f"\nstill running {seconds:g} s after the signal:"]
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if int(d.name) != proc.pid and os.getpgid(int(d.name)) != proc.pid:  # it, or the group it leads
-                continue
-            for task in (d / "task").iterdir():
-                status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
-                lines.append(
-                    f"task {d.name}/{task.name} {(d / 'comm').read_text().strip()}: state{status['State']}, "
-                    f"SigPnd{status['SigPnd']}, ShdPnd{status['ShdPnd']}, "
-                    f"syscall {(task / 'syscall').read_text().strip()}, wchan {(task / 'wchan').read_text()}"
-                )
-                lines.append((task / "stack").read_text().rstrip())
-        except (OSError, KeyError):
-            continue
-    return "\n".join(lines)
-
-
-def _read(path: Path, limit_s: float) -> tuple[int | None, float, str]:
-    """Read a file whole in a Python child process (see _run)."""
-    return _run([sys.executable, "-c", f"open({str(path)!r}, 'rb').read()"], limit_s)
-
-
-def _serving(fs, tmp_path, mount, proxy, name: str, groups: int, arrays: int, timeout_s: float):
-    """A consolidated hierarchy (see _put_v3) in the bucket, mounted through the proxy with
-    `timeout`, its g0/a0 read: (mount point, values). Later errors are expected."""
-    values = _put_v3(fs, tmp_path, name, groups, arrays, consolidated=True)
-    mnt = mount(f"s3://{BUCKET}/{name}", *_options(proxy.port, f"timeout={timeout_s}"))
-    mount.expect_errors()
-    assert (mnt / "g0" / "a0.npy").read_bytes() == oracles.npy_bytes(values["g0/a0"])
-    return mnt, values
-
-
-def _recovers(mnt: Path, values: dict, path: str) -> None:
-    """Without a remount, PATH is read again (within 5 s: once the store answered the request
-    that timed out) and holds its values."""
-    assert mounting.wait_until(lambda: _read(mnt / f"{path}.npy", 30)[0] == 0, 5)
-    assert (mnt / f"{path}.npy").read_bytes() == oracles.npy_bytes(values[path])
-
-
 def test_silent_store_gives_eio_within_timeout_then_recovers(s3, proxy, tmp_path, mount):
     _, fs = s3
-    mnt, values = _serving(fs, tmp_path, mount, proxy, "silent.zarr", 1, 3, TIMEOUT_S)
+    mnt, values = serving(fs, tmp_path, mount, proxy, "silent.zarr", 1, 3, TIMEOUT_S)
     proxy.set_mode("silent")
-    code, seconds, err = _read(mnt / "g0" / "a1.npy", TIMEOUT_S + MARGIN_S)
+    code, seconds, err = read_in_child(mnt / "g0" / "a1.npy", TIMEOUT_S + MARGIN_S)
     assert code is not None, f"the reader still waited after {TIMEOUT_S + MARGIN_S} s"
     assert code != 0 and "Input/output error" in err, err
     assert "did not answer" in mount.log_text() or "timed out" in mount.log_text()
     proxy.set_mode("pass")
     # No remount needed: back as soon as the store answers the request that timed out.
-    _recovers(mnt, values, "g0/a1")
+    assert_recovers(mnt, values, "g0/a1")
 
 
 def test_refused_store_gives_eio_then_recovers(s3, proxy, tmp_path, mount):
     _, fs = s3
-    mnt, values = _serving(fs, tmp_path, mount, proxy, "refused.zarr", 1, 3, TIMEOUT_S)
+    mnt, values = serving(fs, tmp_path, mount, proxy, "refused.zarr", 1, 3, TIMEOUT_S)
     proxy.set_mode("refuse")
-    code, _, err = _read(mnt / "g0" / "a2.npy", TIMEOUT_S + MARGIN_S)
+    code, _, err = read_in_child(mnt / "g0" / "a2.npy", TIMEOUT_S + MARGIN_S)
     assert code is not None and code != 0 and "Input/output error" in err, (code, err)
     assert (
         "connection refused" in mount.log_text()
@@ -153,8 +53,8 @@ def test_refused_store_gives_eio_then_recovers(s3, proxy, tmp_path, mount):
 
 def test_silent_store_bounds_a_first_listing(s3, proxy, tmp_path, mount):
     _, fs = s3
-    _put_v3(fs, tmp_path, "silentls.zarr", 3, 2, consolidated=False)
-    mnt = mount(f"s3://{BUCKET}/silentls.zarr", *_options(proxy.port, f"timeout={TIMEOUT_S}"))
+    put_v3(fs, tmp_path, "silentls.zarr", 3, 2, consolidated=False)
+    mnt = mount(f"s3://{BUCKET}/silentls.zarr", *s3_options(proxy.port, f"timeout={TIMEOUT_S}"))
     mount.expect_errors()
     proxy.set_mode("silent")
     proc = subprocess.Popen(["ls", str(mnt / "g1")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -179,8 +79,8 @@ def test_silent_store_bounds_a_first_listing(s3, proxy, tmp_path, mount):
 @pytest.mark.parametrize("fmt_listing", ["ls -lR", "find"])
 def test_consolidated_tree_costs_few_requests(s3, proxy, tmp_path, mount, fmt_listing):
     _, fs = s3
-    values = _put_v3(fs, tmp_path, f"cons-{fmt_listing[:2]}.zarr", 5, 12, consolidated=True)
-    mnt = mount(f"s3://{BUCKET}/cons-{fmt_listing[:2]}.zarr", *_options(proxy.port))
+    values = put_v3(fs, tmp_path, f"cons-{fmt_listing[:2]}.zarr", 5, 12, consolidated=True)
+    mnt = mount(f"s3://{BUCKET}/cons-{fmt_listing[:2]}.zarr", *s3_options(proxy.port))
     proxy.reset_counts()
     cmd = ["ls", "-lR", str(mnt)] if fmt_listing == "ls -lR" else ["find", str(mnt), "-name", "*.npy"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -203,10 +103,10 @@ def _writer_adds_array(mnt_w: Path, tmp_path: Path, name: str) -> np.ndarray:
 def test_reader_sees_writers_changes_within_ttl(s3, tmp_path, mount, consolidated):
     endpoint, fs = s3
     name = f"ttl{int(consolidated)}.zarr"
-    values = _put_v3(fs, tmp_path, name, 1, 2, consolidated=consolidated)
+    values = put_v3(fs, tmp_path, name, 1, 2, consolidated=consolidated)
     port = urllib.parse.urlparse(endpoint).port
-    reader = mount(f"s3://{BUCKET}/{name}", *_options(port, "metadata_ttl=1"))
-    writer = mount(f"s3://{BUCKET}/{name}", *_options(port, "writable"))
+    reader = mount(f"s3://{BUCKET}/{name}", *s3_options(port, "metadata_ttl=1"))
+    writer = mount(f"s3://{BUCKET}/{name}", *s3_options(port, "writable"))
     assert sorted(os.listdir(reader / "g0")) == ["a0.npy", "a1.npy"]
     assert np.array_equal(np.load(reader / "g0" / "a0.npy"), values["g0/a0"])
     x = _writer_adds_array(writer, tmp_path, "new")
@@ -224,9 +124,9 @@ def test_reader_sees_writers_changes_within_ttl(s3, tmp_path, mount, consolidate
 
 def test_refresh_shows_changes_at_once(s3, tmp_path, mount):
     endpoint, fs = s3
-    values = _put_v3(fs, tmp_path, "refresh.zarr", 1, 1, consolidated=False)
+    values = put_v3(fs, tmp_path, "refresh.zarr", 1, 1, consolidated=False)
     port = urllib.parse.urlparse(endpoint).port
-    reader = mount(f"s3://{BUCKET}/refresh.zarr", *_options(port, "metadata_ttl=inf"))
+    reader = mount(f"s3://{BUCKET}/refresh.zarr", *s3_options(port, "metadata_ttl=inf"))
     assert os.listdir(reader / "g0") == ["a0.npy"]
     assert np.array_equal(np.load(reader / "g0" / "a0.npy"), values["g0/a0"])
     local = tmp_path / "other.zarr"
@@ -253,8 +153,8 @@ def test_plain_tree_costs_one_listing_per_group_and_one_get_per_node(s3, proxy, 
     of each node's document (fetched concurrently); no request per node for its time or size."""
     _, fs = s3
     groups, arrays = 3, 10
-    _put_v3(fs, tmp_path, "plain-count.zarr", groups, arrays, consolidated=False)
-    mnt = mount(f"s3://{BUCKET}/plain-count.zarr", *_options(proxy.port))
+    put_v3(fs, tmp_path, "plain-count.zarr", groups, arrays, consolidated=False)
+    mnt = mount(f"s3://{BUCKET}/plain-count.zarr", *s3_options(proxy.port))
     proxy.reset_counts()
     out = subprocess.run(["ls", "-lR", str(mnt)], check=True, capture_output=True, text=True).stdout
     assert out.count(".npy") == groups * arrays
@@ -272,10 +172,10 @@ WRITTEN_BEFORE_S = 5.5
 
 def test_cached_chunks_are_revalidated_after_the_ttl_not_read_again(s3, proxy, tmp_path, mount):
     endpoint, fs = s3
-    values = _put_v3(fs, tmp_path, "reval.zarr", 1, 2, consolidated=False)
+    values = put_v3(fs, tmp_path, "reval.zarr", 1, 2, consolidated=False)
     time.sleep(WRITTEN_BEFORE_S)
-    reader = mount(f"s3://{BUCKET}/reval.zarr", *_options(proxy.port, "metadata_ttl=1"))
-    writer = mount(f"s3://{BUCKET}/reval.zarr", *_options(urllib.parse.urlparse(endpoint).port, "writable"))
+    reader = mount(f"s3://{BUCKET}/reval.zarr", *s3_options(proxy.port, "metadata_ttl=1"))
+    writer = mount(f"s3://{BUCKET}/reval.zarr", *s3_options(urllib.parse.urlparse(endpoint).port, "writable"))
     want = oracles.npy_bytes(values["g0/a0"])
     assert (reader / "g0" / "a0.npy").read_bytes() == want
     time.sleep(1.5)  # past the TTL

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from support import mounting, oracles
+from support.remote import STUCK_AFTER_S, assert_recovers, put_v3, run_reader, s3_options, serving, wait_or_describe
 from support.s3 import BUCKET
-from test_mount_remote import STUCK_AFTER_S, _options, _put_v3, _recovers, _run, _serving, wait_or_describe
 
 # The `timeout` these tests mount with, and what a reader may wait past it: the bound is
 # "EIO within timeout" (plus a FUSE round trip and scheduling on a loaded machine). Twice
@@ -24,9 +24,9 @@ MARGIN_S = 2.5
 
 def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path, mount):
     _, fs = s3
-    mnt, values = _serving(fs, tmp_path, mount, proxy, "silent1.zarr", 2, 2, TIMEOUT_S)
+    mnt, values = serving(fs, tmp_path, mount, proxy, "silent1.zarr", 2, 2, TIMEOUT_S)
     proxy.set_mode("silent")
-    code, seconds, err = _run(["cat", str(mnt / "g0" / "a1.npy")], 3 * TIMEOUT_S)
+    code, seconds, err = run_reader(["cat", str(mnt / "g0" / "a1.npy")], 3 * TIMEOUT_S)
     assert code is not None and code != 0 and "Input/output error" in err, (code, err)
     assert seconds <= TIMEOUT_S + MARGIN_S, f"EIO after {seconds:.1f} s with timeout={TIMEOUT_S}"
     assert "did not answer within" in mount.log_text()
@@ -34,7 +34,7 @@ def test_silent_store_gives_eio_within_timeout_not_per_retry(s3, proxy, tmp_path
     # Back at once for what was not asked while the store was silent, and within a second or two
     # for the array whose request timed out.
     assert (mnt / "g1" / "a0.npy").read_bytes() == oracles.npy_bytes(values["g1/a0"])
-    _recovers(mnt, values, "g0/a1")
+    assert_recovers(mnt, values, "g0/a1")
 
 
 # The issue's "interrupting the reader (SIGINT) ends its wait promptly": within this, against a
@@ -57,10 +57,10 @@ def sigint_taken():
 
 def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, mount, sigint_taken):
     _, fs = s3
-    values = _put_v3(fs, tmp_path, "sigint.zarr", 4, 2, consolidated=False)
+    values = put_v3(fs, tmp_path, "sigint.zarr", 4, 2, consolidated=False)
     mnt = mount(
         f"s3://{BUCKET}/sigint.zarr",
-        *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf", "log_level=debug"),
+        *s3_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf", "log_level=debug"),
     )
     for g in ("g0", "g1"):
         assert sorted(p.name for p in (mnt / g).iterdir()) == ["a0.npy", "a1.npy"]
@@ -73,14 +73,14 @@ def test_sigint_ends_a_wait_on_a_silent_store_promptly(s3, proxy, tmp_path, moun
         "python listdir": [sys.executable, "-c", f"import os; os.listdir({str(mnt / 'g3')!r})"],
     }
     for what, cmd in readers.items():
-        code, seconds, err = _run(cmd, LONG_TIMEOUT_S + 10, sigint_after_s=1.5)
+        code, seconds, err = run_reader(cmd, LONG_TIMEOUT_S + 10, sigint_after_s=1.5)
         assert code is not None and code != 0, (what, code, err)
         assert seconds <= PROMPT_S, (
             f"{what}: ended {seconds:.1f} s after SIGINT (timeout={LONG_TIMEOUT_S})"
             f"{err}\nlog:\n{mount.log_text()[-LOG_TAIL:]}"
         )
     proxy.set_mode("pass")
-    assert mounting.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
+    assert mounting.wait_until(lambda: run_reader(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
     assert (mnt / "g2" / "a1.npy").read_bytes() == oracles.npy_bytes(values["g2/a1"])
 
 
@@ -101,10 +101,10 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
 
 def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, tmp_path, mount, sigint_taken):
     _, fs = s3
-    values = _put_v3(fs, tmp_path, "sigchild.zarr", 1, 2, consolidated=True)
+    values = put_v3(fs, tmp_path, "sigchild.zarr", 1, 2, consolidated=True)
     mnt = mount(
         f"s3://{BUCKET}/sigchild.zarr",
-        *_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf", "log_level=debug"),
+        *s3_options(proxy.port, f"timeout={LONG_TIMEOUT_S}", "metadata_ttl=inf", "log_level=debug"),
     )
     assert sorted(p.name for p in (mnt / "g0").iterdir()) == ["a0.npy", "a1.npy"]
     proxy.set_mode("silent")
@@ -135,14 +135,14 @@ def test_sigint_ends_the_wait_of_a_reader_that_did_not_open_the_file(s3, proxy, 
             f"{stuck}\nlog:\n{mount.log_text()[-LOG_TAIL:]}"
         )
     proxy.set_mode("pass")
-    assert mounting.wait_until(lambda: _run(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
+    assert mounting.wait_until(lambda: run_reader(["cat", str(mnt / "g0" / "a0.npy")], 30)[0] == 0, 5)
     assert (mnt / "g0" / "a1.npy").read_bytes() == oracles.npy_bytes(values["g0/a1"])
 
 
 def _mount_cli(mount, proxy, name: str, timeout_s: int) -> tuple[int, float, str]:
     """Run the mount command (daemon mode) against the proxy: (exit code, seconds, stderr)."""
     mnt, log = mount.new_mountpoint()
-    cmd = mount.command(f"s3://{BUCKET}/{name}", mnt, log, _options(proxy.port, f"timeout={timeout_s}"))
+    cmd = mount.command(f"s3://{BUCKET}/{name}", mnt, log, s3_options(proxy.port, f"timeout={timeout_s}"))
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if r.returncode == 0:
@@ -152,7 +152,7 @@ def _mount_cli(mount, proxy, name: str, timeout_s: int) -> tuple[int, float, str
 
 def test_mount_of_a_silent_store_fails_within_timeout_naming_it(s3, proxy, tmp_path, mount):
     _, fs = s3
-    _put_v3(fs, tmp_path, "startsilent.zarr", 1, 1, consolidated=True)
+    put_v3(fs, tmp_path, "startsilent.zarr", 1, 1, consolidated=True)
     proxy.set_mode("silent")
     code, seconds, err = _mount_cli(mount, proxy, "startsilent.zarr", TIMEOUT_S)
     assert code != 0 and len(err.splitlines()) == 1 and "timed out" in err, err
@@ -162,7 +162,7 @@ def test_mount_of_a_silent_store_fails_within_timeout_naming_it(s3, proxy, tmp_p
 
 def test_mount_of_a_refusing_store_names_it(s3, proxy, tmp_path, mount):
     _, fs = s3
-    _put_v3(fs, tmp_path, "startrefused.zarr", 1, 1, consolidated=True)
+    put_v3(fs, tmp_path, "startrefused.zarr", 1, 1, consolidated=True)
     proxy.set_mode("refuse")
     code, seconds, err = _mount_cli(mount, proxy, "startrefused.zarr", 30)
     assert code != 0 and len(err.splitlines()) == 1 and "connection refused" in err, err
@@ -172,7 +172,7 @@ def test_mount_of_a_refusing_store_names_it(s3, proxy, tmp_path, mount):
 def test_mount_of_a_store_that_denies_access_names_it(s3, proxy, tmp_path, mount):
     """S3's 403 AccessDenied (the proxy answers it as a bucket policy would): one line that says so."""
     _, fs = s3
-    _put_v3(fs, tmp_path, "startdenied.zarr", 1, 1, consolidated=True)
+    put_v3(fs, tmp_path, "startdenied.zarr", 1, 1, consolidated=True)
     proxy.set_mode("deny")
     code, seconds, err = _mount_cli(mount, proxy, "startdenied.zarr", 30)
     assert code != 0 and len(err.splitlines()) == 1 and "access denied" in err, err
@@ -181,11 +181,11 @@ def test_mount_of_a_store_that_denies_access_names_it(s3, proxy, tmp_path, mount
 
 def test_access_denied_during_a_read_is_eio_naming_the_key(s3, proxy, tmp_path, mount):
     _, fs = s3
-    mnt, values = _serving(fs, tmp_path, mount, proxy, "denied.zarr", 1, 2, TIMEOUT_S)
+    mnt, values = serving(fs, tmp_path, mount, proxy, "denied.zarr", 1, 2, TIMEOUT_S)
     proxy.set_mode("deny")
-    code, _, err = _run(["cat", str(mnt / "g0" / "a1.npy")], 3 * TIMEOUT_S)
+    code, _, err = run_reader(["cat", str(mnt / "g0" / "a1.npy")], 3 * TIMEOUT_S)
     assert code is not None and code != 0 and "Input/output error" in err, (code, err)
     lines = mounting.log_lines_naming(mount.log_text(), "g0/a1/c/")
     assert any("access denied" in line for line in lines), mount.log_text()[-3000:]
     proxy.set_mode("pass")  # allowed again: read again without a remount
-    _recovers(mnt, values, "g0/a1")
+    assert_recovers(mnt, values, "g0/a1")

@@ -12,8 +12,8 @@ import zarr
 from zarr.codecs import ZstdCodec
 
 from support import oracles
+from support.remote import s3_options
 from support.s3 import BUCKET
-from test_mount_remote import _options
 
 SHAPE = (2048, 512)  # float32: 4 MiB, 16 shards of 4 inner chunks
 SHARDS = (128, 512)
@@ -52,7 +52,7 @@ def _gets(proxy) -> list[str]:
 def test_sequential_cat_fetches_each_shard_once(s3, proxy, sharded, mount):
     name, values, stored = sharded
     assert len(stored) == 16
-    mnt = mount(f"s3://{BUCKET}/{name}", *_options(proxy.port))
+    mnt = mount(f"s3://{BUCKET}/{name}", *s3_options(proxy.port))
     os.stat(mnt / "a.npy")  # metadata before counting
     proxy.reset_counts()
     out = subprocess.run(["cat", str(mnt / "a.npy")], stdout=subprocess.PIPE, check=True).stdout
@@ -73,7 +73,7 @@ def test_a_peek_at_the_header_fetches_no_whole_shard(s3, proxy, sharded, mount):
     shard's index and its first inner chunk only, not the shard whole."""
     _, fs = s3
     name, values, stored = sharded
-    mnt = mount(f"s3://{BUCKET}/{name}", *_options(proxy.port))
+    mnt = mount(f"s3://{BUCKET}/{name}", *s3_options(proxy.port))
     os.stat(mnt / "a.npy")
     proxy.reset_counts()
     out = subprocess.run(["head", "-c", "4096", str(mnt / "a.npy")], stdout=subprocess.PIPE, check=True).stdout
@@ -97,7 +97,7 @@ def _shard_index(fs, key: str, per_shard: int) -> np.ndarray:
 def test_random_reads_fetch_the_index_and_their_inner_chunk(s3, proxy, sharded, mount):
     _, fs = s3
     name, values, _ = sharded
-    mnt = mount(f"s3://{BUCKET}/{name}", *_options(proxy.port))
+    mnt = mount(f"s3://{BUCKET}/{name}", *s3_options(proxy.port))
     path = mnt / "a.npy"
     header = len(oracles.npy_bytes(values)) - values.nbytes
     row_nbytes = SHAPE[1] * 4

@@ -21,33 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import SUPPORT, builders, mounting, oracles
+from support import builders, mounting, oracles
 from support.builders import ArraySpec
 from support.oracles import assert_same_array
 
-FAILING_STORE = SUPPORT / "failing_store.py"
 FORMATS = pytest.mark.parametrize("fmt", [2, 3], ids=["v2", "v3"])
 # A failed store write is logged as a WARNING naming the key (the caller gets EIO); the
 # daemon logs must hold no ERROR line and no traceback, as for every mounted test.
 
 SPEC = ArraySpec("g/a", "int32", (37, 23), (10, 7), "zstd")
-
-
-def mount_failing(mounter: mounting.Mounter, source: Path, env: dict[str, str], *opts: str):
-    """Mount SOURCE through failing_store.py in the foreground; returns (mountpoint, process, log file)."""
-    mnt, log = mounter.new_mountpoint()
-    o = ",".join(["writable", f"log_file={log}", "log_level=info", *opts])
-    cmd = [sys.executable, os.fspath(FAILING_STORE), os.fspath(source), os.fspath(mnt), "-f", "-o", o]
-    out = open(mounter.workdir / f"{mnt.name}.cli-output", "wb")
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}
-    )
-    out.close()
-    mounter.adopt(mnt, log, proc)
-    if not mounting.wait_until(lambda: mounting.is_mounted(mnt) or proc.poll() is not None, mounting.MOUNT_TIMEOUT_S):
-        pytest.fail(f"failing_store.py did not mount {source}")
-    assert mounting.is_mounted(mnt), f"failing_store.py exited {proc.poll()}: {log.read_text() if log.exists() else ''}"
-    return mnt, proc, log
 
 
 def _store(tmp_path: Path, fmt: int) -> tuple[Path, np.ndarray]:
@@ -64,7 +46,7 @@ def test_failed_chunk_write_is_eio_and_keeps_the_stored_chunk(mount, tmp_path, f
     key = "g/a/" + oracles.zarr_chunk_key(root, "g/a", (1, 2))  # the chunk holding rows 10-19, cols 14-20
     old_chunk = (root / key).read_bytes()
     calls = tmp_path / "calls.txt"
-    mnt, proc, log = mount_failing(
+    mnt, proc, log = mounting.mount_failing(
         mount, root, {"FAILFILE_MATCH": key, "FAILFILE_FAIL_AT": "1", "FAILFILE_CALLS": os.fspath(calls)}
     )
     hlen = oracles.view_header_len(model, "npy")
@@ -113,7 +95,7 @@ def test_failed_write_of_one_chunk_stores_the_others(mount, tmp_path, fmt):
     root, model = _store(tmp_path, fmt)
     key = "g/a/" + oracles.zarr_chunk_key(root, "g/a", (0, 0))
     old_chunk = (root / key).read_bytes()
-    mnt, proc, log = mount_failing(mount, root, {"FAILFILE_MATCH": key, "FAILFILE_FAIL_AT": "1"})
+    mnt, proc, log = mounting.mount_failing(mount, root, {"FAILFILE_MATCH": key, "FAILFILE_FAIL_AT": "1"})
     m = np.load(mnt / "g/a.npy", mmap_mode="r+")
     m[:, :] = -5  # every chunk
     code = None
@@ -135,7 +117,7 @@ def test_failed_write_of_one_chunk_stores_the_others(mount, tmp_path, fmt):
 def test_failed_metadata_write_leaves_no_array(mount, tmp_path, fmt):
     root, _ = _store(tmp_path, fmt)
     doc = ".zarray" if fmt == 2 else "zarr.json"
-    mnt, proc, log = mount_failing(mount, root, {"FAILFILE_MATCH": f"g/new/{doc}", "FAILFILE_FAIL_AT": "1"})
+    mnt, proc, log = mounting.mount_failing(mount, root, {"FAILFILE_MATCH": f"g/new/{doc}", "FAILFILE_FAIL_AT": "1"})
     x = np.arange(30.0).reshape(5, 6)
     np.save(tmp_path / "x.npy", x)
     # one write of the whole file (shutil.copyfile would quietly retry a failed first sendfile);

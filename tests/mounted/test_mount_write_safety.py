@@ -384,10 +384,8 @@ def test_a_draft_replace_swaps_the_chunks_and_rewrites_the_document(mount, tmp_p
 
 @FORMATS
 def test_a_replace_on_a_store_that_is_not_local_moves_keys(mount, tmp_path, fmt):
-    from test_mount_write_faults import mount_failing
-
     root, _ = store_with_old(tmp_path, fmt)
-    mnt, proc, log = mount_failing(mount, root, {"FAILFILE_FAIL_AT": ""})
+    mnt, proc, log = mounting.mount_failing(mount, root, {"FAILFILE_FAIL_AT": ""})
     x = builders.sample_data(np.dtype("<u1"), (5, 40), np.random.default_rng(14))
     np.save(tmp_path / "x.npy", x)
     shutil.copyfile(tmp_path / "x.npy", mnt / "g" / "a.npy")

@@ -349,7 +349,7 @@ def test_writable_http_is_refused_without_a_tuple(tmp_path, served_dir):
 @pytest.fixture(scope="module")
 def served_dir(tmp_path_factory, store):
     """An http.server serving the store's parent; yields the store's URL."""
-    from test_mount_http import HttpServer
+    from support.http_server import HttpServer
 
     server = HttpServer(store.parent, tmp_path_factory.mktemp("http") / "http.log")
     server.start()

@@ -356,3 +356,28 @@ def unmount_and_wait(mounter: Mounter, mnt: Path) -> None:
     if rec.proc is not None:
         rec.proc.wait(EXIT_TIMEOUT_S)
     assert wait_exit(pids), f"zarrfs daemon(s) {sorted(pids)} still running after unmounting {mnt}"
+
+
+# --------------------------------------------------------------------------- failing store
+
+# zarrfs's command line over a store whose writes fail when asked (see its docstring).
+FAILING_STORE = Path(__file__).resolve().parent / "failing_store.py"
+
+
+def mount_failing(mounter: Mounter, source: Path, env: dict[str, str], *opts: str):
+    """Mount SOURCE through failing_store.py in the foreground; returns (mountpoint, process, log file)."""
+    import pytest
+
+    mnt, log = mounter.new_mountpoint()
+    o = ",".join(["writable", f"log_file={log}", "log_level=info", *opts])
+    cmd = [sys.executable, os.fspath(FAILING_STORE), os.fspath(source), os.fspath(mnt), "-f", "-o", o]
+    out = open(mounter.workdir / f"{mnt.name}.cli-output", "wb")
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}
+    )
+    out.close()
+    mounter.adopt(mnt, log, proc)
+    if not wait_until(lambda: is_mounted(mnt) or proc.poll() is not None, MOUNT_TIMEOUT_S):
+        pytest.fail(f"failing_store.py did not mount {source}")
+    assert is_mounted(mnt), f"failing_store.py exited {proc.poll()}: {log.read_text() if log.exists() else ''}"
+    return mnt, proc, log

@@ -45,6 +45,17 @@ def keys_below(root: str, prefix: str) -> set[str]:
     return {str(p.relative_to(root)) for p in base.rglob("*") if p.is_file()} if base.exists() else set()
 
 
+def shard_bytes(chunks: dict[int, bytes], n: int) -> bytes:
+    """A shard of the drafts' sharding transformer: CHUNKS (position -> bytes) back to back, then the
+    index of all N positions as little-endian (offset, nbytes) u64 pairs, 2**64-1 for an absent one."""
+    index = np.full((n, 2), 2**64 - 1, dtype="<u8")
+    blob = b""
+    for pos, data in chunks.items():
+        index[pos] = (len(blob), len(data))
+        blob += data
+    return blob + index.tobytes()
+
+
 # --------------------------------------------------------------------------- zarr 2.18 oracle
 
 Z218_READER = r"""

@@ -15,6 +15,8 @@ from zarrfs.storage.keys import ChunkKeys
 from zarrfs.storage.store import Store
 from zarrfs.views.streams import ArrayStream
 
+from support.v3draft import shard_bytes
+
 
 class RecordingStore:
     """A store of bytes in memory that records every call (to check ranged reads)."""
@@ -45,15 +47,6 @@ class RecordingStore:
     def erase_sync(self, key):
         self.calls.append(("erase", key))
         self.values.pop(key, None)
-
-
-def shard_bytes(chunks: dict[int, bytes], n: int) -> bytes:
-    index = np.full((n, 2), 2**64 - 1, dtype="<u8")
-    blob = b""
-    for pos, data in chunks.items():
-        index[pos] = (len(blob), len(data))
-        blob += data
-    return blob + index.tobytes()
 
 
 def test_sources_say_what_they_can_read_in_part():

@@ -18,10 +18,12 @@ from zarrfs.errors import ZarrfsError
 from zarrfs.tree.handles import ArrayHandle, HeldFileHandle, SnapshotHandle, StoreKeyHandle
 from zarrfs.tree.namespace import ROOT_INODE
 
-import test_namespace
-from test_namespace import lookup_path, make_ns
+from support.core import lookup_path, make_ns, write_namespace_store
 
-store_dir = test_namespace.store_dir  # the same store fixture
+
+@pytest.fixture
+def store_dir(tmp_path):
+    return write_namespace_store(tmp_path / "s.zarr")
 
 
 def npy_bytes(value: np.ndarray) -> bytes:

@@ -8,38 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zarrfs import grid
-from zarrfs.codecs.chain import CodecChain
-from zarrfs.model import ArrayMeta
-from zarrfs.storage.keys import ChunkKeys
 from zarrfs.views import streams
 from zarrfs.views.streams import ArrayStream
 
-DTYPES = ["|u1", "<i2", ">f4", "<c16", "|S3", [("a", "<i2"), ("b", "|u1")]]
-
-
-def make(arr: np.ndarray, chunks: tuple, chunk_order: str):
-    meta = ArrayMeta(
-        path="a",
-        shape=arr.shape,
-        dtype=arr.dtype,
-        chunk_shape=chunks,
-        fill_value=np.zeros((), arr.dtype),
-        codec=CodecChain(),
-        keys=ChunkKeys("a"),
-        attributes={},
-        format="v2",
-        metadata_key="a/.zarray",
-    )
-    rng = np.random.default_rng(0)
-    chunk_arrays = {}
-    for idx in grid.all_chunks(arr.shape, chunks):
-        # Padding past the edge holds junk: a view must never copy it out.
-        junk = rng.integers(0, 256, int(np.prod(chunks, dtype=int)) * arr.dtype.itemsize, dtype=np.uint8)
-        full = junk.view(arr.dtype).reshape(chunks, order=chunk_order).copy(order=chunk_order)
-        sl = grid.chunk_slices(idx, arr.shape, chunks)
-        full[tuple(slice(0, s.stop - s.start) for s in sl)] = arr[sl]
-        chunk_arrays[idx] = full
-    return meta, chunk_arrays
+from support.core import LAYOUT_DTYPES, meta_and_chunks
 
 
 @st.composite
@@ -47,7 +19,7 @@ def cases(draw):
     ndim = draw(st.integers(0, 4))
     shape = tuple(draw(st.lists(st.integers(0, 9), min_size=ndim, max_size=ndim)))
     chunks = tuple(draw(st.integers(1, 5)) for _ in shape)
-    dtype = np.dtype([tuple(f) for f in d] if isinstance(d := draw(st.sampled_from(DTYPES)), list) else d)
+    dtype = np.dtype([tuple(f) for f in d] if isinstance(d := draw(st.sampled_from(LAYOUT_DTYPES)), list) else d)
     seed = draw(st.integers(0, 2**32 - 1))
     raw = np.random.default_rng(seed).integers(0, 256, int(np.prod(shape, dtype=int)) * dtype.itemsize, dtype=np.uint8)
     arr = raw.view(dtype).reshape(shape)
@@ -73,7 +45,7 @@ def read_all_ranges(stream, chunk_arrays, expected, data):
 @given(cases(), st.data())
 def test_npy_c_matches_np_save(case, data):
     arr, chunks, chunk_order = case
-    meta, chunk_arrays = make(arr, chunks, chunk_order)
+    meta, chunk_arrays = meta_and_chunks(arr, chunks, chunk_order)
     buf = io.BytesIO()
     np.save(buf, arr)
     read_all_ranges(ArrayStream(meta, "C"), chunk_arrays, buf.getvalue(), data)
@@ -83,13 +55,13 @@ def test_npy_c_matches_np_save(case, data):
 @given(cases(), st.data(), st.sampled_from("CF"))
 def test_raw_matches_tobytes(case, data, order):
     arr, chunks, chunk_order = case
-    meta, chunk_arrays = make(arr, chunks, chunk_order)
+    meta, chunk_arrays = meta_and_chunks(arr, chunks, chunk_order)
     read_all_ranges(ArrayStream(meta, order, with_header=False), chunk_arrays, arr.tobytes(order=order), data)
 
 
 def test_plan_touches_only_needed_chunks():
     arr = np.arange(100 * 100, dtype="<i4").reshape(100, 100)
-    meta, chunk_arrays = make(arr, (10, 10), "C")
+    meta, chunk_arrays = meta_and_chunks(arr, (10, 10), "C")
     stream = ArrayStream(meta, "C", with_header=False)
     # Row 0, columns 0..19: two chunks of the first chunk row.
     assert set(stream.plan(0, 20 * 4).chunks) == {(0, 0), (0, 1)}
@@ -131,7 +103,7 @@ def test_last_chunk_row_names_the_row_of_chunks_a_window_covers(rows, cols, crow
     of that row, and a whole row of the array touches all of them. Oracle: numpy's unravelling of
     each byte's element, and the stream's own plan (tested above against numpy.save)."""
     arr = np.zeros((rows, cols), dtype)
-    meta, _ = make(arr, (crows, ccols), "C")
+    meta, _ = meta_and_chunks(arr, (crows, ccols), "C")
     stream = ArrayStream(meta, order)
     h, item = len(stream.header), arr.dtype.itemsize
     axis, per = (0, crows) if order == "C" else (1, ccols)  # the stream's rows: array rows (C), columns (F)
@@ -157,8 +129,8 @@ def test_last_chunk_row_names_the_row_of_chunks_a_window_covers(rows, cols, crow
 
 
 def test_last_chunk_row_is_only_for_whole_2d_streams():
-    meta3, _ = make(np.zeros((4, 4, 4), "<i2"), (2, 2, 2), "C")
+    meta3, _ = meta_and_chunks(np.zeros((4, 4, 4), "<i2"), (2, 2, 2), "C")
     assert ArrayStream(meta3).last_chunk_row(200, 210) is None
-    meta2, _ = make(np.zeros((4, 4), "<i2"), (2, 2), "C")
+    meta2, _ = meta_and_chunks(np.zeros((4, 4), "<i2"), (2, 2), "C")
     assert ArrayStream(meta2, chunk=(0, 0)).last_chunk_row(200, 201) is None
     assert ArrayStream(meta2, with_header=False).last_chunk_row(0, 32) == (1, False, True)

@@ -13,12 +13,10 @@ import pytest
 import trio
 import zarr
 
-from zarrfs.engine import Engine
-from zarrfs.engine.cache import ChunkCache
 from zarrfs.errors import NotFound
-from zarrfs.formats import open_hierarchy_sync
-from zarrfs.storage.store import Store
 from zarrfs.tree.namespace import ROOT_INODE, Namespace
+
+from support.core import lookup_path, make_ns, write_namespace_store
 
 
 def npy_bytes(value: np.ndarray) -> bytes:
@@ -29,28 +27,7 @@ def npy_bytes(value: np.ndarray) -> bytes:
 
 @pytest.fixture
 def store_dir(tmp_path):
-    root = tmp_path / "s.zarr"
-    g = zarr.open_group(str(root), mode="w", zarr_format=3)
-    a = g.create_array("a", shape=(6, 4), chunks=(2, 2), dtype="<i4")
-    a[...] = np.arange(24, dtype="<i4").reshape(6, 4)
-    g.create_group("sub").create_array("b", shape=(3,), chunks=(2,), dtype="<f8")
-    return root
-
-
-def make_ns(root, writable: bool = False) -> Namespace:
-    store = Store(str(root))
-    hierarchy = open_hierarchy_sync(store, "auto")
-    engine = Engine(store, ChunkCache(16 << 20))
-    return Namespace(hierarchy, hierarchy.node_sync(""), str(root), engine, writable=writable)
-
-
-async def lookup_path(ns: Namespace, *names: str):
-    inode = ROOT_INODE
-    for name in names:
-        entry = await ns.lookup(inode, name)
-        ns.remember(entry)
-        inode = entry.inode
-    return entry
+    return write_namespace_store(tmp_path / "s.zarr")
 
 
 async def read_all(ns: Namespace, inode: int) -> bytes:

@@ -15,11 +15,11 @@ from zarrfs.model import ArrayMeta
 from zarrfs.storage.keys import ChunkKeys
 from zarrfs.views import netcdf
 
-from test_layouts import make
+from support.core import meta_and_chunks
 
 
 def array(name, value, chunks, attrs=None, dim_names=None, fill=True, order="C", fmt="v2", fill_value=None):
-    meta, chunk_arrays = make(value, chunks, order)
+    meta, chunk_arrays = meta_and_chunks(value, chunks, order)
     if fill_value is None:
         fill_value = -9 if value.dtype.kind in "if" else 0
     meta = ArrayMeta(
@@ -160,7 +160,7 @@ def test_parts_of_any_range_are_the_whole_files_bytes():
     nc, data = classic()
     chunks = {}
     for i, v in enumerate(nc.variables):
-        chunks[i] = make(np.zeros(v.meta.shape, v.meta.dtype), v.meta.chunk_shape, "C")[1]
+        chunks[i] = meta_and_chunks(np.zeros(v.meta.shape, v.meta.dtype), v.meta.chunk_shape, "C")[1]
     for off, n in [(0, 10), (len(nc.header) - 3, 50), (nc.size - 7, 100), (37, 333), (nc.size, 4)]:
         got = [p if isinstance(p, bytes) else (p[2], p[3]) for p in nc.parts(off, n)]
         assert sum(len(p) if isinstance(p, bytes) else p[1] for p in got) == max(0, min(n, nc.size - off))

@@ -9,20 +9,14 @@ from PIL import Image
 
 from zarrfs.views import preview
 
-from test_layouts import make
+from support.core import meta_and_chunks
+from support.oracles import numpy_grey
 
 
 def picture(arr, chunks, budget=preview.MAX_DECODED_BYTES):
-    meta, chunk_arrays = make(arr, chunks, "C")
+    meta, chunk_arrays = meta_and_chunks(arr, chunks, "C")
     p = preview.plan(meta, budget)
     return p, preview.render(meta, p, {idx: chunk_arrays[idx] for idx in p.chunks})
-
-
-def numpy_grey(values):
-    """The scaling rule written with numpy alone: 1st..99th percentile to 0..255, rounded."""
-    finite = values[np.isfinite(values)]
-    lo, hi = np.percentile(finite, [1, 99])
-    return np.where(np.isnan(values), 0, np.clip(np.round((values - lo) / (hi - lo) * 255), 0, 255)).astype(np.uint8)
 
 
 def test_2d_block_means_and_scaling():
@@ -87,5 +81,5 @@ def test_one_chunk_larger_than_the_budget_is_still_a_preview():
 
 @pytest.mark.parametrize("shape,dtype", [((5,), "f4"), ((0, 3), "f4"), ((3, 3), "S2"), ((3, 3), "M8[s]")])
 def test_no_preview_of_arrays_that_are_no_picture(shape, dtype):
-    meta, _ = make(np.zeros(shape, dtype), tuple(max(n, 1) for n in shape), "C")
+    meta, _ = meta_and_chunks(np.zeros(shape, dtype), tuple(max(n, 1) for n in shape), "C")
     assert not preview.supported(meta)

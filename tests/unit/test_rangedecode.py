@@ -526,7 +526,7 @@ async def test_a_preview_of_a_chunk_larger_than_the_cache_reads_only_its_pixels(
     from zarrfs.views import preview, previews
     from zarrfs.views.previews import Previews
 
-    from test_preview import numpy_grey
+    from support.oracles import numpy_grey
 
     if by == "pixels":
         monkeypatch.setattr(previews, "ROWS_MAX_BYTES", 0)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from zarrfs.views.slices import BadSelection, SliceStream, selection, split_name
 
-from test_layouts import DTYPES, make
+from support.core import LAYOUT_DTYPES, meta_and_chunks
 
 
 def index_text(draw, ndim: int) -> str:
@@ -36,7 +36,7 @@ def cases(draw):
     ndim = draw(st.integers(0, 3))
     shape = tuple(draw(st.lists(st.integers(0, 9), min_size=ndim, max_size=ndim)))
     chunks = tuple(draw(st.integers(1, 5)) for _ in shape)
-    d = draw(st.sampled_from(DTYPES))
+    d = draw(st.sampled_from(LAYOUT_DTYPES))
     dtype = np.dtype([tuple(f) for f in d] if isinstance(d, list) else d)
     raw = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(
         0, 256, int(np.prod(shape, dtype=int)) * dtype.itemsize, dtype=np.uint8
@@ -54,7 +54,7 @@ def test_slice_matches_numpy(case, data):
         with pytest.raises(BadSelection):
             selection(text, arr.shape)
         return
-    meta, chunk_arrays = make(arr, chunks, chunk_order)
+    meta, chunk_arrays = meta_and_chunks(arr, chunks, chunk_order)
     for with_header in (True, False):
         stream = SliceStream(meta, *selection(text, arr.shape)[:1], with_header, selection(text, arr.shape)[1])
         buf = io.BytesIO()
@@ -71,7 +71,7 @@ def test_slice_matches_numpy(case, data):
 
 def test_plan_loads_only_chunks_the_selection_needs():
     arr = np.arange(100 * 100, dtype="<i4").reshape(100, 100)
-    meta, _ = make(arr, (10, 10), "C")
+    meta, _ = meta_and_chunks(arr, (10, 10), "C")
     stream = SliceStream(meta, selection("5, 20:40:7", arr.shape)[0])
     assert set(stream.plan(0, stream.size).chunks) == {(0, 2), (0, 3)}
     stream = SliceStream(meta, selection("::-50, -1", arr.shape)[0])

@@ -10,7 +10,7 @@ import tifffile
 
 from zarrfs.views import images, tiff
 
-from test_layouts import make
+from support.core import meta_and_chunks
 
 CASES = [
     ((5, 7), "|u1"),
@@ -107,7 +107,7 @@ def test_millions_of_pages_get_no_tiff():
 
 def test_reading_one_page_plans_only_that_pages_chunks():
     arr = np.arange(4 * 20 * 20, dtype="<f4").reshape(4, 20, 20)
-    meta, _ = make(arr, (1, 10, 10), "C")
+    meta, _ = meta_and_chunks(arr, (1, 10, 10), "C")
     stream = images.tiff_stream(meta)
     page = 20 * 20 * 4
     plan = stream.plan(len(stream.header) + 2 * page, page)
@@ -116,7 +116,7 @@ def test_reading_one_page_plans_only_that_pages_chunks():
 
 def test_tiff_stream_serves_what_tifffile_reads():
     arr = sample((3, 7, 9), ">i2")
-    meta, chunks = make(arr, (2, 3, 4), "F")
+    meta, chunks = meta_and_chunks(arr, (2, 3, 4), "F")
     stream = images.tiff_stream(meta)
     plan = stream.plan(0, stream.size)
     data = stream.assemble(plan, {idx: chunks[idx] for idx in plan.chunks})
@@ -125,7 +125,7 @@ def test_tiff_stream_serves_what_tifffile_reads():
 
 
 def test_envi_header_and_vrt_texts():
-    meta, _ = make(np.zeros((3, 5, 7), ">i4"), (1, 5, 7), "C")
+    meta, _ = meta_and_chunks(np.zeros((3, 5, 7), ">i4"), (1, 5, 7), "C")
     hdr = images.envi_header(meta).decode()
     for line in (
         "samples = 7",
@@ -167,7 +167,7 @@ def test_vrt_statistics_are_what_gdal_saves_into_a_vrt(tmp_path):
     as the view's statistics (numpy's values); written into the view's text, GDAL prints them
     without writing the file again."""
     arr = (np.random.default_rng(3).random((3, 6, 5)) * 100).astype(">f4")
-    meta, _ = make(arr, (1, 6, 5), "C")
+    meta, _ = meta_and_chunks(arr, (1, 6, 5), "C")
     vrt = _gdal_copy(tmp_path, meta, arr)
     _gdal("gdalinfo", "-stats", str(vrt))
     stats = images.vrt_statistics(vrt.read_bytes(), meta, "a.npy")
@@ -191,7 +191,7 @@ def test_vrt_statistics_are_what_gdal_saves_into_a_vrt(tmp_path):
 @pytest.mark.parametrize("edit", [["-a_nodata", "0"], ["-mo", "KEY=VALUE"], ["-a_srs", "EPSG:4326"]])
 def test_vrt_statistics_refuse_other_changes(tmp_path, edit):
     arr = np.arange(30, dtype="<u2").reshape(6, 5)
-    meta, _ = make(arr, (6, 5), "C")
+    meta, _ = meta_and_chunks(arr, (6, 5), "C")
     vrt = _gdal_copy(tmp_path, meta, arr)
     _gdal("gdal_edit.py", *edit, str(vrt))
     assert vrt.read_bytes() != images.vrt(meta, "a.npy")
@@ -215,7 +215,7 @@ def test_pam_statistics_are_what_gdal_saves_beside_a_raw_view(tmp_path):
     read from the header): the statistics are numpy's; given back in an .aux.xml, GDAL prints
     them without writing it again; an empty one it reads as nothing."""
     arr = (np.random.default_rng(4).random((2, 7, 9)) * 1000).astype("<i2")
-    meta, _ = make(arr, (1, 7, 9), "C")
+    meta, _ = meta_and_chunks(arr, (1, 7, 9), "C")
     raw = _raw_copy(tmp_path, meta, arr, statistics=[])
     assert images.pam(meta) == images.pam(meta, [])
     _gdal("gdalinfo", "-stats", str(raw))
@@ -242,7 +242,7 @@ def test_pam_statistics_are_what_gdal_saves_beside_a_raw_view(tmp_path):
 
 def test_pam_statistics_refuse_other_metadata(tmp_path):
     arr = np.arange(30, dtype="<u2").reshape(6, 5)
-    meta, _ = make(arr, (6, 5), "C")
+    meta, _ = meta_and_chunks(arr, (6, 5), "C")
     raw = _raw_copy(tmp_path, meta, arr, statistics=[])
     _gdal("gdal_edit.py", "-mo", "KEY=VALUE", str(raw))
     written = raw.with_name("a.raw.aux.xml").read_bytes()
@@ -258,6 +258,6 @@ def test_pam_statistics_refuse_other_metadata(tmp_path):
 def test_pam_statistics_refuse_band_numbers_that_are_no_numbers(band):
     """A rewrite naming a band by superscript digits, or by more digits than int() converts,
     is refused like any other change (it never raises)."""
-    meta, _ = make(np.arange(30, dtype="<u2").reshape(6, 5), (6, 5), "C")
+    meta, _ = meta_and_chunks(np.arange(30, dtype="<u2").reshape(6, 5), (6, 5), "C")
     written = f'<PAMDataset><PAMRasterBand band="{band}"></PAMRasterBand></PAMDataset>'.encode()
     assert images.pam_statistics(written, meta) is None

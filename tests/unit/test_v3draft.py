@@ -31,7 +31,7 @@ from zarrfs.storage.store import Store
 
 from support import FIXTURES
 from support.core import np_save_bytes, open_node, read_npy
-from test_chunksource import shard_bytes
+from support.v3draft import shard_bytes
 
 Z218 = FIXTURES / "v3draft-zarr218"
 SPEC = FIXTURES / "v3draft-2022-05"
