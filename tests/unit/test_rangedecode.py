@@ -226,22 +226,26 @@ async def test_reads_of_chunks_larger_than_the_cache_decode_ranges(tmp_path, com
     assert engine.cache.oversize_held == 0
 
 
-async def test_a_discarded_array_gives_back_its_decoders_memory(tmp_path):
-    """After an array is discarded (replaced or removed), its idle decoders no longer count against
-    the decoders' memory budget, so later streamed reads are not refused room."""
+def one_zstd_chunk(tmp_path, rows: int, cols: int):
+    """(store path, values, ArrayMeta) of a v2 uint8 array of ROWS x COLS in one zstd chunk,
+    written by zarr-python."""
     path = str(tmp_path / "s")
-    values = np.resize(np.arange(251, dtype=np.uint8), 1 << 22).reshape(1024, 4096)
-    arr = zarr.create_array(
+    values = np.resize(np.arange(251, dtype=np.uint8), rows * cols).reshape(rows, cols)
+    zarr.create_array(
         store=path,
         zarr_format=2,
         shape=values.shape,
         chunks=values.shape,
         dtype="u1",
         compressors=numcodecs.Zstd(level=1),
-        fill_value=0,
-    )
-    arr[:] = values
-    meta = open_hierarchy_sync(Store(path)).node_sync("")
+    )[:] = values
+    return path, values, open_hierarchy_sync(Store(path)).node_sync("")
+
+
+async def test_a_discarded_array_gives_back_its_decoders_memory(tmp_path):
+    """After an array is discarded (replaced or removed), its idle decoders no longer count against
+    the decoders' memory budget, so later streamed reads are not refused room."""
+    path, values, meta = one_zstd_chunk(tmp_path, 1024, 4096)
     engine = Engine(Store(path), ChunkCache(64 << 10))
     stream = ArrayStream(meta)
     assert engine.streamed(stream)
@@ -255,18 +259,7 @@ async def test_readers_of_one_chunk_at_once_share_its_stream(tmp_path):
     """Four readers of a chunk larger than the cache reading it sequentially at once get its
     bytes, and its stream is decoded about once, not once per reader (a reader following
     another continues its stream)."""
-    path = str(tmp_path / "s")
-    values = np.resize(np.arange(251, dtype=np.uint8), 1 << 24).reshape(1024, 16384)
-    arr = zarr.create_array(
-        store=path,
-        zarr_format=2,
-        shape=values.shape,
-        chunks=values.shape,
-        dtype="u1",
-        compressors=numcodecs.Zstd(level=1),
-    )
-    arr[:] = values
-    meta = open_hierarchy_sync(Store(path)).node_sync("")
+    path, values, meta = one_zstd_chunk(tmp_path, 1024, 16384)
     engine = Engine(Store(path), ChunkCache(1 << 20))
     stream = ArrayStream(meta)
     want = np_save_bytes(values)
