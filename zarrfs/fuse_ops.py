@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import math
 import os
 import stat
 import time
@@ -294,7 +293,7 @@ class ZarrOperations(pyfuse3.Operations):
             fh=fh,
             keep_cache=not handle.direct_io
             and not self.options.writable
-            and self.ns.freshness.metadata_ttl_s == math.inf,  # else each open reads anew
+            and self.ns.freshness.pages_stay_valid,  # else each open reads anew
             direct_io=handle.direct_io,
         )
 

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import icechunk
 import numpy as np
 import pytest
 
@@ -245,3 +246,55 @@ def test_a_missing_chunk_object_fails_that_read_only(repo, tmp_path, mount):
     assert mounting.log_lines_naming(mount.log_text(), "reading 'g/t/c/"), mount.log_text()
     assert sorted(os.listdir(mnt)) == ["a.npy", "g", "s.npy"]  # the daemon still answers
     assert json.loads((mnt / ".zarrfs" / "info" / "g" / "t.json").read_bytes())["shape"] == [50, 30]
+
+
+def _stats(mnt):
+    return json.loads((mnt / ".zarrfs" / "stats.json").read_bytes())
+
+
+def _read_as_cat_does(path):
+    with open(path, "rb", buffering=0) as f:
+        return b"".join(iter(lambda: f.read(128 << 10), b""))
+
+
+def test_a_reader_drops_the_chunks_it_passed_and_bytes_stay_exact(tmp_path, mount):
+    """A read-only mount of a local repository: the chunks a sequential reader has passed leave
+    the cache (their memory serves the next loads), every byte equals np.save's of what icechunk
+    reads, and a second read comes from the kernel's pages. A writable mount keeps its chunks."""
+    value = np.random.default_rng(7).random((2048, 1024), dtype="<f4")
+    repo = icechunk_repo.Repo(tmp_path / "big", {})
+    created = icechunk.Repository.create(icechunk.local_filesystem_storage(str(repo.path)))
+
+    def big(root):
+        root.create_array("b", shape=value.shape, chunks=(256, 256), dtype="<f4", compressors=None)[...] = value
+
+    snapshot = icechunk_repo.commit(created, "main", "big", big)
+    want = oracles.npy_bytes(icechunk_repo.arrays_of(repo, snapshot)["b"])
+    mnt = mount(repo.path)
+    assert _read_as_cat_does(mnt / "b.npy") == want
+    first = _stats(mnt)
+    # Of 8 rows of 4 chunks, all but the last row (here 28; the kernel may send a read out of
+    # order, which passes nothing), and what is still cached is about that row.
+    assert first["chunks_dropped"] >= 24
+    assert first["cache_bytes"] <= 2 * 4 * 256 * 256 * 4
+    assert (mnt / "b.npy").read_bytes() == want
+    assert _stats(mnt)["reads"] == first["reads"]  # the kernel's pages: no read reached the mount
+    writable = mount(repo.path, "writable")
+    assert (writable / "b.npy").read_bytes() == want
+    assert _stats(writable)["chunks_dropped"] == 0
+
+
+def test_pages_of_a_branch_are_kept_until_it_moves(repo, tmp_path, mount):
+    """The kernel keeps the pages of a branch mount's files (a second read reaches no store)
+    and drops them when the mount moves to the branch's new snapshot."""
+    repo = _copy(repo, tmp_path)
+    mnt = mount(repo.path, "metadata_ttl=0.5")
+    before = oracles.npy_bytes(icechunk_repo.arrays_of(repo, repo.snapshots["main"])["g/t"])
+    assert (mnt / "g" / "t.npy").read_bytes() == before
+    reads = _stats(mnt)["reads"]
+    assert (mnt / "g" / "t.npy").read_bytes() == before
+    assert _stats(mnt)["reads"] == reads
+    new = icechunk_repo.commit(repo.open(), "main", "t", lambda root: root["g/t"].__setitem__(slice(None), 3))
+    after = oracles.npy_bytes(icechunk_repo.arrays_of(repo, new)["g/t"])
+    assert after != before
+    assert mounting.wait_until(lambda: (mnt / "g" / "t.npy").read_bytes() == after, 20)

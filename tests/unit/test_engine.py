@@ -575,7 +575,7 @@ def test_engine_config_for_a_mount_runs_the_fast_paths_of_read_only_mounts(tmp_p
     from zarrfs.options import Options
 
     class Remote:
-        is_local = False
+        is_local = on_local_disk = False
 
     local = Store(str(tmp_path))
     assert EngineConfig.for_mount(Options(timeout_s=7.0), local) == EngineConfig(
@@ -583,6 +583,27 @@ def test_engine_config_for_a_mount_runs_the_fast_paths_of_read_only_mounts(tmp_p
     )
     assert EngineConfig.for_mount(Options(), Remote()) == EngineConfig(bands=True)
     assert EngineConfig.for_mount(Options(writable=True), local) == EngineConfig()
+
+    class OwnBuffersOnLocalDisk:  # an Icechunk repository in a local directory
+        is_local, on_local_disk = False, True
+
+    assert EngineConfig.for_mount(Options(), OwnBuffersOnLocalDisk()) == EngineConfig(bands=True, drop_behind=True)
+    assert EngineConfig.for_mount(Options(writable=True), OwnBuffersOnLocalDisk()) == EngineConfig()
+
+
+async def read_as_fuse_does(engine, stream, size=128 << 10):
+    """STREAM read whole from offset 0 as the FUSE layer reads: read_now, else read with reply."""
+    reader, got = ReadAhead(), b""
+    async with trio.open_nursery() as n:
+        await n.start(engine.run)
+        for off in range(0, stream.size, size):
+            data = engine.read_now(stream, off, size, reader)
+            if data is None:
+                data = await engine.read(stream, off, size, readahead=reader, reply=True)
+            got += bytes(data)  # (a view of the reused reply buffer: copied before the next read)
+            del data  # as the FUSE layer lets go of a reply once sent
+        n.cancel_scope.cancel()
+    return got
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -598,16 +619,44 @@ async def test_fast_paths_on_or_off_give_numpy_s_bytes(tmp_path, fast):
     zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
     config = EngineConfig(direct_reads=fast, bands=fast, recycle=fast)
     store, engine, streams = setup(path, config=config)
-    s = streams["a"]
-    reader, got = ReadAhead(), b""
-    async with trio.open_nursery() as n:
-        await n.start(engine.run)
-        for off in range(0, s.size, 128 << 10):
-            data = engine.read_now(s, off, 128 << 10, reader)
-            if data is None:
-                data = await engine.read(s, off, 128 << 10, readahead=reader, reply=True)
-            got += bytes(data)  # (a view of the reused reply buffer: copied before the next read)
-        n.cancel_scope.cancel()
+    got = await read_as_fuse_does(engine, streams["a"])
     assert got == np_save_bytes(zarr.open_array(os.path.join(path, "a"), mode="r")[...])
     served = engine.counters["direct_reads"] + engine.counters["band_reads"]
     assert served > 0 if fast else served == 0
+
+
+class OwnBuffersStore(Store):
+    """A local store read as an Icechunk repository is: no file of its chunks for the engine to read
+    into its own buffers, each value a buffer of the store's own."""
+
+    def __init__(self, source):
+        super().__init__(source)
+        self.is_local, self.on_local_disk = False, True
+
+    def get_sync(self, key, *bound, **kw):
+        value = super().get_sync(key, *bound)
+        return value if value is None or key.endswith((".zarray", ".zgroup", ".zattrs")) else memoryview(value)
+
+
+@pytest.mark.parametrize("drop_behind", [True, False])
+async def test_a_sequential_reader_drops_the_chunks_it_passed(tmp_path, drop_behind):
+    """With drop_behind (a read-only mount of a store on local disk whose chunks are buffers of its
+    own), the chunks a sequential reader has passed leave the cache, so that their memory serves
+    the next loads; the reader gets np.save's bytes of zarr-python's values either way."""
+    path = str(tmp_path / "s")
+    value = np.arange(512 * 1024, dtype="<f4").reshape(512, 1024)
+    zarr.create_array(
+        store=path, name="a", shape=value.shape, chunks=(64, 256), dtype="<f4", zarr_format=2, compressors=None
+    )[...] = value
+    zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
+    config = EngineConfig(bands=True, drop_behind=drop_behind)
+    store, engine, streams = setup(path, store_cls=OwnBuffersStore, cache_bytes=1 << 26, config=config)
+    got = await read_as_fuse_does(engine, streams["a"])
+    assert got == np_save_bytes(zarr.open_array(os.path.join(path, "a"), mode="r")[...])
+    chunks = 8 * 4
+    if drop_behind:
+        assert engine.counters["chunks_dropped"] >= chunks - 4  # all but the last row of chunks
+        assert engine.tables.cache.used_bytes <= 4 * 64 * 256 * 4  # at most that row is left
+    else:
+        assert engine.counters["chunks_dropped"] == 0
+        assert engine.tables.cache.used_bytes == value.nbytes

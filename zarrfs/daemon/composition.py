@@ -28,6 +28,7 @@ from ..storage.remote import (
 )
 from ..storage.store import Store
 from ..tree.namespace import Namespace
+from . import allocator
 from .logs import register_secrets
 
 log = logging.getLogger("zarrfs")
@@ -53,6 +54,7 @@ def storage_options_of(options: Options) -> dict:
 
 def build(source: str, options: Options) -> ZarrOperations:
     """Open the store and its hierarchy; everything that can be a user error happens here."""
+    allocator.one_heap()  # before any thread of the daemon's starts
     storage_options = storage_options_of(options)
     register_secrets(secrets_in(storage_options, source) | secrets_in(options.remote_options))
     shown = redact_url(source)
@@ -110,7 +112,10 @@ def build(source: str, options: Options) -> ZarrOperations:
         raise UserError(f"{shown}: not a Zarr hierarchy")
     if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
         raise UserError(f"{shown}: {root.error}")
-    engine = Engine(store, ChunkCache(options.cache_size_bytes), EngineConfig.for_mount(options, store))
+    config = EngineConfig.for_mount(options, store)
+    if config.drop_behind:  # the store's own buffers, freed behind readers: kept for its next reads
+        allocator.keep_freed_buffers()
+    engine = Engine(store, ChunkCache(options.cache_size_bytes), config)
     namespace = Namespace(
         hierarchy,
         root,

@@ -51,7 +51,7 @@ class Engine:
         self.runtime = runtime = Runtime(store, config)
         self.tables = tables = ChunkTables(cache)
         self.revalidation = Revalidation(runtime, tables)
-        spares = Spares(runtime, tables, config.recycle)
+        spares = Spares(runtime, tables, config.recycle, config.drop_behind)
         self.loads = Loads(runtime, tables, self.revalidation, spares)
         window = window_bound(store, cache) if config.prefetch_max_bytes is None else config.prefetch_max_bytes
         shards = ShardReads(runtime, tables, window)

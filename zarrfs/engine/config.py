@@ -24,6 +24,10 @@ class EngineConfig:
     direct_reads: bool = False
     bands: bool = False  # sequential readers served from bands assembled ahead (fastpath/bands.py)
     recycle: bool = False  # decode buffers given back by sequential readers (fastpath/spares.py)
+    # Chunks a sequential reader has passed leave the cache, so that the allocator gives their
+    # memory to the next loads (fastpath/spares.py): read-only mounts of stores on local disk
+    # whose chunks come in buffers of the store's own (an Icechunk repository).
+    drop_behind: bool = False
     dirty_max_bytes: int = DIRTY_MAX_BYTES
     # Read-ahead's bound; None: by the store's kind and the cache's size (readahead.window_bound).
     prefetch_max_bytes: int | None = None
@@ -33,11 +37,13 @@ class EngineConfig:
     def for_mount(cls, options: Any, store: Any) -> EngineConfig:
         """The configuration of a mount of STORE with OPTIONS (options.Options): the fast paths
         that need a store nothing else writes through this mount run on read-only mounts, those
-        that read chunk files on local stores."""
+        that read chunk files on local stores; stores on local disk with no files of ours to read
+        drop what a reader has passed."""
         read_only = not options.writable
         return cls(
             timeout_s=options.timeout_s,
             direct_reads=store.is_local and read_only,
             bands=read_only,
             recycle=store.is_local and read_only,
+            drop_behind=read_only and store.on_local_disk and not store.is_local,
         )

@@ -33,6 +33,11 @@ PREFETCH_CACHE_SHARE = 4
 # end of each row (the next row was asked for only once the reader was in it); more rows cost
 # memory and page faults for no speed (docs/PERFORMANCE.md).
 LOCAL_PREFETCH_MAX_BYTES = 128 << 20
+# A store on local disk whose chunks come in buffers of its own (an Icechunk repository): its
+# readers drop the chunks they pass (spares.py), and the memory its loads cycle through is this
+# window and the chunks a reader is in; the less of it, the more is reused rather than fresh
+# (daemon/allocator.py keeps freed memory for them).
+OWN_BUFFERS_PREFETCH_MAX_BYTES = 32 << 20
 
 
 class ReadAhead:
@@ -55,9 +60,13 @@ class ReadAhead:
 
 def window_bound(store: Any, cache: Any) -> int:
     """Read-ahead's bound by default: by the store's kind, and a share of the cache."""
-    return min(
-        LOCAL_PREFETCH_MAX_BYTES if store.is_local else PREFETCH_MAX_BYTES, cache.max_bytes // PREFETCH_CACHE_SHARE
-    )
+    if store.is_local:
+        bound = LOCAL_PREFETCH_MAX_BYTES
+    elif store.on_local_disk:
+        bound = OWN_BUFFERS_PREFETCH_MAX_BYTES
+    else:
+        bound = PREFETCH_MAX_BYTES
+    return min(bound, cache.max_bytes // PREFETCH_CACHE_SHARE)
 
 
 class Prefetch:

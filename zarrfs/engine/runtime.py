@@ -53,6 +53,7 @@ COUNTERS = (
     "small_reads",
     "row_reads",
     "buffers_reused",
+    "chunks_dropped",
     "streamed_reads",
 )
 

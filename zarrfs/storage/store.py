@@ -62,6 +62,7 @@ class Store:
                 raise UserError(f"cannot open {source}: {e}") from None
         self.root = root.rstrip("/") if root not in ("/", "") else root
         self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.on_local_disk = self.is_local  # reading a key again costs no network
         # HTTP listings are links: names in them are percent-encoded.
         # fsspec spells a file system's protocol as a string, a tuple or (older backends) a list.
         protocol = self.fs.protocol

@@ -54,6 +54,13 @@ class Freshness:
         self._now_nodes: dict[str, Node | None] = {}
         self._replaced_said = LogOnce()  # paths whose replacement was logged in this epoch
 
+    @property
+    def pages_stay_valid(self) -> bool:
+        """Whether pages the kernel keeps of a file stay valid until a refresh drops them (read-only
+        mounts): nothing is looked at again (metadata_ttl=inf), or the store is a snapshot that
+        changes only by moving to another, which drops every file's pages (`revalidate`)."""
+        return self.metadata_ttl_s == math.inf or getattr(self.hierarchy.store, "follow_tip_sync", None) is not None
+
     def saw_nodes(self, nodes: list[Node | None], paths: list[str] | None = None) -> None:
         """Nodes read from the store in this epoch (a listing, or one node at each of `paths`): the
         entries of their paths follow them, and the engine their arrays' chunk layouts."""

@@ -10,6 +10,10 @@ and a sequential reader gives back the chunks it has passed (`release_behind`): 
 cache, and its buffer, if nothing else holds the chunk or a view of it (reference counts: a
 reader's plan, a band being assembled, a reply being sent), is kept for the next decode of that
 size, at most SPARE_MAX_BYTES of them.
+
+Stores on local disk whose chunks come in buffers of their own (an Icechunk repository: no file
+to read into ours) drop behind instead: a chunk a reader has passed leaves the cache, and the
+allocator gives its memory to the next loads (daemon/allocator.py keeps it for them).
 A part of the engine (docs/CONCURRENCY.md); used from the trio thread only.
 """
 
@@ -41,10 +45,11 @@ SOLE = 3
 
 
 class Spares:
-    """Decode buffers given back by sequential readers (ENABLED: read-only mounts of local stores)."""
+    """Decode buffers given back by sequential readers (ENABLED: read-only mounts of local stores),
+    or the chunks they passed dropped (DROP_BEHIND)."""
 
-    def __init__(self, runtime: Runtime, tables: ChunkTables, enabled: bool) -> None:
-        self.runtime, self.tables, self.enabled = runtime, tables, enabled
+    def __init__(self, runtime: Runtime, tables: ChunkTables, enabled: bool, drop_behind: bool = False) -> None:
+        self.runtime, self.tables, self.enabled, self.drop_behind = runtime, tables, enabled, drop_behind
         self._spares: dict[int, list[np.ndarray]] = {}
         self._spare_bytes = 0
         self._buffers = 0  # alive (cached chunks' and spare ones)
@@ -81,8 +86,10 @@ class Spares:
 
     def release_behind(self, stream: Any, state: Any, upto: int, chunks: Any) -> None:
         """A sequential reader whose bytes up to UPTO are served (or assembled), and whose
-        latest read or band used CHUNKS: give back the chunks wholly before UPTO."""
-        if not stream.is_array_stream or stream.chunk is not None or not self._recycles(stream.meta):
+        latest read or band used CHUNKS: give back (or drop) the chunks wholly before UPTO."""
+        if not stream.is_array_stream or stream.chunk is not None:
+            return
+        if not (self.drop_behind or self._recycles(stream.meta)):
             return
         held = state.held  # chunk -> where it ends in the stream
         for idx in chunks:
@@ -98,6 +105,11 @@ class Spares:
 
     def _recycle(self, meta: ArrayMeta, idx: Any) -> None:
         key = cache_key(meta, idx)
+        if self.drop_behind:  # the store's own buffer: freed once its last holder lets go
+            if self.tables.cache.get(key, count=False) is not None:
+                self.tables.cache.discard(key)
+                self.runtime.counters["chunks_dropped"] += 1
+            return
         arr = self.tables.cache.get(key, count=False)
         if arr is None:
             return

@@ -95,6 +95,12 @@ def virtual_access(prefixes: tuple[str, ...], storage_options: dict[str, Any]) -
     return access
 
 
+def on_local_disk(source: str) -> bool:
+    """Whether SOURCE names a repository in a local directory (as storage_of reads it)."""
+    scheme, sep, _ = source.partition("://")
+    return not sep or scheme == "file"
+
+
 def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
     """Icechunk's Storage for SOURCE: a local directory, or s3:// / gs:// with fsspec-style options."""
     icechunk = icechunk_module()
