@@ -282,6 +282,8 @@ def test_a_reader_drops_the_chunks_it_passed_and_bytes_stay_exact(tmp_path, moun
     writable = mount(repo.path, "writable")
     assert (writable / "b.npy").read_bytes() == want
     assert _stats(writable)["chunks_dropped"] == 0
+    # How the mounts read the repository (storage/icechunk/repository.py local_reads) is not saved in it.
+    assert icechunk.Repository.fetch_config(icechunk.local_filesystem_storage(str(repo.path))) is None
 
 
 def test_pages_of_a_branch_are_kept_until_it_moves(repo, tmp_path, mount):

@@ -40,6 +40,11 @@ SNAPSHOT_ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{20}")
 UNAUTHORIZED = re.compile(r"resolves to the url prefix (\S+?),? to be able to fetch the chunk you need to authorize")
 
 
+# Concurrent parts an object of a local repository is read in (local_reads): 1 would read it as a
+# stream of small pieces, several times slower.
+LOCAL_PARTS = 2
+
+
 def looks_like_repository_sync(store: Store) -> bool:
     """Whether SOURCE (opened as a plain store) holds an Icechunk repository, from one listing."""
     try:
@@ -93,6 +98,17 @@ def virtual_access(prefixes: tuple[str, ...], storage_options: dict[str, Any]) -
             else None
         )
     return access
+
+
+def local_reads() -> Any:
+    """The repository's settings for this mount when it is on local disk (not saved in it): each
+    object read in at most LOCAL_PARTS concurrent parts. Icechunk's default for local storage
+    reads a chunk in 5 parts of at least 4 KiB, each its own open, read and close in a thread of
+    its own and then a copy into one buffer: on local disk, 2 parts cost 14% less CPU and half
+    the context switches (docs/PERFORMANCE.md: Icechunk)."""
+    icechunk = icechunk_module()
+    concurrency = icechunk.StorageConcurrencySettings(max_concurrent_requests_for_object=LOCAL_PARTS)
+    return icechunk.RepositoryConfig(storage=icechunk.StorageSettings(concurrency=concurrency))
 
 
 def on_local_disk(source: str) -> bool:
@@ -164,6 +180,7 @@ class Repository:
         try:
             self.repo = icechunk.Repository.open(
                 storage_of(source, storage_options),
+                config=local_reads() if on_local_disk(source) else None,
                 authorize_virtual_chunk_access=virtual_access(authorized, storage_options),
             )
         except icechunk.IcechunkError as e:
