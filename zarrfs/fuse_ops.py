@@ -293,7 +293,7 @@ class ZarrOperations(pyfuse3.Operations):
             fh=fh,
             keep_cache=not handle.direct_io
             and not self.options.writable
-            and self.ns.freshness.pages_stay_valid,  # else each open reads anew
+            and self.ns.freshness.keep_pages(handle.entry),  # else this open reads anew
             direct_io=handle.direct_io,
         )
 

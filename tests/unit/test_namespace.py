@@ -224,3 +224,29 @@ async def test_a_group_moved_while_a_plain_file_inside_is_removed(store_dir, mon
     moved = await lookup_path(ns, "moved")
     assert sorted(await ns.children(moved.inode)) == ["b.npy", "kept.txt"]
     assert await read_all(ns, (await ns.lookup(moved.inode, "kept.txt")).inode) == b"kept.txt"
+
+
+def test_an_open_while_a_versioned_store_moves_starts_without_the_kernel_s_pages():
+    """freshness.keep_pages: a versioned store's files keep the kernel's pages while it shows the
+    snapshot they were read in; an open once it shows another (its old pages not yet dropped)
+    starts without them. Other stores keep them only without a TTL."""
+    from types import SimpleNamespace
+
+    from zarrfs.tree.entries import Entry
+    from zarrfs.tree.freshness import Freshness
+    from zarrfs.tree.kinds import Kind
+
+    def freshness_of(store, ttl):
+        ns = SimpleNamespace(engine=None, hierarchy=SimpleNamespace(store=store), inodes=None)
+        return Freshness(ns, ttl)
+
+    repo = SimpleNamespace(snapshot_id="S1", follow_tip_sync=lambda may_move: False)
+    fresh, entry = freshness_of(repo, 10.0), Entry(2, Kind.ARRAY)
+    assert not fresh.keep_pages(entry)  # its first open: no pages of a known snapshot
+    assert fresh.keep_pages(entry)
+    repo.snapshot_id = "S2"  # moved; `revalidate` has not dropped the pages yet
+    assert not fresh.keep_pages(entry)
+    assert fresh.keep_pages(entry)
+    plain = SimpleNamespace()
+    assert freshness_of(plain, float("inf")).keep_pages(Entry(3, Kind.ARRAY))
+    assert not freshness_of(plain, 10.0).keep_pages(Entry(3, Kind.ARRAY))

@@ -45,6 +45,7 @@ class Entry:
         "held",
         "name_key",
         "checked",
+        "pages_of",
     )
 
     def __init__(
@@ -76,6 +77,7 @@ class Entry:
         self.held: Any = None  # held.HeldFile: a plain file (any name but NAME.npy)
         self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
         self.checked = -1  # the freshness epoch in which its node was last checked (freshness.py)
+        self.pages_of: str | None = None  # the snapshot shown at its last open (freshness.keep_pages)
 
     @property
     def is_dir(self) -> bool:

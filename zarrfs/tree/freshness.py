@@ -54,12 +54,19 @@ class Freshness:
         self._now_nodes: dict[str, Node | None] = {}
         self._replaced_said = LogOnce()  # paths whose replacement was logged in this epoch
 
-    @property
-    def pages_stay_valid(self) -> bool:
-        """Whether pages the kernel keeps of a file stay valid until a refresh drops them (read-only
-        mounts): nothing is looked at again (metadata_ttl=inf), or the store is a snapshot that
-        changes only by moving to another, which drops every file's pages (`revalidate`)."""
-        return self.metadata_ttl_s == math.inf or getattr(self.hierarchy.store, "follow_tip_sync", None) is not None
+    def keep_pages(self, entry: Entry) -> bool:
+        """Whether an open of ENTRY's file on a read-only mount may use the pages the kernel kept of
+        it. Without a TTL (metadata_ttl=inf), what changes them is a refresh, which drops them
+        (`revalidate`). A versioned store changes only by moving to another snapshot, which drops
+        every file's pages too, whatever the TTL; an open while it moves (the store shows the new
+        snapshot, the old pages are not dropped yet) starts without them, so that no reader mixes
+        pages of one snapshot with reads of another."""
+        store = self.hierarchy.store
+        if getattr(store, "follow_tip_sync", None) is None:
+            return self.metadata_ttl_s == math.inf
+        shown = store.snapshot_id
+        kept, entry.pages_of = entry.pages_of == shown, shown
+        return kept
 
     def saw_nodes(self, nodes: list[Node | None], paths: list[str] | None = None) -> None:
         """Nodes read from the store in this epoch (a listing, or one node at each of `paths`): the
