@@ -101,9 +101,12 @@ def test_follows_the_branch_when_allowed(tmp_path):
     new = icechunk_repo.commit(repo.open(), "main", "third", lambda root: root["a"].__setitem__(slice(None), 5.0))
     assert not store.follow_tip_sync(may_move=False)  # a file is open: later
     assert store.snapshot_id == repo.snapshots["main"] and store.tip_pending == new
-    assert store.follow_tip_sync(may_move=True)
+    assert store.follow_tip_sync(may_move=True)  # found, not shown yet
+    assert not store.show_ready(may_move=False)  # a file was opened meanwhile: it keeps its snapshot
+    assert store.snapshot_id == repo.snapshots["main"] and store.tip_pending == new
+    assert store.follow_tip_sync(may_move=True) and store.show_ready(may_move=True)
     assert store.snapshot_id == new and store.tip_pending is None
-    assert not store.follow_tip_sync(may_move=True)
+    assert not store.follow_tip_sync(may_move=True) and not store.show_ready(may_move=True)
     assert not tag.follow_tip_sync(may_move=True) and tag.snapshot_id == repo.snapshots["v1"]
     chunk = np.frombuffer(store.get_sync("a/c/0", None), dtype="u1")
     assert chunk.size > 0

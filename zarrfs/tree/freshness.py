@@ -215,6 +215,9 @@ class Freshness:
         follow = getattr(store, "follow_tip_sync", None)
         if follow is not None:  # a versioned store: only a move to another snapshot makes anything stale
             moved = await self.engine.run_io(follow, self.ns.open_files == 0)
+            # Shown here, with no await between the check and the move: a file opened while the
+            # tip was looked up keeps the mount on the snapshot it reads.
+            moved = moved and store.show_ready(self.ns.open_files == 0)
             await self.ns.versions.recheck()
             if not moved:
                 return

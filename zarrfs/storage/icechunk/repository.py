@@ -212,6 +212,7 @@ class Repository:
         self.tip_pending: str | None = None  # a newer snapshot of the branch, taken once no file is open
         # Set when a commit of ours took in other writers' commits: what the mount cached may be stale.
         self.others_taken_in = False
+        self._ready: Version | None = None  # what follow_tip_sync found, for show_ready to show
         self._lock_path = _lock_path(source) if writable else None
         self.error = icechunk.IcechunkError
         # Sessions of other snapshots (the history), most recently used last.
@@ -231,13 +232,14 @@ class Repository:
     # --- the branch's tip -------------------------------------------------------------
 
     def follow_tip_sync(self, may_move: bool) -> bool:
-        """Look up the branch's newest snapshot; move to it when MAY_MOVE (no file open), else
-        remember it for later. True when the mount now shows another snapshot."""
+        """Look up the branch's newest snapshot; when MAY_MOVE (no file open), open a session of
+        it for `show_ready` to show, else remember it for later. True when there is one to show."""
+        self._ready = None
         if self.branch is None:
             return False
         if self.others_taken_in:  # the session is at the tip already; what the mount cached is not
             if may_move:
-                self.others_taken_in, self.tip_pending = False, None
+                self._ready = self.version
             return may_move
         if self.writable and self.version.session.has_uncommitted_changes:
             return False  # an operation under way: the next commit takes the tip in
@@ -261,9 +263,23 @@ class Repository:
             )
         except self.error as e:
             raise StoreError(f"opening snapshot {tip} of branch {self.branch!r} failed: {error_reason(e)}") from None
-        log.info("branch %s: now showing snapshot %s (was %s)", self.branch, tip, self.snapshot_id)
-        self.version = Version(session)
-        self.tip_pending = None
+        self._ready = Version(session)
+        return True
+
+    def show_ready(self, may_move: bool) -> bool:
+        """Show the snapshot follow_tip_sync found, when MAY_MOVE still holds: called in the thread
+        that opens files, with nothing in between, so that a file opened while the tip was looked
+        up keeps the mount on its snapshot (the new one then waits as `tip_pending`). True when
+        the mount now shows another snapshot."""
+        ready, self._ready = self._ready, None
+        if ready is None:
+            return False
+        if not may_move:
+            self.tip_pending = ready.snapshot_id
+            return False
+        if ready is not self.version:
+            log.info("branch %s: now showing snapshot %s (was %s)", self.branch, ready.snapshot_id, self.snapshot_id)
+        self.version, self.tip_pending, self.others_taken_in = ready, None, False
         return True
 
     # --- the history ------------------------------------------------------------------

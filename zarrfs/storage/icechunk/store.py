@@ -54,8 +54,9 @@ class IcechunkStore:
     """A zarrfs store over one snapshot of an Icechunk repository, and over any other snapshot
     below `SNAPSHOT_PREFIX + ID` (read-only).
 
-    A branch mount follows the branch: `follow_tip_sync` moves it to the branch's newest
-    snapshot (a new session), never while a file is open, so a reader sees one snapshot.
+    A branch mount follows the branch: `follow_tip_sync` finds the branch's newest snapshot (a
+    new session) and `show_ready` moves to it, never while a file is open, so a reader sees one
+    snapshot.
     With `writable`, the session is writable and `commit_sync` makes what it holds a commit.
     """
 
@@ -113,6 +114,10 @@ class IcechunkStore:
     def follow_tip_sync(self, may_move: bool) -> bool:
         """See Repository.follow_tip_sync."""
         return self.repository.follow_tip_sync(may_move)
+
+    def show_ready(self, may_move: bool) -> bool:
+        """See Repository.show_ready."""
+        return self.repository.show_ready(may_move)
 
     def refs_sync(self, kind: str) -> dict[str, str]:
         """Branches or tags (KIND) -> the snapshot each names now."""
