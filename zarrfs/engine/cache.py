@@ -109,8 +109,10 @@ class ChunkCache:
         """Every key held (a copy: the caller may discard while it walks them)."""
         return [*self._items, *self._oversize]
 
-    def discard(self, key: Hashable) -> None:
-        self._oversize.pop(key, None)
+    def discard(self, key: Hashable) -> bool:
+        """Drop KEY's chunk; whether it was held."""
+        oversize = self._oversize.pop(key, None)
         item = self._items.pop(key, None)
         if item is not None:
             self.used_bytes -= item[1]
+        return item is not None or oversize is not None

@@ -48,6 +48,8 @@ class Freshness:
         self.hierarchy = ns.hierarchy
         self.inodes = ns.inodes
         self.metadata_ttl_s = metadata_ttl_s
+        # A versioned store (an Icechunk repository) changes only by moving to another snapshot.
+        self.versioned = hasattr(self.hierarchy.store, "follow_tip_sync")
         self.epoch = 0  # bumped by each revalidation: entries checked in an older one are checked again
         self._fresh_since = time.monotonic()
         # Nodes read from the store in this epoch, by path (listings, or one array's document)
@@ -61,10 +63,9 @@ class Freshness:
         every file's pages too, whatever the TTL; an open while it moves (the store shows the new
         snapshot, the old pages are not dropped yet) starts without them, so that no reader mixes
         pages of one snapshot with reads of another."""
-        store = self.hierarchy.store
-        if getattr(store, "follow_tip_sync", None) is None:
+        if not self.versioned:
             return self.metadata_ttl_s == math.inf
-        shown = store.snapshot_id
+        shown = self.hierarchy.store.snapshot_id
         kept, entry.pages_of = entry.pages_of == shown, shown
         return kept
 
@@ -207,14 +208,13 @@ class Freshness:
         """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
         now = time.monotonic()
         store = self.hierarchy.store
-        pending = getattr(store, "tip_pending", None) is not None and self.ns.open_files == 0
+        pending = self.versioned and store.tip_pending is not None and self.ns.open_files == 0
         if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
             return
         self._fresh_since = now
         moved = False
-        follow = getattr(store, "follow_tip_sync", None)
-        if follow is not None:  # a versioned store: only a move to another snapshot makes anything stale
-            moved = await self.engine.run_io(follow, self.ns.open_files == 0)
+        if self.versioned:  # only a move to another snapshot makes anything stale
+            moved = await self.engine.run_io(store.follow_tip_sync, self.ns.open_files == 0)
             # Shown here, with no await between the check and the move: a file opened while the
             # tip was looked up keeps the mount on the snapshot it reads.
             moved = moved and store.show_ready(self.ns.open_files == 0)

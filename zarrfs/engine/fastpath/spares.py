@@ -106,8 +106,7 @@ class Spares:
     def _recycle(self, meta: ArrayMeta, idx: Any) -> None:
         key = cache_key(meta, idx)
         if self.drop_behind:  # the store's own buffer: freed once its last holder lets go
-            if self.tables.cache.get(key, count=False) is not None:
-                self.tables.cache.discard(key)
+            if self.tables.cache.discard(key):
                 self.runtime.counters["chunks_dropped"] += 1
             return
         arr = self.tables.cache.get(key, count=False)

@@ -111,20 +111,21 @@ def local_reads() -> Any:
     return icechunk.RepositoryConfig(storage=icechunk.StorageSettings(concurrency=concurrency))
 
 
-def on_local_disk(source: str) -> bool:
-    """Whether SOURCE names a repository in a local directory (as storage_of reads it)."""
-    scheme, sep, _ = source.partition("://")
-    return not sep or scheme == "file"
+def local_path(source: str) -> str | None:
+    """The directory of a repository in a local directory (SOURCE a path, or file://), else None."""
+    scheme, sep, rest = source.partition("://")
+    if not sep:
+        return os.path.abspath(source)
+    return rest if scheme == "file" else None
 
 
 def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
     """Icechunk's Storage for SOURCE: a local directory, or s3:// / gs:// with fsspec-style options."""
     icechunk = icechunk_module()
-    scheme, sep, rest = source.partition("://")
-    if not sep:
-        return icechunk.local_filesystem_storage(os.path.abspath(source))
-    if scheme == "file":
-        return icechunk.local_filesystem_storage(rest)
+    path = local_path(source)
+    if path is not None:
+        return icechunk.local_filesystem_storage(path)
+    scheme, _, rest = source.partition("://")
     bucket, _, prefix = rest.partition("/")
     prefix = prefix.strip("/") or None
     if scheme in ("s3", "s3a"):
@@ -177,10 +178,11 @@ class Repository:
     ) -> None:
         icechunk = icechunk_module()
         self.source = source
+        self.on_local_disk = local_path(source) is not None  # reading a chunk again costs no network
         try:
             self.repo = icechunk.Repository.open(
                 storage_of(source, storage_options),
-                config=local_reads() if on_local_disk(source) else None,
+                config=local_reads() if self.on_local_disk else None,
                 authorize_virtual_chunk_access=virtual_access(authorized, storage_options),
             )
         except icechunk.IcechunkError as e:

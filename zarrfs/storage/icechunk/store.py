@@ -21,7 +21,7 @@ from ...errors import ReadOnly, StoreError, ZarrfsError
 from ..keys import join
 from ..staging import LEASE_PREFIX
 from ..store import METADATA_MAX_BYTES, Store
-from .repository import Repository, Version, icechunk_module, on_local_disk
+from .repository import Repository, Version, icechunk_module
 
 # Keys below `SNAPSHOT_PREFIX + ID` are those of snapshot ID (the history under `.zarrfs/versions`):
 # one store, one engine and one cache serve every version, each cached under its own paths.
@@ -74,7 +74,6 @@ class IcechunkStore:
         writable: bool = False,
         authorized: tuple[str, ...] = (),
     ) -> None:
-        self.on_local_disk = on_local_disk(source)  # reading a chunk again costs no network
         icechunk = icechunk_module()
         if "ICECHUNK_LOG" not in os.environ:  # icechunk's own log goes to stderr, not ours
             icechunk.set_logs_filter("icechunk=info" if log_level == "debug" else "error")
@@ -101,6 +100,10 @@ class IcechunkStore:
     @property
     def snapshot_id(self) -> str:
         return self.repository.snapshot_id
+
+    @property
+    def on_local_disk(self) -> bool:
+        return self.repository.on_local_disk
 
     @property
     def follows_branch(self) -> bool:
