@@ -15,6 +15,10 @@ import zarr
 # from one process at a time.
 icechunk.set_logs_filter("error")
 
+# Whether this icechunk lists chunk references (2.x): zarrfs then reads the native chunks of a
+# local repository from their files (zarrfs/storage/icechunk/chunkfiles.py).
+LISTS_CHUNKS = hasattr(icechunk.IcechunkStore, "array_chunk_iterator")
+
 
 @dataclasses.dataclass
 class Repo:

@@ -570,12 +570,12 @@ async def test_delayed_calls_run_once_after_the_last_ask(autojump_clock, caplog)
 
 
 def test_engine_config_for_a_mount_runs_the_fast_paths_of_read_only_mounts(tmp_path):
-    """EngineConfig.for_mount: direct reads and decode buffer reuse on read-only mounts of local
-    stores, bands on any read-only mount; a writable mount runs none of them."""
+    """EngineConfig.for_mount: direct reads and decode buffer reuse on read-only mounts of stores
+    whose chunks lie in files, bands on any read-only mount; a writable mount runs none of them."""
     from zarrfs.options import Options
 
     class Remote:
-        is_local = on_local_disk = False
+        is_local = on_local_disk = chunk_files = False
 
     local = Store(str(tmp_path))
     assert EngineConfig.for_mount(Options(timeout_s=7.0), local) == EngineConfig(
@@ -584,11 +584,18 @@ def test_engine_config_for_a_mount_runs_the_fast_paths_of_read_only_mounts(tmp_p
     assert EngineConfig.for_mount(Options(), Remote()) == EngineConfig(bands=True)
     assert EngineConfig.for_mount(Options(writable=True), local) == EngineConfig()
 
-    class OwnBuffersOnLocalDisk:  # an Icechunk repository in a local directory
-        is_local, on_local_disk = False, True
+    class OwnBuffersOnLocalDisk:  # an Icechunk repository in a local directory, read by icechunk 1.x
+        is_local, on_local_disk, chunk_files = False, True, False
 
     assert EngineConfig.for_mount(Options(), OwnBuffersOnLocalDisk()) == EngineConfig(bands=True, drop_behind=True)
     assert EngineConfig.for_mount(Options(writable=True), OwnBuffersOnLocalDisk()) == EngineConfig()
+
+    class ChunkFilesOnLocalDisk:  # ... by icechunk 2.x, which tells where each chunk lies
+        is_local, on_local_disk, chunk_files = False, True, True
+
+    assert EngineConfig.for_mount(Options(), ChunkFilesOnLocalDisk()) == EngineConfig(
+        direct_reads=True, bands=True, recycle=True
+    )
 
 
 async def read_as_fuse_does(engine, stream, size=128 << 10):
@@ -623,6 +630,46 @@ async def test_fast_paths_on_or_off_give_numpy_s_bytes(tmp_path, fast):
     assert got == np_save_bytes(zarr.open_array(os.path.join(path, "a"), mode="r")[...])
     served = engine.counters["direct_reads"] + engine.counters["band_reads"]
     assert served > 0 if fast else served == 0
+
+
+class PackedStore(Store):
+    """A local store whose chunks the engine finds packed in one file, each at an offset of its
+    own, as a local Icechunk repository's chunk objects are found (`chunk_file`): its keys' own
+    files are emptied, so a byte of a chunk read from anywhere else is a wrong byte."""
+
+    def __init__(self, source):
+        super().__init__(source)
+        self.pack, self.places = os.path.join(source, "pack"), {}
+        with open(self.pack, "wb") as pack:
+            for key in sorted(k for k in self.sizes_below_sync("") if "/" in k and ".z" not in k):
+                pack.write(os.urandom(4096 + len(self.places)))  # bytes that belong to no chunk
+                value = super().get_sync(key, None)
+                self.places[key] = (pack.tell(), len(value))
+                pack.write(value)
+                with open(self.path(key), "r+b") as f:
+                    f.write(bytes(len(value)))
+
+    def chunk_file(self, key, load=True):
+        return (self.pack, *self.places[key]) if key in self.places else None
+
+
+async def test_direct_reads_find_chunks_where_the_store_places_them(tmp_path):
+    """Direct reads read each chunk from the file and offset the store's `chunk_file` gives (a
+    local Icechunk repository's chunk objects): a sequential reader gets np.save's bytes of
+    zarr-python's values, read before the chunks were packed."""
+    path = str(tmp_path / "s")
+    value = np.arange(256 * 1024, dtype="<f4").reshape(256, 1024)
+    zarr.create_array(
+        store=path, name="a", shape=value.shape, chunks=(64, 256), dtype="<f4", zarr_format=2, compressors=None
+    )[...] = value
+    zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
+    expected = np_save_bytes(zarr.open_array(os.path.join(path, "a"), mode="r")[...])
+    config = EngineConfig(direct_reads=True, bands=True, recycle=True)
+    store, engine, streams = setup(path, store_cls=PackedStore, config=config)
+    got = await read_as_fuse_does(engine, streams["a"])
+    assert got == expected
+    assert engine.counters["direct_reads"] + engine.counters["bands_assembled"] > 0
+    assert engine.counters["store_gets"] == 0  # no chunk came from its key
 
 
 class OwnBuffersStore(Store):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import icechunk
 import numpy as np
 import pytest
 import zarr
 
 from zarrfs.errors import ReadOnly, UserError
 from zarrfs.storage.icechunk import IcechunkStore, looks_like_repository_sync
+from zarrfs.storage.icechunk.store import SNAPSHOT_PREFIX
 from zarrfs.storage.store import Store
 
 from support import icechunk_repo
@@ -20,6 +22,16 @@ def repo(tmp_path_factory):
 
 def _session_store(repo, snapshot_id):
     return repo.open().readonly_session(snapshot_id=snapshot_id).store
+
+
+def sync_list(session_store):
+    """Every key of a session's store, as icechunk lists them."""
+    from zarr.core.sync import sync
+
+    async def keys():
+        return [k async for k in session_store.list()]
+
+    return sorted(sync(keys()))
 
 
 def _oracle_get(repo, snapshot_id, key):
@@ -50,13 +62,53 @@ def test_reads_equal_icechunk(repo):
 
 
 def test_chunks_come_uncopied(repo):
-    """A chunk is handed on in icechunk's own buffer (a copy of each would lie on every read's
-    path); a document, which JSON parses, as bytes."""
+    """A chunk that icechunk reads is handed on in icechunk's own buffer (a copy of each would lie
+    on every read's path); a document, which JSON parses, as bytes."""
     store = IcechunkStore(str(repo.path))
-    chunk = store.get_sync("g/t/c/0/0", 1 << 20)
+    chunk = store.get_sync("a/c/0", 1 << 20)  # (inline: always read by icechunk)
     assert not isinstance(chunk, bytes) and memoryview(chunk).readonly
-    assert bytes(chunk) == _oracle_get(repo, repo.snapshots["main"], "g/t/c/0/0")
+    assert bytes(chunk) == _oracle_get(repo, repo.snapshots["main"], "a/c/0")
     assert isinstance(store.get_sync("g/t/zarr.json"), bytes)
+
+
+def test_native_chunks_of_a_local_repository_are_read_from_their_files(repo):
+    """Where icechunk lists chunk references (2.x), a read-only store of a local repository tells
+    where each native chunk lies (`chunk_file`: icechunk's `chunk_type` says which are), in the
+    mounted snapshot and in the history, and reads it from there: the bytes at that place and
+    what get_sync gives equal what icechunk reads. Inline and absent chunks and documents are
+    placed nowhere, nor are a writable store's. Icechunk 1.x lists nothing: every read goes
+    through it."""
+    store = IcechunkStore(str(repo.path))
+    assert store.chunk_files == icechunk_repo.LISTS_CHUNKS
+    assert store.chunk_file("s/c/0/0", load=False) is None  # (not yet known: the trio thread never waits)
+    native = 0
+    for snapshot, prefix in [
+        (repo.snapshots["main"], ""),
+        (repo.snapshots["v1"], f"{SNAPSHOT_PREFIX}{repo.snapshots['v1']}/"),
+    ]:
+        session = repo.open().readonly_session(snapshot_id=snapshot)
+        for key in [k for k in sync_list(session.store) if "/c/" in k]:
+            array, _, coords = key.partition("/c/")
+            kind = session.chunk_type("/" + array, [int(c) for c in coords.split("/")])
+            expected = _oracle_get(repo, snapshot, key)
+            assert bytes(store.get_sync(prefix + key, None)) == expected
+            located = store.chunk_file(prefix + key)
+            if not icechunk_repo.LISTS_CHUNKS or kind != icechunk.ChunkType.native:
+                assert located is None
+                continue
+            native += 1
+            path, offset, length = located
+            assert path.startswith(str(repo.path)) and length == len(expected)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                assert f.read(length) == expected
+            assert store.chunk_file(prefix + key, load=False) == located
+    assert native >= 6 if icechunk_repo.LISTS_CHUNKS else native == 0
+    for key in ("g/t/c/3/1", "g/t/zarr.json", "g/t/c", "nope/c/0/0"):
+        assert store.chunk_file(key) is None
+    assert store.get_sync("g/t/c/3/1") is None
+    writable = IcechunkStore(str(repo.path), writable=True)
+    assert not writable.chunk_files and writable.chunk_file("g/t/c/0/0") is None
 
 
 def test_ranges_and_suffixes(repo):

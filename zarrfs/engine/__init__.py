@@ -58,7 +58,7 @@ class Engine:
         self.prefetch = Prefetch(runtime, tables, self.loads, shards, window)
         self.writeback = WriteBack(runtime, tables, self.loads, self.read, config.dirty_max_bytes)
         self.streams = StreamedReads(runtime, tables, self.loads, self.revalidation)
-        direct = DirectReads(store) if config.direct_reads and store.is_local else None
+        direct = DirectReads(store) if config.direct_reads and store.chunk_files else None
         self.fast = FastPaths(
             runtime, tables, self.loads, self.revalidation, self.prefetch, shards, spares, direct, config.bands
         )

@@ -19,14 +19,15 @@ class EngineConfig:
     path that needs the store to stay unchanged under it): what tests build without options."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S  # the longest wait of one store call (the `timeout` option)
-    # Uncompressed chunks of a local store copied straight from their files (fastpath/direct.py):
-    # read-only mounts only, where no written chunk can be newer than its file.
+    # Uncompressed chunks copied straight from the files that hold them (fastpath/direct.py: a
+    # local store's, a local Icechunk repository's): read-only mounts only, where no written chunk
+    # can be newer than its file.
     direct_reads: bool = False
     bands: bool = False  # sequential readers served from bands assembled ahead (fastpath/bands.py)
     recycle: bool = False  # decode buffers given back by sequential readers (fastpath/spares.py)
     # Chunks a sequential reader has passed leave the cache, so that the allocator gives their
     # memory to the next loads (fastpath/spares.py): read-only mounts of stores on local disk
-    # whose chunks come in buffers of the store's own (an Icechunk repository).
+    # whose chunks come in buffers of the store's own (an Icechunk repository read by icechunk 1.x).
     drop_behind: bool = False
     dirty_max_bytes: int = DIRTY_MAX_BYTES
     # Read-ahead's bound; None: by the store's kind and the cache's size (readahead.window_bound).
@@ -37,13 +38,13 @@ class EngineConfig:
     def for_mount(cls, options: Any, store: Any) -> EngineConfig:
         """The configuration of a mount of STORE with OPTIONS (options.Options): the fast paths
         that need a store nothing else writes through this mount run on read-only mounts, those
-        that read chunk files on local stores; stores on local disk with no files of ours to read
+        that read chunk files where the store has them; stores on local disk with no files to read
         drop what a reader has passed."""
         read_only = not options.writable
         return cls(
             timeout_s=options.timeout_s,
-            direct_reads=store.is_local and read_only,
+            direct_reads=store.chunk_files and read_only,
             bands=read_only,
-            recycle=store.is_local and read_only,
-            drop_behind=read_only and store.on_local_disk and not store.is_local,
+            recycle=store.chunk_files and read_only,
+            drop_behind=read_only and store.on_local_disk and not store.chunk_files,
         )

@@ -60,7 +60,7 @@ class ReadAhead:
 
 def window_bound(store: Any, cache: Any) -> int:
     """Read-ahead's bound by default: by the store's kind, and a share of the cache."""
-    if store.is_local:
+    if store.chunk_files:  # (chunks read from files, into buffers of ours)
         bound = LOCAL_PREFETCH_MAX_BYTES
     elif store.on_local_disk:
         bound = OWN_BUFFERS_PREFETCH_MAX_BYTES

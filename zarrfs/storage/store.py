@@ -86,6 +86,16 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.source!r})"
 
+    @property
+    def chunk_files(self) -> bool:
+        """Whether values may lie in files the engine reads itself (`chunk_file`): a local store's."""
+        return self.is_local
+
+    def chunk_file(self, key: str, load: bool = True) -> tuple[str, int, int | None] | None:
+        """Where the value of KEY lies as a file: (path, offset, length; None: the whole file), or
+        None when it does not (LOAD: see IcechunkStore.chunk_file)."""
+        return (self.path(key), 0, None) if self.is_local else None
+
     def path(self, key: str) -> str:
         """The file system path of a key; never outside the store's root."""
         check_key(key)

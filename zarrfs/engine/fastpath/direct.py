@@ -1,4 +1,4 @@
-"""Direct reads: the bytes of uncompressed chunks of a local store copied from their files straight into a read's reply.
+"""Direct reads: the bytes of uncompressed chunks copied from the files that hold them straight into a read's reply.
 
 An uncompressed chunk file already holds the elements in the array's byte order: "decoding"
 it is a copy. Loading it whole into the chunk cache costs a copy into fresh memory (fresh
@@ -6,12 +6,14 @@ memory costs several times a reused buffer) and keeps a second copy of what the 
 cache holds anyway. A read of such an array (C order, the dtype as stored) instead reads
 the parts of rows it needs from each chunk file it touches straight into their places in
 the reply: one preadv per chunk for each run of rows in one row of chunks (`read_sync`).
+The store says where a chunk lies (`chunk_file`): a local store's key is a file of its own; a
+chunk of a local Icechunk repository, a byte range of one of its chunk objects.
 
 Pure (no trio): the engine decides where it runs. `read_sync` first without blocking
 (`RWF_NOWAIT`: only pages the OS has cached; tmpfs and ramfs never wait for a disk), and
-what would wait, in a worker thread. A chunk that is not a regular file of the exact size
-(absent: the fill value; corrupt, special) sends the read to the engine's usual path,
-which says what is wrong.
+what would wait, in a worker thread. A chunk that is not in a regular file of the exact size
+(absent: the fill value; corrupt, special; one the store does not place) sends the read to the
+engine's usual path, which says what is wrong.
 """
 
 from __future__ import annotations
@@ -177,7 +179,8 @@ def worth(stream: ArrayStream, plan: ReadPlan, nbytes: int) -> bool:
 
 
 class DirectReads:
-    """Reads of eligible streams from a local store's chunk files, with a few files kept open."""
+    """Reads of eligible streams from the files that hold their chunks (a store's `chunk_file`:
+    a local store's keys, a local Icechunk repository's chunk objects), a few files kept open."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -208,25 +211,33 @@ class DirectReads:
             local.files, local.generation = _OpenFiles(), self._generation
         return local.files
 
-    def _file(self, meta: Any, idx: Index, nbytes: int, files: _OpenFiles) -> int:
-        """An open file of a chunk of NBYTES, kept in FILES."""
+    def _file(self, meta: Any, idx: Index, nbytes: int, files: _OpenFiles, load: bool = True) -> tuple[int, int]:
+        """An open file holding a chunk of NBYTES, and where in it the chunk starts; kept in FILES.
+        Without LOAD (the trio thread), a chunk whose place the store would have to look up first
+        is left to the usual path."""
         found = files.get((meta.path, idx))
         if found is not None:
             files.move_to_end((meta.path, idx))
             return found
         key = meta.chunk_key(idx)
+        located = self.store.chunk_file(key, load)
+        if located is None:
+            raise Fallback(key)
+        path, offset, length = located
+        if length is not None and length != nbytes:
+            raise Fallback(key)
         try:
-            fd = os.open(self.store.path(key), LOCAL_OPEN_FLAGS)
+            fd = os.open(path, LOCAL_OPEN_FLAGS)
         except OSError:
             raise Fallback(key) from None
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes:
+        if not stat.S_ISREG(st.st_mode) or (st.st_size != nbytes if length is None else st.st_size < offset + nbytes):
             os.close(fd)
             raise Fallback(key)
-        files[(meta.path, idx)] = fd
+        files[(meta.path, idx)] = found = (fd, offset)
         while len(files) > OPEN_FILES:
-            os.close(files.popitem(last=False)[1])
-        return fd
+            os.close(files.popitem(last=False)[1][0])
+        return found
 
     def read_sync(self, stream: ArrayStream, plan: ReadPlan, out: np.ndarray, nowait: bool) -> memoryview | bytes:
         """The bytes of PLAN, assembled in OUT (at least `stream.element_bytes(plan)` bytes).
@@ -281,11 +292,11 @@ class DirectReads:
         flat = memoryview(stage)
         files = self._worker_files()
         for idx, dst in transposed_chunks(stream, k, count, out):
-            fd = self._file(meta, idx, meta.chunk_nbytes, files)
+            fd, base = self._file(meta, idx, meta.chunk_nbytes, files)
             rows, cols = dst.shape
             for r in range(0, cols, per):
                 n = min(per, cols - r)
-                if os.preadv(fd, [flat[: n * a * item]], r * a * item) != n * a * item:
+                if os.preadv(fd, [flat[: n * a * item]], base + r * a * item) != n * a * item:
                     raise Fallback(meta.chunk_key(idx))  # cut short meanwhile
                 copy_transposed(dst[:, r : r + n], file_rows[:n, :rows])
         return memoryview(out)[: transposed_bytes(stream, k, count)]
@@ -408,7 +419,8 @@ class _Run:
         """PARTS (`_parts`) filled from chunk IDX's file from byte AT on (WouldBlock, or Fallback
         for a file that falls short)."""
         reads, flags = self.reads, self.flags
-        fd = reads._file(self.meta, idx, self.chunk_bytes, self.files)
+        fd, base = reads._file(self.meta, idx, self.chunk_bytes, self.files, not self.nowait)
+        at += base
         try:
             for iov, want in parts:
                 if os.preadv(fd, iov, at, flags) != want:
@@ -433,11 +445,12 @@ def _parts(iov: list) -> list[tuple[list, int]]:
 
 class _OpenFiles(OrderedDict):
     """Chunk files kept open by one thread, least recently used first: (array path, chunk
-    index) -> file descriptor. Closed when dropped (a worker thread's, when the thread ends)."""
+    index) -> (file descriptor, where the chunk starts). Closed when dropped (a worker thread's,
+    when the thread ends)."""
 
     def close(self) -> None:
         while self:
-            os.close(self.popitem()[1])
+            os.close(self.popitem()[1][0])
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -11,6 +11,7 @@ other, for `.zarrfs/versions`), and on a writable branch, writes into a session 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import os
 import threading
@@ -18,10 +19,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ...errors import ReadOnly, StoreError, ZarrfsError
+from .. import local
 from ..keys import join
 from ..staging import LEASE_PREFIX
 from ..store import METADATA_MAX_BYTES, Store
-from .repository import Repository, Version, icechunk_module
+from .chunkfiles import BATCH, ChunkFiles
+from .repository import SESSIONS_KEPT, Repository, Version, icechunk_module, local_path
 
 # Keys below `SNAPSHOT_PREFIX + ID` are those of snapshot ID (the history under `.zarrfs/versions`):
 # one store, one engine and one cache serve every version, each cached under its own paths.
@@ -60,7 +63,7 @@ class IcechunkStore:
     With `writable`, the session is writable and `commit_sync` makes what it holds a commit.
     """
 
-    is_local = False  # no file paths: reads go through icechunk, whatever holds the repository
+    is_local = False  # no keys as file paths: reads go through icechunk, but for `chunk_file`
     ranges_ignored = False
 
     def __init__(
@@ -87,6 +90,12 @@ class IcechunkStore:
         self._staging_docs: dict[str, dict[str, bytes]] = {}  # arrays being written: their documents
         self._error = icechunk.IcechunkError
         self._prototype = _prototype()
+        # Native chunks read as files (chunkfiles.py): a read-only mount of a repository in a local
+        # directory, by an icechunk that lists chunk references (2.x).
+        self._files_dir = local_path(source) if self.read_only and _lists_chunks(icechunk) else None
+        self.root = self._files_dir or ""  # (where those files lie)
+        self._files: collections.OrderedDict[str, ChunkFiles] = collections.OrderedDict()  # by snapshot
+        self._files_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"IcechunkStore({self.source!r}, {self.snapshot_id})"
@@ -177,11 +186,73 @@ class IcechunkStore:
     def _failed(self, what: str, error: BaseException) -> StoreError:
         return self.repository.failed(what, error)
 
+    @property
+    def chunk_files(self) -> bool:
+        """Whether chunks may lie in files of their own (`chunk_file`)."""
+        return self._files_dir is not None
+
+    def chunk_file(self, key: str, load: bool = True) -> tuple[str, int, int] | None:
+        """Where the chunk under KEY lies in a local repository: (file, offset, length); None when it
+        is no native chunk (absent, inline, virtual) or this icechunk does not tell. Without LOAD
+        (a thread that must not wait), None also until its array's references are read."""
+        if self._files_dir is None:
+            return None
+        if key.startswith(SNAPSHOT_PREFIX):
+            head, _, rel = key.partition("/")
+            snapshot_id = head[len(SNAPSHOT_PREFIX) :]
+            store = None
+        else:
+            version = self.version
+            snapshot_id, store, rel = version.snapshot_id, version.store, key
+        with self._files_lock:
+            files = self._files.get(snapshot_id)
+            if files is not None:
+                self._files.move_to_end(snapshot_id)
+        if files is None:
+            if not load:
+                return None
+            store = store or self.repository.snapshot_store(snapshot_id)
+            if store is None:
+                return None
+            files = ChunkFiles(self._files_dir, lambda path: self._references(store, path))
+            with self._files_lock:
+                files = self._files.setdefault(snapshot_id, files)
+                while len(self._files) > SESSIONS_KEPT:
+                    self._files.popitem(last=False)
+        return files.locate(rel, load)
+
+    def _references(self, store: Any, path: str) -> list[Any]:
+        """The batches of chunk references of array PATH of a session's STORE."""
+
+        async def collect() -> list[Any]:
+            return [batch async for batch in store.array_chunk_iterator(path, BATCH)]
+
+        try:
+            return self._run(collect)
+        except self._error as e:
+            raise self._failed(f"listing the chunks of {path!r}", e) from None
+
+    def _read_file(self, key: str, located: tuple[str, int, int], max_nbytes: int | None, into: Any) -> Any:
+        """The chunk under KEY from its file, or None when the file does not hold it (icechunk
+        then reads it, and says what is wrong)."""
+        path, offset, length = located
+        try:
+            data = local.read_file(path, key, offset, offset + length, max_nbytes, into)
+        except OSError:
+            return None
+        return data if data is not None and len(data) == length else None
+
     def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
         """The value of a key, or None; larger than `max_nbytes`: StoreError. A value that fits in
         INTO (a writable buffer) is copied into it: INTO returned when it is exactly its size, else
         a view of its first bytes. Documents (`zarr.json`: a repository holds v3 only) come as
-        bytes; any other value as a read-only view of icechunk's own buffer."""
+        bytes; a chunk of a local repository's file, as read from it; any other value as a
+        read-only view of icechunk's own buffer."""
+        located = self.chunk_file(key) if self._files_dir is not None else None
+        if located is not None:
+            data = self._read_file(key, located, max_nbytes, into)
+            if data is not None:
+                return data
         store, rel = self._route(key)
         try:
             data = self._run(lambda: self._get(store, rel))
@@ -451,6 +522,11 @@ class IcechunkStore:
 
     def swap_dirs_sync(self, staging: str, final: str) -> None:
         raise ReadOnly("directories are swapped on local stores only")
+
+
+def _lists_chunks(icechunk: Any) -> bool:
+    """Whether this icechunk lists an array's chunk references (2.x)."""
+    return hasattr(icechunk.IcechunkStore, "array_chunk_iterator")
 
 
 def _prototype() -> Any:
