@@ -28,10 +28,40 @@ if ! .venv-zarr218/bin/python -c "import zarr, pytest; assert zarr.__version__.s
     "${PYTHON:-python3}" -m venv .venv-zarr218
     .venv-zarr218/bin/python -m pip install -q 'zarr==2.18.*' 'numpy<2' pytest
 fi
+# Icechunk 2.x needs Python >= 3.12 (these machines' python3 is 3.11, which takes 1.1.x): where a
+# python3.12 or newer is found, the Icechunk tests run once more, after the suite, in a venv of
+# its own with the newest icechunk (.venv-icechunk2).
+icechunk2_python=""
+pyenv_root="$(pyenv root 2>/dev/null || true)"
+for candidate in python3.12 python3.13 ${pyenv_root:+"$pyenv_root"/versions/3.1[2-9]*/bin/python}; do
+    if "$candidate" -c 'import sys, venv; assert sys.version_info >= (3, 12)' 2>/dev/null; then
+        icechunk2_python="$candidate"
+        break
+    fi
+done
+if [ -n "$icechunk2_python" ] && ! .venv-icechunk2/bin/python -c "import icechunk, pytest_trio, moto, netCDF4, zarrfs; assert int(icechunk.__version__.split('.')[0]) >= 2" 2>/dev/null; then
+    echo "setup: installing icechunk 2.x into .venv-icechunk2 ($("$icechunk2_python" --version))" >&2
+    rm -rf .venv-icechunk2
+    "$icechunk2_python" -m venv .venv-icechunk2
+    log="$(mktemp)"
+    if ! .venv-icechunk2/bin/python -m pip install -q -e '.[icechunk,s3]' 'icechunk>=2' pytest pytest-trio 'moto[server]' netCDF4 >"$log" 2>&1; then
+        cat "$log" >&2
+        exit 1
+    fi
+    rm -f "$log"
+fi
 # zarrfs as a plain `pip install` gives it (no extras), for tests/mounted/test_install.py: built here so
 # that the first test does not spend a minute compiling pyfuse3; cached outside the clone.
 .venv/bin/python tests/support/plain_venv.py
 # Lint and format check of the whole repository before the tests (configuration in pyproject.toml).
 .venv/bin/python -m ruff check .
 .venv/bin/python -m ruff format --check .
-exec .venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "$@"
+if [ $# -eq 0 ]; then
+    if [ -n "$icechunk2_python" ]; then
+        echo "tests: the Icechunk tests again with icechunk $(.venv-icechunk2/bin/python -c 'import icechunk; print(icechunk.__version__)') on $(.venv-icechunk2/bin/python --version)" >&2
+        .venv-icechunk2/bin/python -m pytest tests/unit/test_icechunkstore.py tests/unit/test_chunkfiles.py tests/mounted/test_mount_icechunk*.py
+    else
+        echo "tests: no Python >= 3.12 here: the Icechunk tests ran with icechunk 1.x only" >&2
+    fi
+fi
