@@ -30,7 +30,7 @@ if ! .venv-zarr218/bin/python -c "import zarr, pytest; assert zarr.__version__.s
 fi
 # Icechunk 2.x needs Python >= 3.12 (these machines' python3 is 3.11, which takes 1.1.x): where a
 # python3.12 or newer is found, the Icechunk tests run once more, after the suite, in a venv of
-# its own with the newest icechunk (.venv-icechunk2).
+# its own with the test extra and the newest icechunk (.venv-icechunk2).
 icechunk2_python=""
 pyenv_root="$(pyenv root 2>/dev/null || true)"
 for candidate in python3.12 python3.13 ${pyenv_root:+"$pyenv_root"/versions/3.1[2-9]*/bin/python}; do
@@ -44,7 +44,7 @@ if [ -n "$icechunk2_python" ] && ! .venv-icechunk2/bin/python -c "import icechun
     rm -rf .venv-icechunk2
     "$icechunk2_python" -m venv .venv-icechunk2
     log="$(mktemp)"
-    if ! .venv-icechunk2/bin/python -m pip install -q -e '.[icechunk,s3]' 'icechunk>=2' pytest pytest-trio 'moto[server]' netCDF4 >"$log" 2>&1; then
+    if ! .venv-icechunk2/bin/python -m pip install -q -e '.[test]' 'icechunk>=2' >"$log" 2>&1; then
         cat "$log" >&2
         exit 1
     fi

@@ -613,17 +613,23 @@ async def read_as_fuse_does(engine, stream, size=128 << 10):
     return got
 
 
+def uncompressed_store(tmp_path, rows, chunks):
+    """A v2 store written by zarr-python: array `a` (ROWS x 1024 float32, uncompressed, CHUNKS), and `b`."""
+    path = str(tmp_path / "s")
+    value = np.arange(rows * 1024, dtype="<f4").reshape(rows, 1024)
+    zarr.create_array(
+        store=path, name="a", shape=value.shape, chunks=chunks, dtype="<f4", zarr_format=2, compressors=None
+    )[...] = value
+    zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
+    return path
+
+
 @pytest.mark.parametrize("fast", [True, False])
 async def test_fast_paths_on_or_off_give_numpy_s_bytes(tmp_path, fast):
     """A sequential reader of narrow uncompressed chunks, read as the FUSE layer reads (read_now,
     then read with reply), gets np.save's bytes of zarr-python's values with every optional
     strategy on (some serving it) or off (none serving it)."""
-    path = str(tmp_path / "s")
-    value = np.arange(256 * 1024, dtype="<f4").reshape(256, 1024)
-    zarr.create_array(
-        store=path, name="a", shape=value.shape, chunks=(64, 64), dtype="<f4", zarr_format=2, compressors=None
-    )[...] = value
-    zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
+    path = uncompressed_store(tmp_path, 256, (64, 64))
     config = EngineConfig(direct_reads=fast, bands=fast, recycle=fast)
     store, engine, streams = setup(path, config=config)
     got = await read_as_fuse_does(engine, streams["a"])
@@ -657,12 +663,7 @@ async def test_direct_reads_find_chunks_where_the_store_places_them(tmp_path):
     """Direct reads read each chunk from the file and offset the store's `chunk_file` gives (a
     local Icechunk repository's chunk objects): a sequential reader gets np.save's bytes of
     zarr-python's values, read before the chunks were packed."""
-    path = str(tmp_path / "s")
-    value = np.arange(256 * 1024, dtype="<f4").reshape(256, 1024)
-    zarr.create_array(
-        store=path, name="a", shape=value.shape, chunks=(64, 256), dtype="<f4", zarr_format=2, compressors=None
-    )[...] = value
-    zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
+    path = uncompressed_store(tmp_path, 256, (64, 256))
     expected = np_save_bytes(zarr.open_array(os.path.join(path, "a"), mode="r")[...])
     config = EngineConfig(direct_reads=True, bands=True, recycle=True)
     store, engine, streams = setup(path, store_cls=PackedStore, config=config)
@@ -690,12 +691,7 @@ async def test_a_sequential_reader_drops_the_chunks_it_passed(tmp_path, drop_beh
     """With drop_behind (a read-only mount of a store on local disk whose chunks are buffers of its
     own), the chunks a sequential reader has passed leave the cache, so that their memory serves
     the next loads; the reader gets np.save's bytes of zarr-python's values either way."""
-    path = str(tmp_path / "s")
-    value = np.arange(512 * 1024, dtype="<f4").reshape(512, 1024)
-    zarr.create_array(
-        store=path, name="a", shape=value.shape, chunks=(64, 256), dtype="<f4", zarr_format=2, compressors=None
-    )[...] = value
-    zarr.create_array(store=path, name="b", shape=(1,), dtype="<i4", zarr_format=2)
+    path = uncompressed_store(tmp_path, 512, (64, 256))
     config = EngineConfig(bands=True, drop_behind=drop_behind)
     store, engine, streams = setup(path, store_cls=OwnBuffersStore, cache_bytes=1 << 26, config=config)
     got = await read_as_fuse_does(engine, streams["a"])
@@ -706,4 +702,4 @@ async def test_a_sequential_reader_drops_the_chunks_it_passed(tmp_path, drop_beh
         assert engine.tables.cache.used_bytes <= 4 * 64 * 256 * 4  # at most that row is left
     else:
         assert engine.counters["chunks_dropped"] == 0
-        assert engine.tables.cache.used_bytes == value.nbytes
+        assert engine.tables.cache.used_bytes == 512 * 1024 * 4
