@@ -410,19 +410,19 @@ class ZarrOperations(pyfuse3.Operations):
             # RENAME_EXCHANGE / RENAME_WHITEOUT: callers such as mv fall back to a plain rename on EINVAL.
             log.debug("rename %s: flags %#x are not supported", fs_name(name_old), flags)
             raise pyfuse3.FUSEError(errno.EINVAL)
+        what = (
+            f"{self.commits.path_in(parent_inode_old, fs_name(name_old))} -> "
+            f"{self.commits.path_in(parent_inode_new, fs_name(name_new))}"
+        )
         await self.ns.rename(
             parent_inode_old,
             fs_name(name_old),
             parent_inode_new,
             fs_name(name_new),
             replace=not flags & RENAME_NOREPLACE,
+            message=self.commits.message("mv", what, ctx.uid),
         )
-        await self.commits.done(
-            "mv",
-            f"{self.commits.path_in(parent_inode_old, fs_name(name_old))} -> "
-            f"{self.commits.path_in(parent_inode_new, fs_name(name_new))}",
-            ctx.uid,
-        )
+        await self.commits.done("mv", what, ctx.uid)
 
     @boundary
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:

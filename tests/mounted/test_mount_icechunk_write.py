@@ -87,6 +87,43 @@ def test_each_operation_is_one_commit(repo, mount):
     assert (repo.path.parent / ".repo.zarrfs-lock").exists()  # commits take turns on it
 
 
+def _chunk_objects(repo):
+    return sorted(os.listdir(repo.path / "chunks"))
+
+
+def test_a_move_is_one_commit_and_copies_no_chunk_where_icechunk_moves(repo, mount):
+    """mv of an array and of a group: one commit each, named for it, and the data at the new
+    place is what icechunk read at the old. Icechunk 2.x moves the nodes (its diff says so) and
+    no chunk object is written; 1.x copies them. mv onto an array replaces it, in one commit."""
+    mnt = mount(repo.path, "writable")
+    who = f"by {getpass.getuser()}@{socket.gethostname()}"
+    was = icechunk_repo.arrays_of(repo, repo.snapshots["main"])
+    moves = hasattr(repo.open(), "rearrange_session")
+    objects = _chunk_objects(repo)
+    before = _log(repo)
+    os.rename(mnt / "s.npy", mnt / "s2.npy")
+    os.rename(mnt / "g", mnt / "k")
+    log = _log(repo)
+    assert [m for _, m in log[:2]] == ["zarrfs: mv g -> k " + who, "zarrfs: mv s.npy -> s2.npy " + who]
+    assert len(log) == len(before) + 2
+    arrays = _tip_arrays(repo)
+    assert set(arrays) == {"a", "s2", "k/t", "k/u"}
+    for old, new in [("s", "s2"), ("g/t", "k/t"), ("g/u", "k/u")]:
+        assert np.array_equal(arrays[new], was[old])
+        assert (mnt / f"{new}.npy").read_bytes() == oracles.npy_bytes(was[old])
+    if moves:
+        diff = repo.open().diff(from_snapshot_id=before[0][0], to_snapshot_id=log[0][0])
+        assert {("/g", "/k"), ("/s", "/s2")} <= set(diff.moved_nodes)
+        assert _chunk_objects(repo) == objects
+    else:
+        assert len(_chunk_objects(repo)) > len(objects)
+    os.rename(mnt / "k" / "u.npy", mnt / "s2.npy")  # onto an array: replaces it
+    log = _log(repo)
+    assert log[0][1] == "zarrfs: mv k/u.npy -> s2.npy " + who and len(log) == len(before) + 3
+    arrays = _tip_arrays(repo)
+    assert set(arrays) == {"a", "s2", "k/t"} and np.array_equal(arrays["s2"], was["g/u"])
+
+
 def test_a_replaced_array_is_one_commit(repo, mount):
     mnt = mount(repo.path, "writable")
     value = np.arange(64 * 64, dtype="<f8").reshape(64, 64)

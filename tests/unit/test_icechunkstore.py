@@ -178,3 +178,43 @@ def test_a_call_that_hangs_is_a_store_error(repo):
     store.version.store = Hanging()
     with pytest.raises(StoreError, match="timed out"):
         store.get_sync("zarr.json")
+
+
+def test_a_commit_waits_for_the_writes_under_way_and_writes_for_a_commit():
+    """Turns: a commit that replaces the session waits for the writes under way (none lands in a
+    session committed already), a write waits for a commit being made, and a write begun while a
+    commit waits is not held up by it (a thread may write twice within one operation)."""
+    import threading
+    import time
+
+    from zarrfs.storage.icechunk.repository import Turns
+
+    turns, order = Turns(), []
+    inside = threading.Event()
+
+    def swap():
+        with turns.swapping():
+            inside.set()
+            order.append("commit")
+            time.sleep(0.05)
+            order.append("commit done")
+
+    with turns.writing():
+        thread = threading.Thread(target=swap)
+        thread.start()
+        time.sleep(0.05)
+        assert not inside.is_set()  # waits for the write
+        with turns.writing():  # not held up by the commit waiting
+            order.append("second write")
+        order.append("write done")
+    thread.join(5)
+    assert order == ["second write", "write done", "commit", "commit done"]
+    order.clear()
+    inside.clear()
+    thread = threading.Thread(target=swap)
+    thread.start()
+    assert inside.wait(5)
+    with turns.writing():  # waits for the commit being made
+        order.append("write")
+    thread.join(5)
+    assert order == ["commit", "commit done", "write"]

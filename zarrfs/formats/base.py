@@ -319,8 +319,9 @@ class Hierarchy(abc.ABC):
             self.store.erase_sync(key)
         self.after_change_sync()
 
-    def move_node_sync(self, node: Node, new_path: str) -> None:
-        """Copy every key of a node to its new place, then remove the old keys.
+    def move_node_sync(self, node: Node, new_path: str, message: str = "") -> None:
+        """Copy every key of a node to its new place, then remove the old keys (MESSAGE: what a
+        versioned store's commit of the move says).
 
         The old name disappears only once the new one is complete: a failure part-way
         leaves the original whole (and maybe a partial copy, which the next try replaces).

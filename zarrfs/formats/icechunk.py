@@ -1,8 +1,9 @@
 """Zarr v3 inside an Icechunk session: the v3 format, with writes ordered as icechunk takes them.
 
-Icechunk stores a chunk only for an array it knows (its `zarr.json` first), and moves nothing
-(a move is a copy). Every change of one operation lands in one commit, so readers elsewhere see
-an array replaced all or nothing whatever the order within it.
+Icechunk stores a chunk only for an array it knows (its `zarr.json` first). Icechunk 1.x moves
+nothing (a move is a copy); 2.x moves a node in a commit of moves only. Every change of one
+operation lands in one commit, so readers elsewhere see an array replaced all or nothing
+whatever the order within it.
 """
 
 from __future__ import annotations
@@ -61,13 +62,18 @@ class IcechunkHierarchy(V3Hierarchy):
         finally:
             self.store.erase_below_sync(staged.staging)
 
-    def move_node_sync(self, node: Node, new_path: str) -> None:
-        """Copy every key of a node to its new place (documents first, parents before children),
-        then remove the old node."""
+    def move_node_sync(self, node: Node, new_path: str, message: str = "") -> None:
+        """Move a node as one commit of its own where icechunk moves nodes (2.x), else copy every
+        key of it to its new place (documents first, parents before children), then remove the
+        old node."""
         if self.node_sync(new_path) is not None:
             from ..errors import Unsupported
 
             raise Unsupported(f"{new_path} exists")
+        if node.path and self.store.move_node_sync(
+            node.path, new_path, message or f"zarrfs: mv {node.path} -> {new_path}"
+        ):
+            return
         keys = self.node_keys_sync(node)
         docs = set(self.doc_names)
 

@@ -212,9 +212,10 @@ class Changes:
         self.ns.invalidate()
 
     async def rename(
-        self, old_parent: int, old_name: str, new_parent: int, new_name: str, replace: bool = True
+        self, old_parent: int, old_name: str, new_parent: int, new_name: str, replace: bool = True, message: str = ""
     ) -> None:
-        """Move a node; with replace false an existing target is refused (EEXIST), as RENAME_NOREPLACE asks."""
+        """Move a node; with replace false an existing target is refused (EEXIST), as RENAME_NOREPLACE
+        asks. MESSAGE: what a versioned store's commit of the move says."""
         self._group_dir(old_parent, plain=True)
         target_dir = self._group_dir(new_parent, plain=True)
         entry = await self.ns.lookup(old_parent, old_name)
@@ -252,7 +253,7 @@ class Changes:
         async with contextlib.AsyncExitStack() as stack:
             for held in self.ns.plain.inside(node.path):  # no write-back of a plain file inside crosses the move
                 await stack.enter_async_context(held.lock)
-            await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path)
+            await self.engine.run_io_long(self.hierarchy.move_node_sync, node, new_path, message)
             # Plain files moved with their group: those there now (one removed or moved away
             # while this waited is not, one created meanwhile is).
             old_dir, new_dir = self.hierarchy.plain_dir(node.path), self.hierarchy.plain_dir(new_path)

@@ -59,6 +59,12 @@ class Commits:
         if fh in self._writers:
             await self.done(operation, entry_path(entry), self._writers[fh])
 
+    def message(self, operation: str, path: str, uid: int | None) -> str:
+        """The message of the commit OPERATION makes ("": none, the store is not versioned)."""
+        if getattr(self.engine.store, "commit_sync", None) is None or not self.writable:
+            return ""
+        return change_message(operation, path, uid)
+
     async def done(self, operation: str, path: str, uid: int | None) -> None:
         """The operation just completed becomes one commit (not while another file is being
         written: its commit then takes this one in)."""

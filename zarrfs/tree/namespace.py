@@ -327,10 +327,10 @@ class Namespace:
         await self.changes.unlink(parent, name)
 
     async def rename(
-        self, old_parent: int, old_name: str, new_parent: int, new_name: str, replace: bool = True
+        self, old_parent: int, old_name: str, new_parent: int, new_name: str, replace: bool = True, message: str = ""
     ) -> None:
         """Move a node; with replace false an existing target is refused (EEXIST)."""
-        await self.changes.rename(old_parent, old_name, new_parent, new_name, replace)
+        await self.changes.rename(old_parent, old_name, new_parent, new_name, replace, message)
 
     async def set_attributes(self, entry: Entry, value: bytes) -> None:
         await self.changes.set_attributes(entry, value)

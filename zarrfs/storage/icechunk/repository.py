@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import fcntl
 import json
@@ -222,6 +223,7 @@ class Repository:
         self._others_lock = threading.Lock()
         # Containers virtual chunks were refused from: said once a minute each, not once per chunk.
         self._refused = RepeatedFailures()
+        self.turns = Turns()  # writes into the session, and commits that replace it
 
     @property
     def snapshot_id(self) -> str:
@@ -379,7 +381,7 @@ class Repository:
         if self.read_only or not session.has_uncommitted_changes:
             return None
         base = session.snapshot_id
-        with _locked(self._lock_path):
+        with self.turns.swapping(), _locked(self._lock_path):
             try:
                 tip = self.repo.lookup_branch(self.branch)
                 # icechunk's detector lets two replacements of one array (each a deletion and a new
@@ -404,6 +406,31 @@ class Repository:
             self.others_taken_in, self.tip_pending = True, new
         log.info("committed snapshot %s on branch %s: %s", new, self.branch, message)
         return new
+
+    def move_node_sync(self, src: str, dst: str, message: str) -> bool:
+        """Move node SRC to DST as one commit of its own (MESSAGE), no chunk copied: icechunk 2.x's
+        rearrange session. False when that cannot be (icechunk 1.x; the session holds changes not
+        committed yet, which a commit of moves only cannot take; the move refused on the branch's
+        newest snapshot): the caller copies the node instead, in the session."""
+        icechunk = icechunk_module()
+        if self.read_only or self.branch is None or not hasattr(self.repo, "rearrange_session"):
+            return False
+        with self.turns.swapping(), _locked(self._lock_path):
+            if self.version.session.has_uncommitted_changes:
+                return False
+            shown = self.snapshot_id
+            try:
+                session = self.repo.rearrange_session(self.branch)
+                session.move("/" + src, "/" + dst)
+                new = session.commit(message, rebase_with=icechunk.ConflictDetector())
+            except self.error as e:  # (conflicts included: nothing was changed)
+                log.info("%s: not a move of icechunk's (%s): copied instead", message, error_reason(e))
+                return False
+            self.version = Version(self.repo.writable_session(self.branch))
+        if self.repo.lookup_snapshot(new).parent_id != shown:  # others' commits are in it now
+            self.others_taken_in, self.tip_pending = True, new
+        log.info("committed snapshot %s on branch %s: %s", new, self.branch, message)
+        return True
 
     def _conflict(self, message: str, reason: str) -> str:
         """The session's change saved as a snapshot of its own, on a new branch; Conflict raised."""
@@ -431,7 +458,8 @@ class Repository:
 
 
 def _touched(diff: Any) -> set[str]:
-    """The nodes a change (icechunk's Diff) created, removed or changed; staging areas left out."""
+    """The nodes a change (icechunk's Diff) created, removed, changed or moved (from and to:
+    icechunk 2.x); staging areas left out."""
     paths = (
         diff.new_groups
         | diff.new_arrays
@@ -440,8 +468,46 @@ def _touched(diff: Any) -> set[str]:
         | diff.updated_groups
         | diff.updated_arrays
         | set(diff.updated_chunks)
+        | {p for move in getattr(diff, "moved_nodes", ()) for p in move}
     )
     return {p for p in paths if "/" + RESERVED not in p}
+
+
+class Turns:
+    """Writes into a writable session (any number at once) and the commits that replace the
+    session (one at a time, with no write under way): a write never lands in a session that
+    was committed already. A write waits only for a commit being made, not for one waiting."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._writes = 0
+        self._swapping = False
+
+    @contextlib.contextmanager
+    def writing(self) -> Any:
+        with self._cond:
+            while self._swapping:
+                self._cond.wait()
+            self._writes += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writes -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def swapping(self) -> Any:
+        with self._cond:
+            while self._swapping or self._writes:
+                self._cond.wait()
+            self._swapping = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._swapping = False
+                self._cond.notify_all()
 
 
 def _lock_path(source: str) -> str | None:

@@ -455,6 +455,13 @@ class IcechunkStore:
             raise ReadOnly(f"{key}: this version of the repository is read-only")
         return self.version.store
 
+    def _write(self, key: str, change: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
+        """CHANGE(the session's store) run, never while a commit replaces the session: a change
+        lands in the session the next commit takes."""
+        with self.repository.turns.writing():
+            store = self._writing(key)
+            return self._run(lambda: change(store))
+
     def stage_docs(self, staging: str, docs: dict[str, bytes]) -> None:
         """The documents of an array being written under STAGING: icechunk takes a chunk only
         for an array it knows, so they are stored before its first chunk."""
@@ -466,17 +473,17 @@ class IcechunkStore:
 
         if key.startswith(LEASE_PREFIX):
             return  # uncommitted changes die with the daemon that made them: no staging outlives it
-        store = self._writing(key)
+        self._writing(key)
         docs = next((d for prefix, d in self._staging_docs.items() if key.startswith(prefix + "/")), None)
 
-        async def put() -> None:
+        async def put(store: Any) -> None:
             if docs is not None:
                 for doc_key, doc in docs.items():
                     await store.set(doc_key, cpu.Buffer.from_bytes(doc))
             await store.set(key, cpu.Buffer.from_bytes(bytes(value)))
 
         try:
-            self._run(put)
+            self._write(key, put)
         except self._error as e:
             raise self._failed(f"writing {key!r}", e) from None
         if docs is not None:
@@ -486,9 +493,8 @@ class IcechunkStore:
         """Remove a key from the session; an absent key is not an error."""
         if key.startswith(LEASE_PREFIX):
             return
-        store = self._writing(key)
 
-        async def delete() -> None:
+        async def delete(store: Any) -> None:
             try:
                 await store.delete(key)
             except KeyError:  # no node holds it (a staged array none of whose chunks is stored yet)
@@ -498,19 +504,24 @@ class IcechunkStore:
                     raise
 
         try:
-            self._run(delete)
+            self._write(key, delete)
         except self._error as e:
             raise self._failed(f"erasing {key!r}", e) from None
 
     def erase_below_sync(self, prefix: str) -> None:
         """Remove every key below a prefix (a staging area being dropped, a node removed)."""
-        store = self._writing(prefix)
+        self._writing(prefix)
         self._staging_docs.pop(prefix, None)
         try:
-            self._run(lambda: store.delete_dir(prefix))
+            self._write(prefix, lambda store: store.delete_dir(prefix))
         except self._error as e:
             if BAD_PREFIX not in str(e):
                 raise self._failed(f"removing {prefix!r}", e) from None
+
+    def move_node_sync(self, src: str, dst: str, message: str) -> bool:
+        """Move node SRC to DST as one commit of its own, no chunk copied (see
+        Repository.move_node_sync); False when the caller must copy it instead."""
+        return self.repository.move_node_sync(src, dst, message)
 
     def move_sync(self, src: str, dst: str) -> None:
         """Give key `src`'s value to `dst` and remove `src` (a copy: icechunk 1.x moves nothing)."""
