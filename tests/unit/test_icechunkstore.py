@@ -9,7 +9,7 @@ import zarr
 
 from zarrfs.errors import ReadOnly, UserError
 from zarrfs.storage.icechunk import IcechunkStore, looks_like_repository_sync
-from zarrfs.storage.icechunk.store import SNAPSHOT_PREFIX
+from zarrfs.storage.icechunk.keys import SNAPSHOT_PREFIX
 from zarrfs.storage.store import Store
 
 from support import icechunk_repo
@@ -187,7 +187,7 @@ def test_a_commit_waits_for_the_writes_under_way_and_writes_for_a_commit():
     import threading
     import time
 
-    from zarrfs.storage.icechunk.repository import Turns
+    from zarrfs.storage.icechunk.turns import Turns
 
     turns, order = Turns(), []
     inside = threading.Event()

@@ -142,6 +142,17 @@ def swap_dirs(a: str, b: str) -> None:
     os.rename(trash, a)
 
 
+def prune_empty_dirs(root: str, key: str) -> None:
+    """Remove the directories of KEY below ROOT that a removal left empty, deepest first."""
+    parts = key.split("/")[:-1]
+    while parts:
+        try:
+            os.rmdir(os.path.join(root, *parts))
+        except OSError:
+            return
+        parts.pop()
+
+
 def tree_bytes(root: str) -> int:
     """Bytes of every regular file below ROOT (symlinks not followed; unreadable directories skipped)."""
     total = 0

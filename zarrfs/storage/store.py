@@ -356,7 +356,8 @@ class Store:
             raise
         except Exception as e:
             raise StoreError(f"erasing {key!r} failed: {describe_failure(e)}") from None
-        self._prune_empty_dirs(key)
+        if self.is_local:
+            local.prune_empty_dirs(self.root, key)
 
     def erase_below_sync(self, prefix: str) -> None:
         """Remove every key below a prefix (a staging area being dropped)."""
@@ -367,7 +368,7 @@ class Store:
                 pass
             except OSError as e:
                 raise StoreError(f"removing {prefix!r} failed: {e}") from None
-            self._prune_empty_dirs(prefix)
+            local.prune_empty_dirs(self.root, prefix)
             return
         for rel in self.sizes_below_sync(prefix):
             self.erase_sync(join(prefix, rel))
@@ -379,7 +380,7 @@ class Store:
                 target = self.path(dst)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.replace(self.path(src), target)
-                self._prune_empty_dirs(src)
+                local.prune_empty_dirs(self.root, src)
                 return
         except ZarrfsError:
             raise
@@ -402,18 +403,6 @@ class Store:
             local.swap_dirs(self.path(staging), self.path(final))
         except OSError as e:
             raise StoreError(f"swapping {staging!r} into {final!r} failed: {e}") from None
-
-    def _prune_empty_dirs(self, key: str) -> None:
-        """Local stores: remove directories a removal left empty, up to the root."""
-        if not self.is_local:
-            return
-        parts = key.split("/")[:-1]
-        while parts:
-            try:
-                os.rmdir(self.path("/".join(parts)))
-            except OSError:
-                return
-            parts.pop()
 
     def exists_sync(self) -> bool:
         """Whether the store's root exists at all (for a clear error at mount time)."""

@@ -4,7 +4,8 @@ A cold `cat` of a compressed array decodes every chunk into fresh memory, and th
 fresh pages on first touch: a large share of the whole read's time (docs/PERFORMANCE.md). Yet
 once a reader of a read-only mount is past a chunk, the kernel's page cache holds the file's
 bytes, and the decoded chunk is rarely wanted again. So on read-only mounts of stores whose
-chunks lie in files (`chunk_files`: local stores, local Icechunk repositories read by 2.x), chunks that decode into a buffer of their own size (a lone blosc or zstd compressor) are
+chunks lie in files (`chunk_files`: local stores, local Icechunk repositories read by 2.x),
+chunks that decode into a buffer of their own size (a lone blosc or zstd compressor) are
 decoded into buffers of this engine's (`decode_buffer`), uncompressed chunks read into them,
 and a sequential reader gives back the chunks it has passed (`release_behind`): each leaves the
 cache, and its buffer, if nothing else holds the chunk or a view of it (reference counts: a
@@ -12,8 +13,9 @@ reader's plan, a band being assembled, a reply being sent), is kept for the next
 size, at most SPARE_MAX_BYTES of them.
 
 Stores on local disk whose chunks come in buffers of their own (a local Icechunk repository
-read by icechunk 1.x: no file to read into ours) drop behind instead: a chunk a reader has passed leaves the cache, and the
-allocator gives its memory to the next loads (daemon/allocator.py keeps it for them).
+read by icechunk 1.x: no file to read into ours) drop behind instead: a chunk a reader has
+passed leaves the cache, and the allocator gives its memory to the next loads
+(daemon/allocator.py keeps it for them).
 A part of the engine (docs/CONCURRENCY.md); used from the trio thread only.
 """
 
@@ -45,8 +47,8 @@ SOLE = 3
 
 
 class Spares:
-    """Decode buffers given back by sequential readers (ENABLED: read-only mounts of local stores),
-    or the chunks they passed dropped (DROP_BEHIND)."""
+    """Decode buffers given back by sequential readers (ENABLED: read-only mounts of stores whose
+    chunks lie in files), or the chunks they passed dropped (DROP_BEHIND)."""
 
     def __init__(self, runtime: Runtime, tables: ChunkTables, enabled: bool, drop_behind: bool = False) -> None:
         self.runtime, self.tables, self.enabled, self.drop_behind = runtime, tables, enabled, drop_behind

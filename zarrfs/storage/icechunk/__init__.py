@@ -1,12 +1,14 @@
 """An Icechunk repository as a zarrfs store: a session of one snapshot behind the Store interface.
 
-store.py is the Store side (reads, listings and writes of a session, run on an asyncio loop of
-its own); repository.py the repository's (opening it at a ref or snapshot, following a branch's
-tip, the history, commits and conflicts). `icechunk` is an optional extra (`zarrfs[icechunk]`),
-imported lazily.
+store.py is the Store side (reads and listings of a session, run on an asyncio loop of its own),
+writes.py its writes; chunkfiles.py where a local repository's chunks lie (icechunk 2.x);
+repository.py the repository's side (opening it at a ref or snapshot, following a branch's tip,
+the history, commits and conflicts), turns.py how its changes take turns; keys.py the keys.
+`icechunk` is an optional extra (`zarrfs[icechunk]`), imported lazily.
 """
 
+from .keys import SNAPSHOT_PREFIX
 from .repository import looks_like_repository_sync
-from .store import SNAPSHOT_PREFIX, IcechunkStore
+from .store import IcechunkStore
 
 __all__ = ["SNAPSHOT_PREFIX", "IcechunkStore", "looks_like_repository_sync"]

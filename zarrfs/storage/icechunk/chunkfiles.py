@@ -14,6 +14,7 @@ Pure: the store (store.py) hands over the batches of references, read on its own
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ZarrfsError
+from .. import local
 
 log = logging.getLogger(__package__)
 
@@ -37,6 +39,7 @@ MAX_REFS = 1 << 22
 BATCH = 1 << 16
 
 Batches = Callable[[str], Iterable[tuple[Any, ...]]]
+Located = tuple[str, int, int]  # (file, offset, length)
 
 
 def split_chunk_key(key: str) -> tuple[str, tuple[int, ...]] | None:
@@ -105,7 +108,7 @@ class ChunkFiles:
         self._tables: dict[str, ArrayChunks | None] = {}  # None: not made (too many chunks)
         self._lock = threading.Lock()
 
-    def locate(self, key: str, load: bool = True) -> tuple[str, int, int] | None:
+    def locate(self, key: str, load: bool = True) -> Located | None:
         """(file, offset, length) of the chunk under KEY when it is a native chunk, else None.
         Without LOAD (a thread that must not wait), None also while its array has no table yet."""
         split = split_chunk_key(key)
@@ -136,3 +139,43 @@ class ChunkFiles:
                     table = None
                 self._tables[path] = table
             return table
+
+
+class RepositoryChunks:
+    """The native chunks of a local repository's read-only snapshots: a ChunkFiles for each, the
+    KEPT most recently used."""
+
+    def __init__(self, repository_dir: str, references: Callable[[Any, str], Any], kept: int) -> None:
+        self.repository_dir, self.kept = repository_dir, kept
+        self._references = references  # (a session's store, array path) -> its batches of references
+        self._snapshots: collections.OrderedDict[str, ChunkFiles] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def locate(self, snapshot_id: str, store: Callable[[], Any], key: str, load: bool) -> Located | None:
+        """Where the chunk under KEY of snapshot SNAPSHOT_ID lies (see ChunkFiles.locate); STORE()
+        gives its session's store (None: no such snapshot) when its references are to be read."""
+        with self._lock:
+            files = self._snapshots.get(snapshot_id)
+            if files is not None:
+                self._snapshots.move_to_end(snapshot_id)
+        if files is None:
+            session_store = store() if load else None
+            if session_store is None:
+                return None
+            files = ChunkFiles(self.repository_dir, lambda path: self._references(session_store, path))
+            with self._lock:
+                files = self._snapshots.setdefault(snapshot_id, files)
+                while len(self._snapshots) > self.kept:
+                    self._snapshots.popitem(last=False)
+        return files.locate(key, load)
+
+
+def read_located(key: str, located: Located, max_nbytes: int | None, into: Any) -> Any:
+    """The chunk under KEY from where it lies (read into INTO as local.read_file does), or None
+    when that file does not hold it (icechunk then reads it, and says what is wrong)."""
+    path, offset, length = located
+    try:
+        data = local.read_file(path, key, offset, offset + length, max_nbytes, into)
+    except OSError:
+        return None
+    return data if data is not None and len(data) == length else None

@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import datetime
-import fcntl
 import json
 import logging
 import os
@@ -20,6 +18,7 @@ from ...errors import Conflict, StoreError, UserError, ZarrfsError
 from ...options import AUTHORIZE
 from ...repeats import RepeatedFailures
 from ..store import Store
+from .turns import Turns, lock_path, locked
 
 log = logging.getLogger(__package__)  # one logger for the Icechunk adapter, named as before its split
 
@@ -117,7 +116,7 @@ def local_path(source: str) -> str | None:
     scheme, sep, rest = source.partition("://")
     if not sep:
         return os.path.abspath(source)
-    return rest if scheme == "file" else None
+    return os.path.abspath(rest) if scheme == "file" else None
 
 
 def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
@@ -179,7 +178,8 @@ class Repository:
     ) -> None:
         icechunk = icechunk_module()
         self.source = source
-        self.on_local_disk = local_path(source) is not None  # reading a chunk again costs no network
+        self.local_dir = local_path(source)  # a repository in a local directory: where, else None
+        self.on_local_disk = self.local_dir is not None  # reading a chunk again costs no network
         try:
             self.repo = icechunk.Repository.open(
                 storage_of(source, storage_options),
@@ -216,7 +216,7 @@ class Repository:
         # Set when a commit of ours took in other writers' commits: what the mount cached may be stale.
         self.others_taken_in = False
         self._ready: Version | None = None  # what follow_tip_sync found, for show_ready to show
-        self._lock_path = _lock_path(source) if writable else None
+        self._lock_path = lock_path(self.local_dir) if writable else None
         self.error = icechunk.IcechunkError
         # Sessions of other snapshots (the history), most recently used last.
         self._others: collections.OrderedDict[str, Any] = collections.OrderedDict()
@@ -381,7 +381,7 @@ class Repository:
         if self.read_only or not session.has_uncommitted_changes:
             return None
         base = session.snapshot_id
-        with self.turns.swapping(), _locked(self._lock_path):
+        with self.turns.swapping(), locked(self._lock_path):
             try:
                 tip = self.repo.lookup_branch(self.branch)
                 # icechunk's detector lets two replacements of one array (each a deletion and a new
@@ -415,7 +415,7 @@ class Repository:
         icechunk = icechunk_module()
         if self.read_only or self.branch is None or not hasattr(self.repo, "rearrange_session"):
             return False
-        with self.turns.swapping(), _locked(self._lock_path):
+        with self.turns.swapping(), locked(self._lock_path):
             if self.version.session.has_uncommitted_changes:
                 return False
             shown = self.snapshot_id
@@ -471,67 +471,3 @@ def _touched(diff: Any) -> set[str]:
         | {p for move in getattr(diff, "moved_nodes", ()) for p in move}
     )
     return {p for p in paths if "/" + RESERVED not in p}
-
-
-class Turns:
-    """Writes into a writable session (any number at once) and the commits that replace the
-    session (one at a time, with no write under way): a write never lands in a session that
-    was committed already. A write waits only for a commit being made, not for one waiting."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._writes = 0
-        self._swapping = False
-
-    @contextlib.contextmanager
-    def writing(self) -> Any:
-        with self._cond:
-            while self._swapping:
-                self._cond.wait()
-            self._writes += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writes -= 1
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def swapping(self) -> Any:
-        with self._cond:
-            while self._swapping or self._writes:
-                self._cond.wait()
-            self._swapping = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._swapping = False
-                self._cond.notify_all()
-
-
-def _lock_path(source: str) -> str | None:
-    """The lock file commits of a local repository take turns on: beside the repository."""
-    scheme, sep, rest = source.partition("://")
-    if sep and scheme != "file":
-        return None  # object stores: icechunk's own conditional writes order the commits
-    path = os.path.abspath(rest if sep else source).rstrip("/")
-    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.zarrfs-lock")
-
-
-class _locked:
-    """Hold an exclusive flock on PATH (None: nothing to hold) for a `with` block."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.fd: int | None = None
-
-    def __enter__(self) -> None:
-        if self.path is not None:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # releases the lock
-            self.fd = None

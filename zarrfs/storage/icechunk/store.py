@@ -5,38 +5,25 @@ its session store is asynchronous and speaks zarr-python's buffer types. This ad
 that store on an asyncio loop of its own, in one thread, and answers the synchronous calls
 zarrfs's engine makes from its worker threads: reads of the snapshot mounted (and of any
 other, for `.zarrfs/versions`), and on a writable branch, writes into a session that
-`commit_sync` commits once per operation (repository.py keeps the repository's side).
+`commit_sync` commits once per operation (writes.py; repository.py keeps the repository's side).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ...errors import ReadOnly, StoreError, ZarrfsError
-from .. import local
+from ...errors import StoreError, ZarrfsError
 from ..keys import join
-from ..staging import LEASE_PREFIX
 from ..store import METADATA_MAX_BYTES, Store
-from .chunkfiles import BATCH, ChunkFiles
-from .repository import SESSIONS_KEPT, Repository, Version, icechunk_module, local_path
-
-# Keys below `SNAPSHOT_PREFIX + ID` are those of snapshot ID (the history under `.zarrfs/versions`):
-# one store, one engine and one cache serve every version, each cached under its own paths.
-# The prefix starts with `.zarrfs`, which no node name may.
-SNAPSHOT_PREFIX = ".zarrfs-snapshot-"
-# Errors icechunk raises for a key it cannot hold at all (a view asking for `t`, not `t/zarr.json`):
-# such a key is simply absent.
-INVALID_KEY = "invalid zarr key"
-# ... or for a key of a node that does not exist (a staged array none of whose chunks is stored yet).
-NO_NODE = "node not found"
-# ... and for a prefix that is no node (a staged array none of whose chunks was stored): empty.
-BAD_PREFIX = "bad key prefix"
+from .chunkfiles import BATCH, Located, RepositoryChunks, read_located
+from .keys import BAD_PREFIX, INVALID_KEY, NO_NODE, SNAPSHOT_PREFIX
+from .repository import SESSIONS_KEPT, Repository, Version, icechunk_module
+from .writes import SessionWrites
 
 
 class _Bytes:
@@ -53,7 +40,7 @@ def _plain(data: Any) -> bytes:
     return data if isinstance(data, bytes) else bytes(data)
 
 
-class IcechunkStore:
+class IcechunkStore(SessionWrites):
     """A zarrfs store over one snapshot of an Icechunk repository, and over any other snapshot
     below `SNAPSHOT_PREFIX + ID` (read-only).
 
@@ -92,10 +79,9 @@ class IcechunkStore:
         self._prototype = _prototype()
         # Native chunks read as files (chunkfiles.py): a read-only mount of a repository in a local
         # directory, by an icechunk that lists chunk references (2.x).
-        self._files_dir = local_path(source) if self.read_only and _lists_chunks(icechunk) else None
-        self.root = self._files_dir or ""  # (where those files lie)
-        self._files: collections.OrderedDict[str, ChunkFiles] = collections.OrderedDict()  # by snapshot
-        self._files_lock = threading.Lock()
+        files_dir = self.repository.local_dir if self.read_only and _lists_chunks(icechunk) else None
+        self._chunks = None if files_dir is None else RepositoryChunks(files_dir, self._references, SESSIONS_KEPT)
+        self.root = files_dir or ""  # (where those files lie)
 
     def __repr__(self) -> str:
         return f"IcechunkStore({self.source!r}, {self.snapshot_id})"
@@ -147,16 +133,12 @@ class IcechunkStore:
         """Whether the repository holds a snapshot of that ID."""
         return self.repository.has_snapshot_sync(snapshot_id)
 
-    def commit_sync(self, message: str) -> str | None:
-        """Commit what the session holds (see Repository.commit_sync); None when it holds nothing."""
-        return self.repository.commit_sync(message, self._staging_docs)
-
     def _route(self, key: str) -> tuple[Any, str]:
         """The session store a key belongs to (None: a snapshot that does not exist) and the key there."""
-        if not key.startswith(SNAPSHOT_PREFIX):
+        snapshot_id, rel = _split(key)
+        if snapshot_id is None:
             return self.version.store, key
-        head, _, rest = key.partition("/")
-        return self.repository.snapshot_store(head[len(SNAPSHOT_PREFIX) :]), rest
+        return self.repository.snapshot_store(snapshot_id), rel
 
     # --- reads ------------------------------------------------------------------------
 
@@ -189,37 +171,19 @@ class IcechunkStore:
     @property
     def chunk_files(self) -> bool:
         """Whether chunks may lie in files of their own (`chunk_file`)."""
-        return self._files_dir is not None
+        return self._chunks is not None
 
-    def chunk_file(self, key: str, load: bool = True) -> tuple[str, int, int] | None:
+    def chunk_file(self, key: str, load: bool = True) -> Located | None:
         """Where the chunk under KEY lies in a local repository: (file, offset, length); None when it
         is no native chunk (absent, inline, virtual) or this icechunk does not tell. Without LOAD
         (a thread that must not wait), None also until its array's references are read."""
-        if self._files_dir is None:
+        if self._chunks is None:
             return None
-        if key.startswith(SNAPSHOT_PREFIX):
-            head, _, rel = key.partition("/")
-            snapshot_id = head[len(SNAPSHOT_PREFIX) :]
-            store = None
-        else:
-            version = self.version
-            snapshot_id, store, rel = version.snapshot_id, version.store, key
-        with self._files_lock:
-            files = self._files.get(snapshot_id)
-            if files is not None:
-                self._files.move_to_end(snapshot_id)
-        if files is None:
-            if not load:
-                return None
-            store = store or self.repository.snapshot_store(snapshot_id)
-            if store is None:
-                return None
-            files = ChunkFiles(self._files_dir, lambda path: self._references(store, path))
-            with self._files_lock:
-                files = self._files.setdefault(snapshot_id, files)
-                while len(self._files) > SESSIONS_KEPT:
-                    self._files.popitem(last=False)
-        return files.locate(rel, load)
+        snapshot_id, rel = _split(key)
+        if snapshot_id is not None:
+            return self._chunks.locate(snapshot_id, lambda: self.repository.snapshot_store(snapshot_id), rel, load)
+        version = self.version
+        return self._chunks.locate(version.snapshot_id, lambda: version.store, rel, load)
 
     def _references(self, store: Any, path: str) -> list[Any]:
         """The batches of chunk references of array PATH of a session's STORE."""
@@ -232,25 +196,15 @@ class IcechunkStore:
         except self._error as e:
             raise self._failed(f"listing the chunks of {path!r}", e) from None
 
-    def _read_file(self, key: str, located: tuple[str, int, int], max_nbytes: int | None, into: Any) -> Any:
-        """The chunk under KEY from its file, or None when the file does not hold it (icechunk
-        then reads it, and says what is wrong)."""
-        path, offset, length = located
-        try:
-            data = local.read_file(path, key, offset, offset + length, max_nbytes, into)
-        except OSError:
-            return None
-        return data if data is not None and len(data) == length else None
-
     def get_sync(self, key: str, max_nbytes: int | None = METADATA_MAX_BYTES, into: Any = None) -> Any:
         """The value of a key, or None; larger than `max_nbytes`: StoreError. A value that fits in
         INTO (a writable buffer) is copied into it: INTO returned when it is exactly its size, else
         a view of its first bytes. Documents (`zarr.json`: a repository holds v3 only) come as
         bytes; a chunk of a local repository's file, as read from it; any other value as a
         read-only view of icechunk's own buffer."""
-        located = self.chunk_file(key) if self._files_dir is not None else None
+        located = self.chunk_file(key)
         if located is not None:
-            data = self._read_file(key, located, max_nbytes, into)
+            data = read_located(key, located, max_nbytes, into)
             if data is not None:
                 return data
         store, rel = self._route(key)
@@ -443,96 +397,13 @@ class IcechunkStore:
     def disk_stats(self) -> dict[str, Any]:
         return Store.disk_stats(self)  # the same counters as a store without a disk cache: none
 
-    # --- writes: into the session, committed once per operation -------------------------
 
-    @property
-    def writable(self) -> bool:
-        return not self.read_only
-
-    def _writing(self, key: str) -> Any:
-        """The writable session's store, for a key of the mounted version."""
-        if self.read_only or key.startswith(SNAPSHOT_PREFIX):
-            raise ReadOnly(f"{key}: this version of the repository is read-only")
-        return self.version.store
-
-    def _write(self, key: str, change: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
-        """CHANGE(the session's store) run, never while a commit replaces the session: a change
-        lands in the session the next commit takes."""
-        with self.repository.turns.writing():
-            store = self._writing(key)
-            return self._run(lambda: change(store))
-
-    def stage_docs(self, staging: str, docs: dict[str, bytes]) -> None:
-        """The documents of an array being written under STAGING: icechunk takes a chunk only
-        for an array it knows, so they are stored before its first chunk."""
-        self._staging_docs[staging] = docs
-
-    def set_sync(self, key: str, value: bytes) -> None:
-        """Store a value in the session (seen by this mount at once, by others after the commit)."""
-        from zarr.core.buffer import cpu
-
-        if key.startswith(LEASE_PREFIX):
-            return  # uncommitted changes die with the daemon that made them: no staging outlives it
-        self._writing(key)
-        docs = next((d for prefix, d in self._staging_docs.items() if key.startswith(prefix + "/")), None)
-
-        async def put(store: Any) -> None:
-            if docs is not None:
-                for doc_key, doc in docs.items():
-                    await store.set(doc_key, cpu.Buffer.from_bytes(doc))
-            await store.set(key, cpu.Buffer.from_bytes(bytes(value)))
-
-        try:
-            self._write(key, put)
-        except self._error as e:
-            raise self._failed(f"writing {key!r}", e) from None
-        if docs is not None:
-            self._staging_docs = {p: d for p, d in self._staging_docs.items() if d is not docs}
-
-    def erase_sync(self, key: str) -> None:
-        """Remove a key from the session; an absent key is not an error."""
-        if key.startswith(LEASE_PREFIX):
-            return
-
-        async def delete(store: Any) -> None:
-            try:
-                await store.delete(key)
-            except KeyError:  # no node holds it (a staged array none of whose chunks is stored yet)
-                pass
-            except self._error as e:
-                if INVALID_KEY not in str(e):  # its node is gone already
-                    raise
-
-        try:
-            self._write(key, delete)
-        except self._error as e:
-            raise self._failed(f"erasing {key!r}", e) from None
-
-    def erase_below_sync(self, prefix: str) -> None:
-        """Remove every key below a prefix (a staging area being dropped, a node removed)."""
-        self._writing(prefix)
-        self._staging_docs.pop(prefix, None)
-        try:
-            self._write(prefix, lambda store: store.delete_dir(prefix))
-        except self._error as e:
-            if BAD_PREFIX not in str(e):
-                raise self._failed(f"removing {prefix!r}", e) from None
-
-    def move_node_sync(self, src: str, dst: str, message: str) -> bool:
-        """Move node SRC to DST as one commit of its own, no chunk copied (see
-        Repository.move_node_sync); False when the caller must copy it instead."""
-        return self.repository.move_node_sync(src, dst, message)
-
-    def move_sync(self, src: str, dst: str) -> None:
-        """Give key `src`'s value to `dst` and remove `src` (a copy: icechunk 1.x moves nothing)."""
-        value = self.get_sync(src, None)
-        if value is None:
-            raise StoreError(f"moving {src!r} to {dst!r}: {src!r} vanished")
-        self.set_sync(dst, value)
-        self.erase_sync(src)
-
-    def swap_dirs_sync(self, staging: str, final: str) -> None:
-        raise ReadOnly("directories are swapped on local stores only")
+def _split(key: str) -> tuple[str | None, str]:
+    """(the snapshot a key below `SNAPSHOT_PREFIX + ID` belongs to, or None: the one shown; the key there)."""
+    if not key.startswith(SNAPSHOT_PREFIX):
+        return None, key
+    head, _, rel = key.partition("/")
+    return head[len(SNAPSHOT_PREFIX) :], rel
 
 
 def _lists_chunks(icechunk: Any) -> bool:
