@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                 offsets = random_offsets(args.reads, args.side, header, rep)
                 rand["mount"] += time_mount_random(npy, offsets)
                 stats = json.loads((mnt / ".zarrfs" / "stats.json").read_text())
-                fetched.append(stats["store_bytes"] / args.reads)
+                fetched.append(stats["chunk_bytes"] / args.reads)
                 rand["zarr"] += time_zarr_random(store, offsets, header, args.side)
             finally:
                 bench.unmount(mnt)

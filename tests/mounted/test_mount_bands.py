@@ -145,14 +145,14 @@ def test_transposing_views_of_uncompressed_local_chunks_are_read_from_their_file
         before = stats(mnt)
         assert read_sequentially(views[name]) == wants[name], name
         after = stats(mnt)
-        assert after["store_gets"] == before["store_gets"], name  # every byte from the bands
+        assert after["chunk_gets"] == before["chunk_gets"], name  # every byte from the bands
         assert after["bands_assembled"] - before["bands_assembled"] == 3, name
         assert read_sequentially(views[name], size=3 * MIB + 4096, direct=True) == wants[name], name
         start = 5 * MIB + 12_345
         assert read_sequentially(views[name], size=700_000, start=start, direct=True) == wants[name][start:], name
     before = stats(mnt)
     assert read_sequentially(views["h"]) == wants["h"]
-    assert stats(mnt)["store_gets"] > before["store_gets"]  # the second band's chunks, through the cache
+    assert stats(mnt)["chunk_gets"] > before["chunk_gets"]  # the second band's chunks, through the cache
     assert stats(mnt)["band_reads"] > before["band_reads"]  # and the others' reads from bands
     arrays["c"][...] = value + 1  # another writer rewrites every chunk
     (mnt / VIEWS / "refresh").read_bytes()
@@ -199,7 +199,7 @@ def test_transposing_views_of_compressed_local_chunks_are_decoded_into_their_ban
         assert read_sequentially(path) == wants[name], name
         after = stats(mnt)
         assert after["cache_misses"] == before["cache_misses"], name  # no chunk through the cache
-        assert after["store_gets"] - before["store_gets"] == stored, name  # each chunk read once
+        assert after["chunk_gets"] - before["chunk_gets"] == stored, name  # each chunk read once
         assert after["bands_assembled"] - before["bands_assembled"] == 3, name
         assert read_sequentially(path, size=3 * MIB + 4096, direct=True) == wants[name], name
     bad = mnt / VIEWS / "npy-f" / "bad.npy"

@@ -77,6 +77,11 @@ def _lists(proxy: Proxy) -> int:
     return sum(1 for m, p in proxy.requests if m == "GET" and "list-type=2" in p)
 
 
+def _object_gets(proxy: Proxy) -> int:
+    """GETs of objects (whole or ranged), listings left out, since the last reset."""
+    return sum(1 for m, p in proxy.requests if m == "GET" and "list-type=2" not in p)
+
+
 def _stats(mnt: Path) -> dict:
     return json.loads((mnt / ".zarrfs" / "stats.json").read_bytes())
 
@@ -301,6 +306,10 @@ def test_remount_reads_from_disk_then_revalidates_by_listing(bucket, proxy, moun
     stats = _stats(mnt)
     assert stats["disk_hits"] > 0 and stats["disk_errors"] == 0
     assert stats["disk_cache_dir"] == str(cache)
+    # stats.json tells the disk's answers from the store's: the chunks came from the disk, and
+    # store_gets counts the GETs the server saw (documents, at most), not the chunks read.
+    assert stats["chunk_gets"] >= 36, stats
+    assert stats["store_gets"] == _object_gets(proxy), (stats, proxy.requests)
     mounting.unmount_and_wait(mount, mnt)
 
     # Past the TTL: one listing per array checks the entries; still no chunk GET.
@@ -325,6 +334,7 @@ def test_remount_reads_from_disk_then_revalidates_by_listing(bucket, proxy, moun
     mnt = mount(src, *_opts(proxy.port, cache))
     assert (mnt / "a.npy").read_bytes() == want_a
     assert len(_chunk_gets(proxy, "remount")) >= 36
+    assert _stats(mnt)["store_gets"] == _object_gets(proxy)
 
 
 def test_chunk_rewritten_by_another_client_is_read_again_after_the_ttl(bucket, proxy, mount, tmp_path):

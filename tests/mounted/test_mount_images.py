@@ -140,7 +140,7 @@ def test_reading_one_page_loads_only_its_chunks(mount, tmp_path):
     finally:
         os.close(fd)
     np.testing.assert_array_equal(np.frombuffer(page, "<f8").reshape(64, 64), value[3])
-    assert after["store_gets"] - before["store_gets"] == 4
+    assert after["chunk_gets"] - before["chunk_gets"] == 4
     assert after["prefetched"] == before["prefetched"]
 
 
@@ -338,7 +338,7 @@ def test_preview_of_a_large_array_reads_a_bounded_strided_subset(mount, tmp_path
     after = stats(m)
     budget = 64 << 20  # zarrfs.views.preview.MAX_DECODED_BYTES, the bound docs/VIEWS.md states
     assert 0 < after["preview_decoded_bytes"] - before.get("preview_decoded_bytes", 0) <= budget
-    assert after["store_gets"] - before["store_gets"] <= budget // (1000 * 1000 * 4)
+    assert after["chunk_gets"] - before["chunk_gets"] <= budget // (1000 * 1000 * 4)
 
 
 # --------------------------------------------------------------------------- the commands of docs/VIEWS.md

@@ -114,7 +114,7 @@ def test_reading_a_slab_loads_only_its_chunks(mount, tmp_path):
     finally:
         os.close(fd)
     assert got == big[-1].astype(">f4").tobytes()
-    assert after["store_gets"] - before["store_gets"] == 1, (before, after)  # chunk (5, 0, 0) only
+    assert after["chunk_gets"] - before["chunk_gets"] == 1, (before, after)  # chunk (5, 0, 0) only
 
 
 def test_v3_store_with_dimension_names_and_64_bit_types_is_cdf5(mount, stores):

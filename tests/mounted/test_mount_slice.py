@@ -125,7 +125,7 @@ def test_a_slice_loads_only_the_chunks_it_needs(slice_mounts, mount):
     got = np.load(mnt / SLICE / "c3[4, 6:9].npy")  # row 4 is in chunk row 1; columns 6..8 in chunk column 1
     np.testing.assert_array_equal(got, values["v3/c3"][4, 6:9])
     after = stats(mnt)
-    assert after["store_gets"] - before["store_gets"] == 1, (before, after)
+    assert after["chunk_gets"] - before["chunk_gets"] == 1, (before, after)
 
 
 @pytest.mark.parametrize(

@@ -129,10 +129,10 @@ def test_drafts_index_read_once_per_shard_through_the_engine(tmp_path):
         stream = ArrayStream(meta, "C", with_header=False)
         for i in range(8):  # one chunk at a time: the second shard's index is cached too
             assert bytes(await engine.read(stream, 2 * i, 2)) == bytes([i, i])
-        first = engine.stats()["store_gets"]
+        first = engine.stats()["chunk_gets"]
         engine.drop_clean_chunks()  # nothing cached: every chunk at once, concurrently
         assert bytes(await engine.read(stream, 0, 16)) == bytes(i for i in range(8) for _ in range(2))
-        return first, engine.stats()["store_gets"] - first
+        return first, engine.stats()["chunk_gets"] - first
 
     one_by_one, at_once = trio.run(main)
     assert one_by_one == 2 + 8  # two index reads, eight ranges

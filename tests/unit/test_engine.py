@@ -670,7 +670,7 @@ async def test_direct_reads_find_chunks_where_the_store_places_them(tmp_path):
     got = await read_as_fuse_does(engine, streams["a"])
     assert got == expected
     assert engine.counters["direct_reads"] + engine.counters["bands_assembled"] > 0
-    assert engine.counters["store_gets"] == 0  # no chunk came from its key
+    assert engine.counters["chunk_gets"] == 0  # no chunk came from its key
 
 
 class OwnBuffersStore(Store):

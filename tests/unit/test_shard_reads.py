@@ -85,9 +85,9 @@ def test_small_read_fetches_a_fraction_of_the_shard(tmp_path, index_location):
 
     assert trio.run(main) == expected[row, col].tobytes()
     s = engine.stats()
-    assert s["store_gets"] == 2  # the index, then one inner chunk
-    assert s["store_bytes"] == index_nbytes + int(index[13 // INNER[0], 5 // INNER[1], 1])
-    assert s["store_bytes"] < len(shard) / 2
+    assert s["chunk_gets"] == 2  # the index, then one inner chunk
+    assert s["chunk_bytes"] == index_nbytes + int(index[13 // INNER[0], 5 // INNER[1], 1])
+    assert s["chunk_bytes"] < len(shard) / 2
 
 
 @pytest.mark.parametrize("index_location", ["start", "end"])

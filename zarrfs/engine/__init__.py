@@ -210,8 +210,8 @@ class Engine:
         except ZarrfsError as e:
             self.runtime.count_error(e, key)
             raise
-        self.counters["store_gets"] += 1
-        self.counters["store_bytes"] += len(data)
+        self.counters["chunk_gets"] += 1
+        self.counters["chunk_bytes"] += len(data)
         return data
 
     async def chunks(self, meta: Any, wanted: Any, whole: bool = False) -> dict[Index, np.ndarray]:
@@ -323,6 +323,7 @@ class Engine:
             "band_bytes_peak": bands.band_bytes_peak,
             "plain_files_pending": self.later.waiting,  # closed, waiting for their write-back
             "plain_memory_bytes": self.held_memory_bytes,
+            **self.store.request_stats(),
             **self.store.disk_stats(),
             "errors": dict(self.errors),
             **self.runtime.failures.stats(),

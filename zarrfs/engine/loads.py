@@ -341,12 +341,12 @@ class Loads:
         except ZarrfsError as e:
             self.runtime.count_error(e, key)
             raise
-        self.runtime.counters["store_gets"] += 1
+        self.runtime.counters["chunk_gets"] += 1
         if not partial(meta):
             self.revalidation.note_fetch(meta, idx, key, began, nbytes)
         if nbytes is None:
             return self.fill_chunk(meta)
-        self.runtime.counters["store_bytes"] += nbytes
+        self.runtime.counters["chunk_bytes"] += nbytes
         if together:
             self.runtime.decoded([arr], seconds)
         else:
@@ -400,11 +400,11 @@ class Loads:
                 version = self.tables.versions.get(shard_unit(meta, shard), 0)
                 try:
                     index = await self.runtime.run_io(src.read_index_sync, self.runtime.store, shard, key=key)
-                    self.runtime.counters["store_gets"] += 1
+                    self.runtime.counters["chunk_gets"] += 1
                     if index is None:
                         index = NO_SHARD
                     else:
-                        self.runtime.counters["store_bytes"] += src.index_nbytes
+                        self.runtime.counters["chunk_bytes"] += src.index_nbytes
                     load.value = index
                     if self.tables.version(shard_unit(meta, shard)) == version and self.revalidation.current_layout(
                         meta
@@ -435,9 +435,9 @@ class Loads:
             version = self.tables.versions.get(shard_unit(meta, shard), 0)
             max_nbytes = src.index_nbytes + math.prod(src.per_shard) * _inner_limit(meta)
             found = await self.runtime.run_io(src.read_whole_sync, self.runtime.store, shard, max_nbytes)
-            self.runtime.counters["store_gets"] += 1
+            self.runtime.counters["chunk_gets"] += 1
             if found is not None:
-                self.runtime.counters["store_bytes"] += len(found[0])
+                self.runtime.counters["chunk_bytes"] += len(found[0])
             if self.tables.version(shard_unit(meta, shard)) == version and self.revalidation.current_layout(meta):
                 self.tables.cache.put((meta.path, shard, INDEX), NO_SHARD if found is None else found[1])
             return (None, None) if found is None else found
@@ -483,8 +483,8 @@ class Loads:
         else:
             ranges = merge_ranges(stored, RANGE_GAP_LOCAL if self.runtime.store.is_local else RANGE_GAP_REMOTE)
             datas = await self.runtime.run_io(src.read_ranges_sync, self.runtime.store, shard, ranges)
-            self.runtime.counters["store_gets"] += len(ranges)
-            self.runtime.counters["store_bytes"] += sum(len(d) for d in datas)
+            self.runtime.counters["chunk_gets"] += len(ranges)
+            self.runtime.counters["chunk_bytes"] += sum(len(d) for d in datas)
         pieces = []
         r = 0
         for offset, nbytes, idx in stored:

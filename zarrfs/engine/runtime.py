@@ -33,8 +33,8 @@ DECODE_THREADS = max(1, os.cpu_count() or 1)
 STALL_GRACE_S = 1.0
 COUNTERS = (
     "reads",
-    "store_gets",
-    "store_bytes",
+    "chunk_gets",
+    "chunk_bytes",
     "fill_chunks",
     "bytes_decoded",
     "prefetched",
@@ -55,6 +55,9 @@ COUNTERS = (
     "buffers_reused",
     "chunks_dropped",
     "streamed_reads",
+    "previews",
+    "preview_chunks",
+    "preview_decoded_bytes",
 )
 
 

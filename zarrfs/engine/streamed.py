@@ -242,7 +242,7 @@ class StreamedReads:
                 step = 0 if slot.dec is None else slot.dec.decoded - before
                 self.runtime.counters["bytes_decoded"] += step
                 decoded += step
-            self.runtime.counters["store_gets"] += 1
+            self.runtime.counters["chunk_gets"] += 1
             keep = True
         except ZarrfsError as e:
             self.runtime.count_error(e, key)

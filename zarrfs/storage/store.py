@@ -23,6 +23,7 @@ from .fsinfo import etag_of, mtime_ns_of, size_of
 from .keys import check_key, join
 from .local import LOCAL_OPEN_FLAGS  # noqa: F401 (re-exported: the engine's direct reads open keys so too)
 from .remote import missing_backend
+from .requests import RequestCounts
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class Store:
         # parts of an object then costs the whole object each time, so callers read whole.
         self.ranges_ignored = False
         self._inside = local.InsideRoot(self.root) if self.is_local else None
+        self.requests = RequestCounts()
 
     def _below(self, base: str) -> str:
         """What the names a listing gives below BASE (a path, without a trailing `/`) start with:
@@ -123,14 +125,18 @@ class Store:
         """
         try:
             if self.is_local:
-                return self._read_local(key, 0, None, max_nbytes, into)
+                data = self._read_local(key, 0, None, max_nbytes, into)
+                self.requests.got(0 if data is None else len(data))
+                return data
             data = self.fs.cat_file(self.path(key))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            self.requests.got(0)
             return None
         except ZarrfsError:
             raise
         except Exception as e:  # any failure of any backend is a store error of this key
             raise StoreError(f"reading {key!r} failed: {describe_failure(e)}") from None
+        self.requests.got(len(data))
         return self.bounded(key, data, max_nbytes)
 
     @staticmethod
@@ -149,8 +155,10 @@ class Store:
         async def gather() -> list[Any]:
             return await asyncio.gather(*(self.fs._cat_file(p) for p in paths), return_exceptions=True)
 
+        results = fsspec.asyn.sync(self.fs.loop, gather)
+        self.requests.got(sum(len(r) for r in results if isinstance(r, bytes)), len(keys))
         out: dict[str, bytes | None] = {}
-        for key, res in zip(keys, fsspec.asyn.sync(self.fs.loop, gather)):
+        for key, res in zip(keys, results):
             if isinstance(res, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
                 out[key] = None
             elif isinstance(res, BaseException):
@@ -162,6 +170,7 @@ class Store:
     def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:
         """Keys (files, with their sizes when the backend tells) and sub-prefixes (dirs) under a prefix."""
         base = self.path(prefix).rstrip("/")
+        self.requests.listed()
         try:
             entries = self.fs.ls(base + ("/" if not self.is_local else ""), detail=True)
         except (FileNotFoundError, NotADirectoryError):
@@ -200,6 +209,7 @@ class Store:
 
     def _infos_below_sync(self, prefix: str) -> dict[str, dict[str, Any]]:
         base = self.path(prefix).rstrip("/")
+        self.requests.listed()
         try:
             found = self.fs.find(base, detail=True, withdirs=False)
         except (FileNotFoundError, NotADirectoryError):
@@ -239,6 +249,7 @@ class Store:
             raise
         except Exception as e:
             raise StoreError(f"reading {key!r} [{start}:{end}] failed: {describe_failure(e)}") from None
+        self.requests.got(len(data))
         # A server that ignores Range (python -m http.server) sends the whole object.
         return self._asked(data, slice(start, end), end - start)
 
@@ -254,8 +265,10 @@ class Store:
                 *(self.fs._cat_file(path, start=a, end=b) for a, b in ranges), return_exceptions=True
             )
 
+        results = fsspec.asyn.sync(self.fs.loop, gather)
+        self.requests.got(sum(len(r) for r in results if isinstance(r, bytes)), len(ranges))
         out = []
-        for (start, end), res in zip(ranges, fsspec.asyn.sync(self.fs.loop, gather)):
+        for (start, end), res in zip(ranges, results):
             if isinstance(res, BaseException):
                 raise StoreError(f"reading {key!r} [{start}:{end}] failed: {describe_failure(res)}")
             out.append(self._asked(res, slice(start, end), end - start))
@@ -274,14 +287,18 @@ class Store:
         """The first `nbytes` bytes of a key (all of it when shorter), or None when the key is absent."""
         try:
             if self.is_local:
-                return self._read_local(key, 0, nbytes)
+                data = self._read_local(key, 0, nbytes)
+                self.requests.got(0 if data is None else len(data))
+                return data
             data = self.fs.cat_file(self.path(key), start=0, end=nbytes)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            self.requests.got(0)
             return None
         except ZarrfsError:
             raise
         except Exception as e:
             raise StoreError(f"reading the first {nbytes} bytes of {key!r} failed: {describe_failure(e)}") from None
+        self.requests.got(len(data))
         return self._asked(data, slice(0, nbytes), nbytes)
 
     def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
@@ -291,14 +308,18 @@ class Store:
         """
         try:
             if self.is_local:
-                return self._read_local(key, -nbytes, None)
+                data = self._read_local(key, -nbytes, None)
+                self.requests.got(0 if data is None else len(data))
+                return data
             data = self.fs.cat_file(self.path(key), start=-nbytes)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            self.requests.got(0)
             return None
         except ZarrfsError:
             raise
         except Exception as e:
             raise StoreError(f"reading the last {nbytes} bytes of {key!r} failed: {describe_failure(e)}") from None
+        self.requests.got(len(data))
         return self._asked(data, slice(len(data) - nbytes, None), nbytes)
 
     # --- writes -------------------------------------------------------------------------
@@ -319,21 +340,30 @@ class Store:
             raise
         except Exception as e:
             raise StoreError(f"writing {key!r} failed: {describe_failure(e)}") from None
+        self.requests.put(len(value))
 
     def put_stream_sync(self, key: str, source: Any, block_bytes: int = 1 << 20) -> None:
         """Store the bytes read from a file object, block by block (never whole in memory); like
         `set_sync`, a failure leaves the previous value intact on a local store."""
         path = self.path(key)
+        written = 0
+
+        def copy(f: Any) -> None:
+            nonlocal written
+            shutil.copyfileobj(source, f, block_bytes)
+            written = f.tell()
+
         try:
             if self.is_local:
-                local.replace_file(path, id(source), lambda f: shutil.copyfileobj(source, f, block_bytes))
+                local.replace_file(path, id(source), copy)
             else:
                 with self.fs.open(path, "wb") as f:
-                    shutil.copyfileobj(source, f, block_bytes)
+                    copy(f)
         except ZarrfsError:
             raise
         except Exception as e:
             raise StoreError(f"writing {key!r} failed: {describe_failure(e)}") from None
+        self.requests.put(written)
 
     def set_mtime_sync(self, key: str, mtime_ns: int) -> bool:
         """Give a key a modification time (local stores); False where the store cannot."""
@@ -348,6 +378,7 @@ class Store:
 
     def erase_sync(self, key: str) -> None:
         """Remove a key; removing an absent key is not an error."""
+        self.requests.deleted()
         try:
             self.fs.rm_file(self.path(key))
         except (FileNotFoundError, IsADirectoryError):
@@ -422,6 +453,10 @@ class Store:
     def version_time(self, key: str, began: float) -> float:
         """When the value last read of KEY is known to have matched the store: when its read began."""
         return began
+
+    def request_stats(self) -> dict[str, int]:
+        """Requests sent to the backend since the mount (stats.json)."""
+        return self.requests.stats()
 
     def disk_stats(self) -> dict[str, Any]:
         """Counters of a disk cache in front of the store: none here."""

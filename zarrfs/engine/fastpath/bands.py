@@ -276,8 +276,8 @@ class BandReads:
             if isinstance(result, BaseException):
                 raise result
         for _, gets, stored, seconds in done:
-            self.runtime.counters["store_gets"] += gets
-            self.runtime.counters["store_bytes"] += stored
+            self.runtime.counters["chunk_gets"] += gets
+            self.runtime.counters["chunk_bytes"] += stored
             self.runtime.counters["bytes_decoded"] += gets * stream.meta.chunk_nbytes
             self.runtime.decode_seconds += seconds  # (what stats.json reports as decode_seconds)
         return done[0][0]

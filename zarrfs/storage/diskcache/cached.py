@@ -404,6 +404,10 @@ class DiskCachedStore:
         finally:
             self._touched(src, dst)
 
+    def request_stats(self) -> dict[str, int]:
+        """Requests the store behind the cache was sent: what the cache did not answer."""
+        return self.store.request_stats()
+
     def disk_stats(self) -> dict[str, Any]:
         return {
             "disk_hits": self.cache.hits,

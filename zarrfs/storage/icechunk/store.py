@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import StoreError, ZarrfsError
 from ..keys import join
+from ..requests import RequestCounts
 from ..store import METADATA_MAX_BYTES, Store
 from .chunkfiles import BATCH, Located, RepositoryChunks, read_located
 from .keys import BAD_PREFIX, INVALID_KEY, NO_NODE, SNAPSHOT_PREFIX
@@ -77,6 +78,7 @@ class IcechunkStore(SessionWrites):
         self._staging_docs: dict[str, dict[str, bytes]] = {}  # arrays being written: their documents
         self._error = icechunk.IcechunkError
         self._prototype = _prototype()
+        self.requests = RequestCounts()
         # Native chunks read as files (chunkfiles.py): a read-only mount of a repository in a local
         # directory, by an icechunk that lists chunk references (2.x).
         files_dir = self.repository.local_dir if self.read_only and _lists_chunks(icechunk) else None
@@ -206,12 +208,14 @@ class IcechunkStore(SessionWrites):
         if located is not None:
             data = read_located(key, located, max_nbytes, into)
             if data is not None:
+                self.requests.got(len(data))
                 return data
         store, rel = self._route(key)
         try:
             data = self._run(lambda: self._get(store, rel))
         except self._error as e:
             raise self._failed(f"reading {key!r}", e) from None
+        self.requests.got(0 if data is None else len(data))
         if data is None:
             return None
         Store.bounded(key, data, max_nbytes)
@@ -232,8 +236,10 @@ class IcechunkStore(SessionWrites):
         async def gather() -> list[Any]:
             return await asyncio.gather(*(self._get(store, rel) for store, rel in routed), return_exceptions=True)
 
+        results = self._run(gather)
+        self.requests.got(sum(len(r) for r in results if r is not None and not isinstance(r, BaseException)), len(keys))
         out: dict[str, bytes | None] = {}
-        for key, res in zip(keys, self._run(gather)):
+        for key, res in zip(keys, results):
             if isinstance(res, BaseException):
                 raise self._failed(f"reading {key!r}", res)
             out[key] = None if res is None else Store.bounded(key, _plain(res), max_nbytes)
@@ -280,8 +286,10 @@ class IcechunkStore(SessionWrites):
         async def gather() -> list[Any]:
             return await asyncio.gather(*(one(a, b) for a, b in ranges), return_exceptions=True)
 
+        results = self._run(gather)
+        self.requests.got(sum(len(r) for r in results if isinstance(r, bytes)), len(ranges))
         out = []
-        for (start, end), res in zip(ranges, self._run(gather)):
+        for (start, end), res in zip(ranges, results):
             if isinstance(res, ZarrfsError):
                 raise res
             if isinstance(res, BaseException):
@@ -313,6 +321,7 @@ class IcechunkStore(SessionWrites):
         async def names() -> list[str]:
             return [name async for name in getattr(store, lister)(prefix)]
 
+        self.requests.listed()
         try:
             return self._run(names)
         except self._error as e:
@@ -393,6 +402,9 @@ class IcechunkStore(SessionWrites):
 
     def version_time(self, key: str, began: float) -> float:
         return began
+
+    def request_stats(self) -> dict[str, int]:
+        return self.requests.stats()
 
     def disk_stats(self) -> dict[str, Any]:
         return Store.disk_stats(self)  # the same counters as a store without a disk cache: none
