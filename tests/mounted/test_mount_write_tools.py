@@ -338,6 +338,71 @@ def test_rsync_twice_transfers_nothing_the_second_time(mount, tmp_path, fmt):
     assert third["Number of regular files transferred"] == "0"
 
 
+def rsync_changes(src: Path, dst: Path) -> list[str]:
+    """What `rsync -a -i SRC/ DST/` lists: one line per file or directory it changed."""
+    out = subprocess.run(
+        ["rsync", "-a", "-i", f"{src}/", f"{dst}/"], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
+    return out.splitlines()
+
+
+def _dated_tree(src: Path) -> None:
+    """src/{a/x.npy, a/deep/, b/}, every directory with a time of its own (set last, as a copy's are)."""
+    (src / "a" / "deep").mkdir(parents=True)
+    (src / "b").mkdir()
+    np.save(src / "a" / "x.npy", np.arange(12, dtype="<i4").reshape(3, 4))
+    for i, d in enumerate(["a/deep", "a", "b", ""]):
+        t = 1_577_836_800_000_000_000 + i * 86_400_000_000_000  # 2020-01-01 onwards, a day apart
+        os.utime(src / d, ns=(t, t))
+
+
+@FORMATS
+def test_rsync_of_a_tree_keeps_directory_times(mount, tmp_path, fmt):
+    """Group directories keep the times rsync sets on them (in the store: a remount has them), so a
+    second `rsync -a -i` lists nothing; `touch -d` on a group is kept too."""
+    import zarr
+
+    root = tmp_path / "s.zarr"
+    zarr.open_group(root, mode="w", zarr_format=fmt).create_group("obs/sub")
+    src = tmp_path / "src"
+    _dated_tree(src)
+    mnt = mount(root, "writable")
+    target = mnt / "obs" / "sub"
+    assert rsync_changes(src, target), "the first rsync copies the tree"
+    assert rsync_changes(src, target) == []
+    for d in ("", "a", "a/deep", "b"):
+        assert os.stat(target / d).st_mtime_ns == os.stat(src / d).st_mtime_ns, d
+    subprocess.run(["touch", "-d", "2020-06-01 12:00:00", mnt / "obs"], check=True)
+    touched = os.stat(mnt / "obs").st_mtime_ns
+    mounting.unmount_and_wait(mount, mnt)
+    mnt = mount(root, "writable")
+    assert rsync_changes(src, mnt / "obs" / "sub") == []
+    assert os.stat(mnt / "obs").st_mtime_ns == touched
+    np.testing.assert_array_equal(
+        zarr.open_array(root / "obs" / "sub" / "a" / "x", mode="r")[...], np.load(src / "a" / "x.npy")
+    )
+
+
+def test_rsync_of_a_tree_into_a_bucket_keeps_directory_times_while_mounted(s3, mount, tmp_path):
+    """An object store keeps no time of a prefix: the times set are kept for the mount's life."""
+    import zarr
+
+    from support.s3 import BUCKET, CREDENTIALS
+
+    endpoint, fs = s3
+    local = tmp_path / "t.zarr"
+    zarr.open_group(local, mode="w", zarr_format=3).create_group("obs")
+    fs.put(os.fspath(local), f"{BUCKET}/dirtimes.zarr", recursive=True)
+    src = tmp_path / "src"
+    _dated_tree(src)
+    so = {"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS}
+    mnt = mount(f"s3://{BUCKET}/dirtimes.zarr", "writable", "storage_options=" + json.dumps(so))
+    assert rsync_changes(src, mnt / "obs"), "the first rsync copies the tree"
+    assert rsync_changes(src, mnt / "obs") == []
+    for d in ("a", "a/deep", "b"):
+        assert os.stat(mnt / "obs" / d).st_mtime_ns == os.stat(src / d).st_mtime_ns, d
+
+
 @FORMATS
 def test_setfattr_on_a_dataset_array_keeps_what_xarray_needs(mount, tmp_path, fmt):
     """Attributes set with setfattr replace the user's attributes, not xarray's own (the v2

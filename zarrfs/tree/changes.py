@@ -177,6 +177,7 @@ class Changes:
         if await self.ns.listings.nodes_below(entry.node.path) or await self.ns.listings.children(entry.inode):
             raise NotEmpty(name)  # arrays, groups or plain files
         await self.engine.run_io_long(self.hierarchy.erase_node_sync, entry.node)
+        self._move_times(entry.node.path, None)
         self.unname(entry.node.path)
         self.ns.invalidate()
 
@@ -260,6 +261,7 @@ class Changes:
             for held in self.ns.plain.inside(node.path):
                 held.key = new_dir + held.key[len(old_dir) :]
         self.engine.discard(node.path)
+        self._move_times(node.path, new_path)
         # The kernel keeps the moved inodes under their new names: point them (and every
         # view of the moved nodes) at the new place.
         await self.repoint(node.path, new_path)
@@ -302,8 +304,8 @@ class Changes:
         self.ns.invalidate()
 
     async def set_times(self, entry: Entry, mtime_ns: int) -> None:
-        """utimensat: an array's or a plain file's modification time, kept where the store can
-        (a local store: the time of the metadata document or key) and for the mount's life."""
+        """utimensat: an array's, a group's or a plain file's modification time, kept where the
+        store can (a local store: the time of the metadata document or key) and for the mount's life."""
         if entry.kind is Kind.HELD:
             if entry.held is None:
                 raise entry.error or NotFound("removed")
@@ -312,6 +314,14 @@ class Changes:
                 held.mtime_ns = mtime_ns
                 if held.stored and not held.dirty and not held.gone:
                     await self.engine.run_io(self.hierarchy.store.set_mtime_sync, held.key, mtime_ns)
+            return
+        if entry.kind is Kind.GROUP and entry.view == "":
+            group = entry.node
+            if group is None or isinstance(group, BrokenNode):
+                return
+            self._times[group.path] = mtime_ns  # rsync -a sets a directory's time after its files
+            if group.metadata_key:  # an implicit group has no document to carry it
+                await self.engine.run_io(self.hierarchy.store.set_mtime_sync, group.metadata_key, mtime_ns)
             return
         if entry.kind is not Kind.ARRAY or entry.view != "":
             return  # views and chunk files show their array's time
@@ -330,11 +340,18 @@ class Changes:
         """A new array at `path`: the time a writer set on the one before is gone."""
         self._times.pop(path, None)
 
+    def _move_times(self, old: str, new: str | None) -> None:
+        """The times set on the node at OLD and below it go with it to NEW (None: removed)."""
+        for path in [p for p in self._times if p == old or p.startswith(old + "/")]:
+            mtime_ns = self._times.pop(path)
+            if new is not None:
+                self._times[join(new, path[len(old) :].lstrip("/"))] = mtime_ns
+
     def time_of(self, entry: Entry) -> int | None:
         """The modification time a writer set on `entry` (None: the store's)."""
         if entry.held is not None:
             return entry.held.mtime_ns
-        if entry.kind is Kind.ARRAY and entry.view == "" and entry.node is not None:
+        if entry.kind in (Kind.ARRAY, Kind.GROUP) and entry.view == "" and entry.node is not None:
             return self._times.get(entry.node.path)
         return None
 
