@@ -21,6 +21,8 @@ import time
 
 # The first bytes of an HTTP/1.1 request: what a request line looks like at a message's start.
 REQUEST_LINE = re.compile(rb"(GET|HEAD|PUT|POST|DELETE|PATCH|OPTIONS) (\S+) HTTP/1\.[01]\r\n")
+# A single byte range in a request's headers: `bytes=A-B` or the suffix `bytes=-N`.
+RANGE_HEADER = re.compile(rb"\r\nrange: *bytes=(\d*)-(\d*)\r\n", re.IGNORECASE)
 READ_BYTES = 1 << 16
 
 
@@ -32,6 +34,8 @@ class Proxy:
         self.latency_s = latency_s
         self.mode = "pass"
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
+        # (path, bytes asked for) of every ranged GET: what the client asked, whenever the answer comes.
+        self.ranges: list[tuple[str, int]] = []
         self.open_now = 0  # client connections open now, and the most at once since reset_counts
         self.open_peak = 0
         self.bytes_down = 0  # bytes the store sent back (headers included), since reset_counts
@@ -77,6 +81,7 @@ class Proxy:
 
     def reset_counts(self) -> None:
         self.requests.clear()
+        self.ranges.clear()
         self.bytes_down = 0
         self.open_peak = self.open_now
 
@@ -159,6 +164,7 @@ class Proxy:
                 for m in REQUEST_LINE.finditer(data):
                     if m.start() == 0 or data[m.start() - 2 : m.start()] == b"\r\n":
                         self.requests.append((m.group(1).decode(), m.group(2).decode()))
+                        self._note_range(m.group(2).decode(), data[m.start() : data.find(b"\r\n\r\n", m.start()) + 2])
                         if self.timeline is not None:
                             self.timeline.append((conn, time.perf_counter(), m.group(2).decode(), 0))
                 if self.latency_s:
@@ -173,6 +179,18 @@ class Proxy:
             counted[0] = False
             self.open_now -= 1
         dst.write_eof() if dst.can_write_eof() else None
+
+    def _note_range(self, path: str, head: bytes) -> None:
+        """Keep how many bytes a ranged request asks for (its headers, as far as this piece holds them)."""
+        r = RANGE_HEADER.search(head)
+        if r is None:
+            return
+        first, last = r.group(1), r.group(2)
+        if first:
+            asked = int(last) - int(first) + 1 if last else -1  # `A-`: to the end, size unknown here
+        else:
+            asked = int(last)
+        self.ranges.append((path, asked))
 
 
 def main() -> None:

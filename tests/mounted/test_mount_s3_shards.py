@@ -81,11 +81,8 @@ def test_a_peek_at_the_header_fetches_no_whole_shard(s3, proxy, sharded, mount):
     index = _shard_index(fs, f"{BUCKET}/{name}/a/c/0/0", PER_SHARD)
     gets = _gets(proxy)
     assert gets == [f"/{BUCKET}/{name}/a/c/0/0"] * 2, gets  # its index, then its first inner chunk
-    assert proxy.bytes_down <= INDEX_NBYTES + int(index[0][1]) + 2 * HEADERS_NBYTES, (
-        proxy.bytes_down,
-        index[0],
-        stored["c/0/0"],
-    )
+    asked = [n for p, n in proxy.ranges if p == f"/{BUCKET}/{name}/a/c/0/0"]
+    assert len(asked) == 2 and sum(asked) <= INDEX_NBYTES + int(index[0][1]), (asked, index[0], stored["c/0/0"])
 
 
 def _shard_index(fs, key: str, per_shard: int) -> np.ndarray:
@@ -116,9 +113,8 @@ def test_random_reads_fetch_the_index_and_their_inner_chunk(s3, proxy, sharded, 
             index = _shard_index(fs, f"{BUCKET}/{name}/a/c/{shard}/0", PER_SHARD)
             gets = _gets(proxy)
             assert gets == [f"/{BUCKET}/{name}/a/c/{shard}/0"] * 2, gets  # its index, then its inner chunk
-            assert proxy.bytes_down <= INDEX_NBYTES + int(index[inner][1]) + 2 * HEADERS_NBYTES, (
-                proxy.bytes_down,
-                index[inner],
-            )
+            # What was asked of this shard (other keys' answers may still be arriving on a busy machine).
+            asked = [n for p, n in proxy.ranges if p == f"/{BUCKET}/{name}/a/c/{shard}/0"]
+            assert len(asked) == 2 and sum(asked) <= INDEX_NBYTES + int(index[inner][1]), (asked, index[inner])
     finally:
         os.close(fd)
