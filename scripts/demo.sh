@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Set up (apt FUSE packages, .venv, zarrfs), write a small sample hierarchy, mount it,
+# Set up (apt FUSE packages and ncdump, .venv, zarrfs), write a small sample hierarchy, mount it,
 # show the tree and one array read back with numpy.load, and leave it mounted.
 # Usage: scripts/demo.sh [WORKDIR]   (default /tmp/zarrfs-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ZARRFS_EXTRAS="http" source scripts/setup.sh
+# The README's session prints the netCDF view's header with ncdump (Debian's netcdf-bin).
+if ! command -v ncdump >/dev/null; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "setup: installing netcdf-bin (ncdump, for the README's session)" >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq netcdf-bin >/dev/null 2>&1 ||
+        { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq netcdf-bin >/dev/null; }
+fi
 
 work="${1:-/tmp/zarrfs-demo}"
 store="$work/sample.zarr"
