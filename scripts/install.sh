@@ -3,7 +3,8 @@
 #   - apt packages: fuse3 (mount.fuse3, fusermount3) and what building pyfuse3 needs;
 #   - a venv under $ZARRFS_PREFIX (/opt/zarrfs) holding zarrfs with the extras in
 #     $ZARRFS_EXTRAS (http,s3,gcs: every remote backend; empty for local stores only;
-#     add references for Parquet reference sets);
+#     add references for Parquet reference sets, icechunk for Icechunk repositories;
+#     $PYTHON, a path or a command, makes the venv: icechunk 2.x needs Python >= 3.12);
 #   - $ZARRFS_BINDIR/zarrfs (/usr/local/bin) linked to it: mount -t fuse.zarrfs, /etc/fstab
 #     and systemd find it there (mount.fuse3 runs the program without PATH);
 #   - the manual page zarrfs(1), the template unit zarrfs@.service in
@@ -16,8 +17,12 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prefix="${ZARRFS_PREFIX:-/opt/zarrfs}"
 bindir="${ZARRFS_BINDIR:-/usr/local/bin}"
 extras="${ZARRFS_EXTRAS-http,s3,gcs}"
-python="${PYTHON:-/usr/bin/python3}"
-[ -x "$python" ] || python="$(command -v python3)"
+python="$(command -v "${PYTHON:-/usr/bin/python3}" || true)"  # a path or a command name (python3.12)
+if [ -z "$python" ] && [ -n "${PYTHON:-}" ]; then
+    echo "install.sh: PYTHON=$PYTHON: no such program" >&2
+    exit 1
+fi
+[ -n "$python" ] || python="$(command -v python3)"
 mandir=/usr/local/share/man/man1
 unitdir=/usr/local/lib/systemd/system
 docdir=/usr/local/share/doc/zarrfs

@@ -151,6 +151,7 @@ def test_without_the_extra_the_error_names_it(repo, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker.parent), *sys.path]))
     text = _fails(tmp_path / "w", repo.path, env=env)
     assert "zarrfs[icechunk]" in text and "Traceback" not in text, text
+    assert "ZARRFS_EXTRAS=http,s3,gcs,icechunk scripts/install.sh" in text, text  # the system install too
 
 
 def _copy(repo, tmp_path):

@@ -6,6 +6,8 @@ import socket
 
 from fsspec.implementations.reference import ReferenceNotReachable
 
+from ..errors import ZarrfsError
+
 
 def _chain(exc: BaseException) -> list[BaseException]:
     out, seen = [], set()
@@ -23,6 +25,9 @@ def describe_failure(exc: BaseException) -> str:
         target = exc.target[0] if isinstance(exc.target, (list, tuple)) and exc.target else exc.target
         return f"data file {target}: {describe_failure(exc.__cause__)}"
     chain = _chain(exc)
+    # A failure described already (a StoreError of ours) is told by the backend's own exception,
+    # so the reason is not said twice.
+    exc = next((e for e in chain if not isinstance(e, ZarrfsError)), exc)
     text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
     low = text.lower()
     names = {type(e).__name__ for e in chain}

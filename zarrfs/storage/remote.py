@@ -58,13 +58,15 @@ def missing_backend(exc: BaseException) -> str | None:
             module = exc.name.split(".", 1)[0]
             extra = BACKEND_EXTRAS.get(module)
             if extra is not None:
-                extras = ",".join(dict.fromkeys((*SYSTEM_EXTRAS, extra)))
-                return (
-                    f"module {module} is not installed: pip install 'zarrfs[{extra}]' "
-                    f"(the system install: ZARRFS_EXTRAS={extras} scripts/install.sh)"
-                )
+                return f"module {module} is not installed: {install_hint(extra)}"
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def install_hint(extra: str) -> str:
+    """How to install a zarrfs extra, in a venv and in the system install."""
+    extras = ",".join(dict.fromkeys((*SYSTEM_EXTRAS, extra)))
+    return f"pip install 'zarrfs[{extra}]' (the system install: ZARRFS_EXTRAS={extras} scripts/install.sh)"
 
 
 def protocol_of(source: str) -> str:

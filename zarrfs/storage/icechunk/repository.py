@@ -17,12 +17,12 @@ from typing import Any
 from ...errors import Conflict, StoreError, UserError, ZarrfsError
 from ...options import AUTHORIZE
 from ...repeats import RepeatedFailures
+from ..remote import install_hint
 from ..store import Store
 from .turns import Turns, lock_path, locked
 
 log = logging.getLogger(__package__)  # one logger for the Icechunk adapter, named as before its split
 
-EXTRA = "zarrfs[icechunk]"
 # What a repository holds at its root (every Icechunk version writes `snapshots/`; format 1
 # keeps its branches and tags under `refs/`, later formats a `repo` object): one listing tells.
 SNAPSHOTS_DIR = "snapshots"
@@ -61,7 +61,7 @@ def icechunk_module() -> Any:
     try:
         import icechunk
     except ImportError:
-        raise UserError(f"Icechunk repositories need the icechunk package: pip install '{EXTRA}'") from None
+        raise UserError(f"Icechunk repositories need the icechunk package: {install_hint('icechunk')}") from None
     return icechunk
 
 
