@@ -138,7 +138,13 @@ def open_store(source: str, storage_options: dict, options: Options, shown: str)
     backend that is not installed is a one-line error naming the extra that brings it."""
     try:
         refs = open_references_sync(
-            source, storage_options, options.remote_protocol, options.remote_options, options.timeout_s, shown
+            source,
+            storage_options,
+            options.remote_protocol,
+            options.remote_options,
+            options.timeout_s,
+            shown,
+            options.authorize_virtual_chunk_access,
         )
         if refs is not None:
             return Store(source, fs=refs)

@@ -1,8 +1,10 @@
 """Reference sets (kerchunk, VirtualiZarr) as stores: tell a SOURCE that names one, and open it.
 
 A reference set maps Zarr keys to inline bytes or to byte ranges of other files (netCDF4 and
-HDF5 archives); fsspec's reference file system serves it. The reference file is read once,
-here; the byte ranges are read on demand, each a ranged read of its file. Pure: no trio.
+HDF5 archives). The reference file is read once, here, into a table (refspec.py: every entry
+checked, templates and `gen` expanded) or, for Parquet, fsspec's lazy mapping of it; the byte
+ranges are read on demand through reffs.py, where the mount trusts them (reftrust.py). Pure:
+no trio.
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ from importlib.util import find_spec
 from typing import Any
 
 import fsspec
-from fsspec.implementations.reference import LazyReferenceMapper, ReferenceFileSystem
+from fsspec.implementations.reference import LazyReferenceMapper
 
 from ..errors import UserError
 from .failures import describe_failure
+from .reffs import ReferenceSet, TargetFileSystems
+from .refspec import references_table, target_problem
+from .reftrust import Trust
 from .remote import (
-    REMOTE_PROTOCOLS,
-    bound_retries,
+    GCS_PROTOCOLS,
+    HTTP_PROTOCOLS,
+    S3_PROTOCOLS,
     bounded_storage_options,
     missing_backend,
     protocol_of,
@@ -38,6 +44,9 @@ ARCHIVE_SUFFIXES = (".nc", ".nc4", ".h5", ".hdf5", ".he5")
 ZARR_DOCUMENTS = (".zgroup", ".zarray", ".zattrs", ".zmetadata", "zarr.json")
 # Options of fsspec's reference file system that zarrfs sets itself from its own options.
 READ_HERE = ("fo", "target_options", "ref_storage_args", "target_protocol", "remote_protocol", "remote_options")
+# Options of fsspec's reference file system passed on as they are; the others (`fs`, `target`,
+# templates given apart) would change what the references say, unseen by the checks here.
+PASSED_ON = ("cache_size", "max_gap", "max_block", "skip_instance_cache")
 
 
 def open_references_sync(
@@ -47,19 +56,27 @@ def open_references_sync(
     remote_options: dict[str, Any] | None,
     timeout_s: float,
     shown: str,
-) -> ReferenceFileSystem | None:
-    """The reference file system SOURCE names, or None when SOURCE is not a reference set.
+    authorized: tuple[str, ...] = (),
+) -> ReferenceSet | None:
+    """The reference set SOURCE names, or None when SOURCE is not a reference set.
 
     SOURCE names one as `reference://` with `fo` in STORAGE_OPTIONS (fsspec's spelling), as a
     `.json` file, or as a `.parq` / `.parquet` directory of Parquet references. For a file SOURCE,
-    STORAGE_OPTIONS are its own file system's, and also the data files' when they are on the same
-    protocol and REMOTE_OPTIONS is None. SHOWN is SOURCE as messages show it.
+    STORAGE_OPTIONS are its own file system's, and also the data files' on the same protocol
+    (REMOTE_OPTIONS, when given, are those of REMOTE_PROTOCOL or else of the first data file's).
+    AUTHORIZED: prefixes the data files may lie under beyond the defaults (reftrust.py). SHOWN is
+    SOURCE as messages show it.
     """
     kwargs: dict[str, Any] = {}
+    reference_url: str | None = source
+    reference_options = storage_options
     if protocol_of(source) == "reference":
         kwargs = {k: v for k, v in storage_options.items() if k not in READ_HERE}
+        unknown = sorted(set(kwargs) - set(PASSED_ON))
+        if unknown:
+            raise UserError(f"{shown}: options of the reference file system zarrfs does not take: {', '.join(unknown)}")
         fo = storage_options.get("fo")
-        target_options = storage_options.get("target_options") or storage_options.get("ref_storage_args") or {}
+        reference_options = storage_options.get("target_options") or storage_options.get("ref_storage_args") or {}
         target_protocol = storage_options.get("target_protocol")
         if isinstance(fo, str) and target_protocol and "://" not in fo:
             fo = f"{target_protocol}://{fo}"
@@ -68,8 +85,10 @@ def open_references_sync(
             remote_options = storage_options.get("remote_options")
         if isinstance(fo, dict):
             references: Any = _checked(fo, shown)
+            reference_url = None  # given by the user, on the command line
         elif isinstance(fo, str):
-            references = _read_sync(*_file_system(fo, target_options, timeout_s, shown), None, shown)
+            reference_url = fo
+            references = _read_sync(*_file_system(fo, reference_options, timeout_s, shown), None, shown)
         else:
             raise UserError(
                 f'{shown}: give the references as storage_options={{"fo": "PATH or URL"}}, '
@@ -85,23 +104,45 @@ def open_references_sync(
                 )
             return None
         references = _read_sync(*named, shown)
-    target = _first_target(references)
-    if target is not None and "://" not in target and not os.path.isabs(target):
-        raise UserError(
-            f"{shown}: the references name their data file by a relative path ({target}): "
-            f"make them with its absolute path or URL"
-        )
-    # Given here rather than left to fsspec: it would look for it in the references again, and
-    # stop at the padding rows of Parquet references (a missing path reads as NaN).
-    protocol = remote_protocol or (fsspec.core.split_protocol(target)[0] if target else None) or "file"
-    if protocol in REMOTE_PROTOCOLS:
-        if remote_options is None and protocol_of(source) == protocol:
-            remote_options = storage_options  # the same store's credentials and endpoint
-        remote_options = bounded_storage_options(f"{protocol}://", remote_options or {}, timeout_s)
-    fs = ReferenceFileSystem(references, remote_protocol=protocol, remote_options=remote_options or {}, **kwargs)
-    for target_fs in fs.fss.values():
-        bound_retries(target_fs)
-    return fs
+    if remote_protocol is not None:
+        remote_protocol = remote_protocol.lower()
+    first = _first_target(references)
+    first_protocol = remote_protocol or (fsspec.core.split_protocol(first)[0] if first else None)
+    reference_protocol = protocol_of(reference_url) if reference_url is not None else None
+
+    def options_for(protocol: str) -> dict[str, Any]:
+        if remote_options is not None and _family(protocol) == _family(first_protocol):
+            return remote_options
+        if reference_protocol not in (None, "file") and _family(protocol) == _family(reference_protocol):
+            return reference_options  # the same store's credentials and endpoint
+        return {}
+
+    targets = TargetFileSystems(options_for, timeout_s)
+    if isinstance(references, dict):  # every target checked now: a bad one fails the mount, not a read
+        protocols = set()
+        for key, value in references.items():
+            if isinstance(value, list):
+                problem = target_problem(value[0], remote_protocol)
+                if problem is not None:
+                    raise UserError(f"{shown}: reference {key!r}: data file {problem}")
+                protocols.add((fsspec.core.split_protocol(value[0])[0] or remote_protocol or "file").lower())
+        for protocol in sorted(protocols):
+            try:
+                targets.make_sync(protocol)
+            except UserError as e:
+                raise UserError(f"{shown}: {e}") from None
+    trust = Trust(reference_url, authorized, remote_protocol)
+    return ReferenceSet(references, trust, targets, **kwargs)
+
+
+def _family(protocol: str | None) -> tuple[str, ...] | None:
+    """The protocols that name the same kind of store as PROTOCOL (`s3` and `s3a`, `http` and `https`)."""
+    if protocol is None:
+        return None
+    for family in (S3_PROTOCOLS, HTTP_PROTOCOLS, GCS_PROTOCOLS):
+        if protocol in family:
+            return family
+    return (protocol,)
 
 
 def _local_archive(source: str) -> bool:
@@ -179,37 +220,20 @@ def _read_sync(fs: Any, path: str, kind: str | None, shown: str) -> Any:
 
 
 def _checked(doc: Any, shown: str) -> dict[str, Any]:
-    """DOC when it is fsspec references (version 1, or version 0: keys straight to values)."""
-    if not isinstance(doc, dict):
-        raise UserError(f"{shown}: not fsspec references (not a JSON object)")
-    if "version" in doc:
-        if doc["version"] != 1 or not isinstance(doc.get("refs"), dict):
-            raise UserError(
-                f"{shown}: references of version {doc['version']!r} without `refs`: zarrfs reads versions 0 and 1"
-            )
-        return doc
-    if "zarr_format" in doc or "zarr_consolidated_format" in doc:
-        raise UserError(f"{shown}: a Zarr metadata document, not references: mount the directory holding it")
-    if not any(str(key).rsplit("/", 1)[-1] in ZARR_DOCUMENTS for key in doc):
-        raise UserError(f"{shown}: not fsspec references (no `version` and `refs`, no Zarr metadata keys)")
-    return doc
+    """The table of DOC when it is fsspec references (version 1, or version 0: keys straight to values)."""
+    if isinstance(doc, dict) and "version" not in doc:
+        if "zarr_format" in doc or "zarr_consolidated_format" in doc:
+            raise UserError(f"{shown}: a Zarr metadata document, not references: mount the directory holding it")
+        if not any(str(key).rsplit("/", 1)[-1] in ZARR_DOCUMENTS for key in doc):
+            raise UserError(f"{shown}: not fsspec references (no `version` and `refs`, no Zarr metadata keys)")
+    return references_table(doc, shown)
 
 
 def _first_target(references: Any) -> str | None:
-    """The URL of the first data file the references name (templates filled in), or None."""
-    templates: dict[str, Any] = {}
-    if isinstance(references, dict) and references.get("version") == 1:
-        templates = references.get("templates") or {}
-        references = references["refs"]
+    """The URL of the first data file the references name, or None."""
     for value in references.values():
         if isinstance(value, (list, tuple)) and value and isinstance(value[0], str) and value[0]:
-            url = value[0]
-            if "{{" in url:
-                try:
-                    url = url.replace("{{", "{").replace("}}", "}").format(**templates)
-                except (KeyError, IndexError, ValueError):
-                    pass
-            return url
+            return value[0]
     return None
 
 

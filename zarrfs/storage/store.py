@@ -161,6 +161,8 @@ class Store:
         for key, res in zip(keys, results):
             if isinstance(res, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
                 out[key] = None
+            elif isinstance(res, ZarrfsError):  # said by the store already (a refused reference)
+                raise res
             elif isinstance(res, BaseException):
                 raise StoreError(f"reading {key!r} failed: {describe_failure(res)}")
             else:
