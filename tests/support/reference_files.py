@@ -73,3 +73,17 @@ def write_parquet(refs: dict, url: str, **storage_options) -> str:
         warnings.simplefilter("ignore", DeprecationWarning)
         refs_to_dataframe(refs, url, record_size=RECORD_SIZE, storage_options=storage_options or None)
     return url
+
+
+def zarr_arrays(doc: dict, names) -> dict[str, np.ndarray]:
+    """The arrays NAMES of a reference set as zarr-python reads them through fsspec's ReferenceFileSystem
+    (jinja2 templates, so `gen` entries count; local targets only)."""
+    import fsspec
+    import zarr
+    from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+    from fsspec.implementations.reference import ReferenceFileSystem
+
+    local = AsyncFileSystemWrapper(fsspec.filesystem("file"), asynchronous=True)
+    fs = ReferenceFileSystem(doc, simple_templates=False, fs={None: local, "file": local}, asynchronous=True)
+    group = zarr.open_group(zarr.storage.FsspecStore(fs, read_only=True, path=""), mode="r", zarr_format=2)
+    return {name: group[name][...] for name in names}
