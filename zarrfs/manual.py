@@ -53,10 +53,12 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc("snapshot=ID", "Icechunk: the snapshot to mount, by its ID", "none"),
     OptionDoc(
         "authorize_virtual_chunk_access=PREFIX[,PREFIX...]",
-        "Icechunk: the virtual chunk containers "
-        "(URL prefixes as the repository's config names them, `file:///data/nc/`, `s3://bucket/nc/`) "
-        "whose files virtual chunks may be read from (docs/SEMANTICS.md: Icechunk repositories)",
-        "none: virtual chunks read as EIO",
+        "where virtual chunks (Icechunk) and reference targets (kerchunk, VirtualiZarr) may be read "
+        "from beyond the defaults: URL prefixes, each a directory (`file:///data/nc/`, `s3://bucket/nc/`); "
+        "for Icechunk the containers as the repository's config names them "
+        "(docs/SEMANTICS.md: What reference sets may read)",
+        "Icechunk: none (virtual chunks read as EIO); references: a local reference file may name "
+        "anything, a remote one object stores and web servers only",
     ),
     OptionDoc(
         "v1_order=spec|writer",
@@ -82,12 +84,12 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc(
         "remote_protocol=NAME",
         "references (docs/REMOTE.md: References): the protocol of the data files they point to (`s3`, `file`, ...)",
-        "the protocol of the first data file's URL",
+        "each data file's own URL's protocol (`file` for a path)",
     ),
     OptionDoc(
         "remote_options=JSON",
-        "references: keyword arguments for the data files' fsspec file system "
-        "(`endpoint_url`, `anon`); as visible as `storage_options`",
+        "references: keyword arguments for the file system of the data files on `remote_protocol` "
+        "(without it: on the first data file's protocol), `endpoint_url`, `anon`; as visible as `storage_options`",
         "`storage_options` when the data files are on the reference file's protocol, else none",
     ),
     OptionDoc(

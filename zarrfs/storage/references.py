@@ -124,7 +124,7 @@ def open_references_sync(
             if isinstance(value, list):
                 problem = target_problem(value[0], remote_protocol)
                 if problem is not None:
-                    raise UserError(f"{shown}: reference {key!r}: data file {problem}")
+                    raise UserError(f"{shown}: reference {key!r}: {problem}")
                 protocols.add((fsspec.core.split_protocol(value[0])[0] or remote_protocol or "file").lower())
         for protocol in sorted(protocols):
             try:

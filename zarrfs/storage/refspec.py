@@ -258,16 +258,16 @@ def bounded_sandbox(shown: str) -> Any:
 def target_problem(url: str, remote_protocol: str | None) -> str | None:
     """Why zarrfs does not read the target URL (one phrase), or None when it can."""
     if "{{" in url or "{%" in url:
-        return f"{url}: a template with no value"
+        return f"data file {url}: a template with no value"
     if "::" in re.sub(r"\[[0-9A-Fa-f:.]*\]", "", url):  # fsspec's chains; not an IPv6 address
-        return f"{url}: a chained URL (fsspec's reference file system reads one file system per target)"
+        return f"data file {url}: a chained URL (fsspec's reference file system reads one file system per target)"
     protocol, path = fsspec.core.split_protocol(url)
     if protocol is None and remote_protocol not in (None, "file", "local"):
         return None
     if protocol in (None, "file", "local"):
         if not path.startswith("/"):
-            return f"a relative path ({url}): make the references with the absolute path or URL of the data file"
+            return f"data file {url} is a relative path: make the references with its absolute path or URL"
         return None
     if protocol not in known_implementations and protocol not in registry:
-        return f"{url}: protocol {protocol!r} is not one fsspec knows"
+        return f"data file {url}: protocol {protocol!r} is not one fsspec knows"
     return None

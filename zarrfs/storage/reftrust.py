@@ -62,7 +62,7 @@ class Trust:
         """The Target URL names, when the mount trusts it; else a StoreError (logged once per prefix)."""
         problem = target_problem(url, self.remote_protocol)
         if problem is not None:
-            raise StoreError(f"reading {key!r}: data file {problem}")
+            raise StoreError(f"reading {key!r}: {problem}")
         protocol, path = fsspec.core.split_protocol(url)
         protocol = (protocol or self.remote_protocol or "file").lower()
         if protocol in LOCAL_PROTOCOLS:

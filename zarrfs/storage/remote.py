@@ -42,6 +42,7 @@ BACKEND_EXTRAS = {
     "gcsfs": "gcs",
     "pyarrow": "references",
     "pandas": "references",
+    "jinja2": "references",
 }
 # The extras scripts/install.sh installs by default: its venv is made again with exactly the extras
 # given, so the remedy names these beside the one missing.
