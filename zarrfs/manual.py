@@ -89,7 +89,7 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc(
         "remote_options=JSON",
         "references: keyword arguments for the file system of the data files on `remote_protocol` "
-        "(without it: on the first data file's protocol), `endpoint_url`, `anon`; as visible as `storage_options`",
+        "(without it: on the first remote data file's protocol), `endpoint_url`, `anon`; as visible as `storage_options`",
         "`storage_options` when the data files are on the reference file's protocol, else none",
     ),
     OptionDoc(

@@ -135,7 +135,7 @@ def test_mixed_protocols_read_every_chunk(served, s3, mount, tmp_path):
     server, docroot, values, refs, _ = served
     endpoint, fs = s3
     fs.put(str(docroot / "t.nc"), f"{BUCKET}/mixed/t.nc")
-    urls = [f"s3://{BUCKET}/mixed/t.nc", str(docroot / "t.nc"), server.url("t.nc")]
+    urls = [str(docroot / "t.nc"), f"s3://{BUCKET}/mixed/t.nc", server.url("t.nc")]  # remote_options: S3's
     doc = json.loads(json.dumps(refs))
     targets = [k for k, v in doc["refs"].items() if isinstance(v, list)]
     for i, key in enumerate(targets):

@@ -59,6 +59,8 @@ def test_a_remote_reference_file_names_remote_urls_only(tree, reference, caplog)
         ("http://169.254.169.254/latest/meta-data/", "http://169.254.169.254/"),
         ("http://localhost:8080/x", "http://localhost:8080/"),
         ("http://[::1]/x", "http://[::1]/"),
+        ("http://127.1:8080/x", "http://127.1:8080/"),
+        ("http://evil.example@2130706433/x", "http://evil.example@2130706433/"),
         ("memory:///x", "memory:///"),
     ):
         assert f"authorize_virtual_chunk_access={prefix}" in _refused(trust, url), url

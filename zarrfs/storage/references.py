@@ -106,8 +106,7 @@ def open_references_sync(
         references = _read_sync(*named, shown)
     if remote_protocol is not None:
         remote_protocol = remote_protocol.lower()
-    first = _first_target(references)
-    first_protocol = remote_protocol or (fsspec.core.split_protocol(first)[0] if first else None)
+    first_protocol = remote_protocol or _first_remote_protocol(references)
     reference_protocol = protocol_of(reference_url) if reference_url is not None else None
 
     def options_for(protocol: str) -> dict[str, Any]:
@@ -229,11 +228,14 @@ def _checked(doc: Any, shown: str) -> dict[str, Any]:
     return references_table(doc, shown)
 
 
-def _first_target(references: Any) -> str | None:
-    """The URL of the first data file the references name, or None."""
+def _first_remote_protocol(references: Any) -> str | None:
+    """The protocol of the first data file not on the local file system (Parquet references: of the
+    first data file, not to read every record file at mount), or None."""
     for value in references.values():
         if isinstance(value, (list, tuple)) and value and isinstance(value[0], str) and value[0]:
-            return value[0]
+            protocol = fsspec.core.split_protocol(value[0])[0]
+            if protocol not in (None, "file", "local") or not isinstance(references, dict):
+                return protocol
     return None
 
 

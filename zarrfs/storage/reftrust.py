@@ -14,8 +14,10 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 import urllib.parse
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 
@@ -90,8 +92,13 @@ class Trust:
         if host in LOCAL_HOST_NAMES or host.endswith(".localhost"):
             return True
         try:
-            address = ipaddress.ip_address(host)
+            address: Any = ipaddress.ip_address(host)
         except ValueError:
+            try:  # the forms a resolver still takes for IPv4: 127.1, 2130706433, 0x7f.1
+                address = ipaddress.IPv4Address(socket.inet_aton(host)) if host else None
+            except OSError:
+                return False
+        if address is None:
             return False
         mapped = getattr(address, "ipv4_mapped", None) or address
         return mapped.is_loopback or mapped.is_link_local or mapped.is_unspecified
