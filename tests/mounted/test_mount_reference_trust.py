@@ -80,8 +80,8 @@ def test_remote_references_never_read_a_local_file(served, mount, allow_other):
     the option, and the secret is in no file of the mount; the listing and the other arrays are intact."""
     server, docroot, values, refs, secret = served
     (docroot / "evil.json").write_text(json.dumps(_with_secret(refs, server.url("t.nc"), secret)))
-    mnt = mount(server.url("evil.json"), *(["allow_other"] if allow_other else []))
-    assert sorted(os.listdir(mnt)) == sorted(f"{n}.npy" for n in (*rf.VARIABLES, "stolen", "whole"))
+    mnt = mount(server.url("evil.json"), "show_views", *(["allow_other"] if allow_other else []))
+    assert sorted(os.listdir(mnt)) == sorted([".zarrfs", *(f"{n}.npy" for n in (*rf.VARIABLES, "stolen", "whole"))])
     for name in ("stolen", "whole"):
         with pytest.raises(OSError) as e:
             (mnt / f"{name}.npy").read_bytes()
@@ -90,7 +90,7 @@ def test_remote_references_never_read_a_local_file(served, mount, allow_other):
             (mnt / ".zarrfs" / "store" / name / "0").read_bytes()
     for name in rf.VARIABLES:
         assert (mnt / f"{name}.npy").read_bytes() == oracles.npy_bytes(values[name]), name
-    for path in _every_file(mnt):
+    for path in _every_file(mnt):  # the views too (raw, tiff, netCDF of the group, store keys, info)
         try:
             with open(path, "rb") as f:
                 assert SECRET[:20] not in f.read(), path
