@@ -122,7 +122,7 @@ def _generated(gen: Any, number: int, render: Renderer, shown: str) -> dict[str,
     if count > MAX_GENERATED_KEYS:
         raise UserError(f"{where} makes {count} keys, more than the {MAX_GENERATED_KEYS} zarrfs expands")
     fields = ("key", "url", "offset", "length") if "offset" in gen else ("key", "url")
-    compiled = {f: render.compile(str(gen[f]), where) for f in fields}
+    compiled = {f: render.compile(str(gen[f]), where, tuple(axes)) for f in fields}
     out: dict[str, list[Any]] = {}
     for point in itertools.product(*axes.values()):
         names = dict(zip(axes, point))
@@ -180,10 +180,14 @@ class Renderer:
             self.compile(text, f"{self.shown}: reference {key!r}"), names, f"{self.shown}: reference {key!r}"
         )
 
-    def compile(self, text: str, where: str) -> Any:
-        """TEXT ready to render many times."""
+    def compile(self, text: str, where: str, names: tuple[str, ...] = ()) -> Any:
+        """TEXT ready to render many times, with NAMES (and the templates) given each time."""
         if "{{" not in text and "{%" not in text:
             return text
+        plain = set(names) | {n for n, t in self.templates.items() if "{{" not in t}
+        rest = PLACEHOLDER.sub("", text)
+        if all(n in plain for n in PLACEHOLDER.findall(text)) and "{{" not in rest and "{%" not in rest:
+            return Placeholders(text)  # the text jinja2 would give, without its cost per key
         env = self._environment()
         try:
             return env.from_string(text)
@@ -194,6 +198,8 @@ class Renderer:
         """A compiled template rendered with the document's templates and NAMES."""
         if isinstance(compiled, str):
             return compiled
+        if isinstance(compiled, Placeholders):
+            return compiled.fill({**self.templates, **names})
         try:
             out = compiled.render(**{**self._templates_context(), **names})
         except Exception as e:  # undefined names, sandbox refusals, errors of the expression
@@ -220,6 +226,16 @@ class Renderer:
         if self._env is None:
             self._env = bounded_sandbox(self.shown)
         return self._env
+
+
+class Placeholders:
+    """A text whose only templates are `{{name}}` placeholders."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def fill(self, values: dict[str, Any]) -> str:
+        return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), self.text)
 
 
 def _placeholders_only(text: str, templates: dict[str, str]) -> str | None:
