@@ -44,19 +44,9 @@ def served(tmp_path_factory):
 
 
 def _u1(name: str, size: int, chunk: int) -> dict:
-    return {
-        f"{name}/.zarray": {
-            "zarr_format": 2,
-            "shape": [size],
-            "chunks": [chunk],
-            "dtype": "|u1",
-            "compressor": None,
-            "filters": None,
-            "fill_value": 0,
-            "order": "C",
-        },
-        f"{name}/.zattrs": {},
-    }
+    zarray = {"zarr_format": 2, "shape": [size], "chunks": [chunk], "dtype": "|u1"}
+    zarray.update(compressor=None, filters=None, fill_value=0, order="C")
+    return {f"{name}/.zarray": json.dumps(zarray), f"{name}/.zattrs": "{}"}
 
 
 def _with_secret(refs: dict, url: str, secret) -> dict:
@@ -100,6 +90,30 @@ def test_remote_references_never_read_a_local_file(served, mount, allow_other):
     said = [ln for ln in mount.log_text(mnt).splitlines() if "authorize_virtual_chunk_access" in ln]
     assert len(said) == 1 and f"-o authorize_virtual_chunk_access={prefix}" in said[0], said
     assert SECRET[:20].decode() not in mount.log_text(mnt)
+
+
+@pytest.mark.parametrize("kind", ["json", "parquet"])
+def test_references_on_s3_never_read_a_local_file(served, s3, mount, kind):
+    """The same from a bucket (moto): the arrays naming the secret read EIO, the others read."""
+    server, docroot, values, refs, secret = served
+    endpoint, fs = s3
+    fs.put(str(docroot / "t.nc"), f"{BUCKET}/trust/t.nc")
+    doc = _with_secret(refs, f"s3://{BUCKET}/trust/t.nc", secret)
+    options = {"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS}
+    if kind == "json":
+        fs.pipe(f"{BUCKET}/trust/evil.json", json.dumps(doc).encode())
+        source = f"s3://{BUCKET}/trust/evil.json"
+    else:
+        source = rf.write_parquet(doc, f"s3://{BUCKET}/trust/evil.parq", **options)
+    mnt = mount(source, "storage_options=" + json.dumps(options))
+    for name in ("stolen", "whole"):
+        with pytest.raises(OSError) as e:
+            (mnt / f"{name}.npy").read_bytes()
+        assert e.value.errno == errno.EIO
+    for name in rf.VARIABLES:
+        assert (mnt / f"{name}.npy").read_bytes() == oracles.npy_bytes(values[name]), name
+    said = [ln for ln in mount.log_text(mnt).splitlines() if "authorize_virtual_chunk_access" in ln]
+    assert len(said) == 1 and f"=file://{secret.parent}/" in said[0], said
 
 
 def test_authorized_prefix_reads_local_files(served, mount):

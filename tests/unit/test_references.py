@@ -5,7 +5,10 @@ kerchunk makes the references of a netCDF4 file netCDF4 wrote (tests/support/ref
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
+import threading
 
 import pytest
 from fsspec.implementations.local import LocalFileSystem
@@ -137,3 +140,48 @@ def test_missing_backend_names_the_extra():
             said = missing_backend(e)
         assert f"pip install 'zarrfs[{extra}]'" in said, said
         assert extra in said.split("ZARRFS_EXTRAS=")[1].split()[0].split(","), said
+
+
+class _Recording(http.server.SimpleHTTPRequestHandler):
+    """Serves a directory and keeps the Authorization header of every request."""
+
+    seen: list = []
+
+    def do_GET(self):
+        type(self).seen.append((self.server.server_port, self.path, self.headers.get("Authorization")))
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def two_servers(tmp_path):
+    servers = []
+    for _ in range(2):
+        handler = functools.partial(_Recording, directory=str(tmp_path))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    _Recording.seen = []
+    yield [f"http://127.0.0.1:{s.server_port}" for s in servers]
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_web_servers_headers_go_to_that_server_only(tmp_path, two_servers):
+    """storage_options of a reference file on HTTP (a token in its headers) reach the data files on its
+    server, never one the references name elsewhere."""
+    own, other = two_servers
+    (tmp_path / "data.bin").write_bytes(bytes(range(100)))
+    doc = {".zgroup": "{}", "a/0": [f"{own}/data.bin", 0, 10], "a/1": [f"{other}/data.bin", 10, 10]}
+    (tmp_path / "refs.json").write_text(json.dumps(doc))
+    token = "Bearer not-for-other-servers"
+    store = _open(f"{own}/refs.json", {"headers": {"Authorization": token}})
+    assert store.get_sync("a/0") == bytes(range(10)) and store.get_sync("a/1") == bytes(range(10, 20))
+    ports = {url: int(url.rsplit(":", 1)[1]) for url in two_servers}
+    assert {(p, path, auth) for p, path, auth in _Recording.seen if path == "/data.bin"} == {
+        (ports[own], "/data.bin", token),
+        (ports[other], "/data.bin", None),
+    }

@@ -66,10 +66,15 @@ def test_a_remote_reference_file_names_remote_urls_only(tree, reference, caplog)
         assert f"authorize_virtual_chunk_access={prefix}" in _refused(trust, url), url
 
 
-def test_a_remote_reference_file_may_name_its_own_server():
-    trust = Trust("http://127.0.0.1:8000/refs.json", (), None)
-    assert trust.target("http://127.0.0.1:8000/t.nc", "a/0").url == "http://127.0.0.1:8000/t.nc"
-    _refused(trust, "http://127.0.0.1:9000/t.nc")
+def test_a_reference_file_this_machine_serves_may_name_what_else_it_serves():
+    """Loopback and link-local hosts are this machine's: refused from a reference file elsewhere only."""
+    here = Trust("http://127.0.0.1:8000/refs.json", (), None)
+    assert here.target("http://127.0.0.1:9000/t.nc", "a/0").url == "http://127.0.0.1:9000/t.nc"
+    on_moto = Trust("s3://bucket/refs.json", (), None, reference_host="127.0.0.1")
+    assert on_moto.target("http://localhost:9000/t.nc", "a/0").protocol == "http"
+    for elsewhere in (Trust("s3://bucket/refs.json", (), None), Trust(REMOTE_REFS, (), None)):
+        _refused(elsewhere, "http://127.0.0.1:9000/t.nc")
+        _refused(elsewhere, "http://169.254.169.254/latest/meta-data/")
 
 
 def test_authorized_prefixes_admit_what_lies_below_them_and_nothing_else(tree):

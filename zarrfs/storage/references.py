@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 from importlib.util import find_spec
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..errors import UserError
 from .failures import describe_failure
 from .reffs import ReferenceSet, TargetFileSystems
 from .refspec import references_table, target_problem
-from .reftrust import Trust
+from .reftrust import Trust, origin
 from .remote import (
     GCS_PROTOCOLS,
     HTTP_PROTOCOLS,
@@ -108,13 +109,16 @@ def open_references_sync(
         remote_protocol = remote_protocol.lower()
     first_protocol = remote_protocol or _first_remote_protocol(references)
     reference_protocol = protocol_of(reference_url) if reference_url is not None else None
+    reference_origin = origin(reference_url)
 
-    def options_for(protocol: str) -> dict[str, Any]:
+    def options_for(protocol: str, url_origin: str | None) -> tuple[str, dict[str, Any]]:
         if remote_options is not None and _family(protocol) == _family(first_protocol):
-            return remote_options
+            return "remote_options", remote_options
         if reference_protocol not in (None, "file") and _family(protocol) == _family(reference_protocol):
-            return reference_options  # the same store's credentials and endpoint
-        return {}
+            if protocol in HTTP_PROTOCOLS and url_origin != reference_origin:
+                return "", {}  # a web server's headers and credentials go to that server only
+            return "storage_options", reference_options  # the same store's credentials and endpoint
+        return "", {}
 
     targets = TargetFileSystems(options_for, timeout_s)
     if isinstance(references, dict):  # every target checked now: a bad one fails the mount, not a read
@@ -130,8 +134,15 @@ def open_references_sync(
                 targets.make_sync(protocol)
             except UserError as e:
                 raise UserError(f"{shown}: {e}") from None
-    trust = Trust(reference_url, authorized, remote_protocol)
+    trust = Trust(reference_url, authorized, remote_protocol, _endpoint_host(reference_options))
     return ReferenceSet(references, trust, targets, **kwargs)
+
+
+def _endpoint_host(options: dict[str, Any]) -> str | None:
+    """The host of the endpoint an object store's options name (`endpoint_url`), or None."""
+    client = options.get("client_kwargs")
+    endpoint = options.get("endpoint_url") or (client.get("endpoint_url") if isinstance(client, dict) else None)
+    return urllib.parse.urlsplit(endpoint).hostname if isinstance(endpoint, str) else None
 
 
 def _family(protocol: str | None) -> tuple[str, ...] | None:

@@ -24,7 +24,7 @@ from fsspec.implementations.reference import ReferenceFileSystem, ReferenceNotRe
 
 from ..errors import StoreError, UserError, ZarrfsError
 from ..repeats import LogOnce
-from .reftrust import LOCAL_PROTOCOLS, Target, Trust
+from .reftrust import LOCAL_PROTOCOLS, Target, Trust, origin
 from .remote import bound_retries, bounded_storage_options, missing_backend
 
 log = logging.getLogger(__name__)
@@ -33,21 +33,24 @@ log = logging.getLogger(__name__)
 class TargetFileSystems:
     """One file system per protocol of the data files, each made once, with the waits of `timeout`."""
 
-    def __init__(self, options_for: Callable[[str], dict[str, Any]], timeout_s: float) -> None:
-        """OPTIONS_FOR(protocol): the fsspec options of that protocol's file system."""
+    def __init__(self, options_for: Callable[[str, str | None], tuple[str, dict[str, Any]]], timeout_s: float) -> None:
+        """OPTIONS_FOR(protocol, origin): the fsspec options of the file system of the targets of that
+        protocol (on that http(s) origin, else None), and a name of them (one file system per name)."""
         self.options_for = options_for
         self.timeout_s = timeout_s
-        self._made: dict[str, tuple[Any, Any]] = {}  # protocol -> (file system, its async face)
+        self._made: dict[tuple[str, str], tuple[Any, Any]] = {}  # -> (file system, its async face)
         self._lock = threading.Lock()
         self._ignoring_ranges = LogOnce()
 
-    def make_sync(self, protocol: str) -> tuple[Any, Any]:
-        """(file system, the same with async methods) for PROTOCOL; a UserError when it cannot be made."""
+    def make_sync(self, protocol: str, url_origin: str | None = None) -> tuple[Any, Any]:
+        """(file system, the same with async methods) for PROTOCOL (targets on URL_ORIGIN); a
+        UserError when it cannot be made."""
+        scope, options = self.options_for(protocol, url_origin)
         with self._lock:
-            made = self._made.get(protocol)
+            made = self._made.get((protocol, scope))
             if made is not None:
                 return made
-            options = bounded_storage_options(f"{protocol}://", self.options_for(protocol), self.timeout_s)
+            options = bounded_storage_options(f"{protocol}://", options, self.timeout_s)
             try:
                 fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
             except ImportError as e:
@@ -55,12 +58,12 @@ class TargetFileSystems:
             except (ValueError, TypeError) as e:
                 raise UserError(f"data files on {protocol}://: cannot open their file system: {e}") from None
             bound_retries(fs)
-            made = self._made[protocol] = (fs, fs if fs.async_impl else AsyncFileSystemWrapper(fs))
+            made = self._made[(protocol, scope)] = (fs, fs if fs.async_impl else AsyncFileSystemWrapper(fs))
             return made
 
     def _file_system(self, target: Target, whole: bool) -> tuple[Any, Any]:
         try:
-            made = self.make_sync(target.protocol)
+            made = self.make_sync(target.protocol, origin(target.url))
         except UserError as e:
             raise StoreError(str(e)) from None
         if whole and target.protocol in LOCAL_PROTOCOLS:
@@ -156,7 +159,7 @@ class ReferenceSet(ReferenceFileSystem):
         part = self.references.get(path)
         if isinstance(part, (list, tuple)) and len(part) == 1:  # a whole file: its size is the target's
             target = self.trust.target(part[0], path)
-            fs, _ = self.targets.make_sync(target.protocol)
+            fs, _ = self.targets.make_sync(target.protocol, origin(target.url))
             return {"name": path, "type": "file", "size": fs.size(target.url)}
         return super().info(path, **kwargs)
 

@@ -48,11 +48,21 @@ class Target:
 class Trust:
     """What one mount's reference set may read (see the module's docstring)."""
 
-    def __init__(self, reference_url: str | None, authorized: tuple[str, ...], remote_protocol: str | None) -> None:
+    def __init__(
+        self,
+        reference_url: str | None,
+        authorized: tuple[str, ...],
+        remote_protocol: str | None,
+        reference_host: str | None = None,
+    ) -> None:
         """REFERENCE_URL: where the reference file is (None: given inline, by the user); AUTHORIZED:
-        the option's prefixes; REMOTE_PROTOCOL: the protocol of targets that name none."""
+        the option's prefixes; REMOTE_PROTOCOL: the protocol of targets that name none;
+        REFERENCE_HOST: the host serving a remote reference file (an object store's endpoint),
+        when its URL does not say."""
         self.local_reference = reference_url is None or protocol_of(reference_url) in LOCAL_PROTOCOLS
-        self.reference_origin = _origin(reference_url) if reference_url and not self.local_reference else None
+        host = reference_host or (urllib.parse.urlsplit(reference_url).hostname if reference_url else None)
+        # A reference file this machine serves may name what else it serves: no further reach.
+        self.reference_here = not self.local_reference and internal_host(host)
         local = [p for p in authorized if protocol_of(p) in LOCAL_PROTOCOLS]
         # Local prefixes with their links resolved, as targets are: a link cannot lead out of one.
         self.authorized_paths = tuple(os.path.realpath(p.partition("://")[2] or "/") for p in local)
@@ -84,24 +94,11 @@ class Trust:
         raise self._refusal(url, key, f"{parts.scheme}://{parts.netloc}/")
 
     def _internal(self, url: str) -> bool:
-        """Whether URL names this machine or its link (loopback, link-local), not the reference file's server."""
-        origin = _origin(url)
-        if origin is None or origin == self.reference_origin:
-            return False
-        host = (urllib.parse.urlsplit(url).hostname or "").rstrip(".")
-        if host in LOCAL_HOST_NAMES or host.endswith(".localhost"):
-            return True
-        try:
-            address: Any = ipaddress.ip_address(host)
-        except ValueError:
-            try:  # the forms a resolver still takes for IPv4: 127.1, 2130706433, 0x7f.1
-                address = ipaddress.IPv4Address(socket.inet_aton(host)) if host else None
-            except OSError:
-                return False
-        if address is None:
-            return False
-        mapped = getattr(address, "ipv4_mapped", None) or address
-        return mapped.is_loopback or mapped.is_link_local or mapped.is_unspecified
+        """Whether URL names this machine or its link (loopback, link-local), which a remote
+        reference file may name only when this machine serves it too."""
+        return (
+            origin(url) is not None and not self.reference_here and internal_host(urllib.parse.urlsplit(url).hostname)
+        )
 
     def _refusal(self, url: str, key: str, prefix: str) -> StoreError:
         """A target outside the trusted prefixes: one line per prefix (not per chunk), then EIO for each read."""
@@ -112,6 +109,24 @@ class Trust:
         error = StoreError(f"reading {key!r}: data file {url} is not read: {advice}")
         error.logged = error.logged_by_store = True  # said above, once per prefix: only counted
         return error
+
+
+def internal_host(host: str | None) -> bool:
+    """Whether HOST is this machine or its link: localhost, loopback, link-local (a cloud's metadata service)."""
+    host = (host or "").rstrip(".").lower()
+    if not host:
+        return False
+    if host in LOCAL_HOST_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        address: Any = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # the forms a resolver still takes for IPv4: 127.1, 2130706433, 0x7f.1
+            address = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return False
+    mapped = getattr(address, "ipv4_mapped", None) or address
+    return bool(mapped.is_loopback or mapped.is_link_local or mapped.is_unspecified)
 
 
 def _canonical_url(url: str) -> str:
@@ -131,7 +146,7 @@ def _dot_segments(url: str) -> bool:
     return any(segment in (".", "..") for segment in path.replace("\\", "/").split("/"))
 
 
-def _origin(url: str | None) -> str | None:
+def origin(url: str | None) -> str | None:
     """scheme://host:port of an http(s) URL, else None."""
     if not url or protocol_of(url) not in HTTP_PROTOCOLS:
         return None
