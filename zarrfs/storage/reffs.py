@@ -101,6 +101,8 @@ class TargetFileSystems:
         """DATA cut to [start, end) when the server sent more (the whole object: it ignores Range)."""
         if start is None or end is None or len(data) <= end - start:
             return data
+        if len(data) < end:  # neither the range nor the whole object
+            raise StoreError(f"data file {target.url}: bytes {start}:{end} were answered with {len(data)} bytes")
         parts = urllib.parse.urlsplit(target.url)
         host = f"{parts.scheme}://{parts.netloc}"
         if self._ignoring_ranges.first(host):
