@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import re
+import types
 from typing import Any
 
 import fsspec
@@ -32,6 +33,12 @@ MAX_GENERATED_KEYS = 1 << 22
 # What one template expression may produce: a URL, an offset or a length is far shorter; a
 # longer result (`{{ 'a' * 10**10 }}`) is an attack on the daemon's memory.
 MAX_RENDERED_CHARS = 1 << 16
+# What one `*` may repeat a text to, and how large an integer `*` or `**` may make: URLs, offsets
+# and lengths are far smaller; `{{ 'a' * 10**10 }}` or `{{ 10**10**10 }}` attack the memory.
+MAX_REPEATED_CHARS = 4096
+MAX_INTEGER_BITS = 4096
+# jinja2's filters that make a value no larger than what they are given.
+SAFE_FILTERS = frozenset(("int", "float", "string", "lower", "upper", "abs", "round", "default", "trim", "length"))
 # A `{{name}}` placeholder, which needs no template engine.
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 # The extra that brings jinja2 (template expressions), named where it is missing.
@@ -248,27 +255,42 @@ def _placeholders_only(text: str, templates: dict[str, str]) -> str | None:
 
 
 def bounded_sandbox(shown: str) -> Any:
-    """jinja2's sandbox, with undefined names an error and `*` / `**` bounded."""
+    """jinja2's sandbox for the format's expressions: undefined names an error, no statements
+    (`{% for %}`), no methods or filters that make large values, `*` and `**` bounded."""
     try:
         import jinja2
-        from jinja2.sandbox import SandboxedEnvironment
+        from jinja2.sandbox import SandboxedEnvironment, SecurityError
     except ImportError:
         raise UserError(f"{shown}: template expressions need jinja2: {JINJA_REMEDY}") from None
 
     class Bounded(SandboxedEnvironment):  # type: ignore[misc]
         intercepted_binops = frozenset(("*", "**"))
 
+        def is_safe_callable(self, obj: Any) -> bool:
+            # The document's own templates and `range`: no str methods (`'a'.center(10**9)`).
+            return isinstance(obj, types.FunctionType) and bool(super().is_safe_callable(obj))
+
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-            sized = [x for x in (left, right) if isinstance(x, (str, list, tuple))]
-            if operator == "**" and isinstance(right, int) and abs(right) > 64:
-                raise jinja2.sandbox.SecurityError("exponent too large")
-            if operator == "*" and sized:
-                times = right if sized[0] is left else left
-                if isinstance(times, int) and times * len(sized[0]) > MAX_RENDERED_CHARS:
-                    raise jinja2.sandbox.SecurityError("repetition too large")
+            if isinstance(left, int) and isinstance(right, int):
+                bits = left.bit_length() * right if operator == "**" else left.bit_length() + right.bit_length()
+                if bits > MAX_INTEGER_BITS:
+                    raise SecurityError("integer too large")
+            elif operator == "*":
+                sized = left if isinstance(left, (str, list, tuple)) else right
+                times = right if sized is left else left
+                if isinstance(times, int) and times * len(sized) > MAX_REPEATED_CHARS:
+                    raise SecurityError("repetition too large")
             return super().call_binop(context, operator, left, right)
 
-    return Bounded(undefined=jinja2.StrictUndefined)
+        def _parse(self, source: str, name: Any, filename: Any) -> Any:
+            if "{%" in source or "{#" in source:
+                raise SecurityError("statements and comments are not expressions")
+            return super()._parse(source, name, filename)
+
+    env = Bounded(undefined=jinja2.StrictUndefined)
+    env.globals = {"range": env.globals["range"]}
+    env.filters = {name: f for name, f in env.filters.items() if name in SAFE_FILTERS}
+    return env
 
 
 def target_problem(url: str, remote_protocol: str | None) -> str | None:
