@@ -29,3 +29,15 @@ def test_an_answer_that_is_neither_the_range_nor_the_whole_object_fails():
     targets = TargetFileSystems(lambda protocol, origin: ("", {}), 10.0)
     with pytest.raises(StoreError, match="bytes 100:110 were answered with 50 bytes"):
         targets.asked(Target("http", "http://a.example/x.nc"), WHOLE[:50], 100, 110)
+
+
+def test_local_targets_must_be_regular_files(tmp_path):
+    """A pipe would block a read for good, a device read whole would never end: both refused."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    targets = TargetFileSystems(lambda protocol, origin: ("", {}), 10.0)
+    for path, start, end in ((str(fifo), 0, 10), ("/dev/zero", None, None), (str(tmp_path), 0, 1)):
+        with pytest.raises(StoreError, match="is not a regular file"):
+            targets.read_sync("a/0", Target("file", path), start, end)

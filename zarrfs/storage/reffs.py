@@ -61,23 +61,23 @@ class TargetFileSystems:
             made = self._made[(protocol, scope)] = (fs, fs if fs.async_impl else AsyncFileSystemWrapper(fs))
             return made
 
-    def _file_system(self, target: Target, whole: bool) -> tuple[Any, Any]:
+    def _file_system(self, target: Target) -> tuple[Any, Any]:
         try:
             made = self.make_sync(target.protocol, origin(target.url))
         except UserError as e:
             raise StoreError(str(e)) from None
-        if whole and target.protocol in LOCAL_PROTOCOLS:
+        if target.protocol in LOCAL_PROTOCOLS:
             try:
                 mode = os.stat(target.url).st_mode
             except OSError:
                 mode = stat.S_IFREG  # the read says why
-            if not stat.S_ISREG(mode):  # a device or a pipe read whole would never end
+            if not stat.S_ISREG(mode):  # a pipe would block the read, a device read whole never end
                 raise StoreError(f"data file {target.url} is not a regular file")
         return made
 
     def read_sync(self, key: str, target: Target, start: int | None, end: int | None) -> bytes:
         """Bytes [start, end) of TARGET (all of it for None, None), for KEY."""
-        fs, _ = self._file_system(target, start is None and end is None)
+        fs, _ = self._file_system(target)
         try:
             data = fs.cat_file(target.url, start=start, end=end)
         except ZarrfsError:
@@ -88,7 +88,7 @@ class TargetFileSystems:
 
     async def read(self, key: str, target: Target, start: int | None, end: int | None) -> bytes:
         """`read_sync` in fsspec's event loop."""
-        _, afs = self._file_system(target, start is None and end is None)
+        _, afs = self._file_system(target)
         try:
             data = await afs._cat_file(target.url, start=start, end=end)
         except ZarrfsError:
