@@ -164,6 +164,21 @@ def test_mixed_protocols_read_every_chunk(served, s3, mount, tmp_path):
     assert len(said) == 1 and f"http://127.0.0.1:{server.port}" in said[0], said
 
 
+def test_remote_protocol_names_the_protocol_of_bare_paths(served, s3, mount, tmp_path):
+    """`remote_protocol=s3` with `remote_options`: data files named `bucket/key` read from S3 (moto)."""
+    _server, docroot, values, refs, _ = served
+    endpoint, fs = s3
+    fs.put(str(docroot / "t.nc"), f"{BUCKET}/bare/t.nc")
+    doc = json.loads(json.dumps(refs))
+    doc["refs"] = {k: [f"{BUCKET}/bare/t.nc", *v[1:]] if isinstance(v, list) else v for k, v in doc["refs"].items()}
+    options = {"client_kwargs": {"endpoint_url": endpoint}, **CREDENTIALS}
+    mnt = mount(
+        rf.write_json(doc, tmp_path / "bare.json"), "remote_protocol=s3", "remote_options=" + json.dumps(options)
+    )
+    for name in rf.VARIABLES:
+        assert (mnt / f"{name}.npy").read_bytes() == oracles.npy_bytes(values[name]), name
+
+
 def test_range_ignoring_server_is_sliced(served, mount):
     """References and data both on http.server: each ranged read comes back whole and is cut to its range."""
     server, docroot, values, refs, _ = served
