@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from zarrfs.errors import StoreError
+from zarrfs.errors import StoreError, UserError
 from zarrfs.storage.reftrust import Trust
 
 REMOTE_REFS = "https://example.org/refs/refs.json"
@@ -113,3 +113,9 @@ def test_targets_without_protocol_take_remote_protocol():
     trust = Trust(REMOTE_REFS, (), "s3")
     target = trust.target("bucket/x.nc", "a/0")
     assert (target.protocol, target.url) == ("s3", "s3://bucket/x.nc")
+
+
+@pytest.mark.parametrize("prefix", ["file://~/.ssh/", "file://data/nc/", "local://x/"])
+def test_a_local_prefix_must_be_absolute(prefix):
+    with pytest.raises(UserError, match="a local prefix is an absolute path"):
+        Trust(REMOTE_REFS, (prefix,), None)

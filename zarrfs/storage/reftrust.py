@@ -21,7 +21,7 @@ from typing import Any
 
 import fsspec
 
-from ..errors import StoreError
+from ..errors import StoreError, UserError
 from ..options import AUTHORIZE
 from ..repeats import LogOnce
 from .refspec import target_problem
@@ -64,6 +64,9 @@ class Trust:
         # A reference file this machine serves may name what else it serves: no further reach.
         self.reference_here = not self.local_reference and internal_host(host)
         local = [p for p in authorized if protocol_of(p) in LOCAL_PROTOCOLS]
+        for prefix in local:
+            if not prefix.partition("://")[2].startswith("/"):
+                raise UserError(f"{AUTHORIZE}={prefix}: a local prefix is an absolute path (file:///data/nc/)")
         # Local prefixes with their links resolved, as targets are: a link cannot lead out of one.
         self.authorized_paths = tuple(os.path.realpath(p.partition("://")[2] or "/") for p in local)
         self.authorized_urls = tuple(_canonical_url(p) for p in authorized if p not in local)
