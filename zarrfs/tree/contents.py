@@ -64,13 +64,17 @@ class Contents:
             )
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind in (Kind.TEXT, Kind.PAM):
-            statistics = ns.statistics.of(entry.node)
+            node = entry.node
+            geo = await ns.georefs.of(node)
+            statistics = ns.statistics.of(node)
             entry.content = (
-                images.pam(entry.node, statistics)
+                images.pam(node, statistics)
                 if entry.kind is Kind.PAM
-                else images.text(entry.view, entry.node, ns.npy_name(entry.node), statistics)
+                else images.text(entry.view, node, ns.npy_name(node), statistics, geo)
             )
             entry.size = entry.stored_bytes = len(entry.content)
+        elif entry.kind is Kind.TIFF:
+            await self._lay_out_tiff(entry)
         elif entry.kind is Kind.PREVIEW:
             entry.content = await self.previews.get(entry.node)
             entry.size = entry.stored_bytes = len(entry.content)
@@ -88,6 +92,15 @@ class Contents:
             await ns.versions.settle_log(entry)
         else:
             entry.stored_bytes = entry.size
+
+    async def _lay_out_tiff(self, entry: Entry) -> None:
+        """A TIFF's header holds the array's georeference (GeoTIFF tags): made before its size is known."""
+        node = entry.node
+        if entry.laid_out is None:
+            geo = await self.ns.georefs.of(node)
+            if entry.node is node and entry.laid_out is None:  # (else shown another node meanwhile)
+                entry.lay_out(images.tiff_stream(node, geo))
+        entry.stored_bytes = entry.size
 
     async def _settle_netcdf(self, entry: Entry) -> None:
         """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""

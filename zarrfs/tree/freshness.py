@@ -233,6 +233,7 @@ class Freshness:
         self.ns.invalidate()
         self.ns.listings.forget_sizes()
         self.ns.statistics.forget()
+        self.ns.georefs.forget()
         for entry in self.inodes.all():
             if entry.kind in (Kind.ARRAY, Kind.CHUNK) and entry.writing is None and entry.held is None:
                 entry.stored_bytes = None  # settled again from what the store holds now

@@ -115,7 +115,12 @@ class ArrayHandle(Handle):
 
     def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
         entry = self.entry
-        if entry.writing is not None or entry.error is not None or entry.checked != self.ns.freshness.epoch:
+        if (
+            entry.writing is not None
+            or entry.error is not None
+            or entry.checked != self.ns.freshness.epoch
+            or (entry.kind is Kind.TIFF and entry.laid_out is None)  # its header needs its georeference
+        ):
             return None
         return self.ns.engine.read_now(entry.stream, offset, size, self.readahead)
 
@@ -128,6 +133,8 @@ class ArrayHandle(Handle):
         await self.current()
         if entry.error is not None:
             raise entry.error
+        if entry.kind is Kind.TIFF and entry.laid_out is None:  # shown another node: its header is made again
+            await self.ns.settle(entry)
         return await self.ns.engine.read(entry.stream, offset, size, readahead=self.readahead, reply=True)
 
     async def write(self, offset: int, data: bytes) -> int:

@@ -4,8 +4,8 @@ Runs in the trio thread (its tables need no locks; code between two awaits is at
 hierarchy and store I/O go through the engine's worker threads. It composes its parts,
 each with one responsibility and its own state: the inode table (inodes.py), listings
 (listings.py), freshness (freshness.py), versions (versions.py), changes (changes.py),
-arriving NPY files (ingest.py), plain files (held.py), saved statistics (statistics.py)
-and the contents of generated files (contents.py).
+arriving NPY files (ingest.py), plain files (held.py), saved statistics (statistics.py),
+georeferences (georefs.py) and the contents of generated files (contents.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .changes import Changes
 from .contents import Contents
 from .entries import NPY_SUFFIX, Entry, Kind, Maker, name_problem, root_array_stem, slice_stream
 from .freshness import Freshness
+from .georefs import Georefs
 from .held import PlainFiles
 from .ingest import Ingest
 from .inodes import ROOT_INODE, Inodes
@@ -76,6 +77,7 @@ class Namespace:
         self.listings = Listings(self)
         self.versions = Versions(self)
         self.statistics = SavedStatistics(self)
+        self.georefs = Georefs(self)
         self.contents = Contents(self)
         self.changes = Changes(self)
         self.ingest = Ingest(self, self.lease, create_chunks, create_codec)

@@ -26,19 +26,25 @@ class SavedStatistics:
         self._epoch = 0  # counts `forget`: a rewrite parsed meanwhile is stale
 
     def of(self, meta: Node) -> Statistics | None:
-        """The statistics kept for this very node (None: none, or kept for an older node)."""
+        """The statistics kept for this node (None: none, or kept for an older node of another
+        layout). A node of the same layout read again in the same epoch (a listing after a
+        document, as the georeference's) holds the same values: a change of chunks forgets them."""
         kept = self._kept.get(meta.path)
-        return kept[1] if kept is not None and kept[0] is meta else None
+        if kept is None:
+            return None
+        same = kept[0] is meta or getattr(kept[0], "file_layout", None) == getattr(meta, "file_layout", ())
+        return kept[1] if same else None
 
     async def keep(self, entry: Entry, written: bytes) -> bool:
         """A rewrite of a file that saves statistics: keep the ones it adds (False, and nothing
         kept, when it changes anything else)."""
         meta, epoch = entry.node, self._epoch
         # Parsed in a worker thread: a text of thousands of bands takes a while.
+        geo = await self.ns.georefs.of(meta)
         if entry.kind is Kind.PAM:
-            statistics = await self.engine.run_cpu(images.pam_statistics, written, meta)
+            statistics = await self.engine.run_cpu(images.pam_statistics, written, meta, geo)
         else:
-            statistics = await self.engine.run_cpu(images.vrt_statistics, written, meta, self.ns.npy_name(meta))
+            statistics = await self.engine.run_cpu(images.vrt_statistics, written, meta, self.ns.npy_name(meta), geo)
         if statistics is None:
             return False
         if epoch != self._epoch:

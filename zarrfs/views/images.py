@@ -7,6 +7,7 @@ saves into the last two. Pure: no I/O, no trio.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from xml.etree import ElementTree
@@ -17,6 +18,7 @@ import numpy as np
 from ..model import ArrayMeta, Node
 from ..tree.kinds import Kind
 from . import preview, tiff
+from .georef import GeoReference, crs_of_wkt, number_text
 from .streams import ArrayStream, npy_header
 
 # ENVI `data type` codes (ENVI header format; GDAL's ENVI driver reads the same table).
@@ -118,19 +120,22 @@ def beside(view: str, node: Node, base: str) -> list[tuple[str, Kind]]:
     return [(base + suffix, kind) for suffix, kind, ok in BESIDE.get(view, ()) if ok(node)]
 
 
-def tiff_stream(meta: ArrayMeta) -> ArrayStream:
-    """The TIFF of an array: its header, then the elements in C order, little-endian."""
+def tiff_stream(meta: ArrayMeta, geo: GeoReference | None = None) -> ArrayStream:
+    """The TIFF of an array: its header (GeoTIFF tags where `geo` places it), then the elements
+    in C order, little-endian."""
     dtype = tiff.pixel_dtype(meta.dtype)
     desc = tiff.description("/" + meta.path, meta.shape, meta.dtype, meta.attributes)
-    return ArrayStream(meta, "C", False, header=tiff.header(dtype, meta.shape, desc), dtype=dtype)
+    tags = tiff.geo_tags(geo) if geo is not None and len(meta.shape) <= 3 else ()
+    return ArrayStream(meta, "C", False, header=tiff.header(dtype, meta.shape, desc, tags), dtype=dtype)
 
 
 def _bands_rows_cols(meta: ArrayMeta) -> tuple[int, int, int]:
     return (1, *meta.shape) if len(meta.shape) == 2 else meta.shape  # type: ignore[return-value]
 
 
-def envi_header(meta: ArrayMeta) -> bytes:
-    """raw/PATH.hdr: the raw view (C order, the .npy's byte order) as an ENVI band-sequential file."""
+def envi_header(meta: ArrayMeta, geo: GeoReference | None = None) -> bytes:
+    """raw/PATH.hdr: the raw view (C order, the .npy's byte order) as an ENVI band-sequential
+    file; `map info`, `coordinate system string` and `data ignore value` where `geo` places it."""
     bands, rows, cols = _bands_rows_cols(meta)
     big = meta.dtype.byteorder == ">" or (meta.dtype.byteorder == "=" and np.little_endian is False)
     text = (
@@ -138,13 +143,36 @@ def envi_header(meta: ArrayMeta) -> bytes:
         f"bands = {bands}\nheader offset = 0\nfile type = ENVI Standard\n"
         f"data type = {ENVI_TYPES[_code(meta.dtype)]}\ninterleave = bsq\nbyte order = {int(big)}\n"
     )
+    if geo is not None and not geo.rotated:  # (ENVI's rotation is an angle: no shear, no flip)
+        text += f"map info = {{{_envi_map_info(geo)}}}\n"
+        if geo.crs is not None:
+            text += f"coordinate system string = {{{' '.join(geo.crs.wkt.split())}}}\n"
+    if geo is not None and geo.nodata is not None:
+        text += f"data ignore value = {number_text(geo.nodata)}\n"
     return text.encode()
 
 
-def vrt(meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None = None) -> bytes:
+def _envi_map_info(geo: GeoReference) -> str:
+    """ENVI's map info: projection, the reference pixel (1, 1: the first pixel's outer corner),
+    its map coordinates, the pixel size (y positive when north-up), and UTM's zone or the datum."""
+    x0, dx, _, y0, _, dy = geo.geotransform
+    where = f"1, 1, {number_text(x0)}, {number_text(y0)}, {number_text(dx)}, {number_text(-dy)}"
+    epsg = geo.crs.epsg if geo.crs is not None else None
+    if epsg is not None and (32601 <= epsg <= 32660 or 32701 <= epsg <= 32760):  # WGS 84 / UTM
+        hemisphere = "North" if epsg < 32700 else "South"
+        return f"UTM, {where}, {epsg % 100}, {hemisphere}, WGS-84, units=Meters"
+    if epsg == 4326:
+        return f"Geographic Lat/Lon, {where}, WGS-84, units=Degrees"
+    return f"Arbitrary, {where}"
+
+
+def vrt(
+    meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None = None, geo: GeoReference | None = None
+) -> bytes:
     """gdal/PATH.vrt: one VRTRawRasterBand per band, reading the main tree's PATH.npy past its
     header; `npy_name` is that file's name (a root array's is the mount's NAME.npy).
-    `statistics` (one dict a band) are STATISTICS_* items GDAL computed and saved into it."""
+    `statistics` (one dict a band) are STATISTICS_* items GDAL computed and saved into it;
+    `geo` gives its SRS, GeoTransform and the bands' NoDataValue."""
     bands, rows, cols = _bands_rows_cols(meta)
     item = meta.dtype.itemsize
     offset = len(npy_header(meta.dtype, meta.shape, False))
@@ -154,11 +182,18 @@ def vrt(meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None 
     order = "MSB" if meta.dtype.byteorder == ">" else "LSB"
     gdal_type = GDAL_TYPES[_code(meta.dtype)]
     lines = [f'<VRTDataset rasterXSize="{cols}" rasterYSize="{rows}">']
+    if geo is not None and geo.crs is not None:
+        lines.append(f"  <SRS>{escape(' '.join(geo.crs.wkt.split()))}</SRS>")
+    if geo is not None:
+        lines.append(f"  <GeoTransform>{_gdal_geotransform(geo)}</GeoTransform>")
+    nodata = geo.nodata if geo is not None else None
     for b in range(bands):
         lines.append(f'  <VRTRasterBand dataType="{gdal_type}" band="{b + 1}" subClass="VRTRawRasterBand">')
         items = statistics[b] if statistics else {}
         if items:
             lines += ["    <Metadata>"] + [_mdi(k, v) for k, v in sorted(items.items())] + ["    </Metadata>"]
+        if nodata is not None:
+            lines.append(f"    <NoDataValue>{number_text(nodata)}</NoDataValue>")
         lines += [
             f'    <SourceFilename relativeToVRT="1">{source}</SourceFilename>',
             f"    <ImageOffset>{offset + b * rows * cols * item}</ImageOffset>",
@@ -169,6 +204,11 @@ def vrt(meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None 
         ]
     lines.append("</VRTDataset>")
     return ("\n".join(lines) + "\n").encode()
+
+
+def _gdal_geotransform(geo: GeoReference) -> str:
+    """A GeoTransform as GDAL writes one into a VRT (the same text when it saves statistics)."""
+    return ",".join(f"{v:24.16e}" for v in geo.geotransform)
 
 
 def max_rewrite_bytes(meta: ArrayMeta) -> int:
@@ -206,20 +246,20 @@ def _items(metadata: ElementTree.Element) -> dict[str, str] | None:
     return items
 
 
-def _envi_items(meta: ArrayMeta) -> dict[str, str]:
+def _envi_items(meta: ArrayMeta, geo: GeoReference | None) -> dict[str, str]:
     """The ENVI metadata domain GDAL reads from raw/PATH.hdr (names with `_` for spaces)."""
-    lines = envi_header(meta).decode().splitlines()[1:]
+    lines = envi_header(meta, geo).decode().splitlines()[1:]
     return {k.strip().replace(" ", "_"): v.strip() for k, v in (line.split("=", 1) for line in lines)}
 
 
-def pam_statistics(written: bytes, meta: ArrayMeta) -> list[dict[str, str]] | None:
+def pam_statistics(written: bytes, meta: ArrayMeta, geo: GeoReference | None = None) -> list[dict[str, str]] | None:
     """The statistics a write of raw/PATH.raw.aux.xml saves, one dict a band; None when it holds
-    more than band STATISTICS_* items and the metadata GDAL read from PATH.hdr."""
+    more than band STATISTICS_* items and the metadata GDAL read from PATH.hdr (made with `geo`)."""
     try:
         tree = ElementTree.fromstring(written)
     except ElementTree.ParseError:
         return None
-    derived = {"IMAGE_STRUCTURE": {"INTERLEAVE": "BAND"}, "ENVI": _envi_items(meta)}
+    derived = {"IMAGE_STRUCTURE": {"INTERLEAVE": "BAND"}, "ENVI": _envi_items(meta, geo)}
     bands = _bands_rows_cols(meta)[0]
     statistics: list[dict[str, str]] = [{} for _ in range(bands)]
     if tree.tag != "PAMDataset" or tree.attrib:
@@ -235,6 +275,7 @@ def pam_statistics(written: bytes, meta: ArrayMeta) -> list[dict[str, str]] | No
             and int(child.get("band")) <= bands
         ):
             items = _band_statistics(child)
+            _drop_own_nodata(child, geo)
             if items is None or len(child) or set(child.attrib) != {"band"}:
                 return None
             statistics[int(child.get("band")) - 1] = items
@@ -267,21 +308,72 @@ def _same_tree(a: ElementTree.Element, b: ElementTree.Element) -> bool:
     )
 
 
-def vrt_statistics(written: bytes, meta: ArrayMeta, npy_name: str) -> list[dict[str, str]] | None:
+def _same_number(text: str | None, value: float) -> bool:
+    """Whether GDAL's text of a number is `value` (printed in full, or as a float32)."""
+    try:
+        got = float((text or "").strip())
+    except ValueError:
+        return False
+    return got == value or (math.isnan(got) and math.isnan(value)) or np.float32(got) == np.float32(value)
+
+
+def _drop_own_nodata(band: ElementTree.Element, geo: GeoReference | None) -> None:
+    """Take out of `band` the NoDataValue GDAL copied from the view (its own value only)."""
+    for element in band.findall("NoDataValue"):
+        if geo is not None and geo.nodata is not None and _same_number(element.text, geo.nodata):
+            band.remove(element)
+
+
+def _own_georeference(tree: ElementTree.Element, ours: ElementTree.Element, geo: GeoReference | None) -> None:
+    """Give the georeference GDAL wrote back into a VRT the view's own text where it means the
+    same: the same SRS (GDAL writes it again as WKT 1, with its axis mapping), GeoTransform
+    and NoDataValue numbers."""
+    if geo is None:
+        return
+    srs, own_srs = tree.find("SRS"), ours.find("SRS")
+    if srs is not None and own_srs is not None and geo.crs is not None:
+        srs.attrib.pop("dataAxisToSRSAxisMapping", None)
+        said = " ".join((srs.text or "").split())
+        if said == own_srs.text or (geo.crs.epsg is not None and crs_of_wkt(said).epsg == geo.crs.epsg):
+            srs.text = own_srs.text
+    transform = tree.find("GeoTransform")
+    if transform is not None:
+        numbers = (transform.text or "").split(",")
+        if len(numbers) == 6 and all(_same_number(t, v) for t, v in zip(numbers, geo.geotransform)):
+            transform.text = _gdal_geotransform(geo)
+    if geo.nodata is not None:
+        for band in tree.findall("VRTRasterBand"):
+            for element in band.findall("NoDataValue"):
+                if _same_number(element.text, geo.nodata):
+                    element.text = number_text(geo.nodata)
+
+
+def vrt_statistics(
+    written: bytes, meta: ArrayMeta, npy_name: str, geo: GeoReference | None = None
+) -> list[dict[str, str]] | None:
     """The statistics a rewrite of gdal/PATH.vrt saves, one dict a band; None when the written
-    text is not the view's VRT with STATISTICS_* band metadata added (what GDAL writes back
-    after computing statistics) but some other change, or no VRT at all."""
+    text is not the view's VRT (made with `geo`) with STATISTICS_* band metadata added (what
+    GDAL writes back after computing statistics) but some other change, or no VRT at all."""
     try:
         tree = ElementTree.fromstring(written)
     except ElementTree.ParseError:
         return None
     bands = tree.findall("VRTRasterBand")
     statistics = [_band_statistics(band) for band in bands]
-    if any(s is None for s in statistics) or not _same_tree(tree, ElementTree.fromstring(vrt(meta, npy_name))):
+    ours = ElementTree.fromstring(vrt(meta, npy_name, geo=geo))
+    _own_georeference(tree, ours, geo)
+    if any(s is None for s in statistics) or not _same_tree(tree, ours):
         return None
     return statistics  # type: ignore[return-value]
 
 
-def text(view: str, meta: ArrayMeta, npy_name: str, statistics: list[dict[str, str]] | None = None) -> bytes:
-    """The bytes of a generated text file of an image view (a VRT with the statistics kept for it)."""
-    return envi_header(meta) if view == "raw" else vrt(meta, npy_name, statistics)
+def text(
+    view: str,
+    meta: ArrayMeta,
+    npy_name: str,
+    statistics: list[dict[str, str]] | None = None,
+    geo: GeoReference | None = None,
+) -> bytes:
+    """The bytes of a generated text file of an image view (a VRT with the statistics kept for
+    it), georeferenced by `geo`."""
+    return envi_header(meta, geo) if view == "raw" else vrt(meta, npy_name, statistics, geo)

@@ -15,11 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from .georef import CrsKind, GeoReference, number_text
+
 # TIFF SampleFormat values (TIFF 6.0 section 19; 6 = complex float, a GDAL/tifffile extension).
 SAMPLE_UINT, SAMPLE_INT, SAMPLE_FLOAT, SAMPLE_COMPLEX = 1, 2, 3, 6
 SAMPLE_FORMATS = {"b": SAMPLE_UINT, "u": SAMPLE_UINT, "i": SAMPLE_INT, "f": SAMPLE_FLOAT, "c": SAMPLE_COMPLEX}
-# Field types: SHORT, LONG, ASCII, LONG8 (BigTIFF).
-ASCII, SHORT, LONG, LONG8 = 2, 3, 4, 16
+# Field types: SHORT, LONG, ASCII, DOUBLE, LONG8 (BigTIFF).
+ASCII, SHORT, LONG, DOUBLE, LONG8 = 2, 3, 4, 12, 16
 # Strips of about this many bytes: readers that load a strip at a time (libtiff, GDAL)
 # read a bounded piece, and the strip tables stay small next to the pixels.
 STRIP_TARGET_BYTES = 1 << 20
@@ -33,6 +35,21 @@ MAX_HEADER_BYTES = 16 << 20
 MAX_DESCRIPTION_BYTES = 64 << 10
 # Classic TIFF offsets are 32-bit: a larger file is written as BigTIFF.
 CLASSIC_MAX_BYTES = (1 << 32) - 1
+# GeoTIFF tags (GeoTIFF 1.1, OGC 19-008r4) and GDAL's NoData tag.
+MODEL_PIXEL_SCALE, MODEL_TIEPOINT, MODEL_TRANSFORMATION = 33550, 33922, 34264
+GEO_KEY_DIRECTORY, GEO_ASCII_PARAMS, GDAL_NODATA = 34735, 34737, 42113
+# GeoKeys: GTModelTypeGeoKey, GTRasterTypeGeoKey (1: PixelIsArea), GTCitationGeoKey,
+# GeographicTypeGeoKey, ProjectedCSTypeGeoKey; EPSG codes a SHORT key can hold (32767 is
+# "user-defined").
+MODEL_TYPE_KEY, RASTER_TYPE_KEY, CITATION_KEY = 1024, 1025, 1026
+GEOGRAPHIC_TYPE_KEY, PROJECTED_TYPE_KEY = 2048, 3072
+PIXEL_IS_AREA = 1
+EPSG_KEY_MAX = 32766
+# A CRS name longer than this is cut in the citation (readers show it; the EPSG code is what counts).
+CITATION_MAX_CHARS = 200
+# The most the GeoTIFF tags add to a page: 6 entries, 128 bytes of transformation, 5 keys,
+# the citation and the NoData text, with room to spare.
+GEO_TAGS_MAX_BYTES = 1024
 
 
 def supported(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
@@ -52,7 +69,7 @@ def header_fits(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
     """Whether the header stays within MAX_HEADER_BYTES (a bound from BigTIFF's sizes,
     the larger encoding, without building it)."""
     rows_per_strip, n_strips = _strips(shape[-2], shape[-1] * dtype.itemsize)
-    per_page = 8 + 13 * 20 + 8 + (2 * 8 * n_strips if n_strips > 1 else 0)
+    per_page = 8 + 13 * 20 + 8 + (2 * 8 * n_strips if n_strips > 1 else 0) + GEO_TAGS_MAX_BYTES
     return 16 + math.prod(shape[:-2]) * per_page + 2 * MAX_DESCRIPTION_BYTES <= MAX_HEADER_BYTES
 
 
@@ -92,7 +109,9 @@ class _Layout:
         self.inline = 8 if big else 4  # values up to this many bytes sit in the entry itself
 
 
-_TYPE_FMT = {ASCII: "s", SHORT: "H", LONG: "I", LONG8: "Q"}
+Tags = tuple[tuple[int, int, Any], ...]  # (tag, field type, value)
+
+_TYPE_FMT = {ASCII: "s", SHORT: "H", LONG: "I", DOUBLE: "d", LONG8: "Q"}
 
 
 def _ifd(lay: _Layout, at: int, tags: list[tuple[int, int, Any]], next_ifd_at: int | None) -> tuple[bytes, int]:
@@ -157,9 +176,11 @@ def _strips(rows: int, row_bytes: int) -> tuple[int, int]:
     return rows_per_strip, -(-rows // rows_per_strip)
 
 
-def _build(lay: _Layout, dtype: np.dtype, shape: tuple[int, ...], desc: bytes, data_at: int | None) -> bytes:
+def _build(
+    lay: _Layout, dtype: np.dtype, shape: tuple[int, ...], desc: bytes, data_at: int | None, geo: Tags = ()
+) -> bytes:
     """The header with pixel data at `data_at`, padded up to it (None: unpadded, offsets left 0,
-    for its length, which the offsets' values do not change)."""
+    for its length, which the offsets' values do not change); `geo`: tags of every page."""
     rows, cols = shape[-2], shape[-1]
     pages = math.prod(shape[:-2])
     row_bytes = cols * dtype.itemsize
@@ -174,6 +195,7 @@ def _build(lay: _Layout, dtype: np.dtype, shape: tuple[int, ...], desc: bytes, d
         start = p * page_bytes + (data_at or 0)
         offsets = [0 if data_at is None else start + s * rows_per_strip * row_bytes for s in range(n_strips)]
         tags = _page_tags(lay, dtype, rows, cols, offsets, counts, rows_per_strip, desc if p == 0 else None)
+        tags += geo
         size = _ifd_size(lay, tags)
         if at + size > MAX_HEADER_BYTES:
             raise ValueError(f"TIFF header of {pages} pages exceeds {MAX_HEADER_BYTES} bytes")
@@ -183,9 +205,10 @@ def _build(lay: _Layout, dtype: np.dtype, shape: tuple[int, ...], desc: bytes, d
     return head if data_at is None else head + b"\0" * (data_at - len(head))
 
 
-def header(dtype: np.dtype, shape: tuple[int, ...], desc: str = "") -> bytes:
+def header(dtype: np.dtype, shape: tuple[int, ...], desc: str = "", geo: Tags = ()) -> bytes:
     """The TIFF bytes before the pixels of an array of `shape` whose pixels are `dtype`
     (little-endian, as `pixel_dtype` gives): BigTIFF when the whole file passes 4 GiB.
+    `geo`: the GeoTIFF tags every page carries (`geo_tags`).
 
     ValueError when the array cannot be a TIFF or its header would pass MAX_HEADER_BYTES.
     """
@@ -195,8 +218,38 @@ def header(dtype: np.dtype, shape: tuple[int, ...], desc: str = "") -> bytes:
     data_bytes = math.prod(shape) * dtype.itemsize
     for big in (False, True):
         lay = _Layout(big)
-        length = len(_build(lay, dtype, shape, desc_bytes, None))
+        length = len(_build(lay, dtype, shape, desc_bytes, None, geo))
         data_at = -(-length // DATA_ALIGN) * DATA_ALIGN
         if big or data_at + data_bytes <= CLASSIC_MAX_BYTES:
-            return _build(lay, dtype, shape, desc_bytes, data_at)
+            return _build(lay, dtype, shape, desc_bytes, data_at, geo)
     raise AssertionError("unreachable")
+
+
+def geo_tags(geo: GeoReference) -> Tags:
+    """GeoTIFF tags of a georeference: ModelPixelScale and ModelTiepoint when north-up, else
+    ModelTransformation; the GeoKeyDirectory (PixelIsArea, the EPSG code of a projected or
+    geographic CRS, its name as citation); GDAL_NODATA."""
+    gt = geo.geotransform
+    if geo.north_up:
+        tags: list[tuple[int, int, Any]] = [
+            (MODEL_PIXEL_SCALE, DOUBLE, (gt[1], -gt[5], 0.0)),
+            (MODEL_TIEPOINT, DOUBLE, (0.0, 0.0, 0.0, gt[0], gt[3], 0.0)),
+        ]
+    else:
+        matrix = (gt[1], gt[2], 0.0, gt[0], gt[4], gt[5], 0.0, gt[3], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+        tags = [(MODEL_TRANSFORMATION, DOUBLE, matrix)]
+    keys = [(RASTER_TYPE_KEY, 0, 1, PIXEL_IS_AREA)]
+    crs = geo.crs
+    if crs is not None and crs.kind is not None and crs.epsg is not None and 0 < crs.epsg <= EPSG_KEY_MAX:
+        keys.append((MODEL_TYPE_KEY, 0, 1, crs.kind.value))
+        keys.append((PROJECTED_TYPE_KEY if crs.kind is CrsKind.PROJECTED else GEOGRAPHIC_TYPE_KEY, 0, 1, crs.epsg))
+        if crs.name:
+            citation = crs.name[:CITATION_MAX_CHARS].replace("|", "/").encode("ascii", "backslashreplace") + b"|"
+            keys.append((CITATION_KEY, GEO_ASCII_PARAMS, len(citation), 0))
+            tags.append((GEO_ASCII_PARAMS, ASCII, citation + b"\0"))
+    keys.sort()
+    directory = [1, 1, 0, len(keys)] + [v for key in keys for v in key]
+    tags.append((GEO_KEY_DIRECTORY, SHORT, directory))
+    if geo.nodata is not None:
+        tags.append((GDAL_NODATA, ASCII, number_text(geo.nodata).encode() + b"\0"))
+    return tuple(tags)
