@@ -68,14 +68,12 @@ class Georefs:
         geo, why = None, plan.why
         if plan.y is not None and plan.x is not None:
             try:
-                y_values, x_values = await self._values(plan.y), await self._values(plan.x)
+                geo, why = plan.resolve(await self._values(plan.y), await self._values(plan.x))
             except ZarrfsError as e:  # (the engine logged the key)
+                geo, why = plan.resolve(None, None)
                 why = f"its coordinates could not be read: {e}"
-                y_values = x_values = None
-            geo, irregular = plan.resolve(y_values, x_values)
-            why = why or irregular
         elif plan.geotransform is not None:
-            geo, _ = plan.resolve(None, None)
+            geo, why = plan.resolve(None, None)
         if why is not None and self._said.first(meta.path):
             where = "not georeferenced" if geo is None else "placed without a CRS" if geo.crs is None else "placed"
             log.info("%s: %s: its image views are %s", meta.path, why, where)

@@ -1,10 +1,11 @@
 """Where a CF raster lies on the Earth: its CRS, geotransform and NoData, from `grid_mapping` and 1-D coordinates.
 
 An array of 2 or 3 dimensions (band, y, x) is georeferenced from what xarray and rioxarray
-write beside it in its group: the variable its `grid_mapping` attribute names (`crs_wkt` or
-`spatial_ref` WKT, a GDAL `GeoTransform`, or `grid_mapping_name: latitude_longitude`), and
-regular 1-D coordinate arrays named as its last two dimensions (x/y, or lat/lon, which need
-no grid_mapping: WGS 84, as GDAL's netCDF driver takes them). Pixels are areas: the origin is
+write beside it in its group: the variable its `grid_mapping` attribute names, else the first
+of its `coordinates` with a WKT, as rioxarray reads them (`crs_wkt` or `spatial_ref` WKT, a
+GDAL `GeoTransform`, or `grid_mapping_name: latitude_longitude`), and evenly spaced 1-D
+coordinate arrays named as its last two dimensions (x/y, or lat/lon: these need no grid
+mapping, and are taken as WGS 84 when none names a CRS). Pixels are areas: the origin is
 the outer corner of the first pixel, half a step before the first coordinate. The EPSG code is
 read from the WKT's own AUTHORITY/ID. Pure: the caller reads the coordinates' values
 (`Plan.y`, `Plan.x`) and hands them to `Plan.resolve`.
@@ -26,11 +27,11 @@ from .netcdf import dimension_names, fill_value_of
 # GDAL's geotransform: x = gt[0] + col*gt[1] + row*gt[2], y = gt[3] + col*gt[4] + row*gt[5].
 GeoTransform = tuple[float, float, float, float, float, float]
 
-# WKT of WGS 84 (EPSG:4326), longitude first, for lat/lon coordinates without a grid_mapping.
+# WKT of WGS 84 (EPSG:4326, as rioxarray writes it) for lat/lon coordinates that name no CRS.
 WGS84_WKT = (
     'GEOGCS["WGS 84",DATUM["WGS_1984",SPHEROID["WGS 84",6378137,298.257223563,AUTHORITY["EPSG","7030"]],'
     'AUTHORITY["EPSG","6326"]],PRIMEM["Greenwich",0,AUTHORITY["EPSG","8901"]],'
-    'UNIT["degree",0.0174532925199433,AUTHORITY["EPSG","9122"]],AXIS["Longitude",EAST],AXIS["Latitude",NORTH],'
+    'UNIT["degree",0.0174532925199433,AUTHORITY["EPSG","9122"]],AXIS["Latitude",NORTH],AXIS["Longitude",EAST],'
     'AUTHORITY["EPSG","4326"]]'
 )
 # Root keywords of WKT 1 and WKT 2 by the kind of CRS they name.
@@ -263,8 +264,8 @@ class Plan:
     def resolve(
         self, y_values: np.ndarray | None, x_values: np.ndarray | None
     ) -> tuple[GeoReference | None, str | None]:
-        """The georeference from the coordinates' values, or None and why not (not evenly
-        spaced, and no GeoTransform)."""
+        """The georeference from the coordinates' values (None: not evenly spaced, and no
+        GeoTransform), and what the log should say of it (None: nothing)."""
         gt = None
         if y_values is not None and x_values is not None:
             ys, xs = _regular(y_values), _regular(x_values)
@@ -273,8 +274,8 @@ class Plan:
                 gt = (x0 - dx / 2, dx, 0.0, y0 - dy / 2, 0.0, dy)
         gt = gt or self.geotransform
         if gt is None:
-            return None, "its coordinates are not evenly spaced"
-        return GeoReference(gt, self.crs, self.nodata), None
+            return None, self.why or "its coordinates are not evenly spaced"
+        return GeoReference(gt, self.crs, self.nodata), self.why
 
 
 def _regular(values: np.ndarray) -> tuple[float, float] | None:
@@ -300,9 +301,39 @@ def may_be_raster(meta: ArrayMeta) -> bool:
     return 2 <= len(meta.shape) <= 3 and (named or _attr_text(meta.attributes, "grid_mapping") is not None)
 
 
+def _grid_mapping(meta: ArrayMeta, arrays: dict[str, ArrayMeta]) -> tuple[ArrayMeta | None, str | None]:
+    """The array holding the CRS of `meta` (None: none, and why not when it names one): the one its
+    `grid_mapping` names, else (as rioxarray reads it) the first of its `coordinates` with a WKT."""
+    name = _attr_text(meta.attributes, "grid_mapping")
+    if name is not None:
+        # CF's extended form "crs: x y [crs2: lat lon]" names the first grid mapping first.
+        name = name.split(":", 1)[0].split()[0] if name.split(":", 1)[0].split() else name
+        mapping = arrays.get(name)
+        return mapping, None if mapping is not None else f"its grid_mapping {name!r} is no array of its group"
+    for name in (_attr_text(meta.attributes, "coordinates") or "").split():
+        mapping = arrays.get(name)
+        if mapping is not None and any(_attr_text(mapping.attributes, k) for k in ("crs_wkt", "spatial_ref")):
+            return mapping, None
+    return None, None
+
+
+def _crs_of_mapping(mapping: ArrayMeta) -> tuple[Crs | None, GeoTransform | None, str | None]:
+    """The CRS and GeoTransform a grid mapping variable holds, and why it has no CRS (None: it has one)."""
+    name = mapping.path.rsplit("/", 1)[-1]
+    gt = _geotransform_attribute(mapping.attributes.get("GeoTransform"))
+    wkt = _attr_text(mapping.attributes, "crs_wkt") or _attr_text(mapping.attributes, "spatial_ref")
+    if wkt is not None and len(wkt) > MAX_WKT_CHARS:
+        return None, gt, f"the WKT of its grid_mapping {name!r} is longer than {MAX_WKT_CHARS} characters"
+    if wkt is not None:
+        return crs_of_wkt(wkt), gt, None
+    if mapping.attributes.get("grid_mapping_name") == "latitude_longitude":
+        return crs_of_wkt(WGS84_WKT), gt, None
+    return None, gt, f"its grid_mapping {name!r} has no crs_wkt or spatial_ref"
+
+
 def plan(meta: ArrayMeta, siblings: list[Node]) -> Plan | None:
     """How to georeference `meta` from the nodes of its group (None: it is no CF raster, nothing
-    to say; a Plan with `why`: a CF raster that cannot be georeferenced)."""
+    to say; a Plan with `why`: a CF raster that cannot be georeferenced, or has no CRS)."""
     if not 2 <= len(meta.shape) <= 3:
         return None
     arrays = {n.path.rsplit("/", 1)[-1]: n for n in siblings if isinstance(n, ArrayMeta) and n.path != meta.path}
@@ -310,37 +341,23 @@ def plan(meta: ArrayMeta, siblings: list[Node]) -> Plan | None:
     y_name, x_name = dims[-2], dims[-1]
     y = _coordinate(y_name, meta.shape[-2], arrays)
     x = _coordinate(x_name, meta.shape[-1], arrays)
-    crs, gt, why = None, None, None
-    mapping_name = _attr_text(meta.attributes, "grid_mapping")
-    if mapping_name is not None:
-        # CF's extended form "crs: x y [crs2: lat lon]" names the first grid mapping first.
-        mapping_name = mapping_name.split(":", 1)[0].split()[0]
-        mapping = arrays.get(mapping_name)
-        if mapping is None:
-            why = f"its grid_mapping {mapping_name!r} is no array of its group"
-        else:
-            wkt = _attr_text(mapping.attributes, "crs_wkt") or _attr_text(mapping.attributes, "spatial_ref")
-            if wkt is not None and len(wkt) > MAX_WKT_CHARS:
-                why = f"the WKT of its grid_mapping {mapping_name!r} is longer than {MAX_WKT_CHARS} characters"
-            elif wkt is not None:
-                crs = crs_of_wkt(wkt)
-            elif mapping.attributes.get("grid_mapping_name") == "latitude_longitude":
-                crs = crs_of_wkt(WGS84_WKT)
-            else:
-                why = f"its grid_mapping {mapping_name!r} has no crs_wkt or spatial_ref"
-            gt = _geotransform_attribute(mapping.attributes.get("GeoTransform"))
+    mapping, why = _grid_mapping(meta, arrays)
+    crs, gt = None, None
+    if mapping is not None:
+        crs, gt, why = _crs_of_mapping(mapping)
+    mapped = mapping is not None or why is not None  # a grid mapping says this is a map
     if y is not None and x is not None:
         axes = (_axis_of(y_name, y), _axis_of(x_name, x))
         if axes[0] in ("x", "lon") or axes[1] in ("y", "lat"):
             return Plan(why=f"its last two dimensions {y_name!r}, {x_name!r} are x then y (transposed)")
-        if mapping_name is None and (axes[0] not in ("y", "lat") or axes[1] not in ("x", "lon")):
+        if not mapped and (axes[0] not in ("y", "lat") or axes[1] not in ("x", "lon")):
             return None  # coordinates of something else (time, depth): not a map
-        if crs is None and mapping_name is None and axes == ("lat", "lon"):
-            crs = crs_of_wkt(WGS84_WKT)  # as GDAL's netCDF driver assumes
+        if crs is None and not mapped and axes == ("lat", "lon"):
+            crs = crs_of_wkt(WGS84_WKT)  # latitude and longitude with no datum named: WGS 84
     else:
         y = x = None
     if y is None and gt is None:
-        if mapping_name is None:
+        if not mapped:
             return None
         return Plan(why=why or "no evenly spaced 1-D coordinates named as its last two dimensions, no GeoTransform")
     return Plan(y, x, crs, gt, nodata_of(meta), why)

@@ -60,6 +60,8 @@ STATISTICS_PREFIX = "STATISTICS_"
 # Attributes GDAL adds to a band when it writes a VRT back: block sizes of its own cache,
 # which change no value read.
 GDAL_ADDED_BAND_ATTRIBUTES = ("blockXSize", "blockYSize")
+# ENVI header items GDAL may leave out of the ENVI metadata it copies into an .aux.xml.
+ENVI_GEOREFERENCE_ITEMS = {"map_info", "coordinate_system_string"}
 # A band number in an .aux.xml: ASCII digits only (str.isdigit also takes superscripts, which
 # int() refuses), and few enough of them for int() (which refuses thousands).
 BAND_NUMBER = re.compile(r"[1-9][0-9]{0,8}")
@@ -266,8 +268,8 @@ def pam_statistics(written: bytes, meta: ArrayMeta, geo: GeoReference | None = N
         return None
     for child in tree:
         if child.tag == "Metadata":
-            domain = child.get("domain")
-            if domain not in derived or _items(child) != derived[domain]:
+            domain, items = child.get("domain"), _items(child)
+            if domain not in derived or items is None or not _copied(items, derived[domain]):
                 return None
         elif (
             child.tag == "PAMRasterBand"
@@ -282,6 +284,13 @@ def pam_statistics(written: bytes, meta: ArrayMeta, geo: GeoReference | None = N
         else:
             return None
     return statistics
+
+
+def _copied(items: dict[str, str], derived: dict[str, str]) -> bool:
+    """Whether `items` are the metadata GDAL copies from `derived` (it leaves out an ENVI map
+    info it has read as the georeference)."""
+    left_out = derived.keys() - items.keys()
+    return left_out <= ENVI_GEOREFERENCE_ITEMS and all(derived.get(k) == v for k, v in items.items())
 
 
 def _band_statistics(band: ElementTree.Element) -> dict[str, str] | None:
