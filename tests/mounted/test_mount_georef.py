@@ -21,6 +21,7 @@ import pyproj
 import pytest
 import tifffile
 
+from support import mounting
 from support.georasters import UTM_NODATA, UTM_ORIGIN, UTM_PIXEL_M, latlon_store, utm_store
 
 VIEWS = ".zarrfs"
@@ -179,3 +180,31 @@ def test_gdal_saves_statistics_into_georeferenced_views(mnts):
             means = [float(b.find("Metadata/MDI[@key='STATISTICS_MEAN']").text) for b in bands]
             assert means == pytest.approx(valid.mean(axis=(1, 2)).filled(), rel=1e-9), saved
     assert gdalinfo(files["vrt"])["geoTransform"] == pytest.approx([*UTM_ORIGIN[:1], 10, 0, UTM_ORIGIN[1], 0, -10])
+
+
+def test_bad_coordinates_or_wkt_leave_the_views_readable(mount, tmp_path):
+    """A coordinate chunk that cannot be decoded: the raster is placed by the GeoTransform
+    rioxarray wrote beside its WKT, and the log names the chunk's key once. A WKT that is no WKT:
+    placed without a CRS, the log says why. The pixels read as ever."""
+    import zarr
+
+    root = utm_store(tmp_path, 3)
+    (root / "x" / "c" / "0").write_bytes(b"not a zstd frame")
+    mnt = mount(root)
+    files = views(mnt, "band_data")
+    for view in ("vrt", "tiff", "envi"):
+        info = gdalinfo(files[view])
+        assert info["geoTransform"] == pytest.approx([*UTM_ORIGIN[:1], 10, 0, UTM_ORIGIN[1], 0, -10])
+        assert epsg(info) == 32633
+    assert len(mounting.log_lines_naming(mount.log_text(mnt), "x/c/0")) == 1
+    want = zarr.open_array(root / "band_data", mode="r")[...]
+    np.testing.assert_array_equal(tifffile.imread(files["tiff"]), want)
+
+    attrs = json.loads((root / "spatial_ref" / "zarr.json").read_text())
+    attrs["attributes"].update(crs_wkt="not a WKT", spatial_ref="PROJCS[nothing")
+    (root / "spatial_ref" / "zarr.json").write_text(json.dumps(attrs))
+    (mnt / VIEWS / "refresh").read_bytes()
+    info = gdalinfo(files["vrt"])
+    assert "coordinateSystem" not in info and info["geoTransform"][0] == UTM_ORIGIN[0]
+    assert "grid_mapping 'spatial_ref' is no WKT" in mount.log_text(mnt)
+    assert "coordinate system string" not in (mnt / VIEWS / "raw" / "band_data.hdr").read_text()

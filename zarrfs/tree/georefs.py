@@ -70,8 +70,8 @@ class Georefs:
             try:
                 geo, why = plan.resolve(await self._values(plan.y), await self._values(plan.x))
             except ZarrfsError as e:  # (the engine logged the key)
-                geo, why = plan.resolve(None, None)
-                why = f"its coordinates could not be read: {e}"
+                geo, _ = plan.resolve(None, None)
+                why = "; ".join(w for w in (f"its coordinates could not be read: {e}", plan.why) if w)
         elif plan.geotransform is not None:
             geo, why = plan.resolve(None, None)
         if why is not None and self._said.first(meta.path):

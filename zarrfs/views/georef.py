@@ -324,6 +324,8 @@ def _crs_of_mapping(mapping: ArrayMeta) -> tuple[Crs | None, GeoTransform | None
     wkt = _attr_text(mapping.attributes, "crs_wkt") or _attr_text(mapping.attributes, "spatial_ref")
     if wkt is not None and len(wkt) > MAX_WKT_CHARS:
         return None, gt, f"the WKT of its grid_mapping {name!r} is longer than {MAX_WKT_CHARS} characters"
+    if wkt is not None and _parse(wkt) is None:
+        return None, gt, f"the crs_wkt/spatial_ref of its grid_mapping {name!r} is no WKT"
     if wkt is not None:
         return crs_of_wkt(wkt), gt, None
     if mapping.attributes.get("grid_mapping_name") == "latitude_longitude":
