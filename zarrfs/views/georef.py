@@ -188,20 +188,32 @@ def _attr_text(attributes: dict[str, Any], key: str) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
-def _axis_of(name: str, meta: ArrayMeta | None) -> str | None:
-    """ "lat", "lon", "x", "y" or None: what a dimension's name and its coordinate's CF attributes say."""
+class Axis(Enum):
+    """What a dimension's coordinate measures."""
+
+    X = "x"
+    Y = "y"
+    LAT = "latitude"
+    LON = "longitude"
+
+
+NORTHINGS, EASTINGS = (Axis.Y, Axis.LAT), (Axis.X, Axis.LON)
+
+
+def _axis_of(name: str, meta: ArrayMeta | None) -> Axis | None:
+    """What a dimension's name and its coordinate's CF attributes say it measures (None: neither)."""
     attrs = meta.attributes if meta is not None else {}
     standard = (_attr_text(attrs, "standard_name") or "").lower()
     units = (_attr_text(attrs, "units") or "").lower().replace(" ", "_")
     axis = (_attr_text(attrs, "axis") or "").upper()
     if standard == "latitude" or units in LAT_UNITS or name.lower() in LAT_NAMES:
-        return "lat"
+        return Axis.LAT
     if standard == "longitude" or units in LON_UNITS or name.lower() in LON_NAMES:
-        return "lon"
+        return Axis.LON
     if axis == "Y" or standard == "projection_y_coordinate" or name.lower() in ("y", "northing", "rlat"):
-        return "y"
+        return Axis.Y
     if axis == "X" or standard == "projection_x_coordinate" or name.lower() in ("x", "easting", "rlon"):
-        return "x"
+        return Axis.X
     return None
 
 
@@ -350,11 +362,11 @@ def plan(meta: ArrayMeta, siblings: list[Node]) -> Plan | None:
     mapped = mapping is not None or why is not None  # a grid mapping says this is a map
     if y is not None and x is not None:
         axes = (_axis_of(y_name, y), _axis_of(x_name, x))
-        if axes[0] in ("x", "lon") or axes[1] in ("y", "lat"):
+        if axes[0] in EASTINGS or axes[1] in NORTHINGS:
             return Plan(why=f"its last two dimensions {y_name!r}, {x_name!r} are x then y (transposed)")
-        if not mapped and (axes[0] not in ("y", "lat") or axes[1] not in ("x", "lon")):
+        if not mapped and (axes[0] not in NORTHINGS or axes[1] not in EASTINGS):
             return None  # coordinates of something else (time, depth): not a map
-        if crs is None and not mapped and axes == ("lat", "lon"):
+        if crs is None and not mapped and axes == (Axis.LAT, Axis.LON):
             crs = crs_of_wkt(WGS84_WKT)  # latitude and longitude with no datum named: WGS 84
     else:
         y = x = None
