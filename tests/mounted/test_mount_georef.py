@@ -208,3 +208,17 @@ def test_bad_coordinates_or_wkt_leave_the_views_readable(mount, tmp_path):
     assert "coordinateSystem" not in info and info["geoTransform"][0] == UTM_ORIGIN[0]
     assert "grid_mapping 'spatial_ref' is no WKT" in mount.log_text(mnt)
     assert "coordinate system string" not in (mnt / VIEWS / "raw" / "band_data.hdr").read_text()
+
+
+def test_the_georeference_loads_only_the_coordinates_once(mount, tmp_path):
+    """Placing the three views of a raster loads the chunks of its x and y coordinates (one each,
+    as xarray writes them) once, and no chunk of the raster itself."""
+    root = utm_store(tmp_path, 3)
+    mnt = mount(root)
+    before = json.loads((mnt / VIEWS / "stats.json").read_text())
+    for path in views(mnt, "band_data").values():
+        os.stat(path)
+    os.stat(mnt / VIEWS / "raw" / "band_data.hdr")
+    (mnt / VIEWS / "gdal" / "band_data.vrt").read_bytes()
+    after = json.loads((mnt / VIEWS / "stats.json").read_text())
+    assert after["cache_misses"] - before["cache_misses"] == 2, (before, after)
