@@ -189,15 +189,20 @@ def test_a_crs_without_an_epsg_code_gets_no_geokeys_of_a_crs():
     assert int(meta["GTRasterTypeGeoKey"]) == 1
 
 
-def test_a_tiff_header_fits_with_the_longest_geotiff_tags():
-    """header_fits (which decides whether an array has a TIFF view, before its georeference is
-    known) holds for the largest header of every page carrying the longest tags."""
+def test_geotiff_tags_go_on_every_page_while_the_header_allows():
+    """header_fits decides whether an array has a TIFF view before its georeference is known: an
+    array with as many pages as it allows still gets its TIFF, the tags on its first page alone.
+    (Pages of 1 GiB, in 1024 strips: few pages fill the header.)"""
     crs = Crs("x", CrsKind.PROJECTED, 32633, "n" * 1000)
     geo = GeoReference((1e300, -1e-300, 1.5, -1e300, 2.5, 1e-300), crs, -1.2345678901234567e-300)
-    dtype = np.dtype("<f4")
+    dtype, page = np.dtype("<f4"), (65536, 4096)
     lo, hi = 1, 1 << 20  # the most pages header_fits accepts
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if tiff.header_fits(dtype, (mid, 2, 2)) else (lo, mid - 1)
-    head = tiff.header(dtype, (lo, 2, 2), "", tiff.geo_tags(geo))
-    assert len(head) <= tiff.MAX_HEADER_BYTES + tiff.DATA_ALIGN
+        lo, hi = (mid, hi) if tiff.header_fits(dtype, (mid, *page)) else (lo, mid - 1)
+    for pages, every in ((lo, False), (lo // 10, True)):
+        head = tiff.header(dtype, (pages, *page), "", tiff.geo_tags(geo))
+        with tifffile.TiffFile(io.BytesIO(head)) as tf:  # (its pixels left out: tags alone are read)
+            tagged = [tiff.GEO_KEY_DIRECTORY in tf.pages[i].tags for i in (0, 1, pages - 1)]
+            assert tf.pages[0].geotiff_tags["ProjectedCSTypeGeoKey"] == 32633
+        assert tagged == [True, every, every]

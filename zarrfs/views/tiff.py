@@ -47,9 +47,6 @@ PIXEL_IS_AREA = 1
 EPSG_KEY_MAX = 32766
 # A CRS name longer than this is cut in the citation (readers show it; the EPSG code is what counts).
 CITATION_MAX_CHARS = 200
-# The most the GeoTIFF tags add to a page: 6 entries, 128 bytes of transformation, 5 keys,
-# the citation and the NoData text, with room to spare.
-GEO_TAGS_MAX_BYTES = 1024
 
 
 def supported(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
@@ -65,12 +62,21 @@ def supported(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
     )
 
 
-def header_fits(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
+def header_fits(dtype: np.dtype, shape: tuple[int, ...], geo: Tags = ()) -> bool:
     """Whether the header stays within MAX_HEADER_BYTES (a bound from BigTIFF's sizes,
-    the larger encoding, without building it)."""
+    the larger encoding, without building it), with `geo` tags on every page."""
     rows_per_strip, n_strips = _strips(shape[-2], shape[-1] * dtype.itemsize)
-    per_page = 8 + 13 * 20 + 8 + (2 * 8 * n_strips if n_strips > 1 else 0) + GEO_TAGS_MAX_BYTES
+    per_page = 8 + 13 * 20 + 8 + (2 * 8 * n_strips if n_strips > 1 else 0) + _tags_bound(geo)
     return 16 + math.prod(shape[:-2]) * per_page + 2 * MAX_DESCRIPTION_BYTES <= MAX_HEADER_BYTES
+
+
+def _tags_bound(tags: Tags) -> int:
+    """The most `tags` add to a BigTIFF IFD: an entry each, and their values (8 bytes a number), padded."""
+    total = 0
+    for _, _, value in tags:
+        size = len(value) if isinstance(value, bytes) else 8 * len(value) if isinstance(value, (list, tuple)) else 8
+        total += 20 + size + size % 2
+    return total
 
 
 def pixel_dtype(dtype: np.dtype) -> np.dtype:
@@ -177,10 +183,17 @@ def _strips(rows: int, row_bytes: int) -> tuple[int, int]:
 
 
 def _build(
-    lay: _Layout, dtype: np.dtype, shape: tuple[int, ...], desc: bytes, data_at: int | None, geo: Tags = ()
+    lay: _Layout,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    desc: bytes,
+    data_at: int | None,
+    geo: Tags = (),
+    geo_pages: int = 0,
 ) -> bytes:
     """The header with pixel data at `data_at`, padded up to it (None: unpadded, offsets left 0,
-    for its length, which the offsets' values do not change); `geo`: tags of every page."""
+    for its length, which the offsets' values do not change); `geo`: tags of the first
+    `geo_pages` pages."""
     rows, cols = shape[-2], shape[-1]
     pages = math.prod(shape[:-2])
     row_bytes = cols * dtype.itemsize
@@ -195,7 +208,7 @@ def _build(
         start = p * page_bytes + (data_at or 0)
         offsets = [0 if data_at is None else start + s * rows_per_strip * row_bytes for s in range(n_strips)]
         tags = _page_tags(lay, dtype, rows, cols, offsets, counts, rows_per_strip, desc if p == 0 else None)
-        tags += geo
+        tags += geo if p < geo_pages else ()
         size = _ifd_size(lay, tags)
         if at + size > MAX_HEADER_BYTES:
             raise ValueError(f"TIFF header of {pages} pages exceeds {MAX_HEADER_BYTES} bytes")
@@ -208,20 +221,27 @@ def _build(
 def header(dtype: np.dtype, shape: tuple[int, ...], desc: str = "", geo: Tags = ()) -> bytes:
     """The TIFF bytes before the pixels of an array of `shape` whose pixels are `dtype`
     (little-endian, as `pixel_dtype` gives): BigTIFF when the whole file passes 4 GiB.
-    `geo`: the GeoTIFF tags every page carries (`geo_tags`).
+    `geo`: the GeoTIFF tags (`geo_tags`) every page carries, or the first one alone when
+    they would take the header past MAX_HEADER_BYTES (`header_fits` leaves room there for
+    what one page carries).
 
     ValueError when the array cannot be a TIFF or its header would pass MAX_HEADER_BYTES.
     """
     if not supported(dtype, shape):
         raise ValueError(f"no TIFF of a {dtype} array of shape {shape}")
     desc_bytes = desc.encode("ascii", "backslashreplace") + b"\0"
+    pages = math.prod(shape[:-2])
+    return _header(dtype, shape, desc_bytes, geo, pages if header_fits(dtype, shape, geo) else 1)
+
+
+def _header(dtype: np.dtype, shape: tuple[int, ...], desc: bytes, geo: Tags, geo_pages: int) -> bytes:
     data_bytes = math.prod(shape) * dtype.itemsize
     for big in (False, True):
         lay = _Layout(big)
-        length = len(_build(lay, dtype, shape, desc_bytes, None, geo))
+        length = len(_build(lay, dtype, shape, desc, None, geo, geo_pages))
         data_at = -(-length // DATA_ALIGN) * DATA_ALIGN
         if big or data_at + data_bytes <= CLASSIC_MAX_BYTES:
-            return _build(lay, dtype, shape, desc_bytes, data_at, geo)
+            return _build(lay, dtype, shape, desc, data_at, geo, geo_pages)
     raise AssertionError("unreachable")
 
 
