@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Georeferences kept (each a few hundred bytes and its WKT, shared with the store's node): the
+# oldest is dropped first, and made again when next needed.
+MAX_KEPT = 4096
+
 
 class Georefs:
     """GeoReference of arrays by path, with the node it was made for (None: not georeferenced)."""
@@ -44,6 +48,9 @@ class Georefs:
         async def make() -> GeoReference | None:
             geo = await self._make(meta)
             if epoch == self.ns.freshness.epoch:  # (else made before a refresh: its callers' alone)
+                self._kept.pop(meta.path, None)
+                if len(self._kept) >= MAX_KEPT:
+                    self._kept.pop(next(iter(self._kept)))
                 self._kept[meta.path] = (meta, geo)
             return geo
 
