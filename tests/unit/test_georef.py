@@ -206,3 +206,32 @@ def test_geotiff_tags_go_on_every_page_while_the_header_allows():
             tagged = [tiff.GEO_KEY_DIRECTORY in tf.pages[i].tags for i in (0, 1, pages - 1)]
             assert tf.pages[0].geotiff_tags["ProjectedCSTypeGeoKey"] == 32633
         assert tagged == [True, every, every]
+
+
+# --- GDAL's statistics rewrites -----------------------------------------------------------------
+
+
+def test_a_gdal_style_rewrite_of_a_georeferenced_vrt_keeps_its_statistics(tmp_path):
+    """GDAL writes the VRT back with the SRS as WKT 1 of its own and its axis mapping, the
+    GeoTransform and NoData in its own number formats, and the statistics: only they are new.
+    Another CRS, origin or NoData value is a change (refused)."""
+    from zarrfs.views import images
+
+    root = utm_store(tmp_path, 3)
+    geo, _ = georeference(root, "band_data")
+    _, _, meta = open_node(str(root), "band_data")
+    ours = images.vrt(meta, "band_data.npy", geo=geo).decode()
+    srs_text = ours[ours.index("<SRS>") : ours.index("</SRS>") + 6]
+
+    def rewrite(epsg=32633, x0="5.0000000000000000e+05", nodata="-9.99900000000000E+03"):
+        wkt = pyproj.CRS.from_epsg(epsg).to_wkt("WKT1_GDAL").replace('"', "&quot;")
+        text = ours.replace(srs_text, f'<SRS dataAxisToSRSAxisMapping="1,2">{wkt}</SRS>')
+        text = text.replace("5.0000000000000000e+05", x0).replace(">-9999<", f">{nodata}<")
+        stats = '<Metadata><MDI key="STATISTICS_MEAN">1.5</MDI></Metadata>'
+        return text.replace('subClass="VRTRawRasterBand">', 'subClass="VRTRawRasterBand">' + stats).encode()
+
+    assert images.vrt_statistics(rewrite(), meta, "band_data.npy", geo) == [{"STATISTICS_MEAN": "1.5"}] * 3
+    assert images.vrt_statistics(rewrite(x0="500000.0"), meta, "band_data.npy", geo) is not None
+    assert images.vrt_statistics(rewrite(epsg=32634), meta, "band_data.npy", geo) is None
+    assert images.vrt_statistics(rewrite(x0="5.0000000000000010e+05"), meta, "band_data.npy", geo) is None
+    assert images.vrt_statistics(rewrite(nodata="0"), meta, "band_data.npy", geo) is None

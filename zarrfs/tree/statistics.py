@@ -39,8 +39,8 @@ class SavedStatistics:
         """A rewrite of a file that saves statistics: keep the ones it adds (False, and nothing
         kept, when it changes anything else)."""
         meta, epoch = entry.node, self._epoch
+        geo = await self.ns.georefs.of(meta)  # (the text GDAL rewrote was made with it)
         # Parsed in a worker thread: a text of thousands of bands takes a while.
-        geo = await self.ns.georefs.of(meta)
         if entry.kind is Kind.PAM:
             statistics = await self.engine.run_cpu(images.pam_statistics, written, meta, geo)
         else:

@@ -317,19 +317,26 @@ def _same_tree(a: ElementTree.Element, b: ElementTree.Element) -> bool:
     )
 
 
-def _same_number(text: str | None, value: float) -> bool:
-    """Whether GDAL's text of a number is `value` (printed in full, or as a float32)."""
+def _same_number(text: str | None, value: float, single: bool = False) -> bool:
+    """Whether GDAL's text of a number is `value` (printed in full, or with `single`, as a float32:
+    a NoData value of a float32 band)."""
     try:
         got = float((text or "").strip())
     except ValueError:
         return False
-    return got == value or (math.isnan(got) and math.isnan(value)) or np.float32(got) == np.float32(value)
+    if got == value or (math.isnan(got) and math.isnan(value)):
+        return True
+    if not single:
+        return False
+    with np.errstate(over="ignore"):
+        single = np.float32(value)
+        return bool(np.isfinite(single) and np.float32(got) == single)
 
 
 def _drop_own_nodata(band: ElementTree.Element, geo: GeoReference | None) -> None:
     """Take out of `band` the NoDataValue GDAL copied from the view (its own value only)."""
     for element in band.findall("NoDataValue"):
-        if geo is not None and geo.nodata is not None and _same_number(element.text, geo.nodata):
+        if geo is not None and geo.nodata is not None and _same_number(element.text, geo.nodata, single=True):
             band.remove(element)
 
 
@@ -343,7 +350,12 @@ def _own_georeference(tree: ElementTree.Element, ours: ElementTree.Element, geo:
     if srs is not None and own_srs is not None and geo.crs is not None:
         srs.attrib.pop("dataAxisToSRSAxisMapping", None)
         said = " ".join((srs.text or "").split())
-        if said == own_srs.text or (geo.crs.epsg is not None and crs_of_wkt(said).epsg == geo.crs.epsg):
+        again = crs_of_wkt(said)
+        if (
+            said == own_srs.text
+            or (geo.crs.epsg is not None and again.epsg == geo.crs.epsg)
+            or (geo.crs.epsg is None and geo.crs.name is not None and again.name == geo.crs.name)
+        ):
             srs.text = own_srs.text
     transform = tree.find("GeoTransform")
     if transform is not None:
@@ -353,7 +365,7 @@ def _own_georeference(tree: ElementTree.Element, ours: ElementTree.Element, geo:
     if geo.nodata is not None:
         for band in tree.findall("VRTRasterBand"):
             for element in band.findall("NoDataValue"):
-                if _same_number(element.text, geo.nodata):
+                if _same_number(element.text, geo.nodata, single=True):
                     element.text = number_text(geo.nodata)
 
 
