@@ -222,3 +222,26 @@ def test_the_georeference_loads_only_the_coordinates_once(mount, tmp_path):
     (mnt / VIEWS / "gdal" / "band_data.vrt").read_bytes()
     after = json.loads((mnt / VIEWS / "stats.json").read_text())
     assert after["cache_misses"] - before["cache_misses"] == 2, (before, after)
+
+
+def test_gdal_saves_histograms_into_the_views(mnts):
+    """gdalinfo -hist (what QGIS asks for when it draws a layer) saves each band's histogram into
+    the VRT and the raw view's .aux.xml: both keep it, with the counts GDAL printed, and the next
+    gdalinfo -hist prints it without an error or a warning."""
+    mnt, _ = mnts["utm"]
+    files = views(mnt, "band_data")
+    (mnt / VIEWS / "refresh").read_bytes()
+    printed = {}
+    for view in ("vrt", "envi", "vrt"):
+        r = subprocess.run(
+            ["gdalinfo", "-hist", files[view]], capture_output=True, text=True, timeout=120, env=GDAL_ENV
+        )
+        assert r.returncode == 0 and not re.search(r"\b(ERROR|Warning)\b", r.stdout + r.stderr), r.stderr
+        found = re.findall(r"(\d+) buckets from (\S+) to (\S+):\n\s*([\d ]+)\n", r.stdout)
+        assert len(found) == 3, r.stdout
+        printed.setdefault(view, [[int(c) for c in counts.split()] for _, _, _, counts in found])
+    for view, saved in (("vrt", files["vrt"]), ("envi", files["envi"] + ".aux.xml")):
+        root_element = ElementTree.parse(saved).getroot()
+        bands = [*root_element.iter("VRTRasterBand"), *root_element.iter("PAMRasterBand")]
+        kept = [[int(c) for c in b.find("Histograms/HistItem/HistCounts").text.split("|")] for b in bands]
+        assert kept == printed[view] and sum(kept[0]) == 6 * 8 - 3, saved  # (3 NoData pixels in band 1)

@@ -1,4 +1,4 @@
-"""Band statistics GDAL saved into gdal/PATH.vrt or raw/PATH.raw.aux.xml, kept for the mount's life."""
+"""Band statistics and histograms GDAL saved into gdal/PATH.vrt or raw/PATH.raw.aux.xml, kept for the mount's life."""
 
 from __future__ import annotations
 

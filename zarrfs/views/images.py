@@ -17,7 +17,7 @@ import numpy as np
 
 from ..model import ArrayMeta, Node
 from ..tree.kinds import Kind
-from . import preview, tiff
+from . import histograms, preview, tiff
 from .georef import GeoReference, crs_of_wkt, number_text
 from .streams import ArrayStream, npy_header
 
@@ -57,6 +57,8 @@ MAX_VRT_BANDS = 1 << 16
 # Band metadata GDAL saves into a VRT or an .aux.xml when it has computed statistics
 # (gdalinfo -stats): the only change a rewrite of those views may make.
 STATISTICS_PREFIX = "STATISTICS_"
+# Where a band's kept statistics hold its histograms (`<Histograms>` text, histograms.py).
+HISTOGRAMS = "HISTOGRAMS"
 # Attributes GDAL adds to a band when it writes a VRT back: block sizes of its own cache,
 # which change no value read.
 GDAL_ADDED_BAND_ATTRIBUTES = ("blockXSize", "blockYSize")
@@ -192,10 +194,11 @@ def vrt(
     for b in range(bands):
         lines.append(f'  <VRTRasterBand dataType="{gdal_type}" band="{b + 1}" subClass="VRTRawRasterBand">')
         items = statistics[b] if statistics else {}
-        if items:
-            lines += ["    <Metadata>"] + [_mdi(k, v) for k, v in sorted(items.items())] + ["    </Metadata>"]
+        lines += _metadata(items)
         if nodata is not None:
             lines.append(f"    <NoDataValue>{number_text(nodata)}</NoDataValue>")
+        if HISTOGRAMS in items:
+            lines += histograms.lines(items[HISTOGRAMS], "    ")
         lines += [
             f'    <SourceFilename relativeToVRT="1">{source}</SourceFilename>',
             f"    <ImageOffset>{offset + b * rows * cols * item}</ImageOffset>",
@@ -215,12 +218,19 @@ def _gdal_geotransform(geo: GeoReference) -> str:
 
 def max_rewrite_bytes(meta: ArrayMeta) -> int:
     """The most a rewrite of a VRT view or an .aux.xml may hold: a band's text and statistics
-    take under 1 KiB, the header metadata GDAL copies into an .aux.xml a few hundred bytes."""
-    return (4 << 10) * _bands_rows_cols(meta)[0] + (64 << 10)
+    take under 1 KiB, a histogram of 256 buckets about 2 KiB, the header metadata GDAL copies
+    into an .aux.xml a few hundred bytes (and a CRS's WKT: a few KiB)."""
+    return (16 << 10) * _bands_rows_cols(meta)[0] + (64 << 10)
 
 
 def _mdi(key: str, value: str) -> str:
     return f"      <MDI key={quoteattr(key)}>{escape(value)}</MDI>"
+
+
+def _metadata(items: dict[str, str]) -> list[str]:
+    """A band's `<Metadata>` of its kept STATISTICS_* items (none: nothing)."""
+    kept = sorted((k, v) for k, v in items.items() if k != HISTOGRAMS)
+    return ["    <Metadata>"] + [_mdi(k, v) for k, v in kept] + ["    </Metadata>"] if kept else []
 
 
 def pam(meta: ArrayMeta, statistics: list[dict[str, str]] | None = None) -> bytes:
@@ -229,11 +239,9 @@ def pam(meta: ArrayMeta, statistics: list[dict[str, str]] | None = None) -> byte
     lines = ["<PAMDataset>"]
     for b, items in enumerate(statistics or []):
         if items:
-            lines += (
-                [f'  <PAMRasterBand band="{b + 1}">', "    <Metadata>"]
-                + [_mdi(k, v) for k, v in sorted(items.items())]
-                + ["    </Metadata>", "  </PAMRasterBand>"]
-            )
+            lines.append(f'  <PAMRasterBand band="{b + 1}">')
+            lines += histograms.lines(items[HISTOGRAMS], "    ") if HISTOGRAMS in items else []
+            lines += _metadata(items) + ["  </PAMRasterBand>"]
     lines.append("</PAMDataset>")
     return ("\n".join(lines) + "\n").encode()
 
@@ -294,7 +302,8 @@ def _copied(items: dict[str, str], derived: dict[str, str]) -> bool:
 
 
 def _band_statistics(band: ElementTree.Element) -> dict[str, str] | None:
-    """Take a band's STATISTICS_* items out of `band` (None when it holds other metadata)."""
+    """Take a band's STATISTICS_* items and its histograms out of `band` (None when it holds
+    other metadata, or histograms that are not numbers)."""
     items: dict[str, str] = {}
     for md in band.findall("Metadata"):
         found = _items(md)
@@ -302,6 +311,12 @@ def _band_statistics(band: ElementTree.Element) -> dict[str, str] | None:
             return None  # a metadata domain, or other items: more than statistics
         items.update(found)
         band.remove(md)
+    for element in band.findall("Histograms"):
+        text = histograms.canonical(element)
+        if text is None or HISTOGRAMS in items:
+            return None
+        items[HISTOGRAMS] = text
+        band.remove(element)
     for name in GDAL_ADDED_BAND_ATTRIBUTES:
         band.attrib.pop(name, None)
     return items
