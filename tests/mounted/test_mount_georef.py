@@ -245,3 +245,33 @@ def test_gdal_saves_histograms_into_the_views(mnts):
         bands = [*root_element.iter("VRTRasterBand"), *root_element.iter("PAMRasterBand")]
         kept = [[int(c) for c in b.find("Histograms/HistItem/HistCounts").text.split("|")] for b in bands]
         assert kept == printed[view] and sum(kept[0]) == 6 * 8 - 3, saved  # (3 NoData pixels in band 1)
+
+
+def test_a_rotated_geotransform_places_the_vrt_and_the_tiff(mount, tmp_path):
+    """A GDAL GeoTransform attribute with rotation and no coordinates (as GDAL's netCDF writer
+    leaves one): the VRT and the TIFF (ModelTransformation) are placed as it says; ENVI's map
+    info has no shear, so the ENVI view keeps only its NoData value."""
+    import zarr
+
+    root = tmp_path / "rotated.zarr"
+    g = zarr.open_group(root, mode="w", zarr_format=2)
+    a = g.create_array(
+        "a",
+        shape=(4, 5),
+        dtype="f4",
+        fill_value=-1,
+        attributes={"grid_mapping": "crs", "_ARRAY_DIMENSIONS": ["r", "c"]},
+    )
+    a[...] = np.arange(20, dtype="f4").reshape(4, 5)
+    wkt = pyproj.CRS.from_epsg(3857).to_wkt()
+    g.create_array(
+        "crs", shape=(), dtype="i4", attributes={"spatial_ref": wkt, "GeoTransform": "100 2 0.5 900 0.25 -2"}
+    )
+    mnt = mount(root)
+    files = views(mnt, "a")
+    for view in ("vrt", "tiff"):
+        info = gdalinfo(files[view])
+        assert info["geoTransform"] == [100, 2, 0.5, 900, 0.25, -2] and epsg(info) == 3857
+        assert nodata(info) == [-1]  # v2's fill_value, as xarray reads it
+    info = gdalinfo(files["envi"])
+    assert "geoTransform" not in info and nodata(info) == [-1]
