@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .. import grid
 from ..errors import Stale, ZarrfsError
-from ..model import ArrayMeta
-from ..views import images, netcdf, registry
+from ..model import ArrayMeta, GroupMeta
+from ..repeats import LogOnce
+from ..views import images, netcdf, ngff, ometiff, registry
 from ..views.previews import Previews
 from .kinds import Kind
 
@@ -35,6 +38,7 @@ class Contents:
         # logical size until info/ asked for them (docs/REMOTE.md).
         self.stored_sizes_lazy = not ns.hierarchy.store.is_local
         self.previews = Previews(ns.engine)
+        self._ome_said = LogOnce()  # (image, reason) pairs logged
 
     async def settle(self, entry: Entry) -> None:
         """Fill in what an entry's attributes need (after following what the store holds now):
@@ -88,6 +92,12 @@ class Contents:
             entry.stored_bytes = 0
         elif entry.kind is Kind.NETCDF:
             await self._settle_netcdf(entry)
+        elif entry.kind is Kind.OMETIFF:
+            layout = entry.laid_out or await self.ome_tiff(entry.node)
+            if layout is None:
+                raise ZarrfsError(f"ome-tiff/{entry.node.path or ns.root_stem}: the image cannot be shown")
+            entry.lay_out(layout)
+            entry.size = entry.stored_bytes = layout.size
         elif entry.kind is Kind.VERSIONLOG:
             await ns.versions.settle_log(entry)
         else:
@@ -116,6 +126,34 @@ class Contents:
             log.warning("netcdf/%s: left out: %s", group.path or self.ns.root_stem, "; ".join(nc.left_out))
         entry.lay_out(nc)
         entry.size = entry.stored_bytes = nc.size
+
+    async def ome_tiff(self, group: GroupMeta) -> ometiff.OmeTiff | None:
+        """The OME-TIFF of an NGFF image group, or None when it cannot be one (said once in the
+        log, as are levels left out of its pyramid)."""
+        name = group.path or self.ns.root_stem
+        try:
+            img = ngff.image(group.attributes)
+            levels = [await self._level(group.path, path) for path in img.paths]
+            kept, notes = ngff.pyramid(img, levels)
+        except (ngff.NotShown, ZarrfsError) as e:
+            if self._ome_said.first((group.path, str(e))):
+                log.warning("ome-tiff/%s.ome.tif: not shown: %s", name, e)
+            return None
+        for note in notes:
+            if self._ome_said.first((group.path, note)):
+                log.warning("ome-tiff/%s.ome.tif: %s: left out of the pyramid", name, note)
+        ome_type = ngff.pixel_type(kept[0].dtype)
+        xml = ngff.ome_xml(img, img.name or name.rsplit("/", 1)[-1], kept[0].shape, ome_type)
+        return ometiff.OmeTiff(kept, np.dtype(ngff.PIXEL_DTYPES[ome_type]), xml)
+
+    async def _level(self, group: str, path: str) -> ArrayMeta | None:
+        """The array at PATH below GROUP (a child from the group's listing), or None."""
+        full = f"{group}/{path}" if group else path
+        if "/" in path:
+            node = await self.ns.freshness.node_now(full)
+        else:
+            node = next((n for n in await self.ns.listings.nodes_below(group) if n.path == full), None)
+        return node if isinstance(node, ArrayMeta) else None
 
     async def _fits_int32(self, meta: ArrayMeta) -> bool:
         """Whether every value of a (small) 64-bit integer array fits netCDF's int; when its

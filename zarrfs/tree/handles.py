@@ -177,6 +177,26 @@ class NetcdfHandle(Handle):
         return out[0] if len(out) == 1 else b"".join(out)
 
 
+class OmeTiffHandle(Handle):
+    """An image's OME-TIFF file: header bytes made from their offsets, then each level's tiles
+    read through the engine (one read-ahead state per level)."""
+
+    def __init__(self, ns: Namespace, entry: Entry) -> None:
+        super().__init__(ns, entry)
+        self.readaheads: dict[int, ReadAhead] = {}
+
+    async def read(self, offset: int, size: int) -> bytes:
+        out = []
+        for part in self.entry.stream.parts(offset, size):
+            if isinstance(part, bytes):
+                out.append(part)
+            else:
+                level, stream, off, n = part
+                ahead = self.readaheads.setdefault(level, ReadAhead())
+                out.append(await self.ns.engine.read(stream, off, n, readahead=ahead))
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
 class StatisticsRewriteHandle(Handle):
     """gdal/PATH.vrt or raw/PATH.raw.aux.xml opened to be rewritten whole (O_TRUNC), as GDAL does
     to save the statistics it computed: they are kept (read-only mounts too), any other change
@@ -277,6 +297,8 @@ def _handle_for(ns: Namespace, entry: Entry) -> Handle:
         return HeldFileHandle(ns, entry)
     if entry.kind is Kind.NETCDF:
         return NetcdfHandle(ns, entry)
+    if entry.kind is Kind.OMETIFF:
+        return OmeTiffHandle(ns, entry)
     if entry.kind in ARRAY_FILE_KINDS:
         return ArrayHandle(ns, entry)
     return Handle(ns, entry)

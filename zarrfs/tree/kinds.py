@@ -21,6 +21,7 @@ class Kind(enum.Enum):
     SLICE = "slice"  # slice/BASE[SEL].npy
     NETCDF = "netcdf"  # a group's netCDF file
     TIFF = "tiff"  # tiff/PATH.tif
+    OMETIFF = "ome-tiff"  # ome-tiff/IMAGE.ome.tif: an OME-Zarr image group as a pyramidal OME-TIFF
     TEXT = "text"  # ENVI raw/PATH.hdr, gdal/PATH.vrt
     PAM = "pam"  # GDAL's raw/PATH.raw.aux.xml
     PREVIEW = "preview"  # preview/PATH.png

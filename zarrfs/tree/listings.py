@@ -7,12 +7,12 @@ drops them (`invalidate`); a name that cannot be a file name is logged once and 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, ZarrfsError
 from ..formats.base import RESERVED_PREFIX
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
-from ..views import registry
+from ..views import ngff, registry
 from ..views.registry import STATS_FILE, VIEW_DIRS
 from .entries import Entry, Kind, Maker, name_problem
 from .freshness import REFRESH_FILE
@@ -185,10 +185,33 @@ class Listings:
             for name, make in self._node_entry(entry.view, node):
                 if name not in names and self.listable(name, _node_key(node)):
                     names[name] = make
+        if entry.view == registry.OME_TIFF_VIEW and isinstance(entry.node, GroupMeta):
+            await self._ome_tiff_files(entry.node, nodes, names)
         group = self._plain_group(entry)
         if group is not None and (self.hierarchy.store.is_local or ns.writes_allowed):
             await self._plain_files(group, names)
         return names
+
+    async def _ome_tiff_files(self, group: GroupMeta, nodes: list[Node], names: dict[str, Maker]) -> None:
+        """IMAGE.ome.tif of each NGFF image among a group's children (and of the root group itself,
+        named as a root array is), where its levels make one."""
+        images = [n for n in nodes if isinstance(n, GroupMeta) and ngff.is_image(n.attributes)]
+        if group.path == "" and ngff.is_image(group.attributes):
+            images.insert(0, group)
+        for image in images:
+            base = image.path.rsplit("/", 1)[-1] if image.path else self.ns.root_stem
+            name = base + registry.OME_TIFF_SUFFIX
+            if name in names or not self.listable(name, _node_key(image)):
+                continue
+            layout = await self.ns.contents.ome_tiff(image)
+            if layout is not None:
+                names[name] = lambda image=image, layout=layout: self._ome_tiff_entry(image, layout)
+
+    def _ome_tiff_entry(self, image: GroupMeta, layout: Any) -> Entry:
+        entry = self.inodes.new(Kind.OMETIFF, registry.OME_TIFF_VIEW, image)
+        entry.lay_out(layout)
+        entry.size = entry.stored_bytes = layout.size
+        return entry
 
     def _node_entry(self, view: str, node: Node) -> list[tuple[str, Maker]]:
         """(name, maker) of a node's entries in a view directory."""

@@ -28,7 +28,10 @@ ARRAY_VIEWS = {
     "raw": (".raw", "C", False),
     "raw-f": (".raw", "F", False),
 }
-VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", "slice", "netcdf", *images.IMAGE_VIEWS)
+VIEW_DIRS = ("npy-f", "raw", "raw-f", "chunks", "store", "info", "slice", "netcdf", *images.IMAGE_VIEWS, "ome-tiff")
+# The OME-TIFF view: its directories list groups; its files (IMAGE.ome.tif, beside image groups)
+# are listed once their levels are read and found to make one (tree/listings.py).
+OME_TIFF_VIEW, OME_TIFF_SUFFIX = "ome-tiff", ".ome.tif"
 # Views whose directories list groups only: their files are looked up by name (slice/A[SEL].npy).
 LOOKUP_ONLY_VIEWS = ("slice",)
 # Views of groups, not arrays: name -> (file suffix, entry kind) (a group's file sits beside its directory).
@@ -41,6 +44,8 @@ def view_names(view: str, node: Node, base: str) -> list[tuple[str, Kind]]:
     is_array = node.kind == "array"
     if view in images.IMAGE_VIEWS:
         return images.view_names(view, node, base)
+    if view == OME_TIFF_VIEW:
+        return [] if is_array else [(base, Kind.GROUP)]
     if view == "info":
         return [(base + ".json", Kind.INFO)] + ([] if is_array else [(base, Kind.GROUP)])
     if view in GROUP_FILE_VIEWS:
