@@ -1,0 +1,204 @@
+"""Mounted tests of `.zarrfs/ome-tiff/IMAGE.ome.tif`: OME-Zarr images as pyramidal OME-TIFF.
+
+Stores are written by ome-zarr-py and ngff-zarr (NGFF 0.4 on Zarr v2, 0.5 on v3). Oracles:
+tifffile (OME series, levels, tiles, SubIFDs) against zarr-python reading each level;
+bioio-ome-tiff reading the file against bioio-ome-zarr reading the store (through the
+mount's `.zarrfs/store/`); ome-types validating the OME-XML.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+
+from support import ome_stores
+
+OME = Path(".zarrfs") / "ome-tiff"
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ome-stores")
+    labels = {}
+    for version in ("0.4", "0.5"):
+        labels[version] = ome_stores.ome_zarr_image(root / f"ozp{version[-1]}.zarr", version)
+        (root / f"nz{version[-1]}").mkdir()
+        ome_stores.ngff_zarr_images(root / f"nz{version[-1]}", version)
+    fields = ome_stores.ome_zarr_plate(root / "plate.zarr")
+    return root, labels, fields
+
+
+def stats(mnt: Path) -> dict:
+    return json.loads((mnt / ".zarrfs" / "stats.json").read_text())
+
+
+def check_pyramid(path: Path, group, axes: str, level_paths: list[str]) -> str:
+    """tifffile's reading of an OME-TIFF against zarr-python's of the image's levels; its OME-XML."""
+    with tifffile.TiffFile(path) as tf:
+        assert tf.is_ome and tf.is_bigtiff
+        series = tf.series[0]
+        assert series.axes == axes
+        assert len(series.levels) == len(level_paths)
+        for level, sub in zip(series.levels, level_paths):
+            np.testing.assert_array_equal(level.asarray(), group[sub][...])
+        page = tf.pages[0]
+        assert page.is_tiled and len(page.subifds or ()) == len(level_paths) - 1
+        return page.description
+
+
+def dataset_paths(group) -> list[str]:
+    """The levels an image group's NGFF metadata lists (0.5: under `ome`)."""
+    attrs = group.attrs.asdict()
+    ms = attrs.get("ome", attrs)["multiscales"][0]
+    return [d["path"] for d in ms["datasets"]]
+
+
+def validate(xml: str):
+    import ome_types
+
+    return ome_types.from_xml(xml, validate=True)
+
+
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+def test_ome_zarr_py_image_and_labels_as_ome_tiff(mount, stores, version):
+    root, labels, _ = stores
+    store = root / f"ozp{version[-1]}.zarr"
+    mnt = mount(store)
+    group = zarr.open_group(str(store), mode="r")
+    xml = check_pyramid(mnt / OME / f"ozp{version[-1]}.ome.tif", group, "TCZYX", ["s0", "s1", "s2"])
+    px = validate(xml).images[0].pixels
+    assert (px.size_t, px.size_c, px.size_z, px.size_y, px.size_x) == ome_stores.SHAPE_5D
+    assert (px.physical_size_x, px.physical_size_x_unit.value) == (0.25, "µm")
+    assert (px.physical_size_z, px.time_increment, px.time_increment_unit.value) == (0.5, 2.0, "s")
+    assert [c.name for c in px.channels] == [n for n, _ in ome_stores.CHANNELS]
+    # The labels image, and the uint64 one left out with its reason in the log.
+    cells = group["labels/cells"]
+    assert len(dataset_paths(cells)) >= 3
+    check_pyramid(mnt / OME / "labels" / "cells.ome.tif", cells, "ZYX", dataset_paths(cells))
+    assert sorted(os.listdir(mnt / OME / "labels")) == ["cells", "cells.ome.tif", "ids"]
+    log = mount.log_text(mnt)
+    assert "ome-tiff/labels/ids.ome.tif: not shown: OME-TIFF has no pixel type for uint64" in log
+
+
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+def test_bioio_reads_the_ome_tiff_as_bioio_ome_zarr_reads_the_store(mount, stores, version):
+    import bioio_ome_tiff
+    import bioio_ome_zarr
+    from bioio import BioImage
+
+    root, _, _ = stores
+    mnt = mount(root / f"ozp{version[-1]}.zarr")
+    tiff = BioImage(mnt / OME / f"ozp{version[-1]}.ome.tif", reader=bioio_ome_tiff.Reader)
+    store = BioImage(str(mnt / ".zarrfs" / "store"), reader=bioio_ome_zarr.Reader)  # the store's keys, served
+    assert tiff.dims.order == store.dims.order == "TCZYX"
+    assert tiff.dims.shape == store.dims.shape
+    assert tiff.physical_pixel_sizes == store.physical_pixel_sizes
+    assert list(tiff.channel_names) == list(store.channel_names)
+    np.testing.assert_array_equal(tiff.get_image_data("ZYX", T=1, C=2), store.get_image_data("ZYX", T=1, C=2))
+
+
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+def test_ngff_zarr_images_and_a_pyramid_that_reduces_z(mount, stores, version):
+    root, _, _ = stores
+    store = root / f"nz{version[-1]}"
+    mnt = mount(store)
+    xml = check_pyramid(
+        mnt / OME / "yx.zarr.ome.tif",
+        zarr.open_group(str(store / "yx.zarr"), mode="r"),
+        "YX",
+        ["scale0/flat", "scale1/flat", "scale2/flat"],
+    )
+    px = validate(xml).images[0].pixels
+    assert (px.physical_size_y, px.physical_size_x, px.physical_size_x_unit.value) == (0.5, 0.5, "µm")
+    # ngff-zarr's level 1 halves z too: level 0 alone, and the log says so once.
+    check_pyramid(
+        mnt / OME / "zyx.zarr.ome.tif", zarr.open_group(str(store / "zyx.zarr"), mode="r"), "ZYX", ["scale0/image"]
+    )
+    (mnt / OME / "zyx.zarr.ome.tif").read_bytes()
+    log = mount.log_text(mnt)
+    assert log.count("zyx.zarr.ome.tif: level scale1/image is not level 0 reduced in y and x alone") == 1
+
+
+def test_each_field_of_a_plate(mount, stores):
+    root, _, fields = stores
+    mnt = mount(root / "plate.zarr")
+    assert sorted(os.listdir(mnt / OME / "A" / "1")) == ["0", "0.ome.tif", "1", "1.ome.tif"]
+    for field, data in fields.items():
+        group = zarr.open_group(str(root / "plate.zarr" / field), mode="r")
+        check_pyramid(mnt / OME / (field + ".ome.tif"), group, "CYX", ["s0", "s1"])
+        np.testing.assert_array_equal(tifffile.imread(mnt / OME / (field + ".ome.tif")), data)
+
+
+class PreadFile(io.RawIOBase):
+    """A file object reading an open descriptor with pread (no read-ahead of its own)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pos = fd, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else os.fstat(self.fd).st_size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        data = os.pread(self.fd, len(buf), self.pos)
+        buf[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def test_reading_one_tile_of_level_0_loads_only_the_chunks_under_it(mount, stores):
+    root, _, _ = stores
+    mnt = mount(root / "ozp4.zarr")
+    level0 = zarr.open_array(str(root / "ozp4.zarr" / "s0"), mode="r")
+    fd = os.open(mnt / OME / "ozp4.ome.tif", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead into other tiles
+        with tifffile.TiffFile(io.BufferedReader(PreadFile(fd), 512)) as tf:  # reads only what it parses
+            page = tf.pages[17]  # plane t=1, c=1, z=1 (XYZCT)
+            offsets, counts = page.dataoffsets, page.databytecounts
+            tile_h, tile_w = page.tilelength, page.tilewidth
+        before = stats(mnt)
+        k = 1  # row 0, column 1 of tiles
+        tile = os.pread(fd, counts[k], offsets[k])
+        after = stats(mnt)
+    finally:
+        os.close(fd)
+    assert (tile_h, tile_w) == (64, 64)  # the chunks' y and x
+    want = np.zeros((64, 64), "u2")
+    part = level0[1, 1, 1, 0:64, 64:120]
+    want[:, : part.shape[1]] = part
+    np.testing.assert_array_equal(np.frombuffer(tile, "<u2").reshape(64, 64), want)
+    assert after["store_gets"] - before["store_gets"] == 1  # chunk (1, 1, 1, 0, 1) alone
+    assert after["prefetched"] == before["prefetched"]
+
+
+def test_header_reads_whole_through_the_mount(mount, stores):
+    """A read of the whole file in pieces of odd sizes gives the bytes a whole read gives."""
+    root, _, _ = stores
+    mnt = mount(root / "ozp5.zarr")
+    path = mnt / OME / "ozp5.ome.tif"
+    whole = path.read_bytes()
+    assert len(whole) == path.stat().st_size
+    got = bytearray()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(12345):
+            got += chunk
+    assert bytes(got) == whole
+    with tifffile.TiffFile(io.BytesIO(whole)) as tf:
+        assert tf.series[0].shape == ome_stores.SHAPE_5D
