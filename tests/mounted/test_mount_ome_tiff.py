@@ -202,3 +202,21 @@ def test_header_reads_whole_through_the_mount(mount, stores):
     assert bytes(got) == whole
     with tifffile.TiffFile(io.BytesIO(whole)) as tf:
         assert tf.series[0].shape == ome_stores.SHAPE_5D
+
+
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+def test_tiff_view_of_a_level_says_its_axes_and_resolution(mount, stores, version):
+    root, _, _ = stores
+    mnt = mount(root / f"ozp{version[-1]}.zarr")
+    for level, pixel_um in (("s0", 0.25), ("s1", 0.5)):  # x and y in micrometres at each level
+        with tifffile.TiffFile(mnt / ".zarrfs" / "tiff" / f"{level}.tif") as tf:
+            assert tf.series[0].axes == "TCZYX"
+            assert json.loads(tf.pages[0].description)["axes"] == "TCZYX"
+            page = tf.pages[0]
+            assert page.resolutionunit == tifffile.RESUNIT.CENTIMETER
+            assert page.resolution == pytest.approx((1e4 / pixel_um, 1e4 / pixel_um))
+    # A v3 array's dimension names, where no image group says more (ngff-zarr's nested levels).
+    if version == "0.5":
+        mnt = mount(root / "nz5")
+        with tifffile.TiffFile(mnt / ".zarrfs" / "tiff" / "yx.zarr" / "scale0" / "flat.tif") as tf:
+            assert tf.series[0].axes == "YX" and json.loads(tf.pages[0].description)["axes"] == "YX"

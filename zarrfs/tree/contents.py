@@ -109,7 +109,7 @@ class Contents:
         if entry.laid_out is None:
             geo = await self.ns.georefs.of(node)
             if entry.node is node and entry.laid_out is None:  # (else shown another node meanwhile)
-                entry.lay_out(images.tiff_stream(node, geo))
+                entry.lay_out(images.tiff_stream(node, geo, entry.hints))
         entry.stored_bytes = entry.size
 
     async def _settle_netcdf(self, entry: Entry) -> None:

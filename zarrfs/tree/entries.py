@@ -46,6 +46,7 @@ class Entry:
         "name_key",
         "checked",
         "pages_of",
+        "hints",
     )
 
     def __init__(
@@ -78,6 +79,7 @@ class Entry:
         self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
         self.checked = -1  # the freshness epoch in which its node was last checked (freshness.py)
         self.pages_of: str | None = None  # the snapshot shown at its last open (freshness.keep_pages)
+        self.hints: Any = None  # ngff.ArrayHints: what its NGFF image group says of an array (tiff/)
 
     @property
     def is_dir(self) -> bool:
@@ -100,7 +102,7 @@ class Entry:
         millions of files that are never opened), or a group's netCDF file once laid out."""
         if self._stream is None and isinstance(self.node, ArrayMeta) and self.kind in ARRAY_FILE_KINDS:
             if self.kind is Kind.TIFF:
-                self._stream = images.tiff_stream(self.node)
+                self._stream = images.tiff_stream(self.node, hints=self.hints)
             elif self.kind is Kind.CHUNK:
                 self._stream = ArrayStream(self.node, "C", True, chunk=self.origin)
             elif self.kind is Kind.SLICE:

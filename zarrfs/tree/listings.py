@@ -182,7 +182,7 @@ class Listings:
         for node in nodes:
             if node.path.rsplit("/", 1)[-1].startswith(RESERVED_PREFIX):
                 continue  # a staging area of an array being written (or left by a killed daemon)
-            for name, make in self._node_entry(entry.view, node):
+            for name, make in self._node_entry(entry.view, node, entry.node):
                 if name not in names and self.listable(name, _node_key(node)):
                     names[name] = make
         if entry.view == registry.OME_TIFF_VIEW and isinstance(entry.node, GroupMeta):
@@ -213,14 +213,20 @@ class Listings:
         entry.size = entry.stored_bytes = layout.size
         return entry
 
-    def _node_entry(self, view: str, node: Node) -> list[tuple[str, Maker]]:
-        """(name, maker) of a node's entries in a view directory."""
+    def _node_entry(self, view: str, node: Node, group: Node | None = None) -> list[tuple[str, Maker]]:
+        """(name, maker) of a node's entries in a view directory (GROUP: the one listed)."""
         base = node.path.rsplit("/", 1)[-1] if node.path else self.ns.root_stem
         error = node.error if isinstance(node, BrokenNode) else None
+        hints = ngff.level_hints(group.attributes, base) if isinstance(group, GroupMeta) and view == "tiff" else None
         return [
-            (name, lambda kind=kind: self.inodes.new(kind, view, node, error=error))
+            (name, lambda kind=kind: self._new_entry(kind, view, node, error, hints))
             for name, kind in registry.view_names(view, node, base)
         ]
+
+    def _new_entry(self, kind: Kind, view: str, node: Node, error: ZarrfsError | None, hints: Any) -> Entry:
+        entry = self.inodes.new(kind, view, node, error=error)
+        entry.hints = hints  # (an NGFF image's level: axes and resolution of its TIFF)
+        return entry
 
     def _plain_group(self, entry: Entry) -> str | None:
         """The group whose plain files directory `entry` lists (None: it lists none)."""

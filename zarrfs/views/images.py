@@ -17,7 +17,7 @@ import numpy as np
 
 from ..model import ArrayMeta, Node
 from ..tree.kinds import Kind
-from . import histograms, preview, tiff
+from . import histograms, ngff, preview, tiff
 from .georef import GeoReference, crs_of_wkt, number_text
 from .streams import ArrayStream, npy_header
 
@@ -124,12 +124,17 @@ def beside(view: str, node: Node, base: str) -> list[tuple[str, Kind]]:
     return [(base + suffix, kind) for suffix, kind, ok in BESIDE.get(view, ()) if ok(node)]
 
 
-def tiff_stream(meta: ArrayMeta, geo: GeoReference | None = None) -> ArrayStream:
-    """The TIFF of an array: its header (GeoTIFF tags where `geo` places it), then the elements
-    in C order, little-endian."""
+def tiff_stream(meta: ArrayMeta, geo: GeoReference | None = None, hints: ngff.ArrayHints | None = None) -> ArrayStream:
+    """The TIFF of an array: its header (GeoTIFF tags where `geo` places it; axes and resolution
+    from HINTS, an NGFF image's level, else axes from dimension names), then the elements in C
+    order, little-endian."""
     dtype = tiff.pixel_dtype(meta.dtype)
-    desc = tiff.description("/" + meta.path, meta.shape, meta.dtype, meta.attributes)
+    hinted = hints is not None and len(hints.axes) == len(meta.shape)
+    axes = hints.axes if hinted else ngff.tiff_axes(meta.dimension_names)
+    desc = tiff.description("/" + meta.path, meta.shape, meta.dtype, meta.attributes, axes)
     tags = tiff.geo_tags(geo) if geo is not None and len(meta.shape) <= 3 else ()
+    res = ngff.resolution(hints) if hints is not None and hinted else None
+    tags += tiff.resolution_tags(*res) if res is not None else ()
     return ArrayStream(meta, "C", False, header=tiff.header(dtype, meta.shape, desc, tags), dtype=dtype)
 
 

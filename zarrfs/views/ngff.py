@@ -101,8 +101,13 @@ class Image:
     axes: tuple[str, ...]  # letters of AXES, in the arrays' dimension order
     units: tuple[str | None, ...]  # each axis' NGFF unit
     paths: tuple[str, ...]  # the levels' array paths, relative to the group, largest first
-    scale: tuple[float, ...] | None  # level 0's scale (its own and the multiscale's), per axis
+    scales: tuple[tuple[float, ...] | None, ...]  # each level's scale (its own and the multiscale's)
     channels: tuple[tuple[str | None, int | None], ...]  # (name, OME colour) from omero
+
+    @property
+    def scale(self) -> tuple[float, ...] | None:
+        """Level 0's scale, per axis."""
+        return self.scales[0]
 
 
 def _ome_attributes(attributes: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -172,10 +177,13 @@ def image(attributes: dict[str, Any]) -> Image:
         if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
             raise NotShown(f"dataset path {path!r} is not a path within the group")
         paths.append(path.strip("/"))
-    scale = _scale(datasets[0].get("coordinateTransformations"), len(axes))
     outer = _scale(ms.get("coordinateTransformations"), len(axes))
-    if scale is not None and outer is not None:
-        scale = [a * b for a, b in zip(scale, outer)]
+    scales = []
+    for d in datasets:
+        scale = _scale(d.get("coordinateTransformations"), len(axes))
+        if scale is not None and outer is not None:
+            scale = [a * b for a, b in zip(scale, outer)]
+        scales.append(tuple(scale) if scale is not None else None)
     channels = []
     omero = ngff.get("omero")
     for ch in omero.get("channels", []) if isinstance(omero, dict) else []:
@@ -189,7 +197,7 @@ def image(attributes: dict[str, Any]) -> Image:
         axes,
         units,
         tuple(paths),
-        tuple(scale) if scale is not None else None,
+        tuple(scales),
         tuple(channels),
     )
 
@@ -298,3 +306,87 @@ def ome_xml(img: Image, name: str, shape: tuple[int, ...], ome_type: str) -> str
     ElementTree.SubElement(pixels, q + "TiffData", {"IFD": "0", "PlaneCount": str(planes)})
     body = ElementTree.tostring(root, encoding="us-ascii", xml_declaration=False).decode("ascii")
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + body
+
+
+# tifffile's axis letters (its shaped series' `axes`) of dimension names; other names are Q.
+TIFF_AXIS_LETTERS = {
+    "t": "T",
+    "time": "T",
+    "c": "C",
+    "channel": "C",
+    "band": "C",
+    "z": "Z",
+    "y": "Y",
+    "lat": "Y",
+    "latitude": "Y",
+    "x": "X",
+    "lon": "X",
+    "longitude": "X",
+}
+_PREFIX_POWERS = {
+    "yotta": 24, "zetta": 21, "exa": 18, "peta": 15, "tera": 12, "giga": 9, "mega": 6, "kilo": 3,
+    "hecto": 2, "deca": 1, "deci": -1, "centi": -2, "milli": -3, "micro": -6, "nano": -9,
+    "pico": -12, "femto": -15, "atto": -18, "zepto": -21, "yocto": -24,
+}  # fmt: skip
+_METRES = {"meter": 1.0, "angstrom": 1e-10, "inch": 0.0254, "foot": 0.3048, "yard": 0.9144, "mile": 1609.344}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayHints:
+    """What an NGFF image group says of one of its levels: axes (tifffile's letters), scale, units."""
+
+    axes: str
+    scale: tuple[float, ...] | None
+    units: tuple[str | None, ...]
+
+
+def level_hints(attributes: dict[str, Any], name: str) -> ArrayHints | None:
+    """The hints an image group's attributes give of its level NAME (None: not one of its levels)."""
+    if not is_image(attributes):
+        return None
+    try:
+        img = image(attributes)
+    except NotShown:
+        return None
+    if name not in img.paths:
+        return None
+    return ArrayHints("".join(a.upper() for a in img.axes), img.scales[img.paths.index(name)], img.units)
+
+
+def tiff_axes(names: tuple[Any, ...] | None) -> str | None:
+    """tifffile's axes of v3 dimension names (a letter each, Q where none fits; no letter twice),
+    None when no dimension is named."""
+    if not names or all(n is None for n in names):
+        return None
+    out: list[str] = []
+    for n in names:
+        letter = TIFF_AXIS_LETTERS.get(n.lower(), "Q") if isinstance(n, str) else "Q"
+        out.append("Q" if letter in out else letter)
+    return "".join(out)
+
+
+def metres(unit: str | None) -> float | None:
+    """Metres in one NGFF length unit (None: not a length unit this knows)."""
+    if unit is None:
+        return None
+    unit = unit.lower()
+    if unit in _METRES:
+        return _METRES[unit]
+    for prefix, power in _PREFIX_POWERS.items():
+        if unit == prefix + "meter":
+            return 10.0**power
+    return None
+
+
+def resolution(hints: ArrayHints) -> tuple[float, float, int] | None:
+    """TIFF's (y, x) pixels per unit and ResolutionUnit of a level: per centimetre (3) when its
+    y and x units are lengths, per unit of the scale (1: none) when they have no unit."""
+    if hints.scale is None:
+        return None
+    (sy, sx), (uy, ux) = hints.scale[-2:], hints.units[-2:]
+    if uy is None and ux is None:
+        return (1 / sy, 1 / sx, 1) if sy > 0 and sx > 0 else None
+    my, mx = metres(uy), metres(ux)
+    if my is None or mx is None or not (sy > 0 and sx > 0):
+        return None
+    return 1 / (sy * my * 100), 1 / (sx * mx * 100), 3

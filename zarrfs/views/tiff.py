@@ -8,6 +8,7 @@ element bytes: an ArrayStream with this header serves it. Pure: no I/O.
 
 from __future__ import annotations
 
+import fractions
 import json
 import math
 import struct
@@ -20,8 +21,8 @@ from .georef import CrsKind, GeoReference, number_text
 # TIFF SampleFormat values (TIFF 6.0 section 19; 6 = complex float, a GDAL/tifffile extension).
 SAMPLE_UINT, SAMPLE_INT, SAMPLE_FLOAT, SAMPLE_COMPLEX = 1, 2, 3, 6
 SAMPLE_FORMATS = {"b": SAMPLE_UINT, "u": SAMPLE_UINT, "i": SAMPLE_INT, "f": SAMPLE_FLOAT, "c": SAMPLE_COMPLEX}
-# Field types: SHORT, LONG, ASCII, DOUBLE, LONG8 (BigTIFF).
-ASCII, SHORT, LONG, DOUBLE, LONG8 = 2, 3, 4, 12, 16
+# Field types: SHORT, LONG, ASCII, RATIONAL (two LONGs), DOUBLE, LONG8 (BigTIFF).
+ASCII, SHORT, LONG, RATIONAL, DOUBLE, LONG8 = 2, 3, 4, 5, 12, 16
 # Strips of about this many bytes: readers that load a strip at a time (libtiff, GDAL)
 # read a bounded piece, and the strip tables stay small next to the pixels.
 STRIP_TARGET_BYTES = 1 << 20
@@ -84,11 +85,13 @@ def pixel_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.uint8) if dtype.kind == "b" else dtype.newbyteorder("<")
 
 
-def description(path: str, shape: tuple[int, ...], dtype: np.dtype, attributes: Any) -> str:
+def description(path: str, shape: tuple[int, ...], dtype: np.dtype, attributes: Any, axes: str | None = None) -> str:
     """ImageDescription: JSON with the array's shape first (tifffile reads it back as the
-    N-D shape), path, dtype and attributes (left out when larger than MAX_DESCRIPTION_BYTES)."""
+    N-D shape, and `axes`, one of its axis letters per dimension, when known), path, dtype and
+    attributes (left out when larger than MAX_DESCRIPTION_BYTES)."""
     doc: dict[str, Any] = {
         "shape": list(shape),
+        **({"axes": axes} if axes else {}),
         "path": path,
         "dtype": np.lib.format.dtype_to_descr(dtype),
         "attributes": attributes,
@@ -117,7 +120,7 @@ class _Layout:
 
 Tags = tuple[tuple[int, int, Any], ...]  # (tag, field type, value)
 
-_TYPE_FMT = {ASCII: "s", SHORT: "H", LONG: "I", DOUBLE: "d", LONG8: "Q"}
+_TYPE_FMT = {ASCII: "s", SHORT: "H", LONG: "I", RATIONAL: "I", DOUBLE: "d", LONG8: "Q"}
 
 
 def _ifd(lay: _Layout, at: int, tags: list[tuple[int, int, Any]], next_ifd_at: int | None) -> tuple[bytes, int]:
@@ -131,7 +134,8 @@ def _ifd(lay: _Layout, at: int, tags: list[tuple[int, int, Any]], next_ifd_at: i
             data, count = value, len(value)
         else:
             values = value if isinstance(value, (list, tuple)) else [value]
-            data, count = struct.pack(f"<{len(values)}{_TYPE_FMT[ftype]}", *values), len(values)
+            data = struct.pack(f"<{len(values)}{_TYPE_FMT[ftype]}", *values)
+            count = len(values) // 2 if ftype == RATIONAL else len(values)
         if len(data) <= lay.inline:
             field = data.ljust(lay.inline, b"\0")
         else:
@@ -273,3 +277,17 @@ def geo_tags(geo: GeoReference) -> Tags:
     if geo.nodata is not None:
         tags.append((GDAL_NODATA, ASCII, number_text(geo.nodata).encode() + b"\0"))
     return tuple(tags)
+
+
+def resolution_tags(y_per_unit: float, x_per_unit: float, unit: int) -> Tags:
+    """YResolution, XResolution (pixels per unit, as rationals) and ResolutionUnit (1: none,
+    3: centimetre); none when a value is no positive rational of 32-bit terms."""
+    out: list[tuple[int, int, Any]] = []
+    for code, value in ((283, y_per_unit), (282, x_per_unit)):
+        if not (value > 0 and math.isfinite(value)):
+            return ()
+        frac = fractions.Fraction(value).limit_denominator(1 << 20)
+        if not 0 < frac.numerator < 1 << 32:
+            return ()
+        out.append((code, RATIONAL, [frac.numerator, frac.denominator]))
+    return (*out, (296, SHORT, unit))
