@@ -183,6 +183,7 @@ MOUNT/
     netcdf/PATH.nc      a group as a netCDF classic file
     slice/PATH[SEL].npy a numpy selection (looked up, never listed)
     tiff/PATH.tif       arrays of 2+ dimensions as (multi-page) TIFF
+    ome-tiff/IMAGE.ome.tif  an OME-Zarr image as one pyramidal OME-TIFF
     gdal/PATH.vrt       GDAL VRT over the .npy (2-D and 3-D arrays)
     preview/PATH.png    a small grey picture
     stats.json          counters since mount

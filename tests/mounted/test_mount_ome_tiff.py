@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +104,15 @@ def test_bioio_reads_the_ome_tiff_as_bioio_ome_zarr_reads_the_store(mount, store
     assert tiff.physical_pixel_sizes == store.physical_pixel_sizes
     assert list(tiff.channel_names) == list(store.channel_names)
     np.testing.assert_array_equal(tiff.get_image_data("ZYX", T=1, C=2), store.get_image_data("ZYX", T=1, C=2))
+    # ome-zarr-py's own command on the store view
+    cli = Path(sys.executable).parent / "ome_zarr"
+    out = subprocess.run([cli, "info", mnt / ".zarrfs" / "store"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"version: {version}" in out.stdout
+        and "(2, 3, 4, 100, 120)" in out.stdout
+        and "(2, 3, 4, 25, 30)" in out.stdout
+    )
 
 
 @pytest.mark.parametrize("version", ["0.4", "0.5"])
@@ -122,6 +133,12 @@ def test_ngff_zarr_images_and_a_pyramid_that_reduces_z(mount, stores, version):
         mnt / OME / "zyx.zarr.ome.tif", zarr.open_group(str(store / "zyx.zarr"), mode="r"), "ZYX", ["scale0/image"]
     )
     (mnt / OME / "zyx.zarr.ome.tif").read_bytes()
+    check_pyramid(
+        mnt / OME / "zyx2.zarr.ome.tif",
+        zarr.open_group(str(store / "zyx2.zarr"), mode="r"),
+        "ZYX",
+        ["scale0/image", "scale1/image", "scale2/image"],
+    )
     log = mount.log_text(mnt)
     assert log.count("zyx.zarr.ome.tif: level scale1/image is not level 0 reduced in y and x alone") == 1
 

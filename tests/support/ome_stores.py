@@ -52,8 +52,9 @@ def ome_zarr_image(path: Path, version: str, seed: int = 1) -> dict[str, np.ndar
 
 
 def ngff_zarr_images(root: Path, version: str) -> None:
-    """`yx.zarr` (2-D, three levels by 2 and 4 in y and x) and `zyx.zarr` (3-D, levels that also
-    reduce z, as ngff-zarr's defaults do), written by ngff-zarr."""
+    """`yx.zarr` (2-D, three levels by 2 and 4 in y and x), `zyx.zarr` (3-D, levels that also
+    reduce z, as ngff-zarr's defaults do) and `zyx2.zarr` (the same reduced in y and x only),
+    written by ngff-zarr."""
     import ngff_zarr as nz
 
     rng = np.random.default_rng(3)
@@ -76,6 +77,10 @@ def ngff_zarr_images(root: Path, version: str) -> None:
         axes_units={"z": "micrometer", "y": "micrometer", "x": "micrometer"},
     )
     nz.to_ngff_zarr(str(root / "zyx.zarr"), nz.to_multiscales(stack, scale_factors=[2], chunks=32), version=version)
+    in_plane = [{"z": 1, "y": 2, "x": 2}, {"z": 1, "y": 4, "x": 4}]  # y and x only: a TIFF pyramid
+    nz.to_ngff_zarr(
+        str(root / "zyx2.zarr"), nz.to_multiscales(stack, scale_factors=in_plane, chunks=32), version=version
+    )
 
 
 def ome_zarr_plate(path: Path) -> dict[str, np.ndarray]:
