@@ -238,7 +238,7 @@ def pyramid(img: Image, levels: list[ArrayMeta | None]) -> tuple[list[ArrayMeta]
     kept, notes, last = [base], [], 1
     for path, meta in zip(img.paths[1:], levels[1:]):
         f = reduction(base.shape, meta.shape) if meta is not None and meta.dtype == base.dtype else None
-        if f is None or f <= last:
+        if meta is None or f is None or f <= last:
             notes.append(f"level {path} is not level 0 reduced in y and x alone by an integer factor")
             continue
         kept.append(meta)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -159,6 +160,10 @@ class TileStream:
                 for cx in range(b.x // cw, (x1 - 1) // cw + 1):
                     lo_x, hi_x = max(b.x, cx * cw), min(x1, (cx + 1) * cw)
                     chunk = chunks[(*lead_idx, cy, cx)]
-                    src = chunk[(*within, slice(lo_y - cy * ch, hi_y - cy * ch), slice(lo_x - cx * cw, hi_x - cx * cw))]
-                    box[lo_y - b.y : hi_y - b.y, lo_x - b.x : hi_x - b.x] = src
+                    region: tuple[Any, ...] = (
+                        *within,
+                        slice(lo_y - cy * ch, hi_y - cy * ch),
+                        slice(lo_x - cx * cw, hi_x - cx * cw),
+                    )
+                    box[lo_y - b.y : hi_y - b.y, lo_x - b.x : hi_x - b.x] = chunk[region]
         return plan_bytes(plan, buf.view(np.uint8))
