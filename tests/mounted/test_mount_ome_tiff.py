@@ -141,6 +141,14 @@ def test_ngff_zarr_images_and_a_pyramid_that_reduces_z(mount, stores, version):
     )
     log = mount.log_text(mnt)
     assert log.count("zyx.zarr.ome.tif: level scale1/image is not level 0 reduced in y and x alone") == 1
+    if version == "0.5":  # sharded levels: tiles of the inner chunks' y and x
+        sharded = zarr.open_group(str(store / "sharded.zarr"), mode="r")
+        assert sharded["scale0/image"].shards is not None
+        check_pyramid(
+            mnt / OME / "sharded.zarr.ome.tif", sharded, "ZYX", ["scale0/image", "scale1/image", "scale2/image"]
+        )
+        with tifffile.TiffFile(mnt / OME / "sharded.zarr.ome.tif") as tf:
+            assert (tf.pages[0].tilelength, tf.pages[0].tilewidth) == (16, 16)
 
 
 def test_each_field_of_a_plate(mount, stores):

@@ -53,8 +53,8 @@ def ome_zarr_image(path: Path, version: str, seed: int = 1) -> dict[str, np.ndar
 
 def ngff_zarr_images(root: Path, version: str) -> None:
     """`yx.zarr` (2-D, three levels by 2 and 4 in y and x), `zyx.zarr` (3-D, levels that also
-    reduce z, as ngff-zarr's defaults do) and `zyx2.zarr` (the same reduced in y and x only),
-    written by ngff-zarr."""
+    reduce z, as ngff-zarr's defaults do), `zyx2.zarr` (the same reduced in y and x only) and,
+    for 0.5, `sharded.zarr` (the same in shards), written by ngff-zarr."""
     import ngff_zarr as nz
 
     rng = np.random.default_rng(3)
@@ -81,6 +81,9 @@ def ngff_zarr_images(root: Path, version: str) -> None:
     nz.to_ngff_zarr(
         str(root / "zyx2.zarr"), nz.to_multiscales(stack, scale_factors=in_plane, chunks=32), version=version
     )
+    if version == "0.5":  # v3 shards of 2 x 2 x 2 chunks: tiles of the inner chunks
+        ms = nz.to_multiscales(stack, scale_factors=in_plane, chunks=16)
+        nz.to_ngff_zarr(str(root / "sharded.zarr"), ms, version=version, chunks_per_shard=2)
 
 
 def ome_zarr_plate(path: Path) -> dict[str, np.ndarray]:
