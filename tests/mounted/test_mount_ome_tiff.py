@@ -245,3 +245,40 @@ def test_tiff_view_of_a_level_says_its_axes_and_resolution(mount, stores, versio
         mnt = mount(root / "nz5")
         with tifffile.TiffFile(mnt / ".zarrfs" / "tiff" / "yx.zarr" / "scale0" / "flat.tif") as tf:
             assert tf.series[0].axes == "YX" and json.loads(tf.pages[0].description)["axes"] == "YX"
+
+
+def test_the_file_follows_the_store_after_a_refresh(mount, tmp_path):
+    import errno
+
+    from ome_zarr.format import FormatV04
+    from ome_zarr.writer import write_image
+
+    store = tmp_path / "moving.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=2)
+    first = np.arange(64 * 80, dtype="u2").reshape(64, 80)
+    write_image(first, group, scale_factors=(2, 4), fmt=FormatV04(), axes="yx", storage_options={"chunks": (32, 32)})
+    mnt = mount(store)
+    path = mnt / OME / "moving.ome.tif"
+    check_pyramid(path, group, "YX", ["s0", "s1", "s2"])
+    fd = os.open(path, os.O_RDONLY)
+    inode = os.fstat(fd).st_ino
+    try:
+        # New pixels in level 0, the same layout: the same file shows them.
+        group["s0"][...] = first[::-1]
+        (mnt / ".zarrfs" / "refresh").read_bytes()
+        np.testing.assert_array_equal(tifffile.imread(path), first[::-1])
+        assert path.stat().st_ino == os.fstat(fd).st_ino  # the same file
+        # Level 2 replaced by an array that reduces nothing: a new file of two levels; the one
+        # opened before reads ESTALE.
+        zarr.create_array(
+            str(store), name="s2", shape=(30, 30), chunks=(16, 16), dtype="u2", overwrite=True, zarr_format=2
+        )
+        (mnt / ".zarrfs" / "refresh").read_bytes()
+        with pytest.raises(OSError) as e:
+            os.pread(fd, 4096, 0)
+        assert e.value.errno == errno.ESTALE
+    finally:
+        os.close(fd)
+    check_pyramid(path, zarr.open_group(str(store), mode="r"), "YX", ["s0", "s1"])
+    assert path.stat().st_ino != inode
+    assert "moving.ome.tif: level s2 is not level 0 reduced" in mount.log_text(mnt)

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REFRESH_FILE = "refresh"
+# Files of a group made from its arrays (laid out again when the group's arrays change).
+GROUP_FILES = (Kind.NETCDF, Kind.OMETIFF)
 
 
 class Freshness:
@@ -103,7 +105,7 @@ class Freshness:
             return
         node = entry.node
         if (
-            not (isinstance(node, ArrayMeta) or (entry.kind is Kind.NETCDF and isinstance(node, GroupMeta)))
+            not (isinstance(node, ArrayMeta) or (entry.kind in GROUP_FILES and isinstance(node, GroupMeta)))
             or entry.writing is not None
             or entry.held is not None
             or entry.error is not None
@@ -121,6 +123,8 @@ class Freshness:
         if entry.kind is Kind.NETCDF:
             if isinstance(fresh, GroupMeta):
                 await self._follow_netcdf(entry, fresh)
+        elif entry.kind is Kind.OMETIFF:
+            await self._follow_ome_tiff(entry, fresh)
         elif fresh is not node:
             self._take(entry, node, fresh)
 
@@ -180,6 +184,20 @@ class Freshness:
             self.retire_entries([entry], f"netcdf/{group.path or self.ns.root_stem}: its arrays changed in the store")
         else:
             entry.lay_out(nc)  # the same bytes, read through the arrays' new metadata
+
+    async def _follow_ome_tiff(self, entry: Entry, fresh: Node | None) -> None:
+        """An image's OME-TIFF laid out again from its levels now; it retires if its bytes moved
+        (another pyramid, shape, type or tiling) or it can no longer be shown."""
+        old = entry.laid_out
+        new = await self.ns.contents.ome_tiff(fresh) if isinstance(fresh, GroupMeta) else None
+        if entry.laid_out is not old or entry.error is not None:
+            return  # laid out again, or retired, meanwhile
+        name = f"ome-tiff/{entry.node.path or self.ns.root_stem}.ome.tif"
+        if new is None or old is None or not new.same_layout(old):
+            self.retire_entries([entry], f"{name}: its image changed in the store")
+        else:
+            entry.node = fresh
+            entry.lay_out(new)  # the same bytes, read through the levels' new metadata
 
     def array_changed(self, path: str) -> None:
         """Chunks of the array at `path` changed in the store: the kernel drops its files' pages (in

@@ -186,6 +186,9 @@ class OmeTiffHandle(Handle):
         self.readaheads: dict[int, ReadAhead] = {}
 
     async def read(self, offset: int, size: int) -> bytes:
+        await self.current()
+        if self.entry.error is not None:
+            raise self.entry.error
         out = []
         for part in self.entry.stream.parts(offset, size):
             if isinstance(part, bytes):

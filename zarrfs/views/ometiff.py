@@ -109,6 +109,18 @@ class OmeTiff:
         self._spans = self._layout()
         self._starts = [s[0] for s in self._spans]
 
+    def same_layout(self, other: OmeTiff) -> bool:
+        """Whether OTHER's file has the same bytes where this one has metadata, and its pixels
+        in the same places (its levels may be read through other array metadata)."""
+        return (
+            self.size == other.size
+            and self.description == other.description
+            and self._first == other._first
+            and np.array_equal(self._template, other._template)
+            and [(s.meta.shape, s.tile_h, s.tile_w) for s in self.streams]
+            == [(s.meta.shape, s.tile_h, s.tile_w) for s in other.streams]
+        )
+
     def record_at(self, plane: int) -> int:
         """Where a plane's record (its level-0 IFD first) starts."""
         return 16 if plane == 0 else 16 + self.first_record_bytes + (plane - 1) * self.record_bytes
