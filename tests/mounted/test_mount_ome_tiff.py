@@ -209,7 +209,7 @@ def test_reading_one_tile_of_level_0_loads_only_the_chunks_under_it(mount, store
     part = level0[1, 1, 1, 0:64, 64:120]
     want[:, : part.shape[1]] = part
     np.testing.assert_array_equal(np.frombuffer(tile, "<u2").reshape(64, 64), want)
-    assert after["store_gets"] - before["store_gets"] == 1  # chunk (1, 1, 1, 0, 1) alone
+    assert after["chunk_gets"] - before["chunk_gets"] == 1  # chunk (1, 1, 1, 0, 1) alone
     assert after["prefetched"] == before["prefetched"]
 
 
