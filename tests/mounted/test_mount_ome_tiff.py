@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -282,3 +284,27 @@ def test_the_file_follows_the_store_after_a_refresh(mount, tmp_path):
     check_pyramid(path, zarr.open_group(str(store), mode="r"), "YX", ["s0", "s1"])
     assert path.stat().st_ino != inode
     assert "moving.ome.tif: level s2 is not level 0 reduced" in mount.log_text(mnt)
+
+
+def test_gdal_reads_planes_and_their_reductions_as_overviews(mount, stores):
+    """libtiff (through GDAL) against the plain tiff/ view of each level: the same checksums."""
+    if shutil.which("gdalinfo") is None:
+        pytest.fail("gdalinfo is not installed (scripts/test.sh installs gdal-bin with apt)")
+    root, _, _ = stores
+    mnt = mount(root / "ozp4.zarr")
+
+    def gdalinfo(path: str) -> str:
+        env = {**os.environ, "GDAL_PAM_ENABLED": "NO"}  # nothing written beside the files
+        r = subprocess.run(["gdalinfo", "-checksum", path], capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    for plane in (1, 19):  # GDAL numbers pages from 1
+        got = gdalinfo(f"GTIFF_DIR:{plane}:{mnt / OME / 'ozp4.ome.tif'}")
+        want = [
+            re.search(r"Checksum=(\d+)", gdalinfo(f"GTIFF_DIR:{plane}:{mnt / '.zarrfs' / 'tiff' / f's{i}.tif'}"))[1]
+            for i in range(3)
+        ]
+        assert "Block=64x64" in got and re.search(r"Checksum=(\d+)", got)[1] == want[0]
+        assert "Overviews: 60x50, 30x25" in got
+        assert re.search(r"Overviews checksum: (\d+), (\d+)", got).groups() == tuple(want[1:])
