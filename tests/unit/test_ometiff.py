@@ -283,3 +283,30 @@ def test_headers_of_a_million_tiles_are_made_from_offsets():
             want = value(*np.ogrid[11:12, r * 16 : r * 16 + 16, c * 16 : c * 16 + 16])[0]
             np.testing.assert_array_equal(tile, want)
         assert len(page.subifds) == 1
+
+
+def test_tiff_view_axes_and_resolution_read_by_tifffile():
+    from zarrfs.views import tiff
+
+    arr = np.arange(2 * 3 * 20 * 30, dtype="<u2").reshape(2, 3, 20, 30)
+    hints = ngff.level_hints(
+        attrs("tzyx", 2, scale=[1.0, 2.0, 0.5, 0.25], units={"y": "micrometer", "x": "nanometer"}), "1"
+    )
+    assert hints is not None and hints.axes == "TZYX"
+    desc = tiff.description("/a", arr.shape, arr.dtype, {}, hints.axes)
+    extra = tiff.resolution_tags(*ngff.resolution(hints))
+    data = tiff.header(arr.dtype, arr.shape, desc, extra) + arr.tobytes()
+    with tifffile.TiffFile(io.BytesIO(data)) as tf:
+        assert tf.series[0].axes == "TZYX" and tf.series[0].shape == arr.shape
+        page = tf.pages[0]
+        assert page.resolutionunit == tifffile.RESUNIT.CENTIMETER
+        # level 1: y 1 µm (0.5 x 2) per pixel, x 0.5 nm per pixel
+        assert page.resolution == pytest.approx((1 / 0.5e-7, 1 / 1e-4), rel=1e-6)
+        np.testing.assert_array_equal(tf.asarray(), arr)
+
+
+def test_tiff_axes_of_dimension_names():
+    assert ngff.tiff_axes(("time", "band", "lat", "lon")) == "TCYX"
+    assert ngff.tiff_axes(("t", "x", "x")) == "TXQ"  # no letter twice
+    assert ngff.tiff_axes(("station", None, "y", "x")) == "QQYX"
+    assert ngff.tiff_axes((None, None)) is None and ngff.tiff_axes(None) is None
