@@ -310,3 +310,33 @@ def test_tiff_axes_of_dimension_names():
     assert ngff.tiff_axes(("t", "x", "x")) == "TXQ"  # no letter twice
     assert ngff.tiff_axes(("station", None, "y", "x")) == "QQYX"
     assert ngff.tiff_axes((None, None)) is None and ngff.tiff_axes(None) is None
+
+
+def test_any_shape_of_attributes_is_an_image_or_a_reason():
+    """Attributes are data someone else wrote: whatever their shape, NotShown or an Image."""
+    rnd = random.Random(4)
+    atoms = [None, 0, -1, 2.5, "x", "y", "", "../a", [], {}, ["y", "x"], {"name": 3}, {"type": "time"}]
+
+    def value(depth: int):
+        if depth == 0 or rnd.random() < 0.3:
+            return rnd.choice(atoms)
+        if rnd.random() < 0.5:
+            return [value(depth - 1) for _ in range(rnd.randrange(4))]
+        keys = ["axes", "datasets", "path", "coordinateTransformations", "scale", "type", "name", "unit", "omero"]
+        return {rnd.choice(keys): value(depth - 1) for _ in range(rnd.randrange(4))}
+
+    shown = 0
+    for _ in range(3000):
+        axes = rnd.choice([["y", "x"], ["z", {"name": "y"}, {"name": "x", "unit": value(0)}], value(2)])
+        datasets = rnd.choice([[{"path": "0", "coordinateTransformations": value(3)}], value(3)])
+        ms = {"axes": axes, "datasets": datasets, "coordinateTransformations": value(3), "name": value(1)}
+        doc = {"multiscales": [ms], "omero": {"channels": value(2)}}
+        assert ngff.is_image(doc)
+        try:
+            img = ngff.image(doc)
+        except ngff.NotShown:
+            continue
+        ngff.ome_xml(img, "x", (1,) * len(img.axes), "uint8")
+        ngff.level_hints(doc, img.paths[0])
+        shown += 1
+    assert shown > 10  # some were images

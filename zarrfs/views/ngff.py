@@ -186,7 +186,8 @@ def image(attributes: dict[str, Any]) -> Image:
         scales.append(tuple(scale) if scale is not None else None)
     channels = []
     omero = ngff.get("omero")
-    for ch in omero.get("channels", []) if isinstance(omero, dict) else []:
+    listed = omero.get("channels") if isinstance(omero, dict) else None
+    for ch in listed if isinstance(listed, list) else []:
         if isinstance(ch, dict):
             label = ch.get("label")
             channels.append((label if isinstance(label, str) else None, _colour(ch.get("color"))))
