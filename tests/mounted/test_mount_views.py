@@ -39,6 +39,7 @@ VIEW_NAMES = {
     "preview",
     "slice",
     "netcdf",
+    "ome-tiff",
     "refresh",
 }
 INFO_KEYS = {
