@@ -200,6 +200,7 @@ def test_help_and_man_show_the_tree_and_cite_docs_that_exist():
             "tiff/PATH.tif",
             "preview/PATH.png",
             "netcdf/PATH.nc",
+            "ome-tiff/IMAGE.ome.tif",
             "stats.json",
         ):
             assert view in text, f"{name} does not show {view} in its tree"
