@@ -308,3 +308,23 @@ def test_gdal_reads_planes_and_their_reductions_as_overviews(mount, stores):
         assert "Block=64x64" in got and re.search(r"Checksum=(\d+)", got)[1] == want[0]
         assert "Overviews: 60x50, 30x25" in got
         assert re.search(r"Overviews checksum: (\d+), (\d+)", got).groups() == tuple(want[1:])
+
+
+def test_decode_buffers_of_passed_tiles_are_reused_and_bytes_stay_the_same(mount, tmp_path):
+    """A sequential reader gives back the chunks of the tiles it passed (read-only mounts,
+    fastpath/spares.py); a writable mount, which keeps them, reads the same bytes."""
+    from ome_zarr.format import FormatV04
+    from ome_zarr.writer import write_image
+
+    store = tmp_path / "big.zarr"
+    group = zarr.open_group(str(store), mode="w", zarr_format=2)
+    data = np.random.default_rng(2).integers(0, 1000, (3, 1024, 1024)).astype("u2")  # 512 KiB chunks
+    write_image(data, group, scale_factors=(2,), fmt=FormatV04(), axes="zyx", storage_options={"chunks": (1, 512, 512)})
+    ro = mount(store)
+    whole = (ro / OME / "big.ome.tif").read_bytes()
+    assert stats(ro)["buffers_reused"] > 0
+    rw = mount(store, "writable")
+    assert (rw / OME / "big.ome.tif").read_bytes() == whole
+    with tifffile.TiffFile(io.BytesIO(whole)) as tf:
+        np.testing.assert_array_equal(tf.series[0].levels[0].asarray(), data)
+        np.testing.assert_array_equal(tf.series[0].levels[1].asarray(), group["s1"][...])

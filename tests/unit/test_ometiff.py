@@ -340,3 +340,21 @@ def test_any_shape_of_attributes_is_an_image_or_a_reason():
         ngff.level_hints(doc, img.paths[0])
         shown += 1
     assert shown > 10  # some were images
+
+
+@pytest.mark.parametrize(
+    "shape,chunks,tile", [((2, 3, 50, 70), (1, 2, 16, 32), (16, 32)), ((3, 40, 41), (2, 30, 20), (32, 48))]
+)
+def test_chunk_end_is_past_the_last_tile_holding_the_chunk(shape, chunks, tile):
+    """Each element holds its chunk's number (+1): in the assembled stream, a chunk's last
+    element lies in the tile chunk_end closes (what a sequential reader passes it at)."""
+    ids = np.zeros(shape, "<u4")
+    for n, idx in enumerate(grid.all_chunks(shape, chunks)):
+        ids[grid.chunk_slices(idx, shape, chunks)] = n + 1
+    meta, chunk_arrays = meta_and_chunks(ids, chunks, "C")
+    stream = TileStream(meta, *tile, np.dtype("<u4"))
+    plan = stream.plan(0, stream.size)
+    values = np.frombuffer(bytes(stream.assemble(plan, chunk_arrays)), "<u4")
+    for n, idx in enumerate(grid.all_chunks(shape, chunks)):
+        last = np.flatnonzero(values == n + 1)[-1]
+        assert stream.chunk_end(idx) == (last // stream.tile_elems + 1) * stream.tile_bytes, idx

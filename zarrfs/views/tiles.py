@@ -56,6 +56,7 @@ class TileStream:
     is_array_stream = False
     row_reads = False
     header = b""
+    chunk = None  # (the whole array's tiles, not one chunk's)
 
     def __init__(self, meta: ArrayMeta, tile_h: int, tile_w: int, dtype: np.dtype) -> None:
         if len(meta.shape) < 2 or tile_h < 1 or tile_w < 1:
@@ -88,6 +89,18 @@ class TileStream:
         if self._reads is None:
             self._reads = TileStream(self.meta.inner, self.tile_h, self.tile_w, self.dtype)
         return self._reads
+
+    def chunk_end(self, idx: Index) -> int:
+        """The stream offset past the last tile holding elements of chunk IDX (its grid position):
+        a sequential reader past it is done with the chunk."""
+        lead_chunks = self.meta.chunk_shape[:-2]
+        ch, cw = self.meta.chunk_shape[-2:]
+        height, width = self.meta.shape[-2:]
+        last = tuple(min((i + 1) * c, n) - 1 for i, c, n in zip(idx[:-2], lead_chunks, self.lead_shape))
+        plane = int(np.ravel_multi_index(last, self.lead_shape)) if self.lead_shape else 0
+        row = (min((idx[-2] + 1) * ch, height) - 1) // self.tile_h
+        col = (min((idx[-1] + 1) * cw, width) - 1) // self.tile_w
+        return self.tile_offset(plane, row, col) + self.tile_bytes
 
     def tile_offset(self, plane: int, row: int, col: int) -> int:
         """Where a tile's bytes start in the stream."""

@@ -89,8 +89,8 @@ class Spares:
     def release_behind(self, stream: Any, state: Any, upto: int, chunks: Any) -> None:
         """A sequential reader whose bytes up to UPTO are served (or assembled), and whose
         latest read or band used CHUNKS: give back (or drop) the chunks wholly before UPTO."""
-        if not stream.is_array_stream or stream.chunk is not None:
-            return
+        if getattr(stream, "chunk_end", None) is None or stream.chunk is not None:
+            return  # a stream that cannot say where a chunk ends (a slice), or one chunk's file
         if not (self.drop_behind or self._recycles(stream.meta)):
             return
         held = state.held  # chunk -> where it ends in the stream
