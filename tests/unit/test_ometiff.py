@@ -358,3 +358,23 @@ def test_chunk_end_is_past_the_last_tile_holding_the_chunk(shape, chunks, tile):
     for n, idx in enumerate(grid.all_chunks(shape, chunks)):
         last = np.flatnonzero(values == n + 1)[-1]
         assert stream.chunk_end(idx) == (last // stream.tile_elems + 1) * stream.tile_bytes, idx
+
+
+@pytest.mark.parametrize(
+    "names,attributes,axes",
+    [(("time", "y", "x"), {}, "TYX"), (None, {"_ARRAY_DIMENSIONS": ["band", "lat", "lon"]}, "CYX"), (None, {}, None)],
+)
+def test_tiff_view_axes_from_dimension_names_or_xarray_dimensions(names, attributes, axes):
+    import dataclasses
+    import json
+
+    from zarrfs.views import images
+
+    arr = np.arange(2 * 5 * 6, dtype="<i2").reshape(2, 5, 6)
+    meta, chunks = meta_and_chunks(arr, (1, 5, 6), "C")
+    meta = dataclasses.replace(meta, dimension_names=names, attributes=attributes)
+    stream = images.tiff_stream(meta)
+    data = stream.header + arr.tobytes()
+    with tifffile.TiffFile(io.BytesIO(data)) as tf:
+        assert json.loads(tf.pages[0].description).get("axes") == axes
+        assert tf.series[0].axes == (axes or "QYX")

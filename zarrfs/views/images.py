@@ -126,11 +126,13 @@ def beside(view: str, node: Node, base: str) -> list[tuple[str, Kind]]:
 
 def tiff_stream(meta: ArrayMeta, geo: GeoReference | None = None, hints: ngff.ArrayHints | None = None) -> ArrayStream:
     """The TIFF of an array: its header (GeoTIFF tags where `geo` places it; axes and resolution
-    from HINTS, an NGFF image's level, else axes from dimension names), then the elements in C
-    order, little-endian."""
+    from HINTS, an NGFF image's level, else axes from dimension names, v3's or xarray's
+    `_ARRAY_DIMENSIONS`), then the elements in C order, little-endian."""
     dtype = tiff.pixel_dtype(meta.dtype)
     hinted = hints is not None and len(hints.axes) == len(meta.shape)
-    axes = hints.axes if hinted else ngff.tiff_axes(meta.dimension_names)
+    names = meta.dimension_names or meta.attributes.get("_ARRAY_DIMENSIONS")  # (xarray's, on v2)
+    named = isinstance(names, (list, tuple)) and len(names) == len(meta.shape)
+    axes = hints.axes if hinted else ngff.tiff_axes(tuple(names)) if named else None
     desc = tiff.description("/" + meta.path, meta.shape, meta.dtype, meta.attributes, axes)
     tags = tiff.geo_tags(geo) if geo is not None and len(meta.shape) <= 3 else ()
     res = ngff.resolution(hints) if hints is not None and hinted else None
