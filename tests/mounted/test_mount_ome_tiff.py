@@ -86,9 +86,14 @@ def test_ome_zarr_py_image_and_labels_as_ome_tiff(mount, stores, version):
     cells = group["labels/cells"]
     assert len(dataset_paths(cells)) >= 3
     check_pyramid(mnt / OME / "labels" / "cells.ome.tif", cells, "ZYX", dataset_paths(cells))
-    assert sorted(os.listdir(mnt / OME / "labels")) == ["cells", "cells.ome.tif", "ids"]
+    assert sorted(os.listdir(mnt / OME / "labels")) == ["cells", "cells.ome.tif", "ids", "nuclei", "nuclei.ome.tif"]
     log = mount.log_text(mnt)
     assert "ome-tiff/labels/ids.ome.tif: not shown: OME-TIFF has no pixel type for uint64" in log
+    # int64 labels whose values fit: uint32, the 32-bit type that holds them all
+    nuclei = group["labels/nuclei"]
+    xml = check_pyramid(mnt / OME / "labels" / "nuclei.ome.tif", nuclei, "ZYX", dataset_paths(nuclei))
+    assert validate(xml).images[0].pixels.type.value == "uint32"
+    np.testing.assert_array_equal(tifffile.imread(mnt / OME / "labels" / "nuclei.ome.tif"), labels[version]["nuclei"])
 
 
 @pytest.mark.parametrize("version", ["0.4", "0.5"])

@@ -23,8 +23,9 @@ def _omero(root, version: str) -> None:
 
 
 def ome_zarr_image(path: Path, version: str, seed: int = 1) -> dict[str, np.ndarray]:
-    """A 5-D uint16 image with three levels, channels and labels `cells` (uint16, z, y, x) and
-    `ids` (uint64, which OME-TIFF cannot hold), written by ome-zarr-py; {label name: data}."""
+    """A 5-D uint16 image with three levels, channels and labels `cells` (uint16, z, y, x),
+    `nuclei` (int64 of small values) and `ids` (uint64 past 2^32, which OME-TIFF cannot hold),
+    written by ome-zarr-py; {label name: data}."""
     import zarr
     from ome_zarr.format import FormatV04, FormatV05
     from ome_zarr.writer import write_image, write_labels
@@ -45,10 +46,11 @@ def ome_zarr_image(path: Path, version: str, seed: int = 1) -> dict[str, np.ndar
     )
     _omero(root, version)
     cells = (rng.random(SHAPE_5D[2:]) * 5).astype("u2")
+    nuclei = (rng.random(SHAPE_5D[2:]) * 7).astype("i8")  # skimage.measure.label's type: int64
     ids = (rng.random(SHAPE_5D[2:]) * 5).astype("u8") + (1 << 40)
-    for name, labels in (("cells", cells), ("ids", ids)):
+    for name, labels in (("cells", cells), ("nuclei", nuclei), ("ids", ids)):
         write_labels(labels, root, name=name, fmt=fmt, axes="zyx", scale_factors=(2,))
-    return {"cells": cells, "ids": ids}
+    return {"cells": cells, "nuclei": nuclei, "ids": ids}
 
 
 def ngff_zarr_images(root: Path, version: str) -> None:

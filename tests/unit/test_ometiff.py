@@ -378,3 +378,27 @@ def test_tiff_view_axes_from_dimension_names_or_xarray_dimensions(names, attribu
     with tifffile.TiffFile(io.BytesIO(data)) as tf:
         assert json.loads(tf.pages[0].description).get("axes") == axes
         assert tf.series[0].axes == (axes or "QYX")
+
+
+def test_64_bit_integers_take_the_32_bit_type_that_holds_their_values():
+    assert ngff.pixel_type(np.dtype("<i8"), 0, 70000) == "uint32"
+    assert ngff.pixel_type(np.dtype("<u8"), 3, 0xFFFFFFFF) == "uint32"
+    assert ngff.pixel_type(np.dtype("<i8"), -5, 9) == "int32"
+    with pytest.raises(ngff.NotShown, match=r"values 0..4294967296"):
+        ngff.pixel_type(np.dtype("<u8"), 0, 1 << 32)
+    with pytest.raises(ngff.NotShown, match="no pixel type for int64"):
+        ngff.pixel_type(np.dtype("<i8"))  # not scanned (too large)
+
+
+def test_a_narrowed_image_refuses_values_that_no_longer_fit():
+    from zarrfs.errors import ZarrfsError
+
+    labels = np.arange(16 * 20, dtype="<i8").reshape(16, 20)
+    meta, chunks = meta_and_chunks(labels, (16, 16), "C")
+    stream = TileStream(meta, 16, 16, np.dtype("<u4"), narrowed=True)
+    plan = stream.plan(0, stream.size)
+    got = np.frombuffer(bytes(stream.assemble(plan, chunks)), "<u4").reshape(2, 16, 16)
+    np.testing.assert_array_equal(got[0], labels[:, :16])
+    chunks[(0, 1)][3, 2] = 1 << 33  # written since the layout
+    with pytest.raises(ZarrfsError, match="no longer fit"):
+        stream.assemble(plan, chunks)

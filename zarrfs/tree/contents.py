@@ -142,9 +142,33 @@ class Contents:
         for note in notes:
             if self._ome_said.first((group.path, note)):
                 log.warning("ome-tiff/%s.ome.tif: %s: left out of the pyramid", name, note)
-        ome_type = ngff.pixel_type(kept[0].dtype)
+        low, high = await self._value_range(kept) if ngff.scan_wanted(kept) else (None, None)
+        try:
+            ome_type = ngff.pixel_type(kept[0].dtype, low, high)
+        except ngff.NotShown as e:
+            if self._ome_said.first((group.path, str(e))):
+                log.warning("ome-tiff/%s.ome.tif: not shown: %s", name, e)
+            return None
         xml = ngff.ome_xml(img, img.name or name.rsplit("/", 1)[-1], kept[0].shape, ome_type)
         return ometiff.OmeTiff(kept, np.dtype(ngff.PIXEL_DTYPES[ome_type]), xml)
+
+    async def _value_range(self, levels: list[ArrayMeta]) -> tuple[int | None, int | None]:
+        """The least and greatest value of (small) integer levels; (None, None) when their
+        chunks cannot be read (the image is then not shown)."""
+        low, high = None, None
+        for meta in levels:
+            wanted = list(grid.all_chunks(meta.shape, meta.chunk_shape))
+            try:
+                chunks = await self.engine.chunks(meta, wanted)
+            except ZarrfsError as e:  # the engine logged the key
+                log.warning("ome-tiff: the values of %s could not be read: %s", meta.path, e)
+                return None, None
+            for idx in wanted:
+                valid = chunks[idx][tuple(slice(0, n) for n in grid.data_shape(idx, meta.shape, meta.chunk_shape))]
+                if valid.size:
+                    lo, hi = int(valid.min()), int(valid.max())
+                    low, high = lo if low is None else min(low, lo), hi if high is None else max(high, hi)
+        return low, high
 
     async def _level(self, group: str, path: str) -> ArrayMeta | None:
         """The array at PATH below GROUP (a child from the group's listing), or None."""

@@ -203,12 +203,41 @@ def image(attributes: dict[str, Any]) -> Image:
     )
 
 
-def pixel_type(dtype: np.dtype) -> str:
-    """The OME pixel type of an array's dtype (NotShown for those OME has not)."""
+def pixel_type(dtype: np.dtype, low: int | None = None, high: int | None = None) -> str:
+    """The OME pixel type of an array's dtype (NotShown for those OME has not). 64-bit integers
+    whose every value lies in [LOW, HIGH] (labels, scanned) take the 32-bit type that holds them."""
     code = f"{dtype.kind}{dtype.itemsize}"
+    if dtype.kind in "iu" and dtype.itemsize == 8 and low is not None and high is not None:
+        if 0 <= low and high <= 0xFFFFFFFF:
+            return "uint32"
+        if -(1 << 31) <= low and high < 1 << 31:
+            return "int32"
     if dtype.fields is not None or dtype.subdtype is not None or code not in OME_TYPES:
-        raise NotShown(f"OME-TIFF has no pixel type for {dtype} (OME's largest integers are 32-bit)")
+        scanned = "" if low is None else f", values {low}..{high}"
+        raise NotShown(f"OME-TIFF has no pixel type for {dtype}{scanned} (OME's largest integers are 32-bit)")
     return OME_TYPES[code]
+
+
+# 64-bit integer images (labels) are scanned for their values when their levels' chunks
+# decode to at most this much together: a label image of some 8 million pixels, read once
+# through the chunk cache when its file is first listed.
+SCAN_MAX_BYTES = 64 << 20
+SCAN_MAX_CHUNKS = 4096
+
+
+def scan_wanted(levels: list[ArrayMeta]) -> bool:
+    """Whether the values of an image of 64-bit integers are read to find a pixel type that holds them."""
+    chunks = [math.prod(-(-n // c) for n, c in zip(m.shape, m.chunk_shape)) for m in levels]
+    return (
+        wide_integers(levels[0].dtype)
+        and sum(chunks) <= SCAN_MAX_CHUNKS
+        and sum(n * m.chunk_nbytes for n, m in zip(chunks, levels)) <= SCAN_MAX_BYTES
+    )
+
+
+def wide_integers(dtype: np.dtype) -> bool:
+    """Whether an image's values decide its pixel type (64-bit integers: pixel_type's LOW, HIGH)."""
+    return dtype.kind in "iu" and dtype.itemsize == 8
 
 
 def reduction(base: tuple[int, ...], level: tuple[int, ...]) -> int | None:
@@ -235,7 +264,8 @@ def pyramid(img: Image, levels: list[ArrayMeta | None]) -> tuple[list[ArrayMeta]
         raise NotShown(f"level 0 has {len(base.shape)} dimensions, axes name {len(img.axes)}")
     if any(n == 0 for n in base.shape) or base.shape[-1] >= 1 << 32 or base.shape[-2] >= 1 << 32:
         raise NotShown(f"level 0's shape {base.shape} cannot be a TIFF")
-    pixel_type(base.dtype)
+    if not wide_integers(base.dtype):
+        pixel_type(base.dtype)
     kept, notes, last = [base], [], 1
     for path, meta in zip(img.paths[1:], levels[1:]):
         f = reduction(base.shape, meta.shape) if meta is not None and meta.dtype == base.dtype else None

@@ -73,11 +73,12 @@ class OmeTiff:
 
     def __init__(self, levels: list[ArrayMeta], dtype: np.dtype, xml: str) -> None:
         self.dtype = dtype
+        narrowed = dtype.itemsize < levels[0].dtype.itemsize and levels[0].dtype.kind in "iu"
         self.streams = []
         for meta in levels:
             chunks = (meta.inner or meta).chunk_shape
             th, tw = tile_extent(chunks[-2], meta.shape[-2]), tile_extent(chunks[-1], meta.shape[-1])
-            self.streams.append(TileStream(meta, th, tw, dtype))
+            self.streams.append(TileStream(meta, th, tw, dtype, narrowed))
         self.planes = self.streams[0].planes
         self.description = xml.encode("ascii") + b"\0"
         n_levels = len(levels)

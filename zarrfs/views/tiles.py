@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import grid
+from ..errors import ZarrfsError
 from ..model import ArrayMeta
 from .streams import element_span, plan_bytes
 
@@ -58,11 +59,14 @@ class TileStream:
     header = b""
     chunk = None  # (the whole array's tiles, not one chunk's)
 
-    def __init__(self, meta: ArrayMeta, tile_h: int, tile_w: int, dtype: np.dtype) -> None:
+    def __init__(self, meta: ArrayMeta, tile_h: int, tile_w: int, dtype: np.dtype, narrowed: bool = False) -> None:
         if len(meta.shape) < 2 or tile_h < 1 or tile_w < 1:
             raise ValueError(f"no tiles of an array of shape {meta.shape}")
         self.meta = meta
         self.dtype = dtype
+        # 64-bit integers shown in a narrower type their values were found to fit (labels): a
+        # value written since that does not fit is an error, never a wrapped value.
+        self.narrowed = narrowed
         self.tile_h, self.tile_w = tile_h, tile_w
         self.lead_shape = meta.shape[:-2]
         self.planes = math.prod(self.lead_shape)
@@ -87,7 +91,7 @@ class TileStream:
         if self.meta.inner is None:
             return self
         if self._reads is None:
-            self._reads = TileStream(self.meta.inner, self.tile_h, self.tile_w, self.dtype)
+            self._reads = TileStream(self.meta.inner, self.tile_h, self.tile_w, self.dtype, self.narrowed)
         return self._reads
 
     def chunk_end(self, idx: Index) -> int:
@@ -178,5 +182,16 @@ class TileStream:
                         slice(lo_y - cy * ch, hi_y - cy * ch),
                         slice(lo_x - cx * cw, hi_x - cx * cw),
                     )
-                    box[lo_y - b.y : hi_y - b.y, lo_x - b.x : hi_x - b.x] = chunk[region]
+                    src = chunk[region]
+                    if self.narrowed:
+                        self._check_fits(src)
+                    box[lo_y - b.y : hi_y - b.y, lo_x - b.x : hi_x - b.x] = src
         return plan_bytes(plan, buf.view(np.uint8))
+
+    def _check_fits(self, values: np.ndarray) -> None:
+        info = np.iinfo(self.dtype)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+            raise ZarrfsError(
+                f"{self.meta.path}: values written after its OME-TIFF was laid out no longer fit "
+                f"its {self.dtype.name} pixels"
+            )
