@@ -160,6 +160,17 @@ class NetcdfHandle(Handle):
         super().__init__(ns, entry)
         self.readaheads: dict[int, ReadAhead] = {}
 
+    def read_now(self, offset: int, size: int) -> bytes | None:
+        """A read of header bytes alone (directories, tables, the OME-XML: what readers parse
+        first, in many small reads) is made from their offsets at once."""
+        entry = self.entry
+        if entry.error is not None or entry.checked != self.ns.freshness.epoch or entry.laid_out is None:
+            return None
+        parts = list(entry.laid_out.parts(offset, size))
+        if not all(isinstance(p, bytes) for p in parts):
+            return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     async def read(self, offset: int, size: int) -> bytes:
         await self.current()
         if self.entry.error is not None:
@@ -184,6 +195,17 @@ class OmeTiffHandle(Handle):
     def __init__(self, ns: Namespace, entry: Entry) -> None:
         super().__init__(ns, entry)
         self.readaheads: dict[int, ReadAhead] = {}
+
+    def read_now(self, offset: int, size: int) -> bytes | None:
+        """A read of header bytes alone (directories, tables, the OME-XML: what readers parse
+        first, in many small reads) is made from their offsets at once."""
+        entry = self.entry
+        if entry.error is not None or entry.checked != self.ns.freshness.epoch or entry.laid_out is None:
+            return None
+        parts = list(entry.laid_out.parts(offset, size))
+        if not all(isinstance(p, bytes) for p in parts):
+            return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def read(self, offset: int, size: int) -> bytes:
         await self.current()
