@@ -139,7 +139,7 @@ def _base64(value: str, padded: bool) -> bytes:
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/]")
 
 
-def _bytes_value(value: Any) -> bytes:
+def bytes_value(value: Any) -> bytes:
     """Bytes of a fill value given as base64 text (padded or not) or a list of byte values."""
     if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
         return bytes(value)
@@ -161,7 +161,7 @@ def _legacy_bytes(value: Any, dtype: np.dtype) -> bytes:
             return value.encode("ascii")
     if isinstance(value, (bool, int, float)):
         return bytes(np.array(value, dtype=dtype)[()])
-    return _bytes_value(value)
+    return bytes_value(value)
 
 
 def _bool_value(value: Any) -> bool:
@@ -232,14 +232,14 @@ def fill_value(value: Any, dtype: np.dtype, bytes_as_text: bool = False, legacy:
         value = value[0]
     try:
         if dtype.fields is not None or kind == "V":
-            raw = _bytes_value(value)
+            raw = bytes_value(value)
             out = np.frombuffer(raw.ljust(dtype.itemsize, b"\0")[: dtype.itemsize], dtype=dtype)[0]
             return np.array(out, dtype=dtype)
         if kind == "S":
             if bytes_as_text and isinstance(value, str):
                 raw = value.encode("latin1")
             else:
-                raw = _legacy_bytes(value, dtype) if legacy else _bytes_value(value)
+                raw = _legacy_bytes(value, dtype) if legacy else bytes_value(value)
             out[()] = raw[: dtype.itemsize]
         elif kind == "U":
             if not isinstance(value, (str, bool, int, float)):

@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
+# Icechunk's own name for the virtual chunk containers a repository's reader trusts (named here,
+# the lowest layer, so that a store's error message can suggest the option).
+AUTHORIZE = "authorize_virtual_chunk_access"
+
 
 @dataclasses.dataclass(frozen=True)
 class OptionDoc:

@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from . import grid
+from . import grid, npy
 from .codecs.chain import CodecChain
 from .errors import MetadataError, ZarrfsError
 from .storage import chunksource
 from .storage.keys import ChunkKeys
-from .views import npy
 
 # An array's .npy file size is an off_t (st_size, read offsets): signed 64 bits.
 MAX_FILE_BYTES = 2**63 - 1

@@ -11,12 +11,10 @@ import urllib.parse
 from typing import Any
 
 from .errors import UserError
-from .manual import OPTION_NAMES
+from .manual import AUTHORIZE, OPTION_NAMES
 
 FORMATS = ("auto", "v1", "v2", "v3", "v3-draft", "icechunk")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-# Icechunk's own name for the virtual chunk containers a repository's reader trusts.
-AUTHORIZE = "authorize_virtual_chunk_access"
 URL_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 # Standard FUSE / mount(8) options that we pass through to libfuse (with a value) or accept

@@ -473,7 +473,7 @@ def test_vlen_arrays_read_as_fixed_width(tmp_path, fmt):
 
 
 def test_vlen_width_scan_is_bounded(tmp_path, monkeypatch):
-    from zarrfs.codecs import vlen
+    from zarrfs.formats import vlen
 
     path = tmp_path / "s"
     _write_vlen(path, 3)

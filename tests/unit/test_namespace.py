@@ -234,7 +234,7 @@ def test_an_open_while_a_versioned_store_moves_starts_without_the_kernel_s_pages
 
     from zarrfs.tree.entries import Entry
     from zarrfs.tree.freshness import Freshness
-    from zarrfs.tree.kinds import Kind
+    from zarrfs.views.kinds import Kind
 
     def freshness_of(store, ttl):
         ns = SimpleNamespace(engine=None, hierarchy=SimpleNamespace(store=store), inodes=None)

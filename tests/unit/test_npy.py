@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrfs.views import npy
+from zarrfs import npy
 
 DTYPES = [
     "|b1",

@@ -25,7 +25,6 @@ from zarrfs.storage.staging import (
     LEASE_STALE_S,
     Lease,
     LeaseKeeper,
-    staging_dirs,
     staging_writer,
     sweep_sync,
     this_machine,
@@ -141,7 +140,7 @@ def test_a_sweep_finds_staging_where_each_format_puts_it(tmp_path, fixture, grou
     root = tmp_path / "s"
     shutil.copytree(FIXTURES / fixture, root)
     h = _hierarchy(root)
-    assert where in list(staging_dirs(h))
+    assert where in list(h.staging_dirs())
     assert h.staging_prefix(f"{group}/x".lstrip("/"), "w-t") == f"{where}/.zarrfs-new-w-t".lstrip("/")
     dead = _lease(_dead_pid(), 1, writer="deaddeaddead")
     (root / ".zarrfs-lease-deaddeaddead").write_bytes(dead.to_bytes())
@@ -229,5 +228,5 @@ def test_a_root_array_is_not_walked_for_groups(tmp_path):
     listed = []
     real = h.store.list_dir_sync
     h.store.list_dir_sync = lambda prefix: listed.append(prefix) or real(prefix)
-    assert list(staging_dirs(h)) == [""]
+    assert list(h.staging_dirs()) == [""]
     assert listed == [], "the chunk directories of a root array were searched for groups"

@@ -17,6 +17,7 @@ from ..model import BrokenNode
 from ..options import Options, read_storage_options_file, redact_url, secrets_in
 from ..storage import icechunk
 from ..storage.diskcache import DiskCache, DiskCachedStore, default_cache_dir, store_identity
+from ..storage.keys import RESERVED_PREFIX
 from ..storage.references import open_references_sync
 from ..storage.remote import (
     REMOTE_METADATA_TTL_S,
@@ -99,7 +100,7 @@ def build(source: str, options: Options) -> ZarrOperations:
                 disk,
                 store_identity(source, storage_options),
                 metadata_ttl_s,
-                own_prefix=formats.base.RESERVED_PREFIX,
+                own_prefix=RESERVED_PREFIX,
             )
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later

@@ -9,7 +9,7 @@ import logging
 import math
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 from ..errors import (
@@ -21,7 +21,7 @@ from ..errors import (
     ZarrfsError,
 )
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node
-from ..storage.keys import check_key, join
+from ..storage.keys import RESERVED_PREFIX, STAGING_PREFIX, check_key, join
 from ..storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,9 @@ log = logging.getLogger(__name__)
 CHUNK_BASE_BYTES = 256 << 10
 CHUNK_MIN_BYTES = 128 << 10
 CHUNK_MAX_BYTES = 64 << 20
-# Names starting with this are the mount's own (staging areas of arrays being written):
-# never a node, never accepted from users, hidden from listings.
-RESERVED_PREFIX = ".zarrfs"
-# Where the chunks of an array being created or replaced go until it is complete: a sibling
-# prefix with no metadata document, which no reader takes for a node.
-STAGING_PREFIX = RESERVED_PREFIX + "-new-"
+# At most this many groups are listed when a mount looks for staging areas: a hierarchy with
+# more groups is checked in part (the groups found first), and the log says so.
+SWEEP_MAX_GROUPS = 10_000
 # Documents of every format with a document per node: a plain file under one of these names could
 # make a reader (or format detection) take the directory for a node of that format.
 FORMAT_DOCUMENT_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
@@ -252,6 +249,19 @@ class Hierarchy(abc.ABC):
     def staging_dir(self, group: str) -> str:
         """The store prefix holding the staging areas of arrays written into `group`."""
         return group
+
+    def staging_dirs(self, max_groups: int = SWEEP_MAX_GROUPS) -> Iterator[str]:
+        """The store prefixes that may hold staging areas: one per group, found from the root down."""
+        stack, seen = [""], 0
+        while stack and seen < max_groups:
+            group = stack.pop()
+            seen += 1
+            yield self.staging_dir(group)
+            if not group and not isinstance(self.node_sync(""), GroupMeta):
+                break  # a root array (every v1 store): its directories are chunks, not groups
+            stack.extend(sorted((c.path for c in self.children_sync(group) if isinstance(c, GroupMeta)), reverse=True))
+        if stack:
+            log.info("looked for staging areas in the first %d groups only", max_groups)
 
     def staging_prefix(self, path: str, token: str) -> str:
         """Where chunks of the array being written at `path` go until it is committed."""

@@ -9,14 +9,15 @@ import logging
 from typing import Any
 
 from .. import dtypes
-from ..codecs import vlen
 from ..codecs.adapters import BytesBytes, compressor_config, numcodecs_codec
 from ..codecs.chain import BytesLayout, CodecChain, UnusableChain
+from ..codecs.vlen import VLEN_KINDS, vlen_step
 from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
 from ..storage.keys import ChunkKeys, join
 from ..storage.store import Store
+from . import vlen
 from .base import consolidated_path, guess_chunks, json_object
 from .datasets import V2_DIMENSIONS_ATTR
 from .nodedocs import NodeDocsHierarchy
@@ -169,7 +170,7 @@ def _vlen_array(
     """An object array whose first filter is vlen-utf8 or vlen-bytes (its width still to be found)."""
     filters = doc.get("filters") or []
     first = filters[0].get("id") if filters and isinstance(filters[0], dict) else None
-    if first not in vlen.VLEN_KINDS:
+    if first not in VLEN_KINDS:
         raise Unsupported(
             f"{key}: data type '|O' with filters {filters!r}: only vlen-utf8 and vlen-bytes object arrays are readable"
         )
@@ -179,7 +180,7 @@ def _vlen_array(
         path,
         shape,
         chunks,
-        vlen.vlen_step(first, order, key),
+        vlen_step(first, order, key),
         rest.bytes_bytes,
         doc.get("fill_value"),
         keys=ChunkKeys(path, _separator(doc, key), "", "0"),

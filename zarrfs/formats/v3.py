@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 from .. import dtypes
-from ..codecs import vlen
 from ..codecs.adapters import (
     BLOSC_SHUFFLE_NAMES,
     BytesBytes,
@@ -20,11 +19,13 @@ from ..codecs.adapters import (
 )
 from ..codecs.chain import BytesLayout, CodecChain, Transpose, UnusableChain, transpose_order
 from ..codecs.sharding import ShardingIndexed
+from ..codecs.vlen import vlen_step
 from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
 from ..storage.keys import ChunkKeys, join
 from ..storage.store import Store
+from . import vlen
 from .base import consolidated_path, guess_chunks, json_object, root_zarr_json_sync
 from .nodedocs import NodeDocsHierarchy
 
@@ -271,7 +272,7 @@ def _vlen_array(
         path,
         shape,
         chunks,
-        vlen.vlen_step(first, "C", key),
+        vlen_step(first, "C", key),
         rest.bytes_bytes,
         doc["fill_value"],
         keys=chunk_keys(path, doc.get("chunk_key_encoding"), key),

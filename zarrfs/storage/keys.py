@@ -8,6 +8,13 @@ import re
 
 from ..errors import MetadataError
 
+# Names starting with this are the mount's own (staging areas of arrays being written):
+# never a node, never accepted from users, hidden from listings.
+RESERVED_PREFIX = ".zarrfs"
+# Where the chunks of an array being created or replaced go until it is complete: a sibling
+# prefix with no metadata document, which no reader takes for a node.
+STAGING_PREFIX = RESERVED_PREFIX + "-new-"
+
 
 def check_key(key: str) -> str:
     """Refuse keys that would leave the store: absolute, `..`, empty segments, NUL, backslash."""

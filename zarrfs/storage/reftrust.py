@@ -22,7 +22,7 @@ from typing import Any
 import fsspec
 
 from ..errors import StoreError, UserError
-from ..options import AUTHORIZE
+from ..manual import AUTHORIZE
 from ..repeats import LogOnce
 from .refspec import target_problem
 from .remote import GCS_PROTOCOLS, HTTP_PROTOCOLS, S3_PROTOCOLS, protocol_of

@@ -20,13 +20,11 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ZarrfsError
-from ..formats.base import RESERVED_PREFIX, STAGING_PREFIX, Hierarchy
-from ..model import GroupMeta
 from ..repeats import LogOnce
-from .keys import join
+from .keys import RESERVED_PREFIX, STAGING_PREFIX, join
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -37,9 +35,6 @@ LEASE_REFRESH_S = 300.0
 # A lease of another machine not refreshed for this long names a writer that is gone: twelve
 # missed refreshes, and room for clocks of different machines that disagree by many minutes.
 LEASE_STALE_S = 3600.0
-# At most this many groups are listed when a mount looks for staging areas: a hierarchy with
-# more groups is checked in part (the groups found first), and the log says so.
-SWEEP_MAX_GROUPS = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,22 +202,16 @@ class LeaseKeeper:
             log.warning("%s: this writer's lease could not be written or erased: %s", self.key, error)
 
 
-def staging_dirs(hierarchy: Hierarchy, max_groups: int = SWEEP_MAX_GROUPS) -> Iterator[str]:
-    """The store prefixes that may hold staging areas: one per group, found from the root down."""
-    stack, seen = [""], 0
-    while stack and seen < max_groups:
-        group = stack.pop()
-        seen += 1
-        yield hierarchy.staging_dir(group)
-        if not group and not isinstance(hierarchy.node_sync(""), GroupMeta):
-            break  # a root array (every v1 store): its directories are chunks, not groups
-        stack.extend(sorted((c.path for c in hierarchy.children_sync(group) if isinstance(c, GroupMeta)), reverse=True))
-    if stack:
-        log.info("looked for staging areas in the first %d groups only", max_groups)
+class StagingPlaces(Protocol):
+    """What a sweep asks of a hierarchy (formats/base.py): its store and where staging areas may be."""
+
+    store: Store
+
+    def staging_dirs(self) -> Iterator[str]: ...
 
 
 def sweep_sync(
-    hierarchy: Hierarchy, own_writer: str, now_s: float | None = None, dirs: Iterator[str] | None = None
+    hierarchy: StagingPlaces, own_writer: str, now_s: float | None = None, dirs: Iterator[str] | None = None
 ) -> dict[str, Any]:
     """Remove the staging areas (and leases) of writers that died, each with one log line.
 
@@ -240,7 +229,7 @@ def sweep_sync(
             for name in files
             if name.startswith(LEASE_PREFIX) and name != LEASE_PREFIX + own_writer
         }
-        for parent in staging_dirs(hierarchy) if dirs is None else dirs:
+        for parent in hierarchy.staging_dirs() if dirs is None else dirs:
             for name in store.list_dir_sync(parent)[1]:
                 if not name.startswith(STAGING_PREFIX):
                     continue

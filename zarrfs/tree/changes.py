@@ -17,11 +17,11 @@ from ..errors import Exists, InvalidArgument, IsADir, NotADir, NotEmpty, NotFoun
 from ..formats.datasets import attributes_kept
 from ..model import ArrayMeta, BrokenNode, Node
 from ..storage.keys import join
+from ..views.kinds import Kind
 from .entries import NPY_SUFFIX
 from .held import HeldFile, is_held_name
 from .ingest import Incoming
 from .inodes import ROOT_INODE
-from .kinds import Kind
 
 if TYPE_CHECKING:
     from .entries import Entry

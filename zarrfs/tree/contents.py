@@ -17,8 +17,8 @@ from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta, GroupMeta
 from ..repeats import LogOnce
 from ..views import images, netcdf, ngff, ometiff, registry
+from ..views.kinds import Kind
 from ..views.previews import Previews
-from .kinds import Kind
 
 if TYPE_CHECKING:
     from .entries import Entry

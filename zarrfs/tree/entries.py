@@ -10,9 +10,9 @@ from typing import Any
 from ..errors import NotFound, ZarrfsError
 from ..model import ArrayMeta, Node
 from ..views import images, slices
+from ..views.kinds import ARRAY_FILE_KINDS, DIR_KINDS, WRITABLE_KINDS, Kind
 from ..views.registry import ARRAY_VIEWS
 from ..views.streams import ArrayStream, chunk_file_size
-from .kinds import ARRAY_FILE_KINDS, DIR_KINDS, WRITABLE_KINDS, Kind
 
 __all__ = ["Entry", "Kind", "Maker", "fs_name", "name_problem", "root_array_stem", "slice_stream"]
 

@@ -27,7 +27,7 @@ from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
 from ..repeats import LogOnce
 from ..views import netcdf
-from .kinds import Kind
+from ..views.kinds import Kind
 from .versions import is_version_path
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..model import BrokenNode
 from ..views import images
-from .kinds import ARRAY_FILE_KINDS, Kind
+from ..views.kinds import ARRAY_FILE_KINDS, Kind
 
 if TYPE_CHECKING:
     from .entries import Entry

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import npy
 from ..dtypes import check_fixed_size
 from ..errors import (
     Exists,
@@ -27,10 +28,9 @@ from ..errors import (
 from ..formats.datasets import in_dataset
 from ..model import NewArray, Node
 from ..storage.staging import LeaseKeeper
-from ..views import npy
+from ..views.kinds import Kind
 from ..views.streams import ArrayStream
 from .held import ADOPT_BLOCK_BYTES
-from .kinds import Kind
 
 if TYPE_CHECKING:
     from .entries import Entry

@@ -10,8 +10,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, ZarrfsError
-from ..formats.base import RESERVED_PREFIX
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
+from ..storage.keys import RESERVED_PREFIX
 from ..views import ngff, registry
 from ..views.registry import STATS_FILE, VIEW_DIRS
 from .entries import Entry, Kind, Maker, name_problem

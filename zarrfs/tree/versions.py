@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..model import GroupMeta
 from ..storage.icechunk import SNAPSHOT_PREFIX
-from .kinds import Kind
+from ..views.kinds import Kind
 
 if TYPE_CHECKING:
     from .entries import Entry

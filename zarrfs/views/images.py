@@ -16,9 +16,9 @@ from xml.sax.saxutils import escape, quoteattr
 import numpy as np
 
 from ..model import ArrayMeta, Node
-from ..tree.kinds import Kind
 from . import histograms, ngff, preview, tiff
 from .georef import GeoReference, crs_of_wkt, number_text
+from .kinds import Kind
 from .streams import ArrayStream, npy_header
 
 # ENVI `data type` codes (ENVI header format; GDAL's ENVI driver reads the same table).

@@ -15,8 +15,8 @@ import numpy as np
 
 from .. import grid
 from ..model import ArrayMeta, GroupMeta, Node
-from ..tree.kinds import Kind
 from . import images
+from .kinds import Kind
 
 VIEWS_DIR = ".zarrfs"
 STATS_FILE = "stats.json"

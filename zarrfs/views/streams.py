@@ -14,9 +14,8 @@ import math
 
 import numpy as np
 
-from .. import grid
+from .. import grid, npy
 from ..model import ArrayMeta
-from . import npy
 
 # Reads of at least this many rows (of the last dimension) are assembled a whole row at a time
 # (`_assemble_rows`: one copy per chunk per run of rows, at most two rows' extra bytes).

@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from ...errors import Conflict, StoreError, UserError, ZarrfsError
-from ...options import AUTHORIZE
+from ...manual import AUTHORIZE
 from ...repeats import RepeatedFailures
 from ..remote import install_hint
 from ..store import Store

@@ -1,4 +1,4 @@
-"""The kinds of file and directory a mount shows: one enum, free of imports so views can name them too."""
+"""The kinds of file and directory a mount shows: one enum, named by the views and the tree."""
 
 from __future__ import annotations
 
