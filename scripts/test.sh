@@ -55,6 +55,8 @@ fi
 # Lint and format check of the whole repository before the tests (configuration in pyproject.toml).
 .venv/bin/python -m ruff check .
 .venv/bin/python -m ruff format --check .
+# Type check of the package (configuration under [tool.mypy] in pyproject.toml).
+.venv/bin/python -m mypy
 # Both passes run whatever the other did; the exit status is the first failure's.
 status=0
 .venv/bin/python -m pytest "$@" || status=$?

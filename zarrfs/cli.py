@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from . import __version__
 from .errors import UserError
@@ -23,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _ManAction(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help"))
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:

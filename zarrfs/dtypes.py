@@ -285,7 +285,7 @@ def v3_dtype_json(dtype: np.dtype) -> tuple[Any, str]:
     base = dtype.newbyteorder("<") if dtype.byteorder in "<>=" else dtype
     if base in _V3_BY_NUMPY:
         return _V3_BY_NUMPY[base], endian
-    if dtype.fields is not None:
+    if dtype.fields is not None and dtype.names is not None:
         fields = [[name, v3_dtype_json(dtype.fields[name][0])[0]] for name in dtype.names]
         return {"name": "structured", "configuration": {"fields": fields}}, endian
     if dtype.kind == "S":

@@ -8,6 +8,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pyfuse3
@@ -227,7 +228,7 @@ class ZarrOperations(pyfuse3.Operations):
         with self.engine.interrupts.watch(getattr(ctx, "pid", None)):
             return await self._reply(await self.ns.lookup(parent_inode, fs_name(name)))
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         """The kernel dropped references: entries nothing refers to are freed (must not raise)."""
         for inode, nlookup in inode_list:
             try:
@@ -306,7 +307,7 @@ class ZarrOperations(pyfuse3.Operations):
             self.commits.opened(info.fh, ctx.uid)
         return info
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         # The errno boundary written out (no @boundary): the most frequent request, one
         # coroutine less.
         try:
@@ -436,10 +437,10 @@ class ZarrOperations(pyfuse3.Operations):
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
         raise pyfuse3.FUSEError(errno.EROFS if not self.options.writable else errno.EPERM)
 
-    async def _refuse(self, *args: Any) -> None:
+    async def _refuse(self, *args: Any) -> Any:
         raise pyfuse3.FUSEError(errno.EROFS if not self.options.writable else errno.EPERM)
 
-    mknod = symlink = link = _refuse
+    mknod = symlink = link = _refuse  # type: ignore[assignment]  # (refused whatever their arguments)
 
     @boundary
     async def access(self, inode: int, mode: int, ctx: Any) -> bool:

@@ -86,7 +86,7 @@ def parse_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | N
     return tuple(int(n) for n in shape), bool(fortran), dtype, start + hlen
 
 
-def incomplete_reason(data: bytes) -> str:
+def incomplete_reason(data: bytes | bytearray) -> str:
     """Why bytes that stop short of a whole NPY header are not one (for the log and the caller)."""
     if len(data) >= len(MAGIC) + 4:
         len_size = 2 if data[len(MAGIC)] == 1 else 4

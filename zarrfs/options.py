@@ -216,7 +216,9 @@ def _need(name: str, value: str | None) -> str:
 
 def split_o(text: str) -> list[str]:
     """Split one `-o` argument at commas, keeping commas inside JSON braces or brackets."""
-    items, depth, cur, quote = [], 0, [], False
+    items: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, False
     for ch in text:
         if ch == '"':
             quote = not quote

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bz2
 import lzma
+import types
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,9 @@ from numcodecs.compat import ensure_contiguous_ndarray
 from ..errors import CorruptChunk
 
 try:  # ISA-L's inflate, zlib's API: gzip and zlib chunks decode faster (docs/PERFORMANCE.md)
-    from isal import isal_zlib as inflate_lib
+    from isal import isal_zlib
+
+    inflate_lib: types.ModuleType = isal_zlib
 except ImportError:  # no wheel for this platform (pyproject installs it on x86_64 and aarch64)
     inflate_lib = zlib
 
@@ -129,11 +132,11 @@ def decode_bounded(codec: Any, data: Any, limit: int, name: str, out: np.ndarray
     elif cid == "gzip":
         return inflate_bounded(lambda: inflate_lib.decompressobj(GZIP_WBITS), u1(data), limit, name, members=True)
     elif cid == "bz2":
-        return inflate_bounded(bz2.BZ2Decompressor, memoryview(u1(data)), limit, name, members=True)
+        return inflate_bounded(bz2.BZ2Decompressor, u1(data).data, limit, name, members=True)
     elif cid == "lzma":
         return inflate_bounded(
             lambda: lzma.LZMADecompressor(format=codec.format, filters=codec.filters),
-            memoryview(u1(data)),
+            u1(data).data,
             limit,
             name,
             members=codec.format != lzma.FORMAT_RAW,

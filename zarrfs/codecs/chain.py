@@ -15,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from ..errors import CorruptChunk, MetadataError, UnknownCodec
 from .bounded import u1
+
+# The order of a chunk's elements in memory or in its stored bytes: C (row-major) or F.
+MemoryOrder = Literal["C", "F"]
 
 
 class ArrayArrayCodec(Protocol):
@@ -38,7 +41,7 @@ class ArrayArrayCodec(Protocol):
 class ArrayBytesCodec(Protocol):
     """The array->bytes step (bytes layout, sharding, vlen, pcodec): bytes of exactly one chunk, and back."""
 
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray: ...
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray | None) -> np.ndarray: ...
 
     def encode(self, arr: np.ndarray, fill: np.ndarray) -> Any: ...
 
@@ -74,10 +77,10 @@ def _conforms(cls: type, role: type) -> bool:
 def _check_roles(array_array: tuple, array_bytes: Any, bytes_bytes: tuple) -> None:
     """Refuse (TypeError) a chain whose steps do not stand in their roles: a format's mistake, found
     when the chain is built rather than at its first decode."""
-    steps = [(s, ArrayArrayCodec) for s in array_array] + [(array_bytes, ArrayBytesCodec)]
+    steps: list[tuple[object, type]] = [(s, ArrayArrayCodec) for s in array_array] + [(array_bytes, ArrayBytesCodec)]
     steps += [(s, BytesBytesCodec) for s in bytes_bytes]
     for step, role in steps:
-        if not _conforms(type(step), role):
+        if not _conforms(type(step), role):  # type: ignore[arg-type]  # (classes hash; mypy's type.__hash__ disagrees)
             raise TypeError(f"{type(step).__name__} cannot stand in the {role.__name__} role")
 
 
@@ -132,7 +135,7 @@ class BytesLayout:
     """
 
     endian: str | None = "little"
-    order: str = "C"
+    order: MemoryOrder = "C"
 
     def stored_dtype(self, dtype: np.dtype) -> np.dtype:
         """`dtype` in the byte order its elements are stored in."""
@@ -140,7 +143,7 @@ class BytesLayout:
             return dtype.newbyteorder("<" if self.endian == "little" else ">")
         return dtype
 
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray | None) -> np.ndarray:
         stored = self.stored_dtype(dtype)
         raw = u1(data)
         expected = math.prod(shape) * dtype.itemsize
@@ -175,7 +178,7 @@ class CodecChain:
         _check_roles(self.array_array, self.array_bytes, self.bytes_bytes)
 
     def decode(
-        self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray, out: np.ndarray | None = None
+        self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray | None, out: np.ndarray | None = None
     ) -> np.ndarray:
         """Decode stored bytes into an array of exactly `shape` and `dtype` (may be F-ordered).
 
@@ -291,7 +294,9 @@ class UnusableChain(CodecChain):
     def _fail(self) -> Exception:
         return type(self.error)(str(self.error))
 
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+    def decode(
+        self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray | None, out: np.ndarray | None = None
+    ) -> np.ndarray:
         raise self._fail()
 
     def encode(self, arr: np.ndarray, fill: np.ndarray) -> bytes:

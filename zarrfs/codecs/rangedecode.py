@@ -21,7 +21,6 @@ from .rangedecoders import (
     BLOSC_HEADER_BYTES,
     BLOSC_TABLE_MAX_BYTES,
     SPAN_BYTES,
-    WINDOW_BYTES,
     ZSTD_MAX_WINDOW_BYTES,
     ZSTD_MIN_WINDOW_BYTES,
     BloscBlocks,
@@ -35,6 +34,7 @@ from .rangedecoders import (
 from .rangedecoders import MIN_WINDOW_BYTES as MIN_WINDOW_BYTES
 from .rangedecoders import OUT_STEP_BYTES as OUT_STEP_BYTES
 from .rangedecoders import STATE_BASE_BYTES as STATE_BASE_BYTES
+from .rangedecoders import WINDOW_BYTES as WINDOW_BYTES
 from .rangedecoders import back_of as back_of
 from .rangedecoders import span_of as span_of
 

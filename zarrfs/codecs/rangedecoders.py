@@ -20,9 +20,9 @@ from ..errors import CorruptChunk
 from .bounded import grown_bound, is_zlib_stream
 
 try:  # zstd frames decoded as a stream (numcodecs' Zstd decodes whole frames only)
-    import zstandard
+    import zstandard as zstandard  # (rangedecode.py asks whether it is there)
 except ImportError:  # then zstd chunks larger than the cache are decoded whole
-    zstandard = None
+    zstandard = None  # type: ignore[assignment]
 
 # Encoded bytes read from the store at a time.
 ENCODED_STEP_BYTES = 1 << 20
@@ -137,7 +137,11 @@ class StreamDecoder(RangeDecoder):
         if cid == "zstd":
             most = ZSTD_MAX_WINDOW_BYTES if self.limit is None else min(self.limit, ZSTD_MAX_WINDOW_BYTES)
             dctx = zstandard.ZstdDecompressor(max_window_size=max(most, ZSTD_MIN_WINDOW_BYTES))
-            self.reader = dctx.stream_reader(self.source, read_size=self.source.step, read_across_frames=True)
+            self.reader = dctx.stream_reader(
+                self.source,  # type: ignore[arg-type]  # (file-like: zstandard only calls read)
+                read_size=self.source.step,
+                read_across_frames=True,
+            )
         else:
             self.obj = self._new()
 
@@ -233,7 +237,7 @@ class StreamDecoder(RangeDecoder):
         while self.pos < hi:
             self._step(min(self.out_step, hi - self.pos), lo)
         start = self.held - (self.pos - lo)
-        return memoryview(self.window)[start : start + hi - lo]
+        return self.window.data[start : start + hi - lo]
 
 
 class BloscBlocks(RangeDecoder):
@@ -263,7 +267,7 @@ class BloscBlocks(RangeDecoder):
     def read(self, lo: int, hi: int) -> memoryview:
         self._check(lo, hi)
         if self.kept_at <= lo and hi <= self.kept_at + len(self.kept):
-            return memoryview(self.kept)[lo - self.kept_at : hi - self.kept_at]
+            return self.kept.data[lo - self.kept_at : hi - self.kept_at]
         if self.flags & BLOSC_MEMCPYED:  # stored as it is, after the header
             at = BLOSC_HEADER_BYTES
             data = self.fetch(at + lo, at + hi)
@@ -278,9 +282,9 @@ class BloscBlocks(RangeDecoder):
             out[: kept_end - lo] = self.kept[lo - self.kept_at :]
             self._keep(kept_end // self.blocksize, last)
             out[kept_end - lo :] = self.kept[kept_end - self.kept_at : hi - self.kept_at]
-            return memoryview(out)
+            return out.data
         self._keep(first, last)
-        return memoryview(self.kept)[lo - self.kept_at : hi - self.kept_at]
+        return self.kept.data[lo - self.kept_at : hi - self.kept_at]
 
     def _keep(self, first: int, last: int) -> None:
         """Blocks FIRST..LAST decoded and kept (one more before them where blosc needs it)."""
@@ -325,7 +329,7 @@ class BloscBlocks(RangeDecoder):
         frame = bytearray(at + int(lengths.sum()))
         if hi - lo <= 2 * lengths.sum():  # (their bytes together, in one read)
             span = self.fetch(lo, hi)
-            parts = [memoryview(span)[a - lo : b - lo] for a, b in bounds.tolist()]
+            parts: list[bytes | memoryview] = [memoryview(span)[a - lo : b - lo] for a, b in bounds.tolist()]
         else:
             parts = [self.fetch(a, b) for a, b in bounds.tolist()]
         new_starts = []

@@ -169,7 +169,7 @@ class ShardingIndexed:
             if keep is not None and pos in keep:
                 parts[pos] = keep[pos]
                 continue
-            inner = arr[(*grid.chunk_slices(pos, shape, self.inner_chunks), ...)]
+            inner = arr[grid.chunk_slices(pos, shape, self.inner_chunks)]
             if not is_fill(inner, fill):
                 parts[pos] = self.inner.encode(inner, fill)  # b"" for a nested shard of fill
         return self.layout.assemble(parts, per_shard)

@@ -15,6 +15,7 @@ import numcodecs
 import numpy as np
 
 from ..errors import CorruptChunk, Unsupported
+from .chain import MemoryOrder
 
 # The numcodecs id of each vlen codec and the numpy kind it is shown as.
 VLEN_KINDS = {"vlen-utf8": "U", "vlen-bytes": "S"}
@@ -29,7 +30,7 @@ class VLenArrayBytes:
     """
 
     name: str
-    order: str = "C"
+    order: MemoryOrder = "C"
 
     @property
     def kind(self) -> str:
@@ -42,7 +43,7 @@ class VLenArrayBytes:
             raise CorruptChunk(f"{self.name} chunk holds {out.size} items, expected {count}")
         return out
 
-    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray) -> np.ndarray:
+    def decode(self, data: Any, shape: tuple[int, ...], dtype: np.dtype, fill: np.ndarray | None) -> np.ndarray:
         items = self.items(data, math.prod(shape))
         fixed = fixed_width(items, self.kind)
         if fixed.dtype.itemsize > dtype.itemsize:
@@ -74,7 +75,7 @@ def fixed_width(items: np.ndarray, kind: str) -> np.ndarray:
         raise CorruptChunk(f"elements are not {'strings' if kind == 'U' else 'bytes'}: {e}") from None
 
 
-def vlen_step(name: Any, order: str, where: str) -> VLenArrayBytes:
+def vlen_step(name: Any, order: MemoryOrder, where: str) -> VLenArrayBytes:
     """The array->bytes step of a vlen codec name, or Unsupported for other object codecs."""
     if name not in VLEN_KINDS:
         raise Unsupported(f"{where}: object codec {name!r} is not supported (only vlen-utf8, vlen-bytes)")

@@ -65,7 +65,7 @@ def build(source: str, options: Options) -> ZarrOperations:
         options.format == "auto" and icechunk.looks_like_repository_sync(store)
     )
     if versioned:
-        store = icechunk.IcechunkStore(
+        store = icechunk.IcechunkStore(  # type: ignore[assignment]
             source,
             storage_options,
             ref=options.ref,
@@ -95,7 +95,7 @@ def build(source: str, options: Options) -> ZarrOperations:
         disk = DiskCache(options.cache_dir or default_cache_dir(), options.disk_cache_bytes)
         if disk.usable:
             log.info("disk cache: %s, at most %d bytes", disk.directory, disk.max_bytes)
-            store = DiskCachedStore(
+            store = DiskCachedStore(  # type: ignore[assignment]
                 store,
                 disk,
                 store_identity(source, storage_options),
@@ -107,7 +107,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     if versioned:  # an Icechunk snapshot holds a Zarr v3 hierarchy, read as it is
         hierarchy = IcechunkHierarchy.open_sync(store, options)
     else:
-        hierarchy = formats.open_hierarchy_sync(store, options.format, options)
+        hierarchy = formats.open_hierarchy_sync(store, options.format, options)  # type: ignore[assignment]
     root = hierarchy.node_sync("")
     if root is None:
         raise UserError(f"{shown}: not a Zarr hierarchy")

@@ -8,6 +8,7 @@ import logging.handlers
 import os
 import re
 import sys
+from typing import Any
 
 from ..errors import UserError
 from ..options import Options
@@ -80,7 +81,7 @@ class OneLineFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         return escape_log_text(redact(super().formatMessage(record)))
 
-    def formatException(self, ei) -> str:
+    def formatException(self, ei: Any) -> str:
         return _UNSAFE_IN_TRACEBACK.sub(_escape_char, redact(super().formatException(ei)))
 
     def formatStack(self, stack_info: str) -> str:

@@ -145,11 +145,11 @@ class Engine:
             return await self.streams.read(stream, offset, size)
         fast = self.fast
         if reply and readahead is not None:
-            data = await fast.from_bands(stream, offset, size, readahead)
-            if data is not None:
+            banded = await fast.from_bands(stream, offset, size, readahead)
+            if banded is not None:
                 readahead.next_offset = offset + size
                 self.counters["reads"] += 1
-                return data
+                return banded
         plan = stream.plan(offset, size)
         sequential = readahead is not None and (
             offset == readahead.next_offset or fast.shards.sequential_start(stream, offset, size, readahead)
@@ -157,24 +157,24 @@ class Engine:
         if readahead is not None:  # at once: a read the kernel sends while this one loads is sequential too
             readahead.next_offset = offset + size
         if reply:
-            data = await fast.from_files(stream, plan, size)
-            if data is not None:
+            direct = await fast.from_files(stream, plan, size)
+            if direct is not None:
                 self.counters["reads"] += 1
-                if sequential:  # narrow chunks: bands, filled straight from the files too
+                if sequential and readahead is not None:  # narrow chunks: bands, filled straight from the files too
                     fast.after_read(stream, offset, size, readahead, len(plan.chunks))
-                return data
+                return direct
         reader, plan = fast.shards.planner(stream, plan, offset, size)
         whole = sequential and fast.shards.whole(stream)
-        if whole:  # before the read's own loads, which then share each shard's one request
+        if whole and readahead is not None:  # before the read's own loads, which then share each shard's one request
             self.prefetch.read_ahead(stream, offset, size, readahead, sequential)
         chunks = await self.loads.chunks(reader.meta, plan.chunks, whole)
         self.counters["reads"] += 1
         if readahead is not None and not whole:
             self.prefetch.read_ahead(stream, offset, size, readahead, sequential)
-        if reply and sequential:
+        if reply and sequential and readahead is not None:
             fast.after_read(stream, offset, size, readahead, len(plan.chunks))
         data = reader.assemble(plan, chunks)
-        if sequential and reader is stream:
+        if sequential and readahead is not None and reader is stream:
             del chunks  # this read's hold on them
             fast.spares.release_behind(stream, readahead, offset, plan.chunks)
         return data

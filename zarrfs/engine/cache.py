@@ -12,6 +12,9 @@ import numpy as np
 # that a sequential pass decodes it once. More would let a mount hold several chunks of any size.
 OVERSIZE_SLOTS = 1
 
+# A chunk's key: its array's path first (`discard_prefix`), then what names the chunk there.
+Key = tuple[str, *tuple[Hashable, ...]]
+
 
 class ChunkCache:
     """Least-recently-used decoded chunks, at most `max_bytes` of them (by their own size),
@@ -27,10 +30,10 @@ class ChunkCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
-        self._items: OrderedDict[Hashable, tuple[np.ndarray, int]] = OrderedDict()
+        self._items: OrderedDict[Key, tuple[np.ndarray, int]] = OrderedDict()
         self.oversize_slots = oversize_slots
         self.oversize_evictions = 0
-        self._oversize: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._oversize: OrderedDict[Key, np.ndarray] = OrderedDict()
 
     @property
     def oversize_bytes(self) -> int:
@@ -55,11 +58,11 @@ class ChunkCache:
         """Bytes an array actually holds (0 for broadcast views of a scalar)."""
         return 0 if 0 in arr.strides and arr.size > 1 else arr.nbytes
 
-    def contains(self, key: Hashable) -> bool:
+    def contains(self, key: Key) -> bool:
         """Whether `key` is cached (no counters, no recency change)."""
         return key in self._items or key in self._oversize
 
-    def get(self, key: Hashable, count: bool = True) -> np.ndarray | None:
+    def get(self, key: Key, count: bool = True) -> np.ndarray | None:
         """A cached array (now the most recently used), or None; `count` moves the hit and
         miss counters (lookups that are not reads, such as a shard's index, do not)."""
         item = self._items.get(key)
@@ -75,7 +78,7 @@ class ChunkCache:
         self.hits += count
         return item[0]
 
-    def put(self, key: Hashable, arr: np.ndarray) -> None:
+    def put(self, key: Key, arr: np.ndarray) -> None:
         """Keep `arr` (made read-only); evict the least recently used until within budget.
 
         An array larger than the budget goes to the oversize slots instead.
@@ -105,11 +108,11 @@ class ChunkCache:
         ]:
             self.discard(key)
 
-    def keys(self) -> list[Hashable]:
+    def keys(self) -> list[Key]:
         """Every key held (a copy: the caller may discard while it walks them)."""
         return [*self._items, *self._oversize]
 
-    def discard(self, key: Hashable) -> bool:
+    def discard(self, key: Key) -> bool:
         """Drop KEY's chunk; whether it was held."""
         oversize = self._oversize.pop(key, None)
         item = self._items.pop(key, None)

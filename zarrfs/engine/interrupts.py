@@ -161,8 +161,8 @@ class _NoWatch:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: Any) -> bool:
-        return False
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 NO_WATCH = _NoWatch()

@@ -112,6 +112,7 @@ class Runtime:
 
     def start_soon(self, fn: Any, *args: Any) -> None:
         """Start `fn(*args)` as a background task (only while `running`)."""
+        assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
 
     async def run_io(

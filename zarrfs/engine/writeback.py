@@ -127,10 +127,11 @@ class WriteBack:
                     # chunks written; one from fill or from a copy not yet stored, all.
                     from_store = current is not None and current is not self.tables.storing.get(key)
                     self.tables.changed[key] = set() if from_store else None
-            if self.tables.changed.get(key) is not None:
+            inner = self.tables.changed.get(key)
+            if inner is not None:
                 if changed is None:
                     changed = self._inner_changed(stream, offset, len(data))
-                self.tables.changed[key] |= changed.get(idx, set())
+                inner |= changed.get(idx, set())
             targets[idx] = entry[1]
             self.tables.versions[key] = self.tables.versions.get(key, 0) + 1
         stream.scatter(plan, buf, targets)
@@ -222,6 +223,7 @@ class WriteBack:
                 old = None
                 if (
                     changed is not None
+                    and meta.inner is not None
                     and self.runtime.store.is_local
                     and len(changed) < math.prod(meta.inner.source.per_shard) // 2
                 ):

@@ -12,7 +12,7 @@ from .v3 import V3Hierarchy
 from .v3draft import V3DraftHierarchy
 
 # Detection order: v3 before v2 (a store can hold both only by accident; v3 is newer).
-FORMATS: dict[str, type] = {"v3": V3Hierarchy, "v2": V2Hierarchy, "v1": V1Hierarchy}
+FORMATS: dict[str, type[Hierarchy]] = {"v3": V3Hierarchy, "v2": V2Hierarchy, "v1": V1Hierarchy}
 # The v3 drafts first: their zarr.json holds a URI string, never the final v3's `3`.
 FORMATS = {"v3-draft": V3DraftHierarchy, **FORMATS}
 

@@ -10,7 +10,7 @@ import math
 import re
 import secrets
 from collections.abc import Iterable, Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from ..errors import (
     InvalidArgument,
@@ -153,7 +153,7 @@ class Hierarchy(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def open_sync(cls, store: Store, options: Any = None) -> Hierarchy:
+    def open_sync(cls, store: Store, options: Any = None) -> Self:
         """Open the hierarchy (reading what must be read once, such as consolidated metadata).
 
         `options` is the mount's Options; formats take their own settings from it.

@@ -33,7 +33,7 @@ def dataset_dimensions(siblings: Iterable[Node]) -> dict[str, set[int]] | None:
     found: dict[str, set[int]] | None = None
     for node in siblings:
         names = dimensions_of(node)
-        if names is None:
+        if names is None or not isinstance(node, ArrayMeta):
             continue
         found = found if found is not None else {}
         for name, length in zip(names, node.shape):

@@ -31,7 +31,7 @@ class IcechunkHierarchy(V3Hierarchy):
         """As for v3; the staging area gets the array's documents before its first chunk."""
         staged = super().stage_array(path, new, writer)
         docs = {join(staged.staging, key[len(path) :].lstrip("/")): value for key, value in staged.docs.items()}
-        self.store.stage_docs(staged.staging, docs)
+        self.store.stage_docs(staged.staging, docs)  # type: ignore[attr-defined]
         return staged
 
     def _ensure_root_sync(self) -> None:
@@ -70,7 +70,7 @@ class IcechunkHierarchy(V3Hierarchy):
             from ..errors import Unsupported
 
             raise Unsupported(f"{new_path} exists")
-        if node.path and self.store.move_node_sync(
+        if node.path and self.store.move_node_sync(  # type: ignore[attr-defined]
             node.path, new_path, message or f"zarrfs: mv {node.path} -> {new_path}"
         ):
             return

@@ -113,10 +113,10 @@ class NodeDocsHierarchy(Hierarchy):
             if path == "" or any(p.startswith(path + "/") for p in consolidated):
                 return GroupMeta(path, {}, self.name)
             return None
-        docs = self._docs_sync(path)
-        if isinstance(docs, BrokenNode):
-            return docs
-        node = self._parse(path, docs)
+        read = self._docs_sync(path)
+        if isinstance(read, BrokenNode):
+            return read
+        node = self._parse(path, read)
         if node is None and (path == "" or self._contains_node_sync(path)):
             return GroupMeta(path, {}, self.name)
         return node
@@ -253,7 +253,7 @@ class NodeDocsHierarchy(Hierarchy):
         """Whether some node lies below `path` (then `path` is an implicit group)."""
         frontier, listings = [path], 0
         for _depth in range(IMPLICIT_SEARCH_MAX_DEPTH):
-            nxt = []
+            nxt: list[str] = []
             for prefix in frontier:
                 if listings >= IMPLICIT_SEARCH_MAX_LISTINGS:
                     return False

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import json
 import logging
-from typing import Any
+from typing import Any, Self
 
 from .. import dtypes
 from ..codecs.adapters import BytesBytes, compressor_config, numcodecs_codec
@@ -39,9 +39,9 @@ class V2Hierarchy(NodeDocsHierarchy):
         return any(v is not None for v in raw.values())
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> V2Hierarchy:
+    def open_sync(cls, store: Store, options: Options | None = None) -> Self:
         raw = store.get_sync(".zmetadata")
-        consolidated = None
+        consolidated: dict[str, dict[str, Any]] | None = None
         if raw is not None:
             try:
                 doc = json_object(".zmetadata", raw) or {}
@@ -100,6 +100,8 @@ class V2Hierarchy(NodeDocsHierarchy):
         return dataclasses.replace(node, attributes=attributes)
 
     def write_consolidated_sync(self) -> None:
+        if self.consolidated is None:
+            return
         metadata = {}
         for path, docs in sorted(self.consolidated.items()):
             for name, doc in docs.items():
@@ -212,4 +214,4 @@ def v2_chain(compressor: Any, filters: Any, order: str, where: str) -> CodecChai
         steps.append(BytesBytes(numcodecs_codec(compressor, where), compressor["id"], where))
     if order not in ("C", "F"):
         raise MetadataError(f"bad order {order!r} in {where}")
-    return CodecChain((), BytesLayout(None, order), tuple(steps))
+    return CodecChain((), BytesLayout(None, "F" if order == "F" else "C"), tuple(steps))

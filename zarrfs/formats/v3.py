@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any
+from typing import Any, Self
 
 from .. import dtypes
 from ..codecs.adapters import (
@@ -58,7 +58,7 @@ class V3Hierarchy(NodeDocsHierarchy):
         return doc is not None and doc.get("zarr_format") == 3
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> V3Hierarchy:
+    def open_sync(cls, store: Store, options: Options | None = None) -> Self:
         root = json_object("zarr.json", store.get_sync("zarr.json")) or {}
         if root.get("node_type") == "group":
             # The root group is the mount: one it must not read refuses the mount (docs/SEMANTICS.md).
@@ -134,6 +134,8 @@ class V3Hierarchy(NodeDocsHierarchy):
         return dataclasses.replace(node, attributes=attributes)
 
     def write_consolidated_sync(self) -> None:
+        if self.consolidated is None:
+            return
         root = dict((self.consolidated.get("") or {}).get("zarr.json") or {"zarr_format": 3, "node_type": "group"})
         metadata = {
             path: docs["zarr.json"]

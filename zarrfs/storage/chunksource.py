@@ -164,7 +164,7 @@ class ShardedChunks(_InShards):
 
     keys: ChunkKeys
     chunks_per_shard: Index
-    layout: ClassVar[ShardIndex] = PLAIN_INDEX
+    layout: ClassVar[ShardIndex] = PLAIN_INDEX  # type: ignore[misc]  # (one index layout for all)
     shard_is_chunk: ClassVar[bool] = False
     rewrites_shard: ClassVar[bool] = True
 

@@ -9,7 +9,7 @@ from fsspec.implementations.reference import ReferenceNotReachable
 from ..errors import ZarrfsError
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def _chain(exc: BaseException | None) -> list[BaseException]:
     out, seen = [], set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -259,11 +259,12 @@ def bounded_sandbox(shown: str) -> Any:
     (`{% for %}`), no methods or filters that make large values, `*` and `**` bounded."""
     try:
         import jinja2
-        from jinja2.sandbox import SandboxedEnvironment, SecurityError
+        from jinja2.exceptions import SecurityError
+        from jinja2.sandbox import SandboxedEnvironment
     except ImportError:
         raise UserError(f"{shown}: template expressions need jinja2: {JINJA_REMEDY}") from None
 
-    class Bounded(SandboxedEnvironment):  # type: ignore[misc]
+    class Bounded(SandboxedEnvironment):
         intercepted_binops = frozenset(("*", "**"))
 
         def is_safe_callable(self, obj: Any) -> bool:

@@ -49,7 +49,7 @@ BACKEND_EXTRAS = {
 SYSTEM_EXTRAS = ("http", "s3", "gcs")
 
 
-def missing_backend(exc: BaseException) -> str | None:
+def missing_backend(exc: BaseException | None) -> str | None:
     """What to install when EXC (or what caused it) is a missing module of an optional backend:
     one phrase naming the zarrfs extra; None for any other failure."""
     seen: set[int] = set()

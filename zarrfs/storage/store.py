@@ -21,7 +21,6 @@ from . import local
 from .failures import describe_failure
 from .fsinfo import etag_of, mtime_ns_of, size_of
 from .keys import check_key, join
-from .local import LOCAL_OPEN_FLAGS  # noqa: F401 (re-exported: the engine's direct reads open keys so too)
 from .remote import missing_backend
 from .requests import RequestCounts
 

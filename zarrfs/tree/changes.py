@@ -87,8 +87,8 @@ class Changes:
                 other.kind is Kind.CHUNK
                 and isinstance(fresh, ArrayMeta)
                 and (
-                    len(other.origin) != len(fresh.shape)
-                    or any(i >= n for i, n in zip(other.origin, grid.grid_shape(fresh.shape, fresh.chunk_shape)))
+                    len(other.position) != len(fresh.shape)
+                    or any(i >= n for i, n in zip(other.position, grid.grid_shape(fresh.shape, fresh.chunk_shape)))
                 )
             ):
                 other.error = NotFound(f"chunk {other.origin} of {fresh.path} no longer exists")
@@ -247,7 +247,7 @@ class Changes:
         self.hierarchy.check_name(stem, _stems([n for n in siblings if n != old_name or new_parent != old_parent]))
         if new_name in siblings:
             other = await self.ns.child(new_parent, new_name)
-            if other.kind is not Kind.ARRAY or entry.kind is not Kind.ARRAY:
+            if other is None or other.kind is not Kind.ARRAY or entry.kind is not Kind.ARRAY:
                 raise Exists(new_name)
             await self.unlink(new_parent, new_name)  # mv onto an array replaces it
         await self.engine.flush(node.path) if entry.kind is Kind.ARRAY else await self.engine.flush()
@@ -259,7 +259,8 @@ class Changes:
             # while this waited is not, one created meanwhile is).
             old_dir, new_dir = self.hierarchy.plain_dir(node.path), self.hierarchy.plain_dir(new_path)
             for held in self.ns.plain.inside(node.path):
-                held.key = new_dir + held.key[len(old_dir) :]
+                if held.key is not None:
+                    held.key = new_dir + held.key[len(old_dir) :]
         self.engine.discard(node.path)
         self._move_times(node.path, new_path)
         # The kernel keeps the moved inodes under their new names: point them (and every

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from .namespace import Entry, Namespace
+    from .entries import Entry
+    from .namespace import Namespace
 
 
 def change_message(operation: str, path: str, uid: int | None) -> str:

@@ -54,8 +54,8 @@ class Contents:
         if entry.kind is Kind.ARRAY and entry.node is None:  # created, no header yet
             entry.stored_bytes = 0
         elif entry.kind is Kind.ARRAY or entry.kind is Kind.CHUNK:
-            lazy = self.stored_sizes_lazy and not listings.has_sizes(entry.node.path)
-            sizes = None if lazy else await listings.stored_sizes(entry.node)
+            lazy = self.stored_sizes_lazy and not listings.has_sizes(entry.array.path)
+            sizes = None if lazy else await listings.stored_sizes(entry.array)
             if sizes is None:
                 entry.stored_bytes = entry.size
             elif entry.kind is Kind.ARRAY:
@@ -64,23 +64,23 @@ class Contents:
                 entry.stored_bytes = await self._chunk_stored_bytes(entry, sizes)
         elif entry.kind is Kind.INFO:
             entry.content = registry.info_json(
-                entry.node, await listings.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None
+                entry.shown, await listings.stored_sizes(entry.node) if isinstance(entry.node, ArrayMeta) else None
             )
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind in (Kind.TEXT, Kind.PAM):
-            node = entry.node
-            geo = await ns.georefs.of(node)
-            statistics = ns.statistics.of(node)
+            meta = entry.array
+            geo = await ns.georefs.of(meta)
+            statistics = ns.statistics.of(meta)
             entry.content = (
-                images.pam(node, statistics)
+                images.pam(meta, statistics)
                 if entry.kind is Kind.PAM
-                else images.text(entry.view, node, ns.npy_name(node), statistics, geo)
+                else images.text(entry.view, meta, ns.npy_name(meta), statistics, geo)
             )
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind is Kind.TIFF:
             await self._lay_out_tiff(entry)
         elif entry.kind is Kind.PREVIEW:
-            entry.content = await self.previews.get(entry.node)
+            entry.content = await self.previews.get(entry.array)
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind is Kind.STOREKEY:
             if entry.size < 0:
@@ -105,7 +105,7 @@ class Contents:
 
     async def _lay_out_tiff(self, entry: Entry) -> None:
         """A TIFF's header holds the array's georeference (GeoTIFF tags): made before its size is known."""
-        node = entry.node
+        node = entry.array
         if entry.laid_out is None:
             geo = await self.ns.georefs.of(node)
             if entry.node is node and entry.laid_out is None:  # (else shown another node meanwhile)
@@ -114,7 +114,7 @@ class Contents:
 
     async def _settle_netcdf(self, entry: Entry) -> None:
         """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""
-        group = entry.node
+        group = entry.shown
         children = await self.ns.listings.nodes_below(group.path)
         fit = {
             meta.path
@@ -196,11 +196,12 @@ class Contents:
         )
 
     async def _chunk_stored_bytes(self, entry: Entry, sizes: dict[str, int | None]) -> int:
-        stored = sizes.get(entry.node.chunk_key(entry.origin)) or 0
-        inner_size = getattr(entry.node.source, "stored_nbytes_sync", None)
+        meta = entry.array
+        stored = sizes.get(meta.chunk_key(entry.position)) or 0
+        inner_size = getattr(meta.source, "stored_nbytes_sync", None)
         if inner_size is not None and stored:  # an inner chunk: its part of the shard
             try:
                 stored = await self.engine.run_io(inner_size, self.hierarchy.store, entry.origin)
             except ZarrfsError as e:
-                log.info("stored size of chunk %s of %s unknown: %s", entry.origin, entry.node.path or "/", e)
+                log.info("stored size of chunk %s of %s unknown: %s", entry.origin, meta.path or "/", e)
         return stored

@@ -97,6 +97,34 @@ class Entry:
         return self.kind is Kind.PAM or (self.kind is Kind.TEXT and self.view == "gdal")
 
     @property
+    def shown(self) -> Node:
+        """The node it shows, asked only of an entry made for one (TypeError: a defect)."""
+        if self.node is None:
+            raise TypeError(f"inode {self.inode} ({self.kind.name}) shows no node")
+        return self.node
+
+    @property
+    def array(self) -> ArrayMeta:
+        """The array it shows, asked only of an array's entries (TypeError: a defect)."""
+        if not isinstance(self.node, ArrayMeta):
+            raise TypeError(f"inode {self.inode} ({self.kind.name}) shows no array")
+        return self.node
+
+    @property
+    def known_key(self) -> str:
+        """`key`, asked only of an entry made with one (TypeError: a defect)."""
+        if self.key is None:
+            raise TypeError(f"inode {self.inode} ({self.kind.name}) has no key")
+        return self.key
+
+    @property
+    def position(self) -> tuple[int, ...]:
+        """`origin` of a chunk file (TypeError for any other entry: a defect)."""
+        if self.origin is None:
+            raise TypeError(f"inode {self.inode} ({self.kind.name}) is no chunk file")
+        return self.origin
+
+    @property
     def stream(self) -> Any:
         """The byte layout of an array's file (built when first needed: a chunk directory lists
         millions of files that are never opened), or a group's netCDF file once laid out."""
@@ -107,7 +135,7 @@ class Entry:
                 self._stream = ArrayStream(self.node, "C", True, chunk=self.origin)
             elif self.kind is Kind.SLICE:
                 try:
-                    self._stream = slice_stream(self.node, self.key)
+                    self._stream = slice_stream(self.node, self.known_key)
                 except slices.BadSelection as e:  # the array was replaced by one of another shape
                     self.error = NotFound(f"{self.key}: {e}")
             else:
@@ -135,7 +163,7 @@ class Entry:
         if self.held is not None:
             return self.held.size
         if self.kind is Kind.CHUNK and self._stream is None and isinstance(self.node, ArrayMeta):
-            return chunk_file_size(self.node, self.origin)
+            return chunk_file_size(self.node, self.position)
         stream = self.stream
         return stream.size if stream is not None else self._size
 
@@ -161,7 +189,10 @@ def name_problem(name: str) -> str | None:
 
 def slice_stream(meta: ArrayMeta, name: str) -> slices.SliceStream:
     """The layout of `slice/BASE[SEL].npy` (or `.raw`) of an array (BadSelection says why not)."""
-    _, text, header = slices.split_name(name)
+    parts = slices.split_name(name)
+    if parts is None:
+        raise slices.BadSelection(f"{name!r} names no slice")
+    _, text, header = parts
     dims, scalar = slices.selection(text, meta.shape)
     return slices.SliceStream(meta, dims, header, scalar)
 

@@ -67,7 +67,7 @@ class Freshness:
         pages of one snapshot with reads of another."""
         if not self.versioned:
             return self.metadata_ttl_s == math.inf
-        shown = self.hierarchy.store.snapshot_id
+        shown = self.hierarchy.store.snapshot_id  # type: ignore[attr-defined]
         kept, entry.pages_of = entry.pages_of == shown, shown
         return kept
 
@@ -75,7 +75,12 @@ class Freshness:
         """Nodes read from the store in this epoch (a listing, or one node at each of `paths`): the
         entries of their paths follow them, and the engine their arrays' chunk layouts."""
         for i, node in enumerate(nodes):
-            self._now_nodes[paths[i] if paths is not None else node.path] = node
+            if paths is not None:
+                path = paths[i]
+            else:
+                assert node is not None  # (a listing's nodes)
+                path = node.path
+            self._now_nodes[path] = node
             if isinstance(node, ArrayMeta):
                 self.engine.see_layout(node)
 
@@ -125,7 +130,7 @@ class Freshness:
                 await self._follow_netcdf(entry, fresh)
         elif entry.kind is Kind.OMETIFF:
             await self._follow_ome_tiff(entry, fresh)
-        elif fresh is not node:
+        elif fresh is not node and isinstance(node, ArrayMeta):  # (any other entry shows an array)
             self._take(entry, node, fresh)
 
     def _take(self, entry: Entry, old: ArrayMeta, fresh: Node | None) -> None:
@@ -226,16 +231,16 @@ class Freshness:
         """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
         now = time.monotonic()
         store = self.hierarchy.store
-        pending = self.versioned and store.tip_pending is not None and self.ns.open_files == 0
+        pending = self.versioned and store.tip_pending is not None and self.ns.open_files == 0  # type: ignore[attr-defined]
         if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
             return
         self._fresh_since = now
         moved = False
         if self.versioned:  # only a move to another snapshot makes anything stale
-            moved = await self.engine.run_io(store.follow_tip_sync, self.ns.open_files == 0)
+            moved = await self.engine.run_io(store.follow_tip_sync, self.ns.open_files == 0)  # type: ignore[attr-defined]
             # Shown here, with no await between the check and the move: a file opened while the
             # tip was looked up keeps the mount on the snapshot it reads.
-            moved = moved and store.show_ready(self.ns.open_files == 0)
+            moved = moved and store.show_ready(self.ns.open_files == 0)  # type: ignore[attr-defined]
             await self.ns.versions.recheck()
             if not moved:
                 return

@@ -30,6 +30,7 @@ from ..views.kinds import ARRAY_FILE_KINDS, Kind
 
 if TYPE_CHECKING:
     from .entries import Entry
+    from .held import HeldFile
     from .namespace import Namespace
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class Handle:
             self._told_stale = True
             log.warning("%s; reads of a file opened before fail with ESTALE (open it again)", self.entry.error)
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
         raise AccessDenied("not a file")
 
     def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
@@ -94,15 +95,15 @@ class SnapshotHandle(Handle):
         self.content = content
         self.direct_io = direct_io
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
         return self.content[offset : offset + size]
 
 
 class StoreKeyHandle(Handle):
     """A store key under `.zarrfs/store/`, byte for byte."""
 
-    async def read(self, offset: int, size: int) -> bytes:
-        return await self.ns.engine.read_key(self.entry.key, offset, size, self.entry.size)
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
+        return await self.ns.engine.read_key(self.entry.known_key, offset, size, self.entry.size)
 
 
 class ArrayHandle(Handle):
@@ -124,7 +125,7 @@ class ArrayHandle(Handle):
             return None
         return self.ns.engine.read_now(entry.stream, offset, size, self.readahead)
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
         entry, w = self.entry, self.entry.writing
         if w is not None and w.stream is not None:  # a file being written: the writer's own layout
             return await self.ns.engine.read(w.stream, offset, size, readahead=self.readahead)
@@ -171,7 +172,7 @@ class NetcdfHandle(Handle):
             return None
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
         await self.current()
         if self.entry.error is not None:
             raise self.entry.error
@@ -183,7 +184,8 @@ class NetcdfHandle(Handle):
                 i, stream, off, n = part
                 var = self.entry.stream.variables[i]
                 ahead = self.readaheads.setdefault(i, ReadAhead())
-                raw = await self.ns.engine.read(stream, *var.source_range(off, n), readahead=ahead)
+                start, length = var.source_range(off, n)
+                raw = await self.ns.engine.read(stream, start, length, readahead=ahead)
                 out.append(var.data_bytes(raw, off, n))
         return out[0] if len(out) == 1 else b"".join(out)
 
@@ -237,13 +239,13 @@ class StatisticsRewriteHandle(Handle):
         self.written = bytearray()
         self.changed = False  # written to since the last close of a descriptor
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
         return bytes(self.written[offset : offset + size])
 
     async def write(self, offset: int, data: bytes) -> int:
         end = offset + len(data)
-        name = f"{self.entry.view}/{self.entry.node.path}"
-        if end > images.max_rewrite_bytes(self.entry.node):
+        name = f"{self.entry.view}/{self.entry.array.path}"
+        if end > images.max_rewrite_bytes(self.entry.array):
             raise TooBig(f"{name}: a rewrite of {end} bytes is more than statistics")
         grow = end - len(self.written)
         if grow > 0:
@@ -270,7 +272,7 @@ class StatisticsRewriteHandle(Handle):
             log.warning(
                 "%s/%s: a rewrite that changes more than band statistics is refused (%s)",
                 self.entry.view,
-                self.entry.node.path,
+                self.entry.array.path,
                 self.entry.kind.value,
             )
             raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved here")
@@ -287,12 +289,12 @@ class HeldFileHandle(Handle):
     """A plain file (any name but NAME.npy): its bytes in the daemon while written, kept in
     the store at fsync and a few seconds after a close (write-back)."""
 
-    def _held(self):  # type: ignore[no-untyped-def]
+    def _held(self) -> HeldFile:
         if self.entry.held is None:
             raise self.entry.error or NotFound("removed")
         return self.entry.held
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
         return await self._held().read(offset, size)
 
     async def write(self, offset: int, data: bytes) -> int:
@@ -348,8 +350,8 @@ async def _check_write_open(ns: Namespace, entry: Entry, flags: int) -> None:
         raise InvalidArgument("arrays do not grow: O_APPEND is refused")
     reason = getattr(entry.node, "read_only", None)
     if reason and not flags & os.O_TRUNC:  # shown in a form that cannot be written back (vlen strings)
-        log.warning("%s: %s", entry.node.metadata_key, reason)
-        raise NotPermitted(f"{entry.node.path or '/'}: {reason}")
+        log.warning("%s: %s", entry.array.metadata_key, reason)
+        raise NotPermitted(f"{entry.array.path or '/'}: {reason}")
 
 
 async def open_file(ns: Namespace, entry: Entry, flags: int) -> Handle:
@@ -368,7 +370,7 @@ async def open_file(ns: Namespace, entry: Entry, flags: int) -> Handle:
     w = entry.writing
     if entry.error is not None and (w is None or w.pending is None) and entry.kind is not Kind.HELD:
         node = entry.node
-        what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key
+        what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key or ""
         if not isinstance(entry.error, Stale):  # (replaced in the store, said once: the kernel looks it up again)
             ns.engine.note_failure(entry.error, what)
         raise entry.error

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, ZarrfsError
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from .entries import Entry
     from .namespace import Namespace
 
+Spool = tempfile.SpooledTemporaryFile[bytes]
 log = logging.getLogger(__name__)
 
 # A held-aside file (a temporary name) stays in memory up to this size, then spills to a
@@ -56,7 +58,7 @@ class HeldFile:
 
     def __init__(self, engine: Any, key: str | None, size: int = 0, stored: bool = False) -> None:
         self._engine = engine
-        self._spool: Any = None if stored else self._new_spool()
+        self._spool: Spool | None = None if stored else self._new_spool()
         self._lock = engine.new_lock()  # one seek-and-transfer at a time
         self.key = key  # where it is kept (None: the format keeps no plain files)
         self.size = size
@@ -69,7 +71,7 @@ class HeldFile:
         self._memory_bytes = 0  # what this file adds to engine.held_memory_bytes
 
     @staticmethod
-    def _new_spool() -> Any:
+    def _new_spool() -> Spool:
         return tempfile.SpooledTemporaryFile(max_size=HELD_MEMORY_BYTES, prefix="zarrfs-held-")
 
     @property
@@ -126,16 +128,18 @@ class HeldFile:
             raise
         self._spool = spool
 
-    async def _change(self, fn: Any, load: bool = True) -> None:
+    async def _change(self, fn: Callable[[Spool], None], load: bool = True) -> None:
         def run() -> int:
             if self._spool is None:
                 if load:
                     self._load_sync()
                 else:  # truncated to nothing: the kept bytes are not needed
                     self._spool = self._new_spool()
-            fn()
-            self._spool.seek(0, os.SEEK_END)
-            return self._spool.tell()
+            spool = self._spool
+            assert spool is not None  # (loaded, or made just now)
+            fn(spool)
+            spool.seek(0, os.SEEK_END)
+            return spool.tell()
 
         async with self._lock:
             fresh = self._spool is None
@@ -149,23 +153,23 @@ class HeldFile:
             self.dirty = True
 
     async def write(self, offset: int, data: bytes) -> int:
-        def put() -> None:
+        def put(spool: Spool) -> None:
             if offset + len(data) > HELD_MEMORY_BYTES:
-                self._spool.rollover()  # before a seek past the end: in memory the gap takes memory
-            self._spool.seek(offset)
-            self._spool.write(data)
+                spool.rollover()  # before a seek past the end: in memory the gap takes memory
+            spool.seek(offset)
+            spool.write(data)
 
         await self._change(put)
         return len(data)
 
     async def resize(self, size: int) -> None:
-        def resize() -> None:
-            self._spool.seek(0, os.SEEK_END)
-            end = self._spool.tell()
+        def resize(spool: Spool) -> None:
+            spool.seek(0, os.SEEK_END)
+            end = spool.tell()
             if size < end or size > HELD_MEMORY_BYTES:
-                self._spool.truncate(size)  # past HELD_MEMORY_BYTES it rolls over, and a file's truncate extends
+                spool.truncate(size)  # past HELD_MEMORY_BYTES it rolls over, and a file's truncate extends
             elif size > end:  # in memory, truncate does not extend: write the zeros
-                self._spool.write(bytes(size - end))
+                spool.write(bytes(size - end))
 
         await self._change(resize, load=size > 0)
 
@@ -180,6 +184,7 @@ class HeldFile:
 
             def put() -> None:
                 if dirty:
+                    assert spool is not None  # (what was written is in it)
                     spool.seek(0)
                     self._engine.store.put_stream_sync(key, spool)
                 if mtime_ns is not None:
@@ -318,7 +323,7 @@ class PlainFiles:
         ]
         return [e.held for e in sorted(inside, key=lambda e: e.inode)]
 
-    def forget(self, entry: Entry, error: Exception) -> None:
+    def forget(self, entry: Entry, error: ZarrfsError) -> None:
         """A plain file removed or replaced: open files on it get `error`."""
         if entry.held is not None:
             entry.held.close()

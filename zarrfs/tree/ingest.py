@@ -97,6 +97,7 @@ class Incoming:
 
     def missing(self) -> tuple[int, int]:
         """(data bytes received, data bytes its header declares) of a staged file."""
+        assert self.received is not None and self.stream is not None  # (staged)
         return self.received.covered, self.stream.size - len(self.stream.header)
 
     @property
@@ -197,7 +198,7 @@ class Ingest:
         if parsed is None:
             return len(data)
         shape, fortran, dtype, hlen = parsed
-        path = w.replacing.path if w.replacing is not None else entry.key
+        path = w.replacing.path if w.replacing is not None else entry.known_key
         try:  # every check of the format (data type, codec, chunks) before the store changes
             w.staged = self.hierarchy.stage_array(path, await self._new_array(path, shape, dtype), self.lease.writer)
         except ZarrfsError as e:

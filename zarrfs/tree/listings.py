@@ -6,6 +6,7 @@ drops them (`invalidate`); a name that cannot be a file name is logged once and 
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     from .namespace import Namespace
 
 log = logging.getLogger(__name__)
+
+
+def _same(entry: Entry) -> Entry:
+    return entry
 
 
 def _node_key(node: Node) -> str:
@@ -110,7 +115,7 @@ class Listings:
         """Name -> maker of a directory's entries: the store's, and files not yet arrays."""
         names = dict(await self._listing(inode))  # the cached listing stays as the store has it
         for name, child in self.inodes.pending_in(inode).items():
-            names.setdefault(name, lambda e=child: e)
+            names.setdefault(name, functools.partial(_same, child))
         return names
 
     async def _listing(self, inode: int) -> dict[str, Maker]:
@@ -138,7 +143,7 @@ class Listings:
                 if view == "store":
                     names[view] = lambda: new(Kind.STOREDIR, "store", key="")
                 else:
-                    names[view] = lambda v=view: new(Kind.GROUP, v, self._root_group())
+                    names[view] = functools.partial(self._root_view, view)
             names[STATS_FILE] = lambda: new(Kind.STATS, "stats")
             names[REFRESH_FILE] = lambda: new(Kind.STATS, "refresh")
             if self.ns.versions.present:
@@ -147,7 +152,7 @@ class Listings:
         if entry.kind is Kind.VERSIONS:
             return await self.ns.versions.listing(entry)
         if entry.kind is Kind.STOREDIR:
-            return await self._store_listing(entry.key)
+            return await self._store_listing(entry.known_key)
         if entry.kind is not Kind.GROUP:
             raise NotFound("not a directory")
         return await self._group_listing(entry)
@@ -159,11 +164,13 @@ class Listings:
         for d in dirs:
             key = f"{prefix}/{d}" if prefix else d
             if self.listable(d, key):
-                names[d] = lambda key=key: new(Kind.STOREDIR, "store", key=key)
+                names[d] = functools.partial(new, Kind.STOREDIR, "store", key=key)
         for f, size in files.items():
             key = f"{prefix}/{f}" if prefix else f
             if self.listable(f, key):
-                names[f] = lambda key=key, s=size: new(Kind.STOREKEY, "store", key=key, size=s if s is not None else -1)
+                names[f] = functools.partial(
+                    new, Kind.STOREKEY, "store", key=key, size=size if size is not None else -1
+                )
         return names
 
     async def _group_listing(self, entry: Entry) -> dict[str, Maker]:
@@ -205,7 +212,7 @@ class Listings:
                 continue
             layout = await self.ns.contents.ome_tiff(image)
             if layout is not None:
-                names[name] = lambda image=image, layout=layout: self._ome_tiff_entry(image, layout)
+                names[name] = functools.partial(self._ome_tiff_entry, image, layout)
 
     def _ome_tiff_entry(self, image: GroupMeta, layout: Any) -> Entry:
         entry = self.inodes.new(Kind.OMETIFF, registry.OME_TIFF_VIEW, image)
@@ -219,7 +226,7 @@ class Listings:
         error = node.error if isinstance(node, BrokenNode) else None
         hints = ngff.level_hints(group.attributes, base) if isinstance(group, GroupMeta) and view == "tiff" else None
         return [
-            (name, lambda kind=kind: self._new_entry(kind, view, node, error, hints))
+            (name, functools.partial(self._new_entry, kind, view, node, error, hints))
             for name, kind in registry.view_names(view, node, base)
         ]
 
@@ -252,7 +259,7 @@ class Listings:
             key = f"{prefix}/{name}" if prefix else name
             if name in names or self.hierarchy.plain_name_problem(name) is not None or not self.listable(name, key):
                 continue
-            names[name] = lambda key=key, name=name, size=size: self._plain_entry(key, name, size)
+            names[name] = functools.partial(self._plain_entry, key, name, size)
 
     def _plain_entry(self, key: str, name: str, size: int | None) -> Entry:
         entry = self.inodes.new(Kind.HELD, "", None, key=name)
@@ -270,3 +277,7 @@ class Listings:
     def _root_group(self) -> GroupMeta | None:
         root = self.ns.root_node
         return root if isinstance(root, GroupMeta) else None
+
+    def _root_view(self, view: str) -> Entry:
+        """The root group's directory in VIEW, as the root is when it is made."""
+        return self.inodes.new(Kind.GROUP, view, self._root_group())

@@ -10,6 +10,7 @@ georeferences (georefs.py) and the contents of generated files (contents.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -127,7 +128,7 @@ class Namespace:
     def _grid(entry: Entry) -> tuple[int, ...]:
         if entry.error is not None:
             raise entry.error
-        return grid.grid_shape(entry.node.shape, entry.node.chunk_shape)
+        return grid.grid_shape(entry.array.shape, entry.array.chunk_shape)
 
     async def dir_len(self, inode: int) -> int:
         entry = self.inodes.get(inode)
@@ -148,7 +149,7 @@ class Namespace:
             for i in range(start, min(start + count, math.prod(shape))):
                 idx = tuple(int(x) for x in np.unravel_index(i, shape)) if shape else ()
                 name = registry.chunk_name(idx)
-                makers[name] = lambda idx=idx: self._chunk_entry(entry, idx)
+                makers[name] = functools.partial(self._chunk_entry, entry, idx)
         else:
             children = await self.listings.children(inode)
             names = list(children)
@@ -239,7 +240,7 @@ class Namespace:
         if not m:
             return None
         idx = tuple(int(x) for x in m.group(1).split("."))
-        if not entry.node.shape:
+        if not entry.array.shape:
             idx = () if idx == (0,) else (-1,)
         if len(idx) != len(shape) or any(i >= n for i, n in zip(idx, shape)) or name != registry.chunk_name(idx):
             return None

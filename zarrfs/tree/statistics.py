@@ -38,7 +38,7 @@ class SavedStatistics:
     async def keep(self, entry: Entry, written: bytes) -> bool:
         """A rewrite of a file that saves statistics: keep the ones it adds (False, and nothing
         kept, when it changes anything else)."""
-        meta, epoch = entry.node, self._epoch
+        meta, epoch = entry.array, self._epoch
         geo = await self.ns.georefs.of(meta)  # (the text GDAL rewrote was made with it)
         # Parsed in a worker thread: a text of thousands of bands takes a while.
         if entry.kind is Kind.PAM:
@@ -67,7 +67,7 @@ class SavedStatistics:
     def _changed(self, path: str | None) -> None:
         """The files that show the statistics of `path` (every array when None) are made again,
         and the kernel drops what it keeps of them."""
-        files = [e for e in self.ns.inodes.all() if e.saves_statistics and (path is None or e.node.path == path)]
+        files = [e for e in self.ns.inodes.all() if e.saves_statistics and (path is None or e.shown.path == path)]
         for entry in files:
             entry.stored_bytes = None
         self.ns.forget_pages([e.inode for e in files])

@@ -8,6 +8,7 @@ hierarchy, engine and cache serve it as the main tree, and its files are the mai
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -57,21 +58,21 @@ class Versions:
         if entry.key == "":
             new = self.inodes.new
             names: dict[str, Callable[[], Entry]] = {
-                d: (lambda d=d: new(Kind.VERSIONS, VERSIONS_DIR, key=d)) for d in (*REF_DIRS, SNAPSHOTS_DIR)
+                d: functools.partial(new, Kind.VERSIONS, VERSIONS_DIR, key=d) for d in (*REF_DIRS, SNAPSHOTS_DIR)
             }
             names[LOG_FILE] = lambda: new(Kind.VERSIONLOG, VERSIONS_DIR)
             return names
         if entry.key in REF_DIRS:
-            refs = await self.engine.run_io(store.refs_sync, entry.key, key=("refs", entry.key))
+            refs = await self.engine.run_io(store.refs_sync, entry.key, key=("refs", entry.key))  # type: ignore[attr-defined]
         else:
-            ancestry = await self.engine.run_io(store.ancestry_sync, key=("ancestry", store.snapshot_id))
+            ancestry = await self.engine.run_io(store.ancestry_sync, key=("ancestry", store.snapshot_id))  # type: ignore[attr-defined]
             refs = {s["id"]: s["id"] for s in ancestry}
-        out = {}
+        out: dict[str, Callable[[], Entry]] = {}
         for name, snapshot_id in refs.items():
             if not self.ns.listings.listable(name, f"{entry.key}/{name}"):
                 continue
             self._renamed_version(entry, name, snapshot_id)
-            out[name] = lambda s=snapshot_id: self._version_root(s)
+            out[name] = functools.partial(self._version_root, snapshot_id)
         return out
 
     def _renamed_version(self, entry: Entry, name: str, snapshot_id: str | None) -> None:
@@ -95,14 +96,14 @@ class Versions:
         if not named:
             return
         store = self.hierarchy.store
-        refs = await self.engine.run_io(store.refs_sync, "branches", key=("refs", "branches"))
+        refs = await self.engine.run_io(store.refs_sync, "branches", key=("refs", "branches"))  # type: ignore[attr-defined]
         for parent, name in named:
             self._renamed_version(dirs[parent], name, refs.get(name))
 
     async def snapshot_maker(self, name: str) -> Callable[[], Entry] | None:
         """`snapshots/ID` of a snapshot not listed (not an ancestor of the one mounted)."""
         store = self.hierarchy.store
-        if await self.engine.run_io(store.has_snapshot_sync, name, key=("snapshot", name)):
+        if await self.engine.run_io(store.has_snapshot_sync, name, key=("snapshot", name)):  # type: ignore[attr-defined]
             return lambda: self._version_root(name)
         return None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape, quoteattr
 
@@ -73,7 +73,7 @@ def _code(dtype: np.dtype) -> str:
     return f"{dtype.kind}{dtype.itemsize}"
 
 
-def _raster(meta: ArrayMeta, table: dict[str, object]) -> bool:
+def _raster(meta: ArrayMeta, table: Mapping[str, object]) -> bool:
     """2-D or 3-D (bands, rows, columns), no empty dimension, a type the format names."""
     return (
         meta.dtype.fields is None
@@ -259,7 +259,7 @@ def _items(metadata: ElementTree.Element) -> dict[str, str] | None:
     for mdi in metadata:
         if mdi.tag != "MDI" or len(mdi) or "key" not in mdi.attrib:
             return None
-        items[mdi.get("key")] = (mdi.text or "").strip()
+        items[mdi.attrib["key"]] = (mdi.text or "").strip()
     return items
 
 
@@ -289,13 +289,13 @@ def pam_statistics(written: bytes, meta: ArrayMeta, geo: GeoReference | None = N
         elif (
             child.tag == "PAMRasterBand"
             and BAND_NUMBER.fullmatch(child.get("band", ""))
-            and int(child.get("band")) <= bands
+            and int(child.attrib["band"]) <= bands
         ):
             items = _band_statistics(child)
             _drop_own_nodata(child, geo)
             if items is None or len(child) or set(child.attrib) != {"band"}:
                 return None
-            statistics[int(child.get("band")) - 1] = items
+            statistics[int(child.attrib["band"]) - 1] = items
         else:
             return None
     return statistics
@@ -351,8 +351,8 @@ def _same_number(text: str | None, value: float, single: bool = False) -> bool:
     if not single:
         return False
     with np.errstate(over="ignore"):
-        single = np.float32(value)
-        return bool(np.isfinite(single) and np.float32(got) == single)
+        narrowed = np.float32(value)
+        return bool(np.isfinite(narrowed) and np.float32(got) == narrowed)
 
 
 def _drop_own_nodata(band: ElementTree.Element, geo: GeoReference | None) -> None:

@@ -157,6 +157,7 @@ def scan_wanted(meta: ArrayMeta) -> bool:
 def storage_type(meta: ArrayMeta, fits: bool) -> int:
     """The netCDF type an array is stored as; `fits`: its values all fit int (see `scan_wanted`)."""
     type_ = nc_type(meta.dtype)
+    assert type_ is not None  # (asked only of arrays netCDF can hold)
     if type_ in SIGNED_OF:
         return SIGNED_OF[type_]
     if type_ in (NC_INT64, NC_UINT64) and fits:
@@ -385,6 +386,7 @@ class NetcdfFile:
             yield from self._zeros(offset, end, gap_from, v.begin)
             lo, hi = max(offset, v.begin), min(end, v.begin + v.nbytes)
             if lo < hi:
+                assert v.stream is not None  # (every variable of a laid-out file has its stream)
                 yield i, v.stream, lo - v.begin, hi - lo
             gap_from = v.begin + v.nbytes
         yield from self._zeros(offset, end, gap_from, self.size)

@@ -116,6 +116,7 @@ def picks(meta: ArrayMeta, p: Plan, idx: Index) -> tuple[np.ndarray, np.ndarray]
     """The rows and columns of a strided preview (`p.rows` not None) that chunk IDX holds: their
     indices in the picture; `p.rows`/`p.cols` at them are the array's rows and columns."""
     ch, cw = meta.chunk_shape[-2:]
+    assert p.rows is not None and p.cols is not None  # (callers ask only of a strided plan)
     return np.nonzero(p.rows // ch == idx[-2])[0], np.nonzero(p.cols // cw == idx[-1])[0]
 
 
@@ -136,6 +137,7 @@ def render(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks stay NaN
             return np.nanmean(blocks, axis=(1, 3))
+    assert p.cols is not None  # (set with p.rows)
     out = np.full(p.out_shape, np.nan)
     for idx, values in (picked or {}).items():
         out[np.ix_(*picks(meta, p, idx))] = _floats(values)

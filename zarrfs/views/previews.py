@@ -87,6 +87,7 @@ class Previews:
         chunks in turn, within the time bound), read through the engine's ranged decoding."""
         picked: dict = {}
         ch, cw = meta.chunk_shape[-2:]
+        assert p.rows is not None and p.cols is not None  # (a strided plan)
         ones = (1,) * (len(meta.shape) - 2)
         for n, idx in enumerate(p.chunks):
             if time.monotonic() > deadline:

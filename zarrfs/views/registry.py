@@ -69,8 +69,10 @@ def jsonable(value: Any) -> Any:
     """A fill value or attribute as JSON: NaN/Infinity as strings, bytes as base64."""
     if isinstance(value, np.ndarray):
         value = value.tolist() if value.dtype.kind not in "SVmM" or value.dtype.fields else value[()]
-    if isinstance(value, (bytes, np.void)):
-        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, np.void):
+        value = value.tobytes()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
     if isinstance(value, (np.datetime64, np.timedelta64)):
         return str(value)
     if isinstance(value, float) and not math.isfinite(value):

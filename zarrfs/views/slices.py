@@ -9,16 +9,16 @@ Pure: no I/O, no trio.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
+from types import EllipsisType
 
 import numpy as np
 
 from .. import grid
 from ..model import ArrayMeta
-from .streams import element_span, npy_header, plan_bytes
+from .streams import ReadPlan, element_span, npy_header, plan_bytes
 
 Index = tuple[int, ...]
 # One dimension of a normalized selection: an integer position, or (start, step, count).
@@ -51,7 +51,7 @@ def _int(node: ast.AST) -> int:
     raise BadSelection(f"{ast.unparse(node)!r} is not an integer")
 
 
-def parse(text: str) -> list[int | slice | type(Ellipsis)]:
+def parse(text: str) -> list[int | slice | EllipsisType]:
     """The items of a basic-indexing selection: integers, slices of integers, at most one `...`
     (none: the whole array, as `a[()]`)."""
     if not text.strip():
@@ -108,17 +108,6 @@ def selection(text: str, shape: Index) -> tuple[tuple[Dim, ...], bool]:
     return dims, Ellipsis not in items and all(isinstance(d, int) for d in dims)
 
 
-@dataclasses.dataclass(frozen=True)
-class SlicePlan:
-    header_part: bytes
-    first_elem: int
-    stop_elem: int
-    skip_bytes: int
-    take_bytes: int
-    boxes: tuple[tuple[Index, Index], ...]  # in the selection's own dimensions
-    chunks: tuple[Index, ...]  # grid positions of the source to load
-
-
 def _groups(dim: Dim, lo: int, hi: int, chunk: int) -> Iterator[tuple[int, int | slice, slice | None]]:
     """(chunk position, index into the chunk, output slice in the box) for output positions [lo, hi)
     of one dimension; an integer dimension gives one group and no output slice."""
@@ -172,7 +161,7 @@ class SliceStream:
             self._reads.header = self.header
         return self._reads
 
-    def _pieces(self, boxes) -> Iterator[tuple[Index, tuple, int, Index, tuple]]:
+    def _pieces(self, boxes: tuple[tuple[Index, Index], ...]) -> Iterator[tuple[Index, tuple, int, Index, tuple]]:
         """(chunk position, index into the chunk, box start in the buffer, box shape, slices into the box)."""
         pos = 0
         for start, box in boxes:
@@ -190,16 +179,16 @@ class SliceStream:
                 yield idx, src, pos, box, dst
             pos += math.prod(box)
 
-    def plan(self, offset: int, size: int) -> SlicePlan:
+    def plan(self, offset: int, size: int) -> ReadPlan:
         header_part, e0, e1, skip, take = element_span(self.header, self.dtype.itemsize, self.size, offset, size)
         if take == 0:
-            return SlicePlan(header_part, 0, 0, 0, 0, (), ())
+            return ReadPlan(header_part, 0, 0, 0, 0, (), ())
         boxes = tuple(grid.flat_boxes(self.shape, e0, e1))
         needed = dict.fromkeys(idx for idx, *_ in self._pieces(boxes))
-        return SlicePlan(header_part, e0, e1, skip, take, boxes, tuple(needed))
+        return ReadPlan(header_part, e0, e1, skip, take, boxes, tuple(needed))
 
     def assemble(
-        self, plan: SlicePlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
+        self, plan: ReadPlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
     ) -> bytes | memoryview:
         """The bytes of `plan`, given every chunk it names (full chunk shape, any layout), in
         OUT (uint8, large enough) or a fresh buffer."""

@@ -11,6 +11,8 @@ import copy
 import dataclasses
 import functools
 import math
+from collections.abc import Iterator
+from types import EllipsisType
 
 import numpy as np
 
@@ -90,7 +92,7 @@ def plan_bytes(plan: ReadPlan, out: np.ndarray) -> bytes | memoryview:
     """A plan's bytes, given OUT (bytes) holding its whole elements from its first: a view of
     OUT, or new bytes when the plan starts in the header."""
     data = out[plan.skip_bytes : plan.skip_bytes + plan.take_bytes]
-    return plan.header_part + data.tobytes() if plan.header_part else memoryview(data)
+    return plan.header_part + data.tobytes() if plan.header_part else data.data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +240,7 @@ class ArrayStream:
                 needed[self._array_index(t_idx)] = None
         return ReadPlan(header_part, e0, e1, skip, take, boxes, tuple(needed))
 
-    def _pieces(self, plan: ReadPlan):
+    def _pieces(self, plan: ReadPlan) -> Iterator[tuple[Index, tuple[slice, ...], int, Index, tuple[slice, ...]]]:
         """(array chunk index, slices into the chunk (stream order), box start offset, slices into the box)."""
         pos = 0
         for start, box in plan.boxes:
@@ -259,7 +261,8 @@ class ArrayStream:
         buf = out[: self.element_bytes(plan)].view(self.dtype)
         regions: dict[Index, list] = {}
         for idx, src, pos, box, dst in self._pieces(plan):
-            target = buf[pos : pos + math.prod(box)].reshape(box)[(*dst, ...)]
+            place: tuple[slice | EllipsisType, ...] = (*dst, ...)  # (a view: 0-d too)
+            target = buf[pos : pos + math.prod(box)].reshape(box)[place]
             if self._flip:
                 src, target = src[::-1], target.T
             regions.setdefault(idx, []).append((src, target))
@@ -294,7 +297,8 @@ class ArrayStream:
         buf = out.view(self.dtype)
         for idx, src, pos, box, dst in self._pieces(plan):
             chunk = chunks[idx].T if self._flip else chunks[idx]
-            copy_elements(buf[pos : pos + math.prod(box)].reshape(box)[(*dst, ...)], chunk[src])  # (a view: 0-d too)
+            place: tuple[slice | EllipsisType, ...] = (*dst, ...)  # (a view: 0-d too)
+            copy_elements(buf[pos : pos + math.prod(box)].reshape(box)[place], chunk[src])
         return plan_bytes(plan, out)
 
     def _assemble_rows(self, plan: ReadPlan, chunks: dict[Index, np.ndarray]) -> bytes | memoryview:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 import trio
@@ -93,7 +94,8 @@ class Band:
         self, stream: ArrayStream, number: int, start: int, stop: int, buf: np.ndarray, generation: int
     ) -> None:
         self.stream, self.number, self.start, self.stop = stream, number, start, stop
-        self.buf, self.generation = buf, generation
+        self.buf: np.ndarray | None = buf  # None once a thread that timed out may still write there
+        self.generation = generation
         self.data: memoryview | None = None  # set when assembled
         self.done = trio.Event()
 
@@ -140,15 +142,16 @@ class BandReads:
         first, last = max(offset - origin, 0) // span, max(end - 1 - origin, 0) // span
         if end <= offset or last - first > 1:
             return None
-        bands = [state.bands.get(n) for n in range(first, last + 1)]
-        if any(band is None or band.stream is not stream for band in bands):
+        found: list[Band | None] = [state.bands.get(n) for n in range(first, last + 1)]
+        bands = [band for band in found if band is not None and band.stream is stream]
+        if len(bands) != len(found):
             return None
         for band in bands:
             if band.data is None and band.generation == self.tables.generation:
                 await band.done.wait()  # being assembled: the usual path would load the same chunks
         if any(
-            state.bands.get(band.number) is not band or band.data is None or band.generation != self.tables.generation
-            for band in bands
+            state.bands.get(b.number) is not b or b.data is None or b.generation != self.tables.generation
+            for b in bands
         ):
             return None
         # A reader well into a row of chunks leaves the one before: its buffer takes the next
@@ -160,12 +163,14 @@ class BandReads:
         self.runtime.counters["band_reads"] += 1
         if len(bands) == 1 and offset >= bands[0].start:
             band = bands[0]
+            assert band.data is not None  # (checked above, with no await since)
             return band.data[offset - band.start : end - band.start]
         out = self.reply.room(end - offset)
         at = max(0, min(origin, end) - offset)  # the header's part (bands hold elements only)
         out[:at] = stream.header[offset : offset + at]
         for band in bands:
             lo, hi = max(offset, band.start), min(end, band.stop)
+            assert band.data is not None
             out[at : at + hi - lo] = band.data[lo - band.start : hi - band.start]
             at += hi - lo
         return out[:at]
@@ -287,17 +292,19 @@ class BandReads:
 
     async def _fill_band(self, band: Band, state: ReadAhead) -> None:
         stream = band.stream
+        buf = band.buf
+        assert buf is not None  # (a band is filled once, when made)
         try:
             data = None
             rows = self._span(stream)[2]
             if rows:  # rows of chunks, from their files or as they decode
                 try:
-                    if direct.transposed(stream):
+                    if self.direct is not None and direct.transposed(stream):  # (band_span: local stores only)
                         data = await self.runtime.run_io(
-                            self.direct.transposed_rows_sync, stream, band.number * rows, rows, band.buf
+                            self.direct.transposed_rows_sync, stream, band.number * rows, rows, buf
                         )
                     else:
-                        data = await self._decode_rows(stream, band.number * rows, rows, band.buf)
+                        data = await self._decode_rows(stream, band.number * rows, rows, buf)
                 except direct.Fallback:
                     return  # (a chunk not stored: its fill value, which the usual path gives)
                 except ZarrfsError:
@@ -309,7 +316,7 @@ class BandReads:
             plan = stream.plan(band.start, band.stop - band.start)
             if self.direct is not None and direct.worth(stream, plan, band.stop - band.start):
                 try:
-                    data = await self.runtime.run_io(self.direct.read_sync, stream, plan, band.buf, False)
+                    data = await self.runtime.run_io(self.direct.read_sync, stream, plan, buf, False)
                 except direct.Fallback:
                     pass
             if data is None:
@@ -318,7 +325,7 @@ class BandReads:
                 self.prefetch.read_ahead(stream, band.start, band.stop - band.start, state, True)
                 reader, plan = self.shards.planner(stream, plan, band.start, band.stop - band.start)
                 chunks = await self.loads.chunks(reader.meta, plan.chunks)
-                data = await self.runtime.run_cpu(reader.assemble, plan, chunks, band.buf)
+                data = await self.runtime.run_cpu(reader.assemble, plan, chunks, buf)
                 if reader is stream:
                     del chunks  # this band's hold on them: those wholly in it or before are done
                     self.spares.release_behind(stream, state, band.stop, plan.chunks)
@@ -340,7 +347,7 @@ _decoded = threading.local()  # .buf: a worker thread's buffer for the chunk it 
 
 
 def decoded_rows_sync(
-    stream: ArrayStream, store, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1
+    stream: ArrayStream, store: Any, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1
 ) -> tuple[memoryview, int, int, float]:
     """The bytes of rows K.. K+COUNT-1 of a `direct.transposed(decoded=True)` stream's chunks
     (as many as there are), assembled in OUT (of their chunk columns, share PART of PARTS):
@@ -363,9 +370,9 @@ def decoded_rows_sync(
                 raise direct.Fallback(meta.fill_error)
             dst[...] = meta.fill_value
             continue
-        gets, stored, seconds = gets + 1, stored + nbytes, seconds + took
+        gets, stored, seconds = gets + 1, stored + (nbytes or 0), seconds + took
         rows, cols = dst.shape
         mem = arr if stream.order == "F" else arr.T  # the chunk in its memory order, across the stream
         for r in range(0, cols, per):
             direct.copy_transposed(dst[:, r : r + per], mem[r : min(r + per, cols), :rows])
-    return memoryview(out)[: direct.transposed_bytes(stream, k, count)], gets, stored, seconds
+    return out.data[: direct.transposed_bytes(stream, k, count)], gets, stored, seconds

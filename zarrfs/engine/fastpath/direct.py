@@ -24,13 +24,14 @@ import os
 import stat
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ... import grid
 from ...codecs.chain import decodes_into, reads_into
-from ...storage.store import LOCAL_OPEN_FLAGS
+from ...storage.local import LOCAL_OPEN_FLAGS
 from ...views.streams import ArrayStream, ReadPlan, plan_bytes
 from .gates import LOAD_MAX_RATIO, PIECE_MIN_BYTES
 
@@ -130,7 +131,9 @@ def transposed(stream: ArrayStream, decoded: bool = False) -> bool:
     )
 
 
-def transposed_chunks(stream: ArrayStream, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1):
+def transposed_chunks(
+    stream: ArrayStream, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1
+) -> Iterator[tuple[Index, np.ndarray]]:
     """For rows K.. K+COUNT-1 of a `transposed` stream's chunks (as many as there are), laid
     out in OUT as the stream's bytes: each chunk of share PART of PARTS of their chunk columns,
     as (its grid position in the array, the view of OUT it fills: the stream's rows by the
@@ -289,7 +292,7 @@ class DirectReads:
         if stage is None or len(stage) < per * a * item:
             stage = local.stage = np.empty(per * a * item, np.uint8)
         file_rows = stage[: per * a * item].view(stream.dtype).reshape(per, a)
-        flat = memoryview(stage)
+        flat = stage.data
         files = self._worker_files()
         for idx, dst in transposed_chunks(stream, k, count, out):
             fd, base = self._file(meta, idx, meta.chunk_nbytes, files)
@@ -299,7 +302,7 @@ class DirectReads:
                 if os.preadv(fd, [flat[: n * a * item]], base + r * a * item) != n * a * item:
                     raise Fallback(meta.chunk_key(idx))  # cut short meanwhile
                 copy_transposed(dst[:, r : r + n], file_rows[:n, :rows])
-        return memoryview(out)[: transposed_bytes(stream, k, count)]
+        return out.data[: transposed_bytes(stream, k, count)]
 
     def _scratch(self, nbytes: int) -> np.ndarray:
         """A buffer of at least NBYTES for the trio thread's reads, reused (no fresh memory per read)."""
@@ -327,7 +330,7 @@ class _Run:
         self.chunk_bytes = meta.chunk_nbytes  # (eligible: the stream's dtype and chunks are the array's)
         self.flags = os.RWF_NOWAIT if nowait and not reads.in_memory else 0
         self.files = reads._files if nowait else reads._worker_files()
-        self.view = memoryview(out).cast("B")
+        self.view = out.data.cast("B")
         # the trio thread, whose reads reuse one buffer: its recipes are kept
         self.recipes: dict | None = reads._recipes if nowait else None
 
@@ -394,7 +397,7 @@ class _Run:
             scratch = self.reads._scratch(need)
         else:
             scratch = np.empty(need, np.uint8)
-        sv = memoryview(scratch)
+        sv = scratch.data
         for j in range(nj):
             self._read(self.stream.array_index(lead + (j,)), _parts([sv[j * span : (j + 1) * span]]), q * cr)
         rows = scratch[: nj * span].reshape(nj, m, cr)

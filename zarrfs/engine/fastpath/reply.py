@@ -14,11 +14,11 @@ class ReplyBuffer:
 
     def __init__(self) -> None:
         self.buf = np.empty(0, np.uint8)
-        self.view = memoryview(self.buf)  # the same bytes, flat
+        self.view = self.buf.data  # the same bytes, flat
 
     def room(self, need: int) -> memoryview:
         """Make the buffer (and its flat view) hold at least NEED bytes; the view."""
         if len(self.buf) < need:
             self.buf = np.empty(max(need, REPLY_BUF_MIN), np.uint8)
-            self.view = memoryview(self.buf)
+            self.view = self.buf.data
         return self.view

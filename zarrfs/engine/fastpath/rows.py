@@ -66,8 +66,9 @@ class RowReads:
         if last - row >= run or nk * BAND_MAX_PIECE_BYTES > size:
             return None, None
         used = [(*prefix, k) for k in range(nk)]
-        arrs = [self.tables.lookup(meta, idx) for idx in used]  # (held by a writer, or cached)
-        if any(arr is None for arr in arrs):
+        found = [self.tables.lookup(meta, idx) for idx in used]  # (held by a writer, or cached)
+        arrs = [arr for arr in found if arr is not None]
+        if len(arrs) != len(found):
             return None, None
         m = last - row + 1
         self.reply.room(m * rb)
@@ -76,7 +77,8 @@ class RowReads:
         for k, arr in enumerate(arrs):
             n = min(width, ncols - k * width)
             dst = np.ndarray((m, n), meta.dtype, buf, k * width * item, (rb, item))
-            copy_elements(dst, arr[(*lead, rows, slice(0, n))])
+            part: tuple[int | slice, ...] = (*lead, rows, slice(0, n))
+            copy_elements(dst, arr[part])
         skip = d0 - row * rb
         return self.reply.view[skip : skip + d1 - d0], used
 
@@ -107,7 +109,10 @@ class RowReads:
         skip, take = d0 - e0 * item, d1 - d0
         held = self.tables.holding  # (written chunks the store may not have yet)
         get, path = self.tables.cache.get, meta.path
-        out, pos = None, 0
+        out: memoryview | None = None
+        pos = 0
+        prefix: tuple[int, ...]
+        within: tuple[int, ...]
         for r, a, b in spans:
             if len(shape) == 2:  # (most arrays: grid.row_run written out)
                 p, i = divmod(r, chunks[0])
@@ -134,8 +139,10 @@ class RowReads:
                     out[pos : pos + n] = _flat_bytes(arr)[at : at + n]
                 else:  # F-ordered chunks, fill values
                     cols = slice(lo - k * width, hi - k * width)
-                    self.reply.buf[pos : pos + n].view(meta.dtype)[...] = arr[(*within, cols)]
+                    part: tuple[int | slice, ...] = (*within, cols)
+                    self.reply.buf[pos : pos + n].view(meta.dtype)[...] = arr[part]
                 pos += n
+        assert out is not None  # (every span holds a byte)
         return out[skip : skip + take]
 
 
@@ -144,4 +151,4 @@ def _flat_bytes(arr: np.ndarray) -> memoryview:
     try:
         return arr.data.cast("B")
     except (TypeError, ValueError, NotImplementedError):  # dtypes the buffer protocol cannot name (datetimes)
-        return memoryview(arr.reshape(-1).view(np.uint8))
+        return arr.reshape(-1).view(np.uint8).data

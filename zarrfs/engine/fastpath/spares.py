@@ -118,7 +118,7 @@ class Spares:
         if (
             sys.getrefcount(arr) != SOLE
             or type(buf) is not np.ndarray
-            or type(buf.base) is not memoryview
+            or not isinstance(buf.base, memoryview)  # (memoryview has no subclasses)
             or type(buf.base.obj) is not mmap.mmap
             or sys.getrefcount(buf) != SOLE
         ):

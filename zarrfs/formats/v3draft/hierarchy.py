@@ -130,6 +130,8 @@ class V3DraftHierarchy(Hierarchy):
     def _parse(self, path: str, kind: str, key: str, raw: bytes) -> Node:
         try:
             doc = json_object(key, raw)
+            if doc is None or self.layout is None:
+                raise MetadataError(f"{key}: expected a JSON object, got null")
             if kind == "group":
                 return parse_group(path, doc, key, self.layout)
             return parse_array(path, doc, key, self.layout, self.warn_once)
@@ -253,7 +255,8 @@ class V3DraftHierarchy(Hierarchy):
                 raise NotFound(f"{key} is gone")
             doc = {"attributes": {}}
         attrs = dict(attributes)
-        old = doc.get("attributes") if isinstance(doc.get("attributes"), dict) else {}
+        stored = doc.get("attributes")
+        old: dict[str, Any] = stored if isinstance(stored, dict) else {}
         if (
             kind == "array" and layout.family == "protocol" and "codecs" not in doc and "zarr_format" not in doc
         ):  # zarr 2.18's documents: filters are attributes

@@ -297,7 +297,7 @@ class DiskCachedStore:
         if entry is not None:
             return entry.body
         whole = self._whole_sync(key)
-        if whole is not None:
+        if whole is not None and whole.body is not None:
             return whole.body[-nbytes:] if part.startswith("s") else whole.body[:nbytes]
         began = time.time()
         data = fetch(key, nbytes)
@@ -312,7 +312,7 @@ class DiskCachedStore:
         if not self._kept(key):
             return self.store.get_ranges_sync(key, ranges)
         whole = self._whole_sync(key)
-        if whole is not None:
+        if whole is not None and whole.body is not None:
             return [whole.body[a:b] for a, b in ranges]
         name = self._name(key)
         pieces = sorted(
@@ -334,19 +334,19 @@ class DiskCachedStore:
             plan: list[Any] = []
             at = start
             while at < end:
-                best = None
+                best: tuple[int, int, bytes] | None = None
                 for a, b, part in pieces:
                     if (
                         a <= at < b
                         and (best is None or b > best[1])
-                        and body(part) is not None
-                        and len(body(part)) == b - a
+                        and (kept := body(part)) is not None
+                        and len(kept) == b - a
                     ):
-                        best = (a, b, part)
+                        best = (a, b, kept)
                 if best is not None:
-                    a, b, part = best
+                    a, b, kept = best
                     stop = min(b, end)
-                    plan.append(body(part)[at - a : stop - a])
+                    plan.append(kept[at - a : stop - a])
                     at = stop
                     continue
                 following = [a for a, b, part in pieces if a > at and bodies.get(part, b"") is not None]

@@ -115,10 +115,11 @@ class ChunkFiles:
         if split is None:
             return None
         path, coords = split
-        table = self._tables.get(path, False)
-        if table is False:
-            if not load:
-                return None
+        if path in self._tables:  # (entries are only ever added)
+            table = self._tables[path]
+        elif not load:
+            return None
+        else:
             table = self._table(path)
         if table is None:
             return None
@@ -130,8 +131,9 @@ class ChunkFiles:
 
     def _table(self, path: str) -> ArrayChunks | None:
         with self._lock:  # one thread reads the references; the others wait for its table
-            table = self._tables.get(path, False)
-            if table is False:
+            if path in self._tables:
+                table = self._tables[path]
+            else:
                 try:
                     table = ArrayChunks(self._batches("/" + path))
                 except (OverflowError, ZarrfsError) as e:  # its chunks are read through icechunk

@@ -126,8 +126,8 @@ def storage_of(source: str, storage_options: dict[str, Any]) -> Any:
     if path is not None:
         return icechunk.local_filesystem_storage(path)
     scheme, _, rest = source.partition("://")
-    bucket, _, prefix = rest.partition("/")
-    prefix = prefix.strip("/") or None
+    bucket, _, below = rest.partition("/")
+    prefix = below.strip("/") or None
     if scheme in ("s3", "s3a"):
         client = storage_options.get("client_kwargs", {})
         endpoint = storage_options.get("endpoint_url") or client.get("endpoint_url")

@@ -407,7 +407,7 @@ class IcechunkStore(SessionWrites):
         return self.requests.stats()
 
     def disk_stats(self) -> dict[str, Any]:
-        return Store.disk_stats(self)  # the same counters as a store without a disk cache: none
+        return Store.disk_stats(self)  # type: ignore[arg-type]  # (the same counters as a store without a disk cache: none)
 
 
 def _split(key: str) -> tuple[str | None, str]:
@@ -427,4 +427,4 @@ def _prototype() -> Any:
     """zarr-python's buffer prototype with `_Bytes` as its buffer: values arrive uncopied."""
     from zarr.core.buffer import BufferPrototype, default_buffer_prototype
 
-    return BufferPrototype(buffer=_Bytes, nd_buffer=default_buffer_prototype().nd_buffer)
+    return BufferPrototype(buffer=_Bytes, nd_buffer=default_buffer_prototype().nd_buffer)  # type: ignore[arg-type]
