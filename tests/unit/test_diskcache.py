@@ -17,12 +17,17 @@ from zarrfs.storage.diskcache import (
     store_identity,
 )
 from zarrfs.storage.keys import ChunkKeys
+from zarrfs.storage.requests import RequestCounts
 
 
 class CountingStore:
     """A store of a dict: counts the requests the cache lets through; lists with given times."""
 
+    source, root, read_only, ranges_ignored = "dict://", "", False, False
+    is_local = on_local_disk = is_references = False
+
     def __init__(self, values: dict[str, bytes]) -> None:
+        self.requests = RequestCounts()
         self.values = dict(values)
         self.times: dict[str, float] = {k: time.time() - 3600 for k in values}
         self.gets: list[str] = []

@@ -236,12 +236,12 @@ def test_an_open_while_a_versioned_store_moves_starts_without_the_kernel_s_pages
     from zarrfs.tree.freshness import Freshness
     from zarrfs.views.kinds import Kind
 
-    def freshness_of(store, ttl):
+    def freshness_of(store, ttl, versioned=False):
         ns = SimpleNamespace(engine=None, hierarchy=SimpleNamespace(store=store), inodes=None)
-        return Freshness(ns, ttl)
+        return Freshness(ns, ttl, store if versioned else None)
 
     repo = SimpleNamespace(snapshot_id="S1", follow_tip_sync=lambda may_move: False)
-    fresh, entry = freshness_of(repo, 10.0), Entry(2, Kind.ARRAY)
+    fresh, entry = freshness_of(repo, 10.0, versioned=True), Entry(2, Kind.ARRAY)
     assert not fresh.keep_pages(entry)  # its first open: no pages of a known snapshot
     assert fresh.keep_pages(entry)
     repo.snapshot_id = "S2"  # moved; `revalidate` has not dropped the pages yet

@@ -11,11 +11,13 @@ from ..codecs.adapters import compressor_config
 from ..engine import Engine, EngineConfig
 from ..engine.cache import ChunkCache
 from ..errors import UserError
+from ..formats.base import Hierarchy
 from ..formats.icechunk import IcechunkHierarchy
 from ..fuse_ops import ZarrOperations, invalidate_data_sync, invalidate_name
 from ..model import BrokenNode
 from ..options import Options, read_storage_options_file, redact_url, secrets_in
 from ..storage import icechunk
+from ..storage.base import BaseStore
 from ..storage.diskcache import DiskCache, DiskCachedStore, default_cache_dir, store_identity
 from ..storage.keys import RESERVED_PREFIX
 from ..storage.references import open_references_sync
@@ -59,13 +61,14 @@ def build(source: str, options: Options) -> ZarrOperations:
     storage_options = storage_options_of(options)
     register_secrets(secrets_in(storage_options, source) | secrets_in(options.remote_options))
     shown = redact_url(source)
-    store = open_store(source, storage_options, options, shown)
-    check_store(store, shown, min(START_TIMEOUT_S, options.timeout_s))
+    opened = open_store(source, storage_options, options, shown)
+    check_store(opened, shown, min(START_TIMEOUT_S, options.timeout_s))
     versioned = options.format == "icechunk" or (
-        options.format == "auto" and icechunk.looks_like_repository_sync(store)
+        options.format == "auto" and icechunk.looks_like_repository_sync(opened)
     )
+    store: BaseStore = opened
     if versioned:
-        store = icechunk.IcechunkStore(  # type: ignore[assignment]
+        store = icechunk.IcechunkStore(
             source,
             storage_options,
             ref=options.ref,
@@ -79,7 +82,7 @@ def build(source: str, options: Options) -> ZarrOperations:
         raise UserError(f"{shown}: ref= and snapshot= choose a version of an Icechunk repository; this is not one")
     if options.writable and store.read_only:
         scheme = source.split("://", 1)[0] if "://" in source else "this protocol"
-        what = "references" if getattr(store, "is_references", False) else f"{scheme} stores"
+        what = "references" if store.is_references else f"{scheme} stores"
         raise UserError(f"{shown}: {what} cannot be written; mount it without writable")
     metadata_ttl_s = mount_metadata_ttl_s(source, options, store)
     # metadata_ttl=0 asks the store at every read: a kept entry would cost a listing each time.
@@ -95,8 +98,8 @@ def build(source: str, options: Options) -> ZarrOperations:
         disk = DiskCache(options.cache_dir or default_cache_dir(), options.disk_cache_bytes)
         if disk.usable:
             log.info("disk cache: %s, at most %d bytes", disk.directory, disk.max_bytes)
-            store = DiskCachedStore(  # type: ignore[assignment]
-                store,
+            store = DiskCachedStore(
+                opened,
                 disk,
                 store_identity(source, storage_options),
                 metadata_ttl_s,
@@ -104,10 +107,11 @@ def build(source: str, options: Options) -> ZarrOperations:
             )
     if options.codec:
         compressor_config(options.codec, "none", 1)  # an unknown codec name is a user error now, not later
+    hierarchy: Hierarchy
     if versioned:  # an Icechunk snapshot holds a Zarr v3 hierarchy, read as it is
         hierarchy = IcechunkHierarchy.open_sync(store, options)
     else:
-        hierarchy = formats.open_hierarchy_sync(store, options.format, options)  # type: ignore[assignment]
+        hierarchy = formats.open_hierarchy_sync(store, options.format, options)
     root = hierarchy.node_sync("")
     if root is None:
         raise UserError(f"{shown}: not a Zarr hierarchy")
@@ -161,16 +165,15 @@ def open_store(source: str, storage_options: dict, options: Options, shown: str)
     return store
 
 
-def mount_metadata_ttl_s(source: str, options: Options, store: Store | icechunk.IcechunkStore) -> float:
+def mount_metadata_ttl_s(source: str, options: Options, store: BaseStore) -> float:
     """The mount's metadata_ttl: the user's, else a branch of an Icechunk repository is checked for
     new commits as often as a remote store (one small read of the branch), else the store kind's."""
-    if options.metadata_ttl_s is None and getattr(store, "follows_branch", False):
+    if options.metadata_ttl_s is None and isinstance(store, icechunk.IcechunkStore) and store.follows_branch:
         return REMOTE_METADATA_TTL_S
-    references = getattr(store, "is_references", False)
-    return default_metadata_ttl_s("reference://" if references else source, options.metadata_ttl_s)
+    return default_metadata_ttl_s("reference://" if store.is_references else source, options.metadata_ttl_s)
 
 
-def check_store(store: Store, shown: str, timeout_s: float = START_TIMEOUT_S) -> None:
+def check_store(store: BaseStore, shown: str, timeout_s: float = START_TIMEOUT_S) -> None:
     """Raise a UserError naming why the store cannot be used, within `timeout_s` (the `timeout`
     option, at most START_TIMEOUT_S): the backend's own retries may take several times longer."""
     outcome: list[BaseException | None] = []

@@ -19,7 +19,7 @@ import numpy as np
 import trio
 
 from ..errors import ZarrfsError
-from ..storage.store import Store
+from ..storage.base import BaseStore
 from ..views.streams import ArrayStream
 from .config import DEFAULT_TIMEOUT_S, EngineConfig
 from .fastpath import FastPaths
@@ -46,7 +46,7 @@ __all__ = ["DECODE_THREADS", "DEFAULT_TIMEOUT_S", "Engine", "EngineConfig", "Rea
 class Engine:
     """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
 
-    def __init__(self, store: Store, cache: Any, config: EngineConfig | None = None) -> None:
+    def __init__(self, store: BaseStore, cache: Any, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         self.runtime = runtime = Runtime(store, config)
         self.tables = tables = ChunkTables(cache)
@@ -73,7 +73,7 @@ class Engine:
         self.counters, self.errors = runtime.counters, runtime.errors
 
     @property
-    def store(self) -> Store:
+    def store(self) -> BaseStore:
         return self.runtime.store
 
     @property

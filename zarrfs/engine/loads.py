@@ -22,6 +22,7 @@ from ..errors import CorruptChunk, MetadataError, StoreError, ZarrfsError
 from ..model import ArrayMeta
 from ..repeats import LogOnce
 from ..storage import chunksource
+from ..storage.base import BaseStore
 from . import revalidate
 from .memory import private_buffer
 from .readahead import PREFETCH_CACHE_SHARE
@@ -72,7 +73,7 @@ def decode_chunk_sync(meta: ArrayMeta, key: str, raw: bytes, out: np.ndarray | N
 
 
 def read_decode_sync(
-    meta: ArrayMeta, store: Any, idx: Index, key: str, out: np.ndarray
+    meta: ArrayMeta, store: BaseStore, idx: Index, key: str, out: np.ndarray
 ) -> tuple[int | None, np.ndarray | None, float]:
     """A local chunk read and decoded into OUT in one worker call: (its stored size, the array,
     seconds decoding), or (None, None, 0.0) when it is not stored.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ZarrfsError
 from ..model import ArrayMeta
+from ..storage.base import BaseStore
 from ..views.streams import ArrayStream
 from .runtime import Runtime
 from .tables import ChunkTables
@@ -58,7 +59,7 @@ class ReadAhead:
         self.held_next = 1 << 63  # where the first of them ends
 
 
-def window_bound(store: Any, cache: Any) -> int:
+def window_bound(store: BaseStore, cache: Any) -> int:
     """Read-ahead's bound by default: by the store's kind, and a share of the cache."""
     if store.chunk_files:  # (chunks read from files, into buffers of ours)
         bound = LOCAL_PREFETCH_MAX_BYTES

@@ -14,6 +14,7 @@ import trio
 
 from ..errors import StoreError, ZarrfsError
 from ..repeats import RepeatedFailures
+from ..storage.base import BaseStore
 from .config import EngineConfig
 from .workers import Workers
 
@@ -81,7 +82,7 @@ class Runtime:
     """Where the engine's parts run their work: store calls bounded by the timeout, decoding
     threads, the background nursery; and what they count. Used from the trio thread."""
 
-    def __init__(self, store: Any, config: EngineConfig) -> None:
+    def __init__(self, store: BaseStore, config: EngineConfig) -> None:
         self.store = store
         self.timeout_s = config.timeout_s
         self.io_limiter = trio.CapacityLimiter(IO_THREADS_LOCAL if store.is_local else IO_THREADS_REMOTE)

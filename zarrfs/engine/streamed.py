@@ -26,6 +26,7 @@ from ..codecs import rangedecode
 from ..errors import CorruptChunk, ZarrfsError
 from ..model import ArrayMeta
 from ..repeats import LogOnce
+from ..storage.base import BaseStore
 from ..views.streams import ArrayStream, plan_bytes
 from .loads import Loads
 from .revalidate import Revalidation
@@ -78,7 +79,7 @@ class _Slot:
     orphan: bool | None = None  # given back while a worker still ran: whether to keep it once it ends
 
 
-def open_chunk_sync(meta: ArrayMeta, store: Any, key: str) -> tuple[int, bytes] | None:
+def open_chunk_sync(meta: ArrayMeta, store: BaseStore, key: str) -> tuple[int, bytes] | None:
     """A chunk's stored size and first bytes (rangedecode.HEAD_BYTES), None when it is not stored."""
     size = store.size_sync(key)
     if size is None:
@@ -91,7 +92,14 @@ def open_chunk_sync(meta: ArrayMeta, store: Any, key: str) -> tuple[int, bytes] 
 
 
 def fill_chunk_sync(
-    slot: _Slot, meta: ArrayMeta, store: Any, key: str, pieces: list, targets: list[np.ndarray], start: int, budget: int
+    slot: _Slot,
+    meta: ArrayMeta,
+    store: BaseStore,
+    key: str,
+    pieces: list,
+    targets: list[np.ndarray],
+    start: int,
+    budget: int,
 ) -> int:
     """A chunk's pieces from START decoded into TARGETS (rangedecode.fill_sync), its decoder
     made first if the slot (opened: open_chunk_sync) has none; -1 when the chunk is not stored."""

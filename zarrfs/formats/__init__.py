@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..options import Options
-from ..storage.store import Store
+from ..storage.base import BaseStore
 from .base import Hierarchy
 from .v1 import V1Hierarchy
 from .v2 import V2Hierarchy
@@ -17,7 +17,7 @@ FORMATS: dict[str, type[Hierarchy]] = {"v3": V3Hierarchy, "v2": V2Hierarchy, "v1
 FORMATS = {"v3-draft": V3DraftHierarchy, **FORMATS}
 
 
-def open_hierarchy_sync(store: Store, fmt: str = "auto", options: Options | None = None) -> Hierarchy:
+def open_hierarchy_sync(store: BaseStore, fmt: str = "auto", options: Options | None = None) -> Hierarchy:
     """Open the hierarchy in `store`, detecting its format unless `fmt` names one."""
     options = options or Options()
     if fmt != "auto":

@@ -21,8 +21,8 @@ from ..errors import (
     ZarrfsError,
 )
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node
+from ..storage.base import BaseStore
 from ..storage.keys import RESERVED_PREFIX, STAGING_PREFIX, check_key, join
-from ..storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def consolidated_path(path: str, where: str) -> str | None:
         return None
 
 
-def root_zarr_json_sync(store: Store) -> dict | None:
+def root_zarr_json_sync(store: BaseStore) -> dict | None:
     """The store's root `zarr.json` (v3 and the v3 drafts tell themselves apart by it), if usable."""
     try:
         return json_object("zarr.json", store.get_sync("zarr.json"))
@@ -143,17 +143,17 @@ class Hierarchy(abc.ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: BaseStore) -> None:
         self.store = store
 
     @classmethod
     @abc.abstractmethod
-    def detect_sync(cls, store: Store) -> bool:
+    def detect_sync(cls, store: BaseStore) -> bool:
         """Whether the store holds a hierarchy of this format (looking at its documents)."""
 
     @classmethod
     @abc.abstractmethod
-    def open_sync(cls, store: Store, options: Any = None) -> Self:
+    def open_sync(cls, store: BaseStore, options: Any = None) -> Self:
         """Open the hierarchy (reading what must be read once, such as consolidated metadata).
 
         `options` is the mount's Options; formats take their own settings from it.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from ..model import GroupMeta, NewArray, Node
+from ..storage.icechunk import IcechunkStore
 from ..storage.keys import join
 from .base import StagedArray
 from .v3 import V3Hierarchy
@@ -24,6 +25,13 @@ class IcechunkHierarchy(V3Hierarchy):
     keeps_plain_files = False  # a repository holds Zarr nodes only: icechunk refuses any other key
     plain_files_beside_root_array = False
 
+    @property
+    def session(self) -> IcechunkStore:
+        """The store, as the Icechunk session it is."""
+        if not isinstance(self.store, IcechunkStore):
+            raise TypeError(f"an IcechunkHierarchy over {self.store!r}")
+        return self.store
+
     def plain_name_problem(self, name: str) -> str | None:
         return "an Icechunk repository keeps no files other than NAME.npy arrays"
 
@@ -31,7 +39,7 @@ class IcechunkHierarchy(V3Hierarchy):
         """As for v3; the staging area gets the array's documents before its first chunk."""
         staged = super().stage_array(path, new, writer)
         docs = {join(staged.staging, key[len(path) :].lstrip("/")): value for key, value in staged.docs.items()}
-        self.store.stage_docs(staged.staging, docs)  # type: ignore[attr-defined]
+        self.session.stage_docs(staged.staging, docs)
         return staged
 
     def _ensure_root_sync(self) -> None:
@@ -70,7 +78,7 @@ class IcechunkHierarchy(V3Hierarchy):
             from ..errors import Unsupported
 
             raise Unsupported(f"{new_path} exists")
-        if node.path and self.store.move_node_sync(  # type: ignore[attr-defined]
+        if node.path and self.session.move_node_sync(
             node.path, new_path, message or f"zarrfs: mv {node.path} -> {new_path}"
         ):
             return

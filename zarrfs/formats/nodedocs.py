@@ -8,8 +8,8 @@ import re
 from typing import Any, ClassVar
 
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
+from ..storage.base import BaseStore
 from ..storage.keys import join
-from ..storage.store import Store
 from .base import (
     Hierarchy,
     StagedArray,
@@ -41,7 +41,7 @@ class NodeDocsHierarchy(Hierarchy):
 
     doc_names: ClassVar[tuple[str, ...]]
 
-    def __init__(self, store: Store, consolidated: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, store: BaseStore, consolidated: dict[str, dict[str, Any]] | None = None) -> None:
         super().__init__(store)
         # path -> {doc name -> parsed JSON}; None when the store has no consolidated metadata.
         # A snapshot, never changed in place: worker threads read it while another computes

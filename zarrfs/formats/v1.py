@@ -15,8 +15,8 @@ from ..codecs.chain import UnusableChain
 from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..model import ArrayMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
+from ..storage.base import BaseStore
 from ..storage.keys import ChunkKeys
-from ..storage.store import Store
 from .base import Hierarchy, broken, common_plain_name_problem, guess_chunks, json_object
 from .v2 import v2_chain
 
@@ -38,12 +38,12 @@ class V1Hierarchy(Hierarchy):
     name = "v1"
     doc_names = (META_KEY, ATTRS_KEY)
 
-    def __init__(self, store: Store, v1_order: str = "spec") -> None:
+    def __init__(self, store: BaseStore, v1_order: str = "spec") -> None:
         super().__init__(store)
         self.v1_order = v1_order
 
     @classmethod
-    def detect_sync(cls, store: Store) -> bool:
+    def detect_sync(cls, store: BaseStore) -> bool:
         try:
             doc = json_object(META_KEY, store.get_sync(META_KEY))
         except MetadataError:
@@ -51,7 +51,7 @@ class V1Hierarchy(Hierarchy):
         return isinstance(doc, dict) and doc.get("zarr_format") == 1
 
     @classmethod
-    def malformed_sync(cls, store: Store) -> str | None:
+    def malformed_sync(cls, store: BaseStore) -> str | None:
         """Why the store's `meta` key cannot be read as JSON (`meta: malformed JSON: ...`), if it cannot.
 
         Detection skips such a store; this names the cause instead of "not a Zarr hierarchy".
@@ -63,7 +63,7 @@ class V1Hierarchy(Hierarchy):
         return None
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> V1Hierarchy:
+    def open_sync(cls, store: BaseStore, options: Options | None = None) -> V1Hierarchy:
         return cls(store, (options or Options()).v1_order)
 
     def node_sync(self, path: str) -> Node | None:

@@ -15,8 +15,8 @@ from ..codecs.vlen import VLEN_KINDS, vlen_step
 from ..errors import MetadataError, UnknownCodec, Unsupported
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
+from ..storage.base import BaseStore
 from ..storage.keys import ChunkKeys, join
-from ..storage.store import Store
 from . import vlen
 from .base import consolidated_path, guess_chunks, json_object
 from .datasets import V2_DIMENSIONS_ATTR
@@ -31,7 +31,7 @@ class V2Hierarchy(NodeDocsHierarchy):
     doc_names = (".zarray", ".zgroup", ".zattrs")
 
     @classmethod
-    def detect_sync(cls, store: Store) -> bool:
+    def detect_sync(cls, store: BaseStore) -> bool:
         files, _ = store.list_dir_sync("")
         if {".zarray", ".zgroup", ".zmetadata"} & set(files):
             return True
@@ -39,7 +39,7 @@ class V2Hierarchy(NodeDocsHierarchy):
         return any(v is not None for v in raw.values())
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> Self:
+    def open_sync(cls, store: BaseStore, options: Options | None = None) -> Self:
         raw = store.get_sync(".zmetadata")
         consolidated: dict[str, dict[str, Any]] | None = None
         if raw is not None:

@@ -23,8 +23,8 @@ from ..codecs.vlen import vlen_step
 from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
 from ..model import ArrayMeta, GroupMeta, NewArray, Node, fill_fields, ints
 from ..options import Options
+from ..storage.base import BaseStore
 from ..storage.keys import ChunkKeys, join
-from ..storage.store import Store
 from . import vlen
 from .base import consolidated_path, guess_chunks, json_object, root_zarr_json_sync
 from .nodedocs import NodeDocsHierarchy
@@ -53,12 +53,12 @@ class V3Hierarchy(NodeDocsHierarchy):
     doc_names = ("zarr.json",)
 
     @classmethod
-    def detect_sync(cls, store: Store) -> bool:
+    def detect_sync(cls, store: BaseStore) -> bool:
         doc = root_zarr_json_sync(store)
         return doc is not None and doc.get("zarr_format") == 3
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> Self:
+    def open_sync(cls, store: BaseStore, options: Options | None = None) -> Self:
         root = json_object("zarr.json", store.get_sync("zarr.json")) or {}
         if root.get("node_type") == "group":
             # The root group is the mount: one it must not read refuses the mount (docs/SEMANTICS.md).

@@ -21,6 +21,7 @@ from ..codecs.vlen import READ_ONLY_REASON, VLenArrayBytes, fixed_width
 from ..dtypes import bytes_value
 from ..errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
 from ..model import ArrayMeta
+from ..storage.base import BaseStore
 
 # The width scan reads at most this many stored bytes (which bounds the time it takes), and
 # decodes at most this many bytes of strings (vlen codecs are not bounded by a chunk's declared
@@ -77,7 +78,7 @@ def is_vlen(meta: Any) -> bool:
     return isinstance(meta, ArrayMeta) and isinstance(meta.codec.array_bytes, VLenArrayBytes)
 
 
-def resolve_sync(store: Any, meta: ArrayMeta, list_keys: Any) -> ArrayMeta:
+def resolve_sync(store: BaseStore, meta: ArrayMeta, list_keys: Any) -> ArrayMeta:
     """The array with its fixed width: the longest element of every stored chunk and the fill value.
 
     `list_keys(meta)` gives the stored chunk keys with sizes (ZarrfsError when the store

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..codecs.sharding import PLAIN_INDEX, ShardIndex, ShardingIndexed
 from ..errors import CorruptChunk, MetadataError
+from .base import BaseStore
 from .keys import ChunkKeys
 
 Index = tuple[int, ...]
@@ -39,12 +40,12 @@ class KeyedChunks:
     def key(self, idx: Index) -> str:
         return self.keys.key(idx)
 
-    def read_sync(self, store: Any, idx: Index, max_nbytes: int | None = None, into: Any = None) -> Any:
+    def read_sync(self, store: BaseStore, idx: Index, max_nbytes: int | None = None, into: Any = None) -> Any:
         """The encoded chunk at grid position `idx` (refused past `max_nbytes`; maybe read into
         INTO, see Store.get_sync), or None when it is not stored."""
         return store.get_sync(self.keys.key(idx), max_nbytes, into)
 
-    def write_sync(self, store: Any, idx: Index, data: bytes | None) -> None:
+    def write_sync(self, store: BaseStore, idx: Index, data: bytes | None) -> None:
         """Store an encoded chunk, or erase it (None: the chunk is all fill value)."""
         if data is None:
             store.erase_sync(self.keys.key(idx))
@@ -78,14 +79,14 @@ class _InShards:
     def index_nbytes(self) -> int:
         return self.layout.nbytes(self.per_shard)
 
-    def read_index_sync(self, store: Any, shard: Index) -> np.ndarray | None:
+    def read_index_sync(self, store: BaseStore, shard: Index) -> np.ndarray | None:
         """A shard's index (per_shard + (2,) of offset, nbytes), or None when the shard is absent."""
         key = self.keys.key(shard)
         nbytes = self.index_nbytes
         raw = store.get_suffix_sync(key, nbytes) if self.layout.at_end else store.get_prefix_sync(key, nbytes)
         return None if raw is None else self.layout.decode(raw, self.per_shard, key)
 
-    def read_whole_sync(self, store: Any, shard: Index, max_nbytes: int) -> tuple[bytes, np.ndarray] | None:
+    def read_whole_sync(self, store: BaseStore, shard: Index, max_nbytes: int) -> tuple[bytes, np.ndarray] | None:
         """A whole shard in one request and its index parsed from those bytes (refused past
         `max_nbytes`), or None when the shard is absent."""
         key = self.keys.key(shard)
@@ -103,7 +104,7 @@ class _InShards:
         except CorruptChunk as e:
             raise CorruptChunk(f"shard {self.key(idx)}: {e}") from None
 
-    def read_ranges_sync(self, store: Any, shard: Index, ranges: list[tuple[int, int]]) -> list[bytes]:
+    def read_ranges_sync(self, store: BaseStore, shard: Index, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Byte ranges [start, end) of one shard, each checked to lie inside it."""
         key = self.keys.key(shard)
         out = store.get_ranges_sync(key, ranges)
@@ -114,7 +115,7 @@ class _InShards:
                 )
         return out
 
-    def read_sync(self, store: Any, idx: Index, max_nbytes: int | None = None) -> bytes | None:
+    def read_sync(self, store: BaseStore, idx: Index, max_nbytes: int | None = None) -> bytes | None:
         """One chunk, uncached: its shard's index, then its bytes (the engine caches the index instead)."""
         found = self.entry(self.read_index_sync(store, self.shard_of(idx)), idx)
         if found is None:
@@ -128,7 +129,7 @@ class _InShards:
         data = self.read_ranges_sync(store, self.shard_of(idx), [(offset, offset + nbytes)])[0]
         return data
 
-    def stored_nbytes_sync(self, store: Any, idx: Index) -> int:
+    def stored_nbytes_sync(self, store: BaseStore, idx: Index) -> int:
         """Bytes the chunk at `idx` takes in its shard (0 when it is not stored)."""
         found = self.entry(self.read_index_sync(store, self.shard_of(idx)), idx)
         return 0 if found is None else found[1]
@@ -172,7 +173,7 @@ class ShardedChunks(_InShards):
     def per_shard(self) -> Index:  # type: ignore[override]
         return self.chunks_per_shard
 
-    def write_sync(self, store: Any, idx: Index, data: bytes | None) -> None:
+    def write_sync(self, store: BaseStore, idx: Index, data: bytes | None) -> None:
         """Store the encoded chunk at grid position `idx`, or drop it (None).
 
         The shard is read whole, the chunk replaced or dropped, and the shard stored again
@@ -203,7 +204,7 @@ def source_of(meta: Any) -> Any:
     return meta.source if meta.source is not None else KeyedChunks(meta.keys)
 
 
-def read_chunk_sync(meta: Any, store: Any, idx: Index, into: Any = None) -> Any:
+def read_chunk_sync(meta: Any, store: BaseStore, idx: Index, into: Any = None) -> Any:
     """A grid chunk's stored bytes, or None; more than any encoding of it takes is refused.
     With INTO (chunks one key each): read into it when they fit (see Store.get_sync)."""
     if into is not None:
@@ -211,7 +212,7 @@ def read_chunk_sync(meta: Any, store: Any, idx: Index, into: Any = None) -> Any:
     return source_of(meta).read_sync(store, idx, meta.max_stored_nbytes)
 
 
-def write_chunk_sync(meta: Any, store: Any, idx: Index, data: bytes | None) -> None:
+def write_chunk_sync(meta: Any, store: BaseStore, idx: Index, data: bytes | None) -> None:
     """Store a grid chunk's encoded bytes, or erase it (None)."""
     source_of(meta).write_sync(store, idx, data)
 

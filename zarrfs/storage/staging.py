@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from ..errors import ZarrfsError
 from ..repeats import LogOnce
+from .base import BaseStore
 from .keys import RESERVED_PREFIX, STAGING_PREFIX, join
-from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class LeaseKeeper:
     erased as soon as it stages nothing. `write_sync` and `erase_sync` do store I/O (worker
     threads); the others run in the main loop, which takes one step at a time (`due`)."""
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: BaseStore, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
         self.writer = secrets.token_hex(6)
@@ -205,7 +205,7 @@ class LeaseKeeper:
 class StagingPlaces(Protocol):
     """What a sweep asks of a hierarchy (formats/base.py): its store and where staging areas may be."""
 
-    store: Store
+    store: BaseStore
 
     def staging_dirs(self) -> Iterator[str]: ...
 
@@ -262,7 +262,7 @@ def sweep_sync(
     return out
 
 
-def _sweep_area_sync(store: Store, prefix: str, lease: Lease | None, here: Machine, now_s: float) -> bool:
+def _sweep_area_sync(store: BaseStore, prefix: str, lease: Lease | None, here: Machine, now_s: float) -> bool:
     """Remove one staging area if its writer is gone; whether it was removed."""
     keys = store.versions_below_sync(prefix)
     nbytes = sum(size or 0 for size, _, _ in keys.values())

@@ -18,6 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import StoreError, UserError, ZarrfsError
 from . import local
+from .base import METADATA_MAX_BYTES, BaseStore, Version
 from .failures import describe_failure
 from .fsinfo import etag_of, mtime_ns_of, size_of
 from .keys import check_key, join
@@ -27,11 +28,6 @@ from .requests import RequestCounts
 log = logging.getLogger(__name__)
 
 
-# Metadata documents (and any key read without a bound of its own) larger than this are
-# refused: the largest consolidated documents seen in practice are tens of MiB (about 1 KiB
-# of JSON per array, hierarchies of tens of thousands of arrays); parsing costs several
-# times a document's size, so this keeps a hostile one to about a GiB of memory.
-METADATA_MAX_BYTES = 256 << 20
 # A stored object's modification time is when its upload began, in whole seconds on S3, by the
 # store's clock: a chunk is kept on the strength of its time only if it was written at least this
 # long before the GET that read it began (an upload under way while we read, a second of rounding,
@@ -39,7 +35,7 @@ METADATA_MAX_BYTES = 256 << 20
 FETCH_MARGIN_S = 5.0
 
 
-class Store:
+class Store(BaseStore):
     """A Zarr store rooted at an fsspec URL or local path; keys are `/`-separated strings."""
 
     def __init__(
@@ -138,13 +134,6 @@ class Store:
         self.requests.got(len(data))
         return self.bounded(key, data, max_nbytes)
 
-    @staticmethod
-    def bounded(key: str, data: bytes, max_nbytes: int | None) -> bytes:
-        """DATA, unless it is longer than MAX_NBYTES (a key holding more than it can legitimately take)."""
-        if max_nbytes is not None and len(data) > max_nbytes:
-            raise StoreError(f"{key!r} holds {len(data)} bytes, more than the {max_nbytes} it can legitimately take")
-        return data
-
     def get_many_sync(self, keys: list[str], max_nbytes: int | None = METADATA_MAX_BYTES) -> dict[str, bytes | None]:
         """Several keys at once (concurrently on asynchronous file systems), each bounded as in `get_sync`."""
         if not isinstance(self.fs, AsyncFileSystem) or len(keys) < 2:
@@ -200,7 +189,7 @@ class Store:
         """Every key below a prefix (recursively), relative to it, with its size if known."""
         return {rel: size_of(info) for rel, info in self._infos_below_sync(prefix).items()}
 
-    def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
+    def versions_below_sync(self, prefix: str) -> dict[str, Version]:
         """Every key below a prefix (recursively), relative to it: (size, modification time in ns,
         ETag or generation) as far as one listing tells."""
         return {
@@ -442,34 +431,6 @@ class Store:
             return bool(self.fs.exists(self.root)) or bool(self.list_dir_sync("")[0])
         except Exception:
             return False
-
-    # --- what a cache in front of the store is told (diskcache.DiskCachedStore); nothing here ---
-
-    def note_array(self, keys: Any) -> None:
-        """An array with these ChunkKeys is about to be read."""
-
-    def refresh(self) -> None:
-        """Whatever was kept of the store is checked again before its next use."""
-
-    def version_time(self, key: str, began: float) -> float:
-        """When the value last read of KEY is known to have matched the store: when its read began."""
-        return began
-
-    def request_stats(self) -> dict[str, int]:
-        """Requests sent to the backend since the mount (stats.json)."""
-        return self.requests.stats()
-
-    def disk_stats(self) -> dict[str, Any]:
-        """Counters of a disk cache in front of the store: none here."""
-        return {
-            "disk_hits": 0,
-            "disk_misses": 0,
-            "disk_bytes": 0,
-            "disk_max_bytes": 0,
-            "disk_evictions": 0,
-            "disk_errors": 0,
-            "disk_cache_dir": None,
-        }
 
     # --- operations: start-up checks, times, space (the daemon and fuse_ops use these) ----
 

@@ -1,7 +1,7 @@
 """Versioned stores (Icechunk): each completed operation becomes one commit, named for it.
 
 The FUSE layer reports operations here (a file closed or synced, mkdir, rm, mv, setfattr);
-stores without `commit_sync` make this a no-op.
+on a store with no history (`Versions.repository` None) this is a no-op.
 """
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ class Commits:
 
     def message(self, operation: str, path: str, uid: int | None) -> str:
         """The message of the commit OPERATION makes ("": none, the store is not versioned)."""
-        if getattr(self.engine.store, "commit_sync", None) is None or not self.writable:
+        if self.ns.versions.repository is None or not self.writable:
             return ""
         return change_message(operation, path, uid)
 
     async def done(self, operation: str, path: str, uid: int | None) -> None:
         """The operation just completed becomes one commit (not while another file is being
         written: its commit then takes this one in)."""
-        commit = getattr(self.engine.store, "commit_sync", None)
-        if commit is None or not self.writable or self.ns.writing_files():
+        repository = self.ns.versions.repository
+        if repository is None or not self.writable or self.ns.writing_files():
             return
-        await self.engine.run_io_long(commit, change_message(operation, path, uid))
+        await self.engine.run_io_long(repository.commit_sync, change_message(operation, path, uid))

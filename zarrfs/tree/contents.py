@@ -47,7 +47,8 @@ class Contents:
         await ns.freshness.follow(entry)
         if isinstance(entry.error, Stale):  # (the kernel looks its name up again: errors.Stale)
             raise entry.error
-        if entry.kind is Kind.VERSIONLOG and entry.key != getattr(self.hierarchy.store, "snapshot_id", None):
+        repository = self.ns.versions.repository
+        if entry.kind is Kind.VERSIONLOG and repository is not None and entry.key != repository.snapshot_id:
             entry.stored_bytes = None  # the mount shows another snapshot: its log is another
         if entry.stored_bytes is not None or entry.error is not None:
             return

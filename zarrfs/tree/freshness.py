@@ -31,6 +31,7 @@ from ..views.kinds import Kind
 from .versions import is_version_path
 
 if TYPE_CHECKING:
+    from ..storage.icechunk import IcechunkStore
     from .entries import Entry
     from .namespace import Namespace
 
@@ -44,14 +45,17 @@ GROUP_FILES = (Kind.NETCDF, Kind.OMETIFF)
 class Freshness:
     """Drops listings and metadata older than `metadata_ttl_s` (inf: never, unless refreshed)."""
 
-    def __init__(self, ns: Namespace, metadata_ttl_s: float = math.inf) -> None:
+    def __init__(
+        self, ns: Namespace, metadata_ttl_s: float = math.inf, repository: IcechunkStore | None = None
+    ) -> None:
         self.ns = ns
         self.engine = ns.engine
         self.hierarchy = ns.hierarchy
         self.inodes = ns.inodes
         self.metadata_ttl_s = metadata_ttl_s
         # A versioned store (an Icechunk repository) changes only by moving to another snapshot.
-        self.versioned = hasattr(self.hierarchy.store, "follow_tip_sync")
+        self.repository = repository
+        self.versioned = repository is not None
         self.epoch = 0  # bumped by each revalidation: entries checked in an older one are checked again
         self._fresh_since = time.monotonic()
         # Nodes read from the store in this epoch, by path (listings, or one array's document)
@@ -65,9 +69,9 @@ class Freshness:
         every file's pages too, whatever the TTL; an open while it moves (the store shows the new
         snapshot, the old pages are not dropped yet) starts without them, so that no reader mixes
         pages of one snapshot with reads of another."""
-        if not self.versioned:
+        if self.repository is None:
             return self.metadata_ttl_s == math.inf
-        shown = self.hierarchy.store.snapshot_id  # type: ignore[attr-defined]
+        shown = self.repository.snapshot_id
         kept, entry.pages_of = entry.pages_of == shown, shown
         return kept
 
@@ -230,17 +234,17 @@ class Freshness:
     async def revalidate(self, force: bool = False) -> None:
         """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
         now = time.monotonic()
-        store = self.hierarchy.store
-        pending = self.versioned and store.tip_pending is not None and self.ns.open_files == 0  # type: ignore[attr-defined]
+        store = self.repository
+        pending = store is not None and store.tip_pending is not None and self.ns.open_files == 0
         if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
             return
         self._fresh_since = now
         moved = False
-        if self.versioned:  # only a move to another snapshot makes anything stale
-            moved = await self.engine.run_io(store.follow_tip_sync, self.ns.open_files == 0)  # type: ignore[attr-defined]
+        if store is not None:  # only a move to another snapshot makes anything stale
+            moved = await self.engine.run_io(store.follow_tip_sync, self.ns.open_files == 0)
             # Shown here, with no await between the check and the move: a file opened while the
             # tip was looked up keeps the mount on the snapshot it reads.
-            moved = moved and store.show_ready(self.ns.open_files == 0)  # type: ignore[attr-defined]
+            moved = moved and store.show_ready(self.ns.open_files == 0)
             await self.ns.versions.recheck()
             if not moved:
                 return

@@ -23,6 +23,7 @@ from ..engine import Engine
 from ..errors import NotFound, Stale, ZarrfsError
 from ..formats.base import Hierarchy
 from ..model import ArrayMeta, GroupMeta, Node
+from ..storage.icechunk import IcechunkStore
 from ..storage.staging import LeaseKeeper
 from ..views import registry, slices
 from ..views.registry import VIEWS_DIR
@@ -74,9 +75,11 @@ class Namespace:
         # Bytes of statistics rewrites held by open descriptors (StatisticsRewriteHandle)
         self.rewrite_bytes = 0
         self.inodes = Inodes(on_name_gone)
-        self.freshness = Freshness(self, metadata_ttl_s)
+        # The repository a versioned store shows (its snapshots, branches and commits), if any.
+        repository = hierarchy.store if isinstance(hierarchy.store, IcechunkStore) else None
+        self.freshness = Freshness(self, metadata_ttl_s, repository)
         self.listings = Listings(self)
-        self.versions = Versions(self)
+        self.versions = Versions(self, repository)
         self.statistics = SavedStatistics(self)
         self.georefs = Georefs(self)
         self.contents = Contents(self)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..model import GroupMeta
 from ..storage.icechunk import SNAPSHOT_PREFIX
 from ..views.kinds import Kind
 
 if TYPE_CHECKING:
+    from ..storage.icechunk import IcechunkStore
     from .entries import Entry
     from .namespace import Namespace
 
@@ -38,8 +39,9 @@ def is_version_path(path: str) -> bool:
 class Versions:
     """The `versions` view directory and what it holds."""
 
-    def __init__(self, ns: Namespace) -> None:
+    def __init__(self, ns: Namespace, repository: IcechunkStore | None = None) -> None:
         self.ns = ns
+        self.repository = repository  # None: the store has no history
         self.engine = ns.engine
         self.hierarchy = ns.hierarchy
         self.inodes = ns.inodes
@@ -47,14 +49,20 @@ class Versions:
     @property
     def present(self) -> bool:
         """Whether the store has a history to show."""
-        return hasattr(self.hierarchy.store, "refs_sync")
+        return self.repository is not None
+
+    def _repository(self) -> IcechunkStore:
+        """The repository, asked only where `present` (TypeError: a defect)."""
+        if self.repository is None:
+            raise TypeError("the store has no history")
+        return self.repository
 
     def _version_root(self, snapshot_id: str) -> Entry:
         return self.inodes.new(Kind.GROUP, "", GroupMeta(version_path(snapshot_id), {}, self.hierarchy.name))
 
     async def listing(self, entry: Entry) -> dict[str, Callable[[], Entry]]:
         """Names in `versions/` (entry.key ""), `branches/`, `tags/` or `snapshots/`."""
-        store = self.hierarchy.store
+        store = self._repository()
         if entry.key == "":
             new = self.inodes.new
             names: dict[str, Callable[[], Entry]] = {
@@ -63,9 +71,9 @@ class Versions:
             names[LOG_FILE] = lambda: new(Kind.VERSIONLOG, VERSIONS_DIR)
             return names
         if entry.key in REF_DIRS:
-            refs = await self.engine.run_io(store.refs_sync, entry.key, key=("refs", entry.key))  # type: ignore[attr-defined]
+            refs = await self.engine.run_io(store.refs_sync, entry.key, key=("refs", entry.key))
         else:
-            ancestry = await self.engine.run_io(store.ancestry_sync, key=("ancestry", store.snapshot_id))  # type: ignore[attr-defined]
+            ancestry = await self.engine.run_io(store.ancestry_sync, key=("ancestry", store.snapshot_id))
             refs = {s["id"]: s["id"] for s in ancestry}
         out: dict[str, Callable[[], Entry]] = {}
         for name, snapshot_id in refs.items():
@@ -95,21 +103,21 @@ class Versions:
         named = [(parent, name) for parent, name in self.inodes.names_in(dirs) if dirs[parent].key == "branches"]
         if not named:
             return
-        store = self.hierarchy.store
-        refs = await self.engine.run_io(store.refs_sync, "branches", key=("refs", "branches"))  # type: ignore[attr-defined]
+        store = self._repository()
+        refs = await self.engine.run_io(store.refs_sync, "branches", key=("refs", "branches"))
         for parent, name in named:
             self._renamed_version(dirs[parent], name, refs.get(name))
 
     async def snapshot_maker(self, name: str) -> Callable[[], Entry] | None:
         """`snapshots/ID` of a snapshot not listed (not an ancestor of the one mounted)."""
-        store = self.hierarchy.store
-        if await self.engine.run_io(store.has_snapshot_sync, name, key=("snapshot", name)):  # type: ignore[attr-defined]
+        store = self._repository()
+        if await self.engine.run_io(store.has_snapshot_sync, name, key=("snapshot", name)):
             return lambda: self._version_root(name)
         return None
 
     async def settle_log(self, entry: Entry) -> None:
         """log.json: the ancestry of the snapshot shown, made again when the mount shows another."""
-        store: Any = self.hierarchy.store
+        store = self._repository()
         entry.key = store.snapshot_id
         entry.content = await self.engine.run_io(store.log_json_sync, key=("log", store.snapshot_id))
         entry.size = entry.stored_bytes = len(entry.content)

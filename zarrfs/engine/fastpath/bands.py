@@ -31,12 +31,12 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any
 
 import numpy as np
 import trio
 
 from ...errors import ZarrfsError
+from ...storage.base import BaseStore
 from ...views.streams import ArrayStream
 from ..loads import Loads, read_decode_sync
 from ..memory import private_buffer
@@ -347,7 +347,7 @@ _decoded = threading.local()  # .buf: a worker thread's buffer for the chunk it 
 
 
 def decoded_rows_sync(
-    stream: ArrayStream, store: Any, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1
+    stream: ArrayStream, store: BaseStore, k: int, count: int, out: np.ndarray, part: int = 0, parts: int = 1
 ) -> tuple[memoryview, int, int, float]:
     """The bytes of rows K.. K+COUNT-1 of a `direct.transposed(decoded=True)` stream's chunks
     (as many as there are), assembled in OUT (of their chunk columns, share PART of PARTS):

@@ -31,6 +31,7 @@ import numpy as np
 
 from ... import grid
 from ...codecs.chain import decodes_into, reads_into
+from ...storage.base import BaseStore
 from ...storage.local import LOCAL_OPEN_FLAGS
 from ...views.streams import ArrayStream, ReadPlan, plan_bytes
 from .gates import LOAD_MAX_RATIO, PIECE_MIN_BYTES
@@ -185,7 +186,7 @@ class DirectReads:
     """Reads of eligible streams from the files that hold their chunks (a store's `chunk_file`:
     a local store's keys, a local Icechunk repository's chunk objects), a few files kept open."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: BaseStore) -> None:
         self.store = store
         # tmpfs and ramfs never wait for a disk (and refuse RWF_NOWAIT): read them anywhere.
         self.in_memory = file_system_type(os.path.realpath(store.root)) in MEMORY_FILE_SYSTEMS

@@ -18,8 +18,8 @@ from ...errors import (
 )
 from ...model import ArrayMeta, GroupMeta, NewArray, Node
 from ...options import Options
+from ...storage.base import BaseStore
 from ...storage.keys import join
-from ...storage.store import Store
 from ..base import (
     Hierarchy,
     StagedArray,
@@ -43,18 +43,18 @@ class V3DraftHierarchy(Hierarchy):
 
     name = "v3-draft"
 
-    def __init__(self, store: Store, layout: Layout | None) -> None:
+    def __init__(self, store: BaseStore, layout: Layout | None) -> None:
         super().__init__(store)
         self.layout = layout
         self._warned: set[str] = set()
 
     @classmethod
-    def detect_sync(cls, store: Store) -> bool:
+    def detect_sync(cls, store: BaseStore) -> bool:
         doc = root_zarr_json_sync(store)
         return doc is not None and isinstance(doc.get("zarr_format"), str)
 
     @classmethod
-    def open_sync(cls, store: Store, options: Options | None = None) -> V3DraftHierarchy:
+    def open_sync(cls, store: BaseStore, options: Options | None = None) -> V3DraftHierarchy:
         """Read the entry point; refuse (UserError) what the drafts say must stop processing."""
         try:
             doc = json_object("zarr.json", store.get_sync("zarr.json"))

@@ -11,7 +11,8 @@ import threading
 import time
 from typing import Any
 
-from ..store import FETCH_MARGIN_S, METADATA_MAX_BYTES, Store
+from ..base import METADATA_MAX_BYTES, BaseStore, Version
+from ..store import FETCH_MARGIN_S, Store
 from .entries import Corrupt, DiskCache, Entry
 
 log = logging.getLogger(__package__)  # one logger for the disk cache, named as before its split
@@ -52,7 +53,7 @@ def is_chunk_key(keys: Any, key: str) -> bool:
     return all(p.isdigit() for p in name[len(keys.head) :].split(keys.sep))
 
 
-class DiskCachedStore:
+class DiskCachedStore(BaseStore):
     """A remote Store whose reads go through a DiskCache; writes drop what they touch.
 
     Freshness: an entry validated less than `ttl_s` ago is used without asking the store. An
@@ -63,6 +64,9 @@ class DiskCachedStore:
 
     def __init__(self, store: Store, cache: DiskCache, identity: str, ttl_s: float, own_prefix: str = "") -> None:
         self.store = store
+        self.source, self.root, self.read_only = store.source, store.root, store.read_only
+        self.is_local, self.on_local_disk, self.is_references = store.is_local, store.on_local_disk, store.is_references
+        self.requests = store.requests
         # Keys with a part starting with this are zarrfs' own (writers' leases, staging areas): others
         # change them and their readers need the store's value now, so they are never kept.
         self.own_prefix = own_prefix
@@ -78,10 +82,14 @@ class DiskCachedStore:
         # Whole values answered from disk: key -> when they were last known to match the store.
         self._as_of: dict[str, float] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "store":  # not set yet: no recursion
-            raise AttributeError(name)
-        return getattr(self.store, name)
+    @property
+    def ranges_ignored(self) -> bool:
+        """The store's, which learns it as it reads."""
+        return self.store.ranges_ignored
+
+    @ranges_ignored.setter
+    def ranges_ignored(self, value: bool) -> None:
+        self.store.ranges_ignored = value
 
     def __repr__(self) -> str:
         return f"DiskCachedStore({self.store!r}, {self.cache.directory!r})"
@@ -137,7 +145,7 @@ class DiskCachedStore:
                 return None
             return self._listings.get(prefix)
 
-    def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
+    def versions_below_sync(self, prefix: str) -> dict[str, Version]:
         began = time.time()
         versions = self.store.versions_below_sync(prefix)
         for other, (listed_at, _) in list(self._listings.items()):
@@ -403,6 +411,26 @@ class DiskCachedStore:
             self.store.move_sync(src, dst)
         finally:
             self._touched(src, dst)
+
+    # --- what the cache does not keep: the store's own --------------------------------------
+
+    def size_sync(self, key: str) -> int | None:
+        return self.store.size_sync(key)
+
+    def list_dir_sync(self, prefix: str) -> tuple[dict[str, int | None], list[str]]:
+        return self.store.list_dir_sync(prefix)
+
+    def sizes_below_sync(self, prefix: str) -> dict[str, int | None]:
+        return self.store.sizes_below_sync(prefix)
+
+    def probe_sync(self, shown: str) -> None:
+        self.store.probe_sync(shown)
+
+    def exists_sync(self) -> bool:
+        return self.store.exists_sync()
+
+    def mtime_ns_sync(self, key: str) -> int | None:
+        return self.store.mtime_ns_sync(key)
 
     def request_stats(self) -> dict[str, int]:
         """Requests the store behind the cache was sent: what the cache did not answer."""

@@ -17,8 +17,8 @@ from typing import Any
 from ...errors import Conflict, StoreError, UserError, ZarrfsError
 from ...manual import AUTHORIZE
 from ...repeats import RepeatedFailures
+from ..base import BaseStore
 from ..remote import install_hint
-from ..store import Store
 from .turns import Turns, lock_path, locked
 
 log = logging.getLogger(__package__)  # one logger for the Icechunk adapter, named as before its split
@@ -45,7 +45,7 @@ UNAUTHORIZED = re.compile(r"resolves to the url prefix (\S+?),? to be able to fe
 LOCAL_PARTS = 2
 
 
-def looks_like_repository_sync(store: Store) -> bool:
+def looks_like_repository_sync(store: BaseStore) -> bool:
     """Whether SOURCE (opened as a plain store) holds an Icechunk repository, from one listing."""
     try:
         files, dirs = store.list_dir_sync("")

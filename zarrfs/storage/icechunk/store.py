@@ -18,9 +18,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ...errors import StoreError, ZarrfsError
-from ..keys import join
+from ..base import METADATA_MAX_BYTES, BaseStore
+from ..base import Version as KeyVersion
+from ..keys import check_key, join
 from ..requests import RequestCounts
-from ..store import METADATA_MAX_BYTES, Store
 from .chunkfiles import BATCH, Located, RepositoryChunks, read_located
 from .keys import BAD_PREFIX, INVALID_KEY, NO_NODE, SNAPSHOT_PREFIX
 from .repository import SESSIONS_KEPT, Repository, Version, icechunk_module
@@ -41,7 +42,7 @@ def _plain(data: Any) -> bytes:
     return data if isinstance(data, bytes) else bytes(data)
 
 
-class IcechunkStore(SessionWrites):
+class IcechunkStore(BaseStore):
     """A zarrfs store over one snapshot of an Icechunk repository, and over any other snapshot
     below `SNAPSHOT_PREFIX + ID` (read-only).
 
@@ -52,7 +53,9 @@ class IcechunkStore(SessionWrites):
     """
 
     is_local = False  # no keys as file paths: reads go through icechunk, but for `chunk_file`
+    is_references = False
     ranges_ignored = False
+    makes_commits = True
 
     def __init__(
         self,
@@ -75,8 +78,11 @@ class IcechunkStore(SessionWrites):
         thread.start()
         self.repository = Repository(source, storage_options or {}, ref, snapshot, writable, authorized)
         self.read_only = not writable
-        self._staging_docs: dict[str, dict[str, bytes]] = {}  # arrays being written: their documents
         self._error = icechunk.IcechunkError
+        self.on_local_disk = self.repository.on_local_disk
+        self._writes = SessionWrites(
+            self.repository, self.read_only, self._run, self._error, self._failed, self.get_sync
+        )
         self._prototype = _prototype()
         self.requests = RequestCounts()
         # Native chunks read as files (chunkfiles.py): a read-only mount of a repository in a local
@@ -97,10 +103,6 @@ class IcechunkStore(SessionWrites):
     @property
     def snapshot_id(self) -> str:
         return self.repository.snapshot_id
-
-    @property
-    def on_local_disk(self) -> bool:
-        return self.repository.on_local_disk
 
     @property
     def follows_branch(self) -> bool:
@@ -136,8 +138,9 @@ class IcechunkStore(SessionWrites):
         return self.repository.has_snapshot_sync(snapshot_id)
 
     def _route(self, key: str) -> tuple[Any, str]:
-        """The session store a key belongs to (None: a snapshot that does not exist) and the key there."""
-        snapshot_id, rel = _split(key)
+        """The session store a key belongs to (None: a snapshot that does not exist) and the key there;
+        a key no store could hold (`..`, empty parts) is refused as every store refuses it."""
+        snapshot_id, rel = _split(check_key(key))
         if snapshot_id is None:
             return self.version.store, key
         return self.repository.snapshot_store(snapshot_id), rel
@@ -218,7 +221,7 @@ class IcechunkStore(SessionWrites):
         self.requests.got(0 if data is None else len(data))
         if data is None:
             return None
-        Store.bounded(key, data, max_nbytes)
+        self.bounded(key, data, max_nbytes)
         if into is not None and len(data) <= len(into):  # the chunk's own buffer: no decoding copy after
             view = memoryview(into).cast("B")
             view[: len(data)] = data
@@ -242,7 +245,7 @@ class IcechunkStore(SessionWrites):
         for key, res in zip(keys, results):
             if isinstance(res, BaseException):
                 raise self._failed(f"reading {key!r}", res)
-            out[key] = None if res is None else Store.bounded(key, _plain(res), max_nbytes)
+            out[key] = None if res is None else self.bounded(key, _plain(res), max_nbytes)
         return out
 
     async def _size(self, store: Any, key: str) -> int | None:
@@ -364,7 +367,7 @@ class IcechunkStore(SessionWrites):
             out[key[len(base) :]] = res
         return out
 
-    def versions_below_sync(self, prefix: str) -> dict[str, tuple[int | None, int | None, str | None]]:
+    def versions_below_sync(self, prefix: str) -> dict[str, KeyVersion]:
         """Keys below a prefix with (size, no time, no tag): a snapshot never changes, and the mount
         drops its cached chunks whenever it moves to another one."""
         return {rel: (size, None, None) for rel, size in self.sizes_below_sync(prefix).items()}
@@ -380,34 +383,37 @@ class IcechunkStore(SessionWrites):
     def mtime_ns_sync(self, key: str) -> int | None:
         return None
 
-    def stored_bytes_sync(self) -> int | None:
-        return None
-
-    def free_bytes_sync(self) -> int | None:
-        return None
-
-    def is_dir_sync(self, prefix: str) -> bool:
-        return False
-
     def set_mtime_sync(self, key: str, mtime_ns: int) -> bool:
         return False  # a snapshot keeps no times of its keys (its commit has one)
 
-    # --- what a cache in front of a store is told: nothing here (snapshots never change) ---
+    # --- writes, into the session (writes.py) ----------------------------------------------
 
-    def note_array(self, keys: Any) -> None:
-        """An array with these ChunkKeys is about to be read."""
+    def commit_sync(self, message: str) -> str | None:
+        """Commit what the session holds (see Repository.commit_sync); None when it holds nothing."""
+        return self._writes.commit_sync(message)
 
-    def refresh(self) -> None:
-        """Whatever was kept of the store is checked again before its next use."""
+    def stage_docs(self, staging: str, docs: dict[str, bytes]) -> None:
+        """The documents of an array being written under STAGING, stored before its first chunk."""
+        self._writes.stage_docs(staging, docs)
 
-    def version_time(self, key: str, began: float) -> float:
-        return began
+    def set_sync(self, key: str, value: bytes) -> None:
+        self._writes.set_sync(key, value)
 
-    def request_stats(self) -> dict[str, int]:
-        return self.requests.stats()
+    def put_stream_sync(self, key: str, source: Any, block_bytes: int = 1 << 20) -> None:
+        self._writes.set_sync(key, source.read())  # (a session takes whole values)
 
-    def disk_stats(self) -> dict[str, Any]:
-        return Store.disk_stats(self)  # type: ignore[arg-type]  # (the same counters as a store without a disk cache: none)
+    def erase_sync(self, key: str) -> None:
+        self._writes.erase_sync(key)
+
+    def erase_below_sync(self, prefix: str) -> None:
+        self._writes.erase_below_sync(prefix)
+
+    def move_node_sync(self, src: str, dst: str, message: str) -> bool:
+        """Move node SRC to DST as one commit of its own (see Repository.move_node_sync)."""
+        return self._writes.move_node_sync(src, dst, message)
+
+    def move_sync(self, src: str, dst: str) -> None:
+        self._writes.move_sync(src, dst)
 
 
 def _split(key: str) -> tuple[str | None, str]:

@@ -1,4 +1,4 @@
-"""Writes into an Icechunk session, committed once per operation: the writing side of IcechunkStore."""
+"""Writes into an Icechunk session, committed once per operation: the part of IcechunkStore that writes."""
 
 from __future__ import annotations
 
@@ -8,36 +8,40 @@ from typing import Any
 from ...errors import ReadOnly, StoreError
 from ..staging import LEASE_PREFIX
 from .keys import BAD_PREFIX, INVALID_KEY, SNAPSHOT_PREFIX
+from .repository import Repository
 
 
 class SessionWrites:
     """IcechunkStore's writes: into the writable session of the snapshot shown (read-only ones
     refuse them), each operation's made a commit by `commit_sync`. Icechunk stores a chunk only
-    for an array it knows: a staged array's documents go in before its first chunk."""
+    for an array it knows: a staged array's documents go in before its first chunk.
 
-    # (what IcechunkStore gives them)
-    repository: Any
-    read_only: bool
-    version: Any
-    _staging_docs: dict[str, dict[str, bytes]]
-    _error: type[BaseException]
-    _run: Callable[..., Any]
-    _failed: Callable[[str, BaseException], StoreError]
-    get_sync: Callable[..., Any]
+    Given what it uses: the repository, whether the mount is read-only, how a coroutine runs
+    on the store's loop (RUN), icechunk's error type, how a failure is said (FAILED) and how a
+    value is read (GET, for `move_sync`)."""
+
+    def __init__(
+        self,
+        repository: Repository,
+        read_only: bool,
+        run: Callable[[Callable[[], Coroutine[Any, Any, Any]]], Any],
+        error: type[BaseException],
+        failed: Callable[[str, BaseException], StoreError],
+        get: Callable[[str, int | None], Any],
+    ) -> None:
+        self.repository, self.read_only = repository, read_only
+        self._run, self._error, self._failed, self._get = run, error, failed, get
+        self._staging_docs: dict[str, dict[str, bytes]] = {}  # arrays being written: their documents
 
     def commit_sync(self, message: str) -> str | None:
         """Commit what the session holds (see Repository.commit_sync); None when it holds nothing."""
         return self.repository.commit_sync(message, self._staging_docs)
 
-    @property
-    def writable(self) -> bool:
-        return not self.read_only
-
     def _writing(self, key: str) -> Any:
         """The writable session's store, for a key of the mounted version."""
         if self.read_only or key.startswith(SNAPSHOT_PREFIX):
             raise ReadOnly(f"{key}: this version of the repository is read-only")
-        return self.version.store
+        return self.repository.version.store
 
     def _write(self, key: str, change: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
         """CHANGE(the session's store) run, never while a commit replaces the session: a change
@@ -109,11 +113,8 @@ class SessionWrites:
 
     def move_sync(self, src: str, dst: str) -> None:
         """Give key `src`'s value to `dst` and remove `src` (a copy: icechunk 1.x moves nothing)."""
-        value = self.get_sync(src, None)
+        value = self._get(src, None)
         if value is None:
             raise StoreError(f"moving {src!r} to {dst!r}: {src!r} vanished")
         self.set_sync(dst, value)
         self.erase_sync(src)
-
-    def swap_dirs_sync(self, staging: str, final: str) -> None:
-        raise ReadOnly("directories are swapped on local stores only")
