@@ -118,3 +118,14 @@ def test_random_reads_fetch_the_index_and_their_inner_chunk(s3, proxy, sharded, 
             assert len(asked) == 2 and sum(asked) <= INDEX_NBYTES + int(index[inner][1]), (asked, index[inner])
     finally:
         os.close(fd)
+
+
+def test_cat_of_a_slice_of_a_sharded_array(s3, proxy, sharded, mount):
+    """A sequential reader of a slice file of a remote sharded array: its reads take whole shards
+    as the array's own file does, and its read-ahead (which reads whole shards ahead for a slice
+    too) gives numpy's selection."""
+    name, values, _ = sharded
+    mnt = mount(f"s3://{BUCKET}/{name}", *s3_options(proxy.port))
+    path = mnt / ".zarrfs" / "slice" / "a[100:1900:3].npy"
+    out = subprocess.run(["cat", str(path)], stdout=subprocess.PIPE, check=True).stdout
+    assert out == oracles.npy_bytes(values[100:1900:3])

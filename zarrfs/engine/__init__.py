@@ -20,7 +20,7 @@ import trio
 
 from ..errors import ZarrfsError
 from ..storage.base import BaseStore
-from ..views.streams import ArrayStream
+from ..views.streams import ArrayStream, ByteStream
 from .config import DEFAULT_TIMEOUT_S, EngineConfig
 from .fastpath import FastPaths
 from .fastpath.direct import DirectReads
@@ -125,7 +125,7 @@ class Engine:
     # --- reads ----------------------------------------------------------------------------
 
     async def read(
-        self, stream: ArrayStream, offset: int, size: int, readahead: ReadAhead | None = None, reply: bool = False
+        self, stream: ByteStream, offset: int, size: int, readahead: ReadAhead | None = None, reply: bool = False
     ) -> bytes | memoryview:
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently;
         with `readahead` (the reader's own state), a sequential reader's next window is loaded.
@@ -180,7 +180,7 @@ class Engine:
         return data
 
     def read_now(
-        self, stream: ArrayStream, offset: int, size: int, readahead: ReadAhead | None = None
+        self, stream: ByteStream, offset: int, size: int, readahead: ReadAhead | None = None
     ) -> memoryview | None:
         """A FUSE read served at once, with no await (so no wait to interrupt): a small read, or
         one of many rows in one row of chunks, whose chunks are at hand, as a view of the reused

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ZarrfsError
 from ..model import ArrayMeta
 from ..storage.base import BaseStore
-from ..views.streams import ArrayStream
+from ..views.streams import ByteStream, array_stream
 from .runtime import Runtime
 from .tables import ChunkTables
 
@@ -77,7 +77,7 @@ class Prefetch:
         self.runtime, self.tables, self.loads, self.shards = runtime, tables, loads, shards
         self.max_bytes = max_bytes  # the window's bound
 
-    def read_ahead(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead, sequential: bool) -> None:
+    def read_ahead(self, stream: ByteStream, offset: int, size: int, state: ReadAhead, sequential: bool) -> None:
         """After a sequential read (the reader's previous read ended at `offset`), start loading
         the chunks of the next window.
 
@@ -95,7 +95,7 @@ class Prefetch:
         if sequential:
             # Reading whole shards, the window is at least one row of them (in the stream's order)
             # ahead: one shard ahead left the next row's fetch to start only at the next read.
-            least = stream.chunk_row_bytes() if whole else size
+            least = stream.chunk_row_bytes() if whole and array_stream(stream) else size
             window = min(max(window * 2, least), self.max_bytes)
         else:
             window, planned = 0, 0
@@ -134,7 +134,7 @@ class Prefetch:
             self.runtime.counters["prefetched"] += len(ahead)
             self.runtime.start_soon(self._prefetch, meta, ahead)
 
-    def _shards_ahead(self, stream: ArrayStream, start: int, stop: int) -> None:
+    def _shards_ahead(self, stream: ByteStream, start: int, stop: int) -> None:
         """Start loading every inner chunk not yet loaded or in flight of the shards that bytes
         [start, stop) touch, each shard read whole (one request for all its batches)."""
         inner = stream.for_reads().meta

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import logging
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import trio
@@ -27,7 +27,7 @@ from ..errors import CorruptChunk, ZarrfsError
 from ..model import ArrayMeta
 from ..repeats import LogOnce
 from ..storage.base import BaseStore
-from ..views.streams import ArrayStream, plan_bytes
+from ..views.streams import ArrayStream, ByteStream, plan_bytes
 from .loads import Loads
 from .revalidate import Revalidation
 from .runtime import Runtime
@@ -142,7 +142,7 @@ class StreamedReads:
         self._freed = trio.Event()  # set (and replaced) when one is given back, or its cost
         self._streamed_said = LogOnce()  # arrays whose first such read was logged
 
-    def serves(self, stream: Any) -> bool:
+    def serves(self, stream: ByteStream) -> TypeGuard[ArrayStream]:
         """Whether reads of STREAM decode ranges of its chunks instead of whole chunks: an
         array's own byte stream (any view of it, or one chunk), its chunks larger than the
         cache and stored one key each, of a chain that can be decoded a range at a time."""

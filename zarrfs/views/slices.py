@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import grid
 from ..model import ArrayMeta
-from .streams import ReadPlan, element_span, npy_header, plan_bytes
+from .streams import ByteStream, ReadPlan, element_span, npy_header, plan_bytes
 
 Index = tuple[int, ...]
 # One dimension of a normalized selection: an integer position, or (start, step, count).
@@ -127,11 +127,10 @@ def _groups(dim: Dim, lo: int, hi: int, chunk: int) -> Iterator[tuple[int, int |
         j = last + 1
 
 
-class SliceStream:
+class SliceStream(ByteStream):
     """The elements `numpy.asarray(array)[selection]` gives, in C order, after an optional NPY header."""
 
-    # The stream protocol (streams.ArrayStream): not an array's own elements, never read from
-    # its chunks' rows.
+    # Not an array's own elements, never read from its chunks' rows.
     is_array_stream = False
     row_reads = False
 

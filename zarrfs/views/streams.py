@@ -13,6 +13,7 @@ import functools
 import math
 from collections.abc import Iterator
 from types import EllipsisType
+from typing import Protocol, TypeGuard
 
 import numpy as np
 
@@ -106,14 +107,49 @@ class ReadPlan:
     chunks: tuple[Index, ...]  # grid positions (array order) to load
 
 
-class ArrayStream:
+class ByteStream(Protocol):
+    """A file that is a stream of an array's elements after a header, read through the engine:
+    what the engine and its fast paths ask of it (ArrayStream, slices.SliceStream)."""
+
+    meta: ArrayMeta  # the array its elements come from
+    dtype: np.dtype  # the elements' dtype in the stream
+    header: bytes
+    size: int  # bytes of the whole file
+    # The array's own elements in C or F order (an ArrayStream): its plans can be cut into chunk
+    # regions and rows (`array_stream`); any other stream is read by plans and `assemble` only.
+    is_array_stream: bool
+    row_reads: bool  # reads of its rows may be served from cached chunks without a plan (fastpath/rows.py)
+
+    def plan(self, offset: int, size: int) -> ReadPlan:
+        """What bytes [offset, offset+size) are made of: header bytes, elements, the chunks they lie in."""
+        ...
+
+    def for_reads(self) -> ByteStream:
+        """The same bytes over the inner chunks of shards that can be read in part."""
+        ...
+
+    def assemble(
+        self, plan: ReadPlan, chunks: dict[Index, np.ndarray], out: np.ndarray | None = None
+    ) -> bytes | memoryview:
+        """A plan's bytes from its decoded chunks (into OUT, uint8, when given)."""
+        ...
+
+    def last_chunk_row(self, offset: int, stop: int) -> tuple[int, bool, bool] | None:
+        """The row of chunks whose bytes end a sequential read at STOP (None: none holds them in order)."""
+        ...
+
+
+def array_stream(stream: ByteStream) -> TypeGuard[ArrayStream]:
+    """Whether STREAM is an array's own elements in C or F order (it says so: `is_array_stream`)."""
+    return stream.is_array_stream
+
+
+class ArrayStream(ByteStream):
     """An array as a byte stream: an optional NPY header, then its elements in C or F order.
 
     With `chunk` set, the stream is that one chunk of the array, clipped at the edge.
     """
 
-    # The stream protocol (ArrayStream, slices.SliceStream): whether a stream is an array's own
-    # elements in C or F order, so that its plans can be cut into chunk regions and rows.
     is_array_stream = True
 
     def __init__(

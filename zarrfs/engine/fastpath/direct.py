@@ -25,7 +25,7 @@ import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from ... import grid
 from ...codecs.chain import decodes_into, reads_into
 from ...storage.base import BaseStore
 from ...storage.local import LOCAL_OPEN_FLAGS
-from ...views.streams import ArrayStream, ReadPlan, plan_bytes
+from ...views.streams import ArrayStream, ByteStream, ReadPlan, array_stream, plan_bytes
 from .gates import LOAD_MAX_RATIO, PIECE_MIN_BYTES
 
 # Open chunk files kept: a 1 MiB read of a wide array touches a row of chunks; a few rows of
@@ -86,10 +86,10 @@ def file_system_type(path: str) -> str:
     return kind
 
 
-def eligible(stream: ArrayStream) -> bool:
+def eligible(stream: ByteStream) -> TypeGuard[ArrayStream]:
     """Whether reads of STREAM can be copied straight from chunk files: chunks stored one key
     each, nothing but the bytes layout in C order, elements in the stream's own dtype."""
-    if not stream.is_array_stream:  # a slice view
+    if not array_stream(stream):  # a slice view
         return False
     meta = stream.meta
     chain = meta.codec
@@ -174,7 +174,7 @@ def transposed_bytes(stream: ArrayStream, k: int, count: int) -> int:
     return max(0, min((k + count) * a, s0) - k * a) * s1 * stream.dtype.itemsize
 
 
-def worth(stream: ArrayStream, plan: ReadPlan, nbytes: int) -> bool:
+def worth(stream: ByteStream, plan: ReadPlan, nbytes: int) -> TypeGuard[ArrayStream]:
     """Whether a read of NBYTES of STREAM is taken from the chunk files (see PIECE_MIN_BYTES)."""
     pieces = len(plan.chunks)
     if pieces * PIECE_MIN_BYTES > nbytes and pieces * stream.meta.chunk_nbytes <= LOAD_MAX_RATIO * nbytes:

@@ -7,9 +7,8 @@ index and ranges, the same bytes with more requests and more copies.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from ...views.streams import ArrayStream
+from ...views.streams import ByteStream, ReadPlan
 from ..readahead import ReadAhead
 from ..runtime import Runtime
 from ..tables import ChunkTables
@@ -25,7 +24,7 @@ class ShardReads:
         self.runtime, self.tables = runtime, tables
         self.window_bytes = window_bytes  # read-ahead's bound: a whole shard must fit in it
 
-    def whole(self, stream: ArrayStream) -> bool:
+    def whole(self, stream: ByteStream) -> bool:
         """Whether a sequential reader of this array loads shards whole, it and its read-ahead:
         a remote array of shards that fit in the read-ahead budget.
 
@@ -43,7 +42,7 @@ class ShardReads:
             and 0 < meta.chunk_nbytes <= self.window_bytes
         )
 
-    def sequential_start(self, stream: ArrayStream, offset: int, size: int, state: ReadAhead) -> bool:
+    def sequential_start(self, stream: ByteStream, offset: int, size: int, state: ReadAhead) -> bool:
         """Whether a reader's first read starts a sequential read of whole shards: at offset 0,
         as large as only a reader of the body asks (SEQUENTIAL_START_BYTES).
 
@@ -62,7 +61,7 @@ class ShardReads:
         )
         return start
 
-    def planner(self, stream: ArrayStream, plan: Any, offset: int, size: int) -> tuple[ArrayStream, Any]:
+    def planner(self, stream: ByteStream, plan: ReadPlan, offset: int, size: int) -> tuple[ByteStream, ReadPlan]:
         """The stream to read bytes [offset, offset+size) over, and its plan of them (PLAN is the
         stream's own): the one over inner chunks of shards that can be read in part, unless every
         shard the plan needs is already decoded whole (then over the shards: fewer, larger copies)."""
