@@ -6,6 +6,7 @@ import itertools
 import math
 from collections.abc import Iterator
 
+# A position in a grid or an array, or a shape: one int per dimension (the one Index type).
 Index = tuple[int, ...]
 
 

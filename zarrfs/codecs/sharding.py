@@ -18,13 +18,13 @@ import numpy as np
 
 from .. import grid
 from ..errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
+from ..grid import Index
 from .bounded import u1
 from .chain import BytesLayout, CodecChain, is_fill
 
 ABSENT = 2**64 - 1  # index entry of an inner chunk that is not stored
 ENTRY_DTYPE = np.dtype("<u8")
 ENTRY_NBYTES = 2 * ENTRY_DTYPE.itemsize  # (offset, nbytes)
-Index = tuple[int, ...]
 
 
 def _shard(where: str) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import trio
 
 from ..errors import ZarrfsError
+from ..grid import Index
 from ..storage.base import BaseStore
 from ..views.streams import ArrayStream, ByteStream
 from .config import DEFAULT_TIMEOUT_S, EngineConfig
@@ -37,8 +38,6 @@ from .tables import BODY, ChunkTables
 from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
-
-Index = tuple[int, ...]
 
 __all__ = ["DECODE_THREADS", "DEFAULT_TIMEOUT_S", "Engine", "EngineConfig", "ReadAhead"]
 

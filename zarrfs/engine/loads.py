@@ -19,6 +19,7 @@ import trio
 
 from ..codecs.chain import reads_into
 from ..errors import CorruptChunk, MetadataError, StoreError, ZarrfsError
+from ..grid import Index
 from ..model import ArrayMeta
 from ..repeats import LogOnce
 from ..storage import chunksource
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from .revalidate import Revalidation
 
 log = logging.getLogger(__name__)
-
-Index = tuple[int, ...]
 
 # Inner chunks of one shard that a read needs are fetched as ranges of the shard, merged
 # when the bytes between them cost less than another request would.

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ZarrfsError
+from ..grid import Index
 from ..model import ArrayMeta
 from ..storage.base import BaseStore
 from ..views.streams import ByteStream, array_stream
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from .loads import Loads
 
 log = logging.getLogger(__name__)
-
-Index = tuple[int, ...]
 
 # Read-ahead of chunks for sequential readers: the window doubles on each sequential read
 # and resets on a seek (as mountpoint-s3 and ratarmount do), bounded in bytes and by a

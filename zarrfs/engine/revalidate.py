@@ -22,14 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Stale, ZarrfsError
+from ..grid import Index
 from ..model import ArrayMeta
 from ..storage.store import FETCH_MARGIN_S
 from .runtime import Runtime
 from .tables import ChunkTables
 
 log = logging.getLogger(__name__)
-
-Index = tuple[int, ...]
 
 
 class _Fetched:

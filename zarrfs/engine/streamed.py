@@ -24,6 +24,7 @@ import trio
 
 from ..codecs import rangedecode
 from ..errors import CorruptChunk, ZarrfsError
+from ..grid import Index
 from ..model import ArrayMeta
 from ..repeats import LogOnce
 from ..storage.base import BaseStore
@@ -34,8 +35,6 @@ from .runtime import Runtime
 from .tables import ChunkTables, write_unit
 
 log = logging.getLogger(__name__)
-
-Index = tuple[int, ...]
 
 # Decoders kept or in use at once, across every reader: each holds a window of
 # rangedecode.WINDOW_BYTES and its decompressor's state (zstd's window: a few MiB at the

@@ -24,10 +24,9 @@ from typing import Any
 import numpy as np
 import trio
 
+from ..grid import Index
 from ..model import ArrayMeta
 from .runtime import Flight
-
-Index = tuple[int, ...]
 
 # Cache keys of inner chunks and of shard indexes, and version keys of shards rewritten
 # chunk by chunk, carry a tag after (path, index).

@@ -17,6 +17,7 @@ import trio
 from .. import grid
 from ..codecs.chain import is_fill
 from ..errors import StoreError, ZarrfsError
+from ..grid import Index
 from ..model import ArrayMeta
 from ..storage import chunksource
 from ..views.streams import ArrayStream
@@ -26,8 +27,6 @@ from .tables import INDEX, INNER, ChunkTables
 from .tables import lock_key as chunk_lock_key
 
 log = logging.getLogger(__name__)
-
-Index = tuple[int, ...]
 
 
 def encode_chunk_sync(

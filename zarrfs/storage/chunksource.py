@@ -22,10 +22,9 @@ import numpy as np
 
 from ..codecs.sharding import PLAIN_INDEX, ShardIndex, ShardingIndexed
 from ..errors import CorruptChunk, MetadataError
+from ..grid import Index
 from .base import BaseStore
 from .keys import ChunkKeys
-
-Index = tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)

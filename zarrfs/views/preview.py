@@ -17,9 +17,8 @@ import warnings
 
 import numpy as np
 
+from ..grid import Index
 from ..model import ArrayMeta
-
-Index = tuple[int, ...]
 
 # A thumbnail's size: file managers show 128-256 pixels.
 MAX_SIDE = 256

@@ -17,10 +17,10 @@ from types import EllipsisType
 import numpy as np
 
 from .. import grid
+from ..grid import Index
 from ..model import ArrayMeta
 from .streams import ByteStream, ReadPlan, element_span, npy_header, plan_bytes
 
-Index = tuple[int, ...]
 # One dimension of a normalized selection: an integer position, or (start, step, count).
 Dim = int | tuple[int, int, int]
 # File suffixes of a selection: with an NPY header, or the raw elements only.

@@ -18,6 +18,7 @@ from typing import Protocol, TypeGuard
 import numpy as np
 
 from .. import grid, npy
+from ..grid import Index
 from ..model import ArrayMeta
 
 # Reads of at least this many rows (of the last dimension) are assembled a whole row at a time
@@ -29,8 +30,6 @@ ROWS_MIN = 8
 # cache still holds. Straight from a cold chunk, numpy's transposing copy reads the chunk a few
 # bytes per row, several times slower (docs/PERFORMANCE.md).
 STAGE_BYTES = 512 << 10
-
-Index = tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ... import grid
 from ...codecs.chain import decodes_into, reads_into
+from ...grid import Index
 from ...storage.base import BaseStore
 from ...storage.local import LOCAL_OPEN_FLAGS
 from ...views.streams import ArrayStream, ByteStream, ReadPlan, array_stream, plan_bytes
@@ -54,8 +55,6 @@ ROW_MIN_BYTES = 4096
 TRANSPOSE_STAGE_BYTES = 512 << 10
 TRANSPOSE_MIN_ROWS = 16
 TRANSPOSE_BLOCK_BYTES = 128 << 10
-
-Index = tuple[int, ...]
 
 
 class Fallback(Exception):
