@@ -534,11 +534,11 @@ def test_rows_of_chunks_decoded_into_a_band_equal_numpy_s_bytes(
 
 
 async def test_delayed_calls_run_once_after_the_last_ask(autojump_clock, caplog):
-    """engine.later: asking again moves a call, cancel drops it, a failing call is logged and
+    """engine.delayed (DelayedCalls): asking again moves a call, cancel drops it, a failing call is logged and
     leaves the others running (the times are trio's mock clock's)."""
-    from zarrfs.engine.later import Later
+    from zarrfs.engine.debounce import DelayedCalls
 
-    later = Later()
+    later = DelayedCalls()
     calls: list[tuple[str, float]] = []
 
     def recorder(name):

@@ -23,12 +23,12 @@ from ..grid import Index
 from ..storage.base import BaseStore
 from ..views.streams import ArrayStream, ByteStream
 from .config import DEFAULT_TIMEOUT_S, EngineConfig
+from .debounce import DelayedCalls
 from .fastpath import FastPaths
 from .fastpath.direct import DirectReads
 from .fastpath.shards import ShardReads
 from .fastpath.spares import Spares
 from .interrupts import Interrupts
-from .later import Later
 from .loads import Loads
 from .readahead import Prefetch, ReadAhead, window_bound
 from .revalidate import Revalidation
@@ -62,7 +62,7 @@ class Engine:
             runtime, tables, self.loads, self.revalidation, self.prefetch, shards, spares, direct, config.bands
         )
         self.interrupts = Interrupts()  # requests ended early when their process got a signal
-        self.later = Later()  # delayed calls (plain files' write-back)
+        self.delayed = DelayedCalls()  # plain files' write-back, a few seconds after their last close
         self.held_memory_bytes = 0  # plain files' bytes in memory (tree/ingest.py HeldFile)
         self.started = time.time()
         # What the tree and the FUSE layer call on the runtime, as the engine's own.
@@ -106,7 +106,7 @@ class Engine:
         """Host background work (prefetch, delayed calls) until cancelled; without it neither runs."""
         async with trio.open_nursery() as nursery:
             self.runtime.attach(nursery)
-            self.later.attach(nursery)
+            self.delayed.attach(nursery)
             nursery.start_soon(self.interrupts.run)
             task_status.started()
             await trio.sleep_forever()
@@ -320,7 +320,7 @@ class Engine:
             "decode_seconds": round(self.runtime.decode_seconds, 6),
             "band_bytes": bands.band_bytes,
             "band_bytes_peak": bands.band_bytes_peak,
-            "plain_files_pending": self.later.waiting,  # closed, waiting for their write-back
+            "plain_files_pending": self.delayed.waiting,  # closed, waiting for their write-back
             "plain_memory_bytes": self.held_memory_bytes,
             **self.store.request_stats(),
             **self.store.disk_stats(),

@@ -233,7 +233,7 @@ class PlainFiles:
         held = entry.held
         if held is None or not (held.dirty or held.mtime_ns is not None):
             return
-        self.engine.later.cancel(("keep", entry.inode))
+        self.engine.delayed.cancel(("keep", entry.inode))
         await held.keep()
         if held.stored and entry.held is held:
             self.inodes.unregister(entry, keep_name=True)
@@ -244,11 +244,11 @@ class PlainFiles:
         one renamed to NAME.npy or removed before then is never stored under its name."""
         held = entry.held
         if held is not None and held.dirty:
-            self.engine.later.call(("keep", entry.inode), delay_s, lambda: self._write_back(entry, held))
+            self.engine.delayed.call(("keep", entry.inode), delay_s, lambda: self._write_back(entry, held))
 
     def cancel_keep(self, entry: Entry) -> None:
         """No write-back of this file is due (it is becoming an array)."""
-        self.engine.later.cancel(("keep", entry.inode))
+        self.engine.delayed.cancel(("keep", entry.inode))
 
     async def _write_back(self, entry: Entry, held: HeldFile) -> None:
         """The delayed store of a plain file; a failure is said once, and it is tried again

@@ -1,4 +1,4 @@
-"""Calls made a while after they are asked for, one per key: asking again moves the time.
+"""A keyed debounce: calls made a while after they are asked for, one per key; asking again moves the time.
 
 Plain files are stored this way a few seconds after their last close (write-back), so that
 one renamed or removed meanwhile is never stored under its temporary name.
@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 Call = Callable[[], Awaitable[None]]
 
 
-class Later:
-    """Delayed calls by key, run in the engine's nursery (nothing runs before `attach`)."""
+class DelayedCalls:
+    """Delayed calls by key, debounced, run in the engine's nursery (nothing runs before `attach`)."""
 
     def __init__(self) -> None:
         self._due: dict[Hashable, tuple[float, Call]] = {}  # key -> (trio time due, call)
