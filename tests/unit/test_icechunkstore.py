@@ -181,19 +181,19 @@ def test_a_call_that_hangs_is_a_store_error(repo):
 
 
 def test_a_commit_waits_for_the_writes_under_way_and_writes_for_a_commit():
-    """Turns: a commit that replaces the session waits for the writes under way (none lands in a
+    """CommitLock: a commit that replaces the session waits for the writes under way (none lands in a
     session committed already), a write waits for a commit being made, and a write begun while a
     commit waits is not held up by it (a thread may write twice within one operation)."""
     import threading
     import time
 
-    from zarrfs.storage.icechunk.turns import Turns
+    from zarrfs.storage.icechunk.commitlock import CommitLock
 
-    turns, order = Turns(), []
+    turns, order = CommitLock(), []
     inside = threading.Event()
 
     def swap():
-        with turns.swapping():
+        with turns.committing():
             inside.set()
             order.append("commit")
             time.sleep(0.05)

@@ -3,7 +3,7 @@
 store.py is the Store side (reads and listings of a session, run on an asyncio loop of its own),
 writes.py its writes; chunkfiles.py where a local repository's chunks lie (icechunk 2.x);
 repository.py the repository's side (opening it at a ref or snapshot, following a branch's tip,
-the history, commits and conflicts), turns.py how its changes take turns; keys.py the keys.
+the history, commits and conflicts), commitlock.py its commit lock; keys.py the keys.
 `icechunk` is an optional extra (`zarrfs[icechunk]`), imported lazily.
 """
 

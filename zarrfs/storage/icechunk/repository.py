@@ -19,7 +19,7 @@ from ...manual import AUTHORIZE
 from ...repeats import RepeatedFailures
 from ..base import BaseStore
 from ..remote import install_hint
-from .turns import Turns, lock_path, locked
+from .commitlock import CommitLock, lock_path, locked
 
 log = logging.getLogger(__package__)  # one logger for the Icechunk adapter, named as before its split
 
@@ -223,7 +223,7 @@ class Repository:
         self._others_lock = threading.Lock()
         # Containers virtual chunks were refused from: said once a minute each, not once per chunk.
         self._refused = RepeatedFailures()
-        self.turns = Turns()  # writes into the session, and commits that replace it
+        self.commit_lock = CommitLock()  # writes into the session (shared), commits that replace it
 
     @property
     def snapshot_id(self) -> str:
@@ -381,7 +381,7 @@ class Repository:
         if self.read_only or not session.has_uncommitted_changes:
             return None
         base = session.snapshot_id
-        with self.turns.swapping(), locked(self._lock_path):
+        with self.commit_lock.committing(), locked(self._lock_path):
             try:
                 tip = self.repo.lookup_branch(self.branch)
                 # icechunk's detector lets two replacements of one array (each a deletion and a new
@@ -415,7 +415,7 @@ class Repository:
         icechunk = icechunk_module()
         if self.read_only or self.branch is None or not hasattr(self.repo, "rearrange_session"):
             return False
-        with self.turns.swapping(), locked(self._lock_path):
+        with self.commit_lock.committing(), locked(self._lock_path):
             if self.version.session.has_uncommitted_changes:
                 return False
             shown = self.snapshot_id

@@ -46,7 +46,7 @@ class SessionWrites:
     def _write(self, key: str, change: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
         """CHANGE(the session's store) run, never while a commit replaces the session: a change
         lands in the session the next commit takes."""
-        with self.repository.turns.writing():
+        with self.repository.commit_lock.writing():
             store = self._writing(key)
             return self._run(lambda: change(store))
 

@@ -1,5 +1,5 @@
-"""Changes to an Icechunk branch taking turns: writes and commits within one daemon (`Turns`),
-commits of several mounts of one local repository (a lock file beside it, `locked`)."""
+"""The commit lock of an Icechunk branch: writes shared and commits exclusive within one daemon
+(`CommitLock`), commits of several mounts of one local repository (a lock file beside it, `locked`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import threading
 from collections.abc import Iterator
 
 
-class Turns:
-    """Writes into a writable session (any number at once) and the commits that replace the
-    session (one at a time, with no write under way): a write never lands in a session that
-    was committed already. A write waits only for a commit being made, not for one waiting."""
+class CommitLock:
+    """A shared/exclusive lock: writes into a writable session hold it shared (any number at
+    once), the commits that replace the session exclusive (one at a time, with no write under
+    way): a write never lands in a session that was committed already. A write waits only for
+    a commit being made, not for one waiting."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -34,7 +35,7 @@ class Turns:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
-    def swapping(self) -> Iterator[None]:
+    def committing(self) -> Iterator[None]:
         with self._cond:
             while self._swapping or self._writes:
                 self._cond.wait()
@@ -48,7 +49,7 @@ class Turns:
 
 
 def lock_path(directory: str | None) -> str | None:
-    """The lock file commits of a repository in local DIRECTORY take turns on, beside it; None for
+    """The lock file that commits of a repository in local DIRECTORY hold, beside it; None for
     object stores (icechunk's own conditional writes order the commits)."""
     if directory is None:
         return None
