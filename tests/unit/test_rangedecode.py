@@ -516,13 +516,13 @@ async def test_a_preview_of_a_chunk_larger_than_the_cache_reads_only_its_pixels(
     chunk is decoded whole: the process does not grow by the chunk."""
     from PIL import Image
 
-    from zarrfs.views import preview, previews
-    from zarrfs.views.previews import Previews
+    from zarrfs.views import preview, preview_cache
+    from zarrfs.views.preview_cache import PreviewCache
 
     from support.oracles import numpy_grey
 
     if by == "pixels":
-        monkeypatch.setattr(previews, "ROWS_MAX_BYTES", 0)
+        monkeypatch.setattr(preview_cache, "ROWS_MAX_BYTES", 0)
 
     path = str(tmp_path / "s")
     h, w = 4096, 8192
@@ -545,7 +545,7 @@ async def test_a_preview_of_a_chunk_larger_than_the_cache_reads_only_its_pixels(
     p = preview.plan(meta)
     assert p.rows is not None and len(p.chunks) == 1
     before = _rss_bytes()
-    data = await Previews(engine).get(meta)
+    data = await PreviewCache(engine).get(meta)
     assert _rss_bytes() - before < 64 << 20
     assert engine.counters["oversize_loads"] == 0 and engine.counters["previews"] == 1
     want = numpy_grey(formula(p.rows[:, None], p.cols[None, :]).astype("f8"))

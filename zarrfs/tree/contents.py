@@ -18,7 +18,7 @@ from ..model import ArrayMeta, GroupMeta
 from ..repeats import LogOnce
 from ..views import images, netcdf, ngff, ometiff, registry
 from ..views.kinds import Kind
-from ..views.previews import Previews
+from ..views.preview_cache import PreviewCache
 
 if TYPE_CHECKING:
     from .entries import Entry
@@ -37,7 +37,7 @@ class Contents:
         # Remote stores: an array's stored bytes cost a listing of its chunks, so stat reports the
         # logical size until info/ asked for them (docs/REMOTE.md).
         self.stored_sizes_lazy = not ns.hierarchy.store.is_local
-        self.previews = Previews(ns.engine)
+        self.previews = PreviewCache(ns.engine)
         self._ome_said = LogOnce()  # (image, reason) pairs logged
 
     async def settle(self, entry: Entry) -> None:

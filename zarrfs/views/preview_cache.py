@@ -25,8 +25,8 @@ MAX_CACHED = 4096
 ROWS_MAX_BYTES = 16 << 20
 
 
-class Previews:
-    """PNG bytes of previews, made once per array (per metadata seen) and kept."""
+class PreviewCache:
+    """PNG bytes of previews (preview.py), made through the engine once per array (per metadata seen) and kept."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
