@@ -137,7 +137,7 @@ class ZarrOperations(pyfuse3.Operations):
             attr.entry_timeout = WRITABLE_ATTR_TIMEOUT_S
             attr.attr_timeout = 0.0
             staged = entry.writing is not None and entry.writing.staged is not None
-            if entry.kind is Kind.HELD or (entry.kind is Kind.ARRAY and (entry.node is None or staged)):
+            if entry.kind is Kind.PLAIN or (entry.kind is Kind.ARRAY and (entry.node is None or staged)):
                 attr.entry_timeout = attr.attr_timeout = 0.0  # may vanish, or become an array
         attr.st_size = max(entry.size, 0)
         stored = entry.stored_bytes if entry.stored_bytes is not None else entry.size
@@ -159,8 +159,8 @@ class ZarrOperations(pyfuse3.Operations):
         that reads it does not return it through fsspec), doubling what `ls -l` of a group costs."""
         if entry.kind is Kind.STOREKEY:
             return entry.key
-        if entry.held is not None and entry.held.stored and self.engine.store.is_local:
-            return entry.held.key  # a kept plain file: its key's time
+        if entry.plain is not None and entry.plain.stored and self.engine.store.is_local:
+            return entry.plain.key  # a kept plain file: its key's time
         node = entry.node
         if node is None:
             return None
@@ -371,7 +371,7 @@ class ZarrOperations(pyfuse3.Operations):
         # The kernel does not refuse these on a read-only mount (it is not mounted `ro`).
         self._check_writable()
         if fields.update_size:
-            if attr.st_size == 0 or entry.kind is Kind.HELD:
+            if attr.st_size == 0 or entry.kind is Kind.PLAIN:
                 await self.ns.truncate(entry, attr.st_size)
             elif attr.st_size != entry.size:
                 raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")

@@ -15,7 +15,7 @@ import trio
 import zarr
 
 from zarrfs.errors import ZarrfsError
-from zarrfs.tree.handles import ArrayHandle, HeldFileHandle, SnapshotHandle, StoreKeyHandle
+from zarrfs.tree.handles import ArrayHandle, PlainFileHandle, SnapshotHandle, StoreKeyHandle
 from zarrfs.tree.namespace import ROOT_INODE
 
 from support.core import lookup_path, make_ns, write_namespace_store
@@ -135,7 +135,7 @@ async def test_a_flush_before_the_file_is_complete_leaves_it_to_the_last_close(s
 async def test_held_files_read_write_truncate_and_vanish(store_dir):
     ns = make_ns(store_dir, writable=True)
     entry, handle = await ns.create_file(ROOT_INODE, "notes.txt")
-    assert isinstance(handle, HeldFileHandle)
+    assert isinstance(handle, PlainFileHandle)
     await handle.write(0, b"hello world")
     await ns.truncate(entry, 5)
     assert await handle.read(0, 100) == b"hello"
@@ -146,9 +146,9 @@ async def test_held_files_read_write_truncate_and_vanish(store_dir):
 async def test_closed_plain_files_keep_a_bounded_memory(store_dir, monkeypatch):
     """Plain files closed and waiting for their write-back hold at most PLAIN_MEMORY_MAX_BYTES
     in memory together; a file closed past it moves to TMPDIR and reads back the same."""
-    from zarrfs.tree import held
+    from zarrfs.tree import plain
 
-    monkeypatch.setattr(held, "PLAIN_MEMORY_MAX_BYTES", 150_000)
+    monkeypatch.setattr(plain, "PLAIN_MEMORY_MAX_BYTES", 150_000)
     ns = make_ns(store_dir, writable=True)
     data = {f"f{i}.bin": os.urandom(100_000) for i in range(3)}
     for name, value in data.items():
@@ -171,7 +171,7 @@ async def test_a_sparse_plain_file_keeps_memory_bounded(store_dir):
     for the gap: it goes to TMPDIR first (where the gap costs no memory either)."""
     import tracemalloc
 
-    from zarrfs.tree.held import HELD_MEMORY_BYTES
+    from zarrfs.tree.plain import PLAIN_MEMORY_BYTES
 
     ns = make_ns(store_dir, writable=True)
     far = 256 << 20
@@ -184,7 +184,7 @@ async def test_a_sparse_plain_file_keeps_memory_bounded(store_dir):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < HELD_MEMORY_BYTES, f"{peak} bytes in memory for a sparse file"
+    assert peak < PLAIN_MEMORY_BYTES, f"{peak} bytes in memory for a sparse file"
     assert entry.size == far + 3 and extended.size == far
     assert await handle.read(far - 2, 10) == b"\0\0end"
     assert await other.read(far - 4, 10) == b"\0" * 4
@@ -197,11 +197,11 @@ async def test_a_read_of_a_kept_plain_file_during_its_move_reads_the_new_key(sto
     read waits for the move and reads the new key instead of failing on the old one."""
     import trio.testing
 
-    from zarrfs.tree.held import HeldFile
+    from zarrfs.tree.plain import PlainFile
 
     ns = make_ns(store_dir, writable=True)
     (store_dir / "old.txt").write_bytes(b"kept bytes")
-    held = HeldFile(ns.engine, "old.txt", size=10, stored=True)
+    held = PlainFile(ns.engine, "old.txt", size=10, stored=True)
     got = []
 
     async def read() -> None:

@@ -13,8 +13,8 @@ from zarrfs.formats.v2 import V2Hierarchy
 from zarrfs.formats.v3 import V3Hierarchy
 from zarrfs.model import BrokenNode
 from zarrfs.storage.store import Store
-from zarrfs.tree.held import is_held_name
 from zarrfs.tree.ingest import Coverage
+from zarrfs.tree.plain import is_plain_name
 
 from support import builders, oracles
 from support.builders import ArraySpec
@@ -44,7 +44,7 @@ def test_coverage_counts_each_byte_once_whatever_the_order():
     ],
 )
 def test_held_names(name, held):
-    assert is_held_name(name) is held
+    assert is_plain_name(name) is held
 
 
 def test_v3_and_v2_name_rules(tmp_path):

@@ -19,9 +19,9 @@ from ..model import ArrayMeta, BrokenNode, Node
 from ..storage.keys import join
 from ..views.kinds import Kind
 from .entries import NPY_SUFFIX
-from .held import HeldFile, is_held_name
 from .ingest import Incoming
 from .inodes import ROOT_INODE
+from .plain import PlainFile, is_plain_name
 
 if TYPE_CHECKING:
     from .entries import Entry
@@ -127,14 +127,14 @@ class Changes:
         return join(parent.node.path if parent.node else "", stem)
 
     async def create(self, parent_inode: int, name: str) -> Entry:
-        self._group_dir(parent_inode, plain=is_held_name(name))
+        self._group_dir(parent_inode, plain=is_plain_name(name))
         names = await self.ns.listings.children(parent_inode)
         if name in names:
             raise Exists(name)
-        if is_held_name(name):
+        if is_plain_name(name):
             key = self._plain_key(parent_inode, name)
-            entry = self.inodes.new(Kind.HELD, "", None, key=name)
-            entry.held = HeldFile(self.engine, key)
+            entry = self.inodes.new(Kind.PLAIN, "", None, key=name)
+            entry.plain = PlainFile(self.engine, key)
         else:
             path = await self.new_array_path(parent_inode, name, names)
             entry = self.inodes.new(Kind.ARRAY, "", None, key=path)
@@ -184,10 +184,10 @@ class Changes:
     async def unlink(self, parent_inode: int, name: str) -> None:
         self._group_dir(parent_inode, plain=True)
         entry = await self.ns.lookup(parent_inode, name)
-        if entry.kind is not Kind.HELD:
+        if entry.kind is not Kind.PLAIN:
             self._group_dir(parent_inode)
-        if entry.kind is Kind.HELD:
-            held = entry.held
+        if entry.kind is Kind.PLAIN:
+            held = entry.plain
             if held is not None:
                 async with held.lock:  # after a write-back under way, if any
                     if held.stored:
@@ -220,14 +220,14 @@ class Changes:
         self._group_dir(old_parent, plain=True)
         target_dir = self._group_dir(new_parent, plain=True)
         entry = await self.ns.lookup(old_parent, old_name)
-        if entry.kind is not Kind.HELD:
+        if entry.kind is not Kind.PLAIN:
             self._group_dir(old_parent)
             target_dir = self._group_dir(new_parent)
         if not replace:
             other = await self.ns.child(new_parent, new_name)
             if other is not None and other.inode != entry.inode:
                 raise Exists(new_name)
-        if entry.kind is Kind.HELD:
+        if entry.kind is Kind.PLAIN:
             await self._rename_held(entry, new_parent, new_name)
             return
         node, w = entry.node, entry.writing
@@ -272,16 +272,16 @@ class Changes:
 
     async def _rename_held(self, entry: Entry, new_parent: int, new_name: str) -> None:
         """A held file renamed: to NAME.npy it becomes that array; to another held name it moves."""
-        if not is_held_name(new_name):
+        if not is_plain_name(new_name):
             await self.ns.ingest.adopt(entry, new_parent, new_name)
             return
         key = self._plain_key(new_parent, new_name)
         other = await self.ns.child(new_parent, new_name)
         if other is not None and other.inode != entry.inode:
-            if other.kind is not Kind.HELD:
+            if other.kind is not Kind.PLAIN:
                 raise Exists(new_name)
-        held = entry.held
-        replaced = other.held if other is not None and other.inode != entry.inode else None
+        held = entry.plain
+        replaced = other.plain if other is not None and other.inode != entry.inode else None
         # After write-backs under way (of either file), and none of them in between.
         async with held.lock, replaced.lock if replaced is not None else contextlib.nullcontext():
             if held.stored and key != held.key:
@@ -307,10 +307,10 @@ class Changes:
     async def set_times(self, entry: Entry, mtime_ns: int) -> None:
         """utimensat: an array's, a group's or a plain file's modification time, kept where the
         store can (a local store: the time of the metadata document or key) and for the mount's life."""
-        if entry.kind is Kind.HELD:
-            if entry.held is None:
+        if entry.kind is Kind.PLAIN:
+            if entry.plain is None:
                 raise entry.error or NotFound("removed")
-            held = entry.held
+            held = entry.plain
             async with held.lock:  # after a store under way, which took the time it had before
                 held.mtime_ns = mtime_ns
                 if held.stored and not held.dirty and not held.gone:
@@ -350,16 +350,16 @@ class Changes:
 
     def time_of(self, entry: Entry) -> int | None:
         """The modification time a writer set on `entry` (None: the store's)."""
-        if entry.held is not None:
-            return entry.held.mtime_ns
+        if entry.plain is not None:
+            return entry.plain.mtime_ns
         if entry.kind in (Kind.ARRAY, Kind.GROUP) and entry.view == "" and entry.node is not None:
             return self._times.get(entry.node.path)
         return None
 
     def touched(self, entry: Entry) -> None:
         """A write: the time a writer set before is replaced by now."""
-        if entry.held is not None:
-            entry.held.mtime_ns = None
+        if entry.plain is not None:
+            entry.plain.mtime_ns = None
             return
         if entry.writing is not None:  # a new array's time, given to it at the commit
             entry.writing.mtime_ns = None

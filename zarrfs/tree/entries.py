@@ -42,7 +42,7 @@ class Entry:
         "lookups",
         "opens",
         "writing",
-        "held",
+        "plain",
         "name_key",
         "checked",
         "pages_of",
@@ -75,7 +75,7 @@ class Entry:
         self.lookups = 0  # references the kernel holds (lookup, create, mkdir, readdirplus)
         self.opens = 0  # open files (handles)
         self.writing: Any = None  # ingest.Incoming: an NPY file being written into an array
-        self.held: Any = None  # held.HeldFile: a plain file (any name but NAME.npy)
+        self.plain: Any = None  # plain.PlainFile: a plain file (any name but NAME.npy)
         self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
         self.checked = -1  # the freshness epoch in which its node was last checked (freshness.py)
         self.pages_of: str | None = None  # the snapshot shown at its last open (freshness.keep_pages)
@@ -160,8 +160,8 @@ class Entry:
     def size(self) -> int:
         if self.writing is not None and self.writing.size is not None:
             return self.writing.size
-        if self.held is not None:
-            return self.held.size
+        if self.plain is not None:
+            return self.plain.size
         if self.kind is Kind.CHUNK and self._stream is None and isinstance(self.node, ArrayMeta):
             return chunk_file_size(self.node, self.position)
         stream = self.stream

@@ -116,7 +116,7 @@ class Freshness:
         if (
             not (isinstance(node, ArrayMeta) or (entry.kind in GROUP_FILES and isinstance(node, GroupMeta)))
             or entry.writing is not None
-            or entry.held is not None
+            or entry.plain is not None
             or entry.error is not None
         ):
             entry.checked = epoch  # groups: their listings are read again; the rest has no node to follow
@@ -160,7 +160,7 @@ class Freshness:
             if isinstance(e.node, ArrayMeta)
             and e.node.path == path
             and e.writing is None
-            and e.held is None
+            and e.plain is None
             and e.error is None
             and e.node.file_layout != layout
         ]
@@ -262,7 +262,7 @@ class Freshness:
         self.ns.statistics.forget()
         self.ns.georefs.forget()
         for entry in self.inodes.all():
-            if entry.kind in (Kind.ARRAY, Kind.CHUNK) and entry.writing is None and entry.held is None:
+            if entry.kind in (Kind.ARRAY, Kind.CHUNK) and entry.writing is None and entry.plain is None:
                 entry.stored_bytes = None  # settled again from what the store holds now
         if force:
             self.engine.drop_clean_chunks()

@@ -30,8 +30,8 @@ from ..views.kinds import ARRAY_FILE_KINDS, Kind
 
 if TYPE_CHECKING:
     from .entries import Entry
-    from .held import HeldFile
     from .namespace import Namespace
+    from .plain import PlainFile
 
 log = logging.getLogger(__name__)
 
@@ -285,14 +285,14 @@ class StatisticsRewriteHandle(Handle):
         self.ns.forget_pages([self.entry.inode])
 
 
-class HeldFileHandle(Handle):
+class PlainFileHandle(Handle):
     """A plain file (any name but NAME.npy): its bytes in the daemon while written, kept in
     the store at fsync and a few seconds after a close (write-back)."""
 
-    def _held(self) -> HeldFile:
-        if self.entry.held is None:
+    def _held(self) -> PlainFile:
+        if self.entry.plain is None:
             raise self.entry.error or NotFound("removed")
-        return self.entry.held
+        return self.entry.plain
 
     async def read(self, offset: int, size: int) -> bytes | memoryview:
         return await self._held().read(offset, size)
@@ -303,11 +303,11 @@ class HeldFileHandle(Handle):
     async def flush(self) -> None:
         """close(2): the file is stored a few seconds later (unless renamed to NAME.npy or
         removed first), as a file system's page cache writes back; fsync stores it at once."""
-        if self.ns.writes_allowed and self.entry.held is not None:
+        if self.ns.writes_allowed and self.entry.plain is not None:
             await self.ns.close(self.entry)
 
     async def fsync(self) -> None:
-        if self.ns.writes_allowed and self.entry.held is not None:
+        if self.ns.writes_allowed and self.entry.plain is not None:
             await self.ns.sync(self.entry)
 
 
@@ -320,8 +320,8 @@ def _handle_for(ns: Namespace, entry: Entry) -> Handle:
         return SnapshotHandle(ns, entry, entry.content or b"")
     if entry.kind is Kind.STOREKEY:
         return StoreKeyHandle(ns, entry)
-    if entry.kind is Kind.HELD:
-        return HeldFileHandle(ns, entry)
+    if entry.kind is Kind.PLAIN:
+        return PlainFileHandle(ns, entry)
     if entry.kind is Kind.NETCDF:
         return NetcdfHandle(ns, entry)
     if entry.kind is Kind.OMETIFF:
@@ -346,7 +346,7 @@ async def _check_write_open(ns: Namespace, entry: Entry, flags: int) -> None:
         raise ReadOnly("read-only mount")
     if not entry.writable:
         raise AccessDenied(f"{entry.kind.value} files cannot be written")
-    if flags & os.O_APPEND and entry.kind is not Kind.HELD:
+    if flags & os.O_APPEND and entry.kind is not Kind.PLAIN:
         raise InvalidArgument("arrays do not grow: O_APPEND is refused")
     reason = getattr(entry.node, "read_only", None)
     if reason and not flags & os.O_TRUNC:  # shown in a form that cannot be written back (vlen strings)
@@ -368,7 +368,7 @@ async def open_file(ns: Namespace, entry: Entry, flags: int) -> Handle:
             await ns.truncate(entry)
             return opened(ns, entry)
     w = entry.writing
-    if entry.error is not None and (w is None or w.pending is None) and entry.kind is not Kind.HELD:
+    if entry.error is not None and (w is None or w.pending is None) and entry.kind is not Kind.PLAIN:
         node = entry.node
         what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key or ""
         if not isinstance(entry.error, Stale):  # (replaced in the store, said once: the kernel looks it up again)

@@ -30,7 +30,7 @@ from ..model import NewArray, Node
 from ..storage.staging import LeaseKeeper
 from ..views.kinds import Kind
 from ..views.streams import ArrayStream
-from .held import ADOPT_BLOCK_BYTES
+from .plain import ADOPT_BLOCK_BYTES
 
 if TYPE_CHECKING:
     from .entries import Entry
@@ -407,7 +407,7 @@ class Ingest:
         path = await self.ns.changes.new_array_path(parent_inode, name, {n: m for n, m in names.items() if n != name})
         old = other.node if other is not None else None
         label = self.inodes.path_of(entry)
-        head = await entry.held.read(0, npy.MAX_HEADER_BYTES)
+        head = await entry.plain.read(0, npy.MAX_HEADER_BYTES)
         parsed = parse_npy_header(head, f"{label}: cannot become {path}")
         if parsed is None:
             raise InvalidArgument(f"{label}: {npy.incomplete_reason(head)}")
@@ -425,7 +425,7 @@ class Ingest:
         except ZarrfsError:
             await self.renew_lease()  # its staging dropped: the lease too, unless another is in use
             raise
-        held = entry.held
+        held = entry.plain
         async with held.lock:  # after a write-back under way, if any
             if held.stored:  # it was kept as a plain file: now it is the array
                 try:
@@ -437,7 +437,7 @@ class Ingest:
         self.inodes.unregister(entry, forget=False)
         self.inodes.drop_name(old_name, entry)
         mtime_ns = held.mtime_ns
-        entry.held, entry.kind, entry.key = None, Kind.ARRAY, path
+        entry.plain, entry.kind, entry.key = None, Kind.ARRAY, path
         entry.show(staged.final)
         entry.checked = self.ns.freshness.epoch
         if not path:
@@ -456,7 +456,7 @@ class Ingest:
         try:
             await self._claim_staging(staged.staging)
             for offset in range(len(ingest.header), ingest.size, ADOPT_BLOCK_BYTES):
-                block = await entry.held.read(offset, ADOPT_BLOCK_BYTES)
+                block = await entry.plain.read(offset, ADOPT_BLOCK_BYTES)
                 await self.engine.write(ingest, offset, block)
             await self.engine.flush(staged.meta.path)
             await self.engine.run_io_long(self.hierarchy.commit_array_sync, staged, old)

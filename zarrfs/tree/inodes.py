@@ -160,7 +160,7 @@ class Inodes:
                 or entry.opens
                 or entry.inode == ROOT_INODE
                 or entry.writing is not None
-                or (entry.held is not None and entry.held.needs_entry)
+                or (entry.plain is not None and entry.plain.needs_entry)
                 or self._entries.get(entry.inode) is not entry
                 or any(parent == entry.inode for parent, _ in self._pending)
             ):

@@ -17,7 +17,7 @@ from ..views import ngff, registry
 from ..views.registry import STATS_FILE, VIEW_DIRS
 from .entries import Entry, Kind, Maker, name_problem
 from .freshness import REFRESH_FILE
-from .held import HeldFile
+from .plain import PlainFile
 from .versions import VERSIONS_DIR
 
 if TYPE_CHECKING:
@@ -262,8 +262,8 @@ class Listings:
             names[name] = functools.partial(self._plain_entry, key, name, size)
 
     def _plain_entry(self, key: str, name: str, size: int | None) -> Entry:
-        entry = self.inodes.new(Kind.HELD, "", None, key=name)
-        entry.held = HeldFile(self.engine, key, size or 0, stored=True)
+        entry = self.inodes.new(Kind.PLAIN, "", None, key=name)
+        entry.plain = PlainFile(self.engine, key, size or 0, stored=True)
         return entry
 
     def listable(self, name: str, key: str) -> bool:

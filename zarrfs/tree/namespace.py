@@ -4,7 +4,7 @@ Runs in the trio thread (its tables need no locks; code between two awaits is at
 hierarchy and store I/O go through the engine's worker threads. It composes its parts,
 each with one responsibility and its own state: the inode table (inodes.py), listings
 (listings.py), freshness (freshness.py), versions (versions.py), changes (changes.py),
-arriving NPY files (ingest.py), plain files (held.py), saved statistics (statistics.py),
+arriving NPY files (ingest.py), plain files (plain.py), saved statistics (statistics.py),
 georeferences (georefs.py) and the contents of generated files (contents.py).
 """
 
@@ -33,10 +33,10 @@ from .contents import Contents
 from .entries import NPY_SUFFIX, Entry, Kind, Maker, name_problem, root_array_stem, slice_stream
 from .freshness import Freshness
 from .georefs import Georefs
-from .held import PlainFiles
 from .ingest import Ingest
 from .inodes import ROOT_INODE, Inodes
 from .listings import Listings
+from .plain import PlainFiles
 from .statistics import SavedStatistics
 from .versions import Versions
 
@@ -264,11 +264,11 @@ class Namespace:
         """Fill in what an entry's attributes need (after following what the store holds now)."""
         await self.contents.settle(entry)
 
-    # --- writes: to plain files (held.py) or arrays (ingest.py) -----------------------
+    # --- writes: to plain files (plain.py) or arrays (ingest.py) -----------------------
 
     async def truncate(self, entry: Entry, size: int = 0) -> None:
         """A held file takes any size; a .npy file only 0 (the array is replaced: ingest.py)."""
-        if entry.kind is Kind.HELD:
+        if entry.kind is Kind.PLAIN:
             await self.plain.truncate(entry, size)
         else:
             await self.ingest.truncate(entry, size)
@@ -279,21 +279,21 @@ class Namespace:
 
     async def sync(self, entry: Entry) -> None:
         """fsync: what was written is in the store."""
-        if entry.kind is Kind.HELD:
+        if entry.kind is Kind.PLAIN:
             await self.plain.sync(entry)
         else:
             await self.ingest.sync(entry)
 
     async def close(self, entry: Entry) -> None:
         """close(2) of one descriptor (see Ingest.close and PlainFiles.close)."""
-        if entry.kind is Kind.HELD:
+        if entry.kind is Kind.PLAIN:
             await self.plain.close(entry)
         else:
             await self.ingest.close(entry)
 
     async def release(self, entry: Entry) -> None:
         """The last close of a file (see Ingest.release and PlainFiles.release)."""
-        if entry.kind is Kind.HELD:
+        if entry.kind is Kind.PLAIN:
             self.plain.release(entry)
         else:
             await self.ingest.release(entry)
@@ -303,7 +303,7 @@ class Namespace:
         each with a log line."""
         for entry in self.inodes.all():
             try:
-                if entry.held is not None:
+                if entry.plain is not None:
                     await self.plain.shutdown(entry)
                 else:
                     await self.ingest.shutdown(entry)

@@ -17,7 +17,7 @@ class Kind(enum.Enum):
     STOREKEY = "storekey"  # a store key under store/, byte for byte
     INFO = "info"  # info/PATH.json
     STATS = "stats"  # stats.json, and refresh (view "refresh")
-    HELD = "held"  # a plain file: any name but NAME.npy (held.py)
+    PLAIN = "plain"  # a plain file: any name but NAME.npy (tree/plain.py)
     SLICE = "slice"  # slice/BASE[SEL].npy
     NETCDF = "netcdf"  # a group's netCDF file
     TIFF = "tiff"  # tiff/PATH.tif
@@ -35,6 +35,6 @@ class Kind(enum.Enum):
 # Kinds that are directories.
 DIR_KINDS = frozenset({Kind.GROUP, Kind.VIEWS, Kind.CHUNKDIR, Kind.STOREDIR, Kind.VERSIONS})
 # Data files that writes go to (the .npy tree, npy-f, raw, raw-f, chunk files, held files).
-WRITABLE_KINDS = frozenset({Kind.ARRAY, Kind.CHUNK, Kind.HELD})
+WRITABLE_KINDS = frozenset({Kind.ARRAY, Kind.CHUNK, Kind.PLAIN})
 # Files whose bytes are an array's elements in some layout (an ArrayStream).
 ARRAY_FILE_KINDS = frozenset({Kind.ARRAY, Kind.CHUNK, Kind.TIFF, Kind.SLICE})

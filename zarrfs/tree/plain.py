@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # A held-aside file (a temporary name) stays in memory up to this size, then spills to a
 # file in tempfile.gettempdir() (TMPDIR, else /tmp): editors' and rsync's temporary files
 # of small arrays never touch the disk, a large one costs no memory.
-HELD_MEMORY_BYTES = 8 << 20
+PLAIN_MEMORY_BYTES = 8 << 20
 # A held file renamed to NAME.npy is streamed into the array in blocks of this size.
 ADOPT_BLOCK_BYTES = 1 << 20
 # A plain file is stored this long after its last close (unless fsync or unmount stores it
@@ -42,15 +42,15 @@ PLAIN_RETRY_S = 30.0
 PLAIN_MEMORY_MAX_BYTES = 64 << 20
 
 
-def is_held_name(name: str) -> bool:
+def is_plain_name(name: str) -> bool:
     """Names of plain files (never arrays until renamed): anything but NAME.npy, and hidden
     names (`.x.npy.AbC123` of rsync, `.x.swp` of editors)."""
     return name.startswith(".") or not name.endswith(NPY_SUFFIX) or name == NPY_SUFFIX
 
 
-class HeldFile:
+class PlainFile:
     """The bytes of a plain file (any name but NAME.npy): kept in the store under `key` at
-    fsync and write-back, until then in memory up to HELD_MEMORY_BYTES, then in TMPDIR.
+    fsync and write-back, until then in memory up to PLAIN_MEMORY_BYTES, then in TMPDIR.
 
     A kept file nobody writes has no local copy: reads go to its key; the first write
     copies it into the spool, block by block.
@@ -72,7 +72,7 @@ class HeldFile:
 
     @staticmethod
     def _new_spool() -> Spool:
-        return tempfile.SpooledTemporaryFile(max_size=HELD_MEMORY_BYTES, prefix="zarrfs-held-")
+        return tempfile.SpooledTemporaryFile(max_size=PLAIN_MEMORY_BYTES, prefix="zarrfs-held-")
 
     @property
     def lock(self) -> Any:
@@ -148,13 +148,13 @@ class HeldFile:
             finally:
                 if fresh and self._spool is not None:
                     self._spilled = False
-                self._spilled = self._spilled or self.size > HELD_MEMORY_BYTES  # the spool rolled over
+                self._spilled = self._spilled or self.size > PLAIN_MEMORY_BYTES  # the spool rolled over
                 self._account()
             self.dirty = True
 
     async def write(self, offset: int, data: bytes) -> int:
         def put(spool: Spool) -> None:
-            if offset + len(data) > HELD_MEMORY_BYTES:
+            if offset + len(data) > PLAIN_MEMORY_BYTES:
                 spool.rollover()  # before a seek past the end: in memory the gap takes memory
             spool.seek(offset)
             spool.write(data)
@@ -166,8 +166,8 @@ class HeldFile:
         def resize(spool: Spool) -> None:
             spool.seek(0, os.SEEK_END)
             end = spool.tell()
-            if size < end or size > HELD_MEMORY_BYTES:
-                spool.truncate(size)  # past HELD_MEMORY_BYTES it rolls over, and a file's truncate extends
+            if size < end or size > PLAIN_MEMORY_BYTES:
+                spool.truncate(size)  # past PLAIN_MEMORY_BYTES it rolls over, and a file's truncate extends
             elif size > end:  # in memory, truncate does not extend: write the zeros
                 spool.write(bytes(size - end))
 
@@ -222,27 +222,27 @@ class PlainFiles:
 
     async def truncate(self, entry: Entry, size: int) -> None:
         """A held file takes any size."""
-        if entry.held is None:
+        if entry.plain is None:
             raise entry.error or NotFound("removed")
-        await entry.held.resize(size)
+        await entry.plain.resize(size)
         if entry.opens == 0:  # truncate(2) by path: no close will follow
             self.keep_later(entry)
 
     async def keep(self, entry: Entry) -> None:
         """A plain file's bytes and time into its store key; from then on the store lists it."""
-        held = entry.held
+        held = entry.plain
         if held is None or not (held.dirty or held.mtime_ns is not None):
             return
         self.engine.delayed.cancel(("keep", entry.inode))
         await held.keep()
-        if held.stored and entry.held is held:
+        if held.stored and entry.plain is held:
             self.inodes.unregister(entry, keep_name=True)
             self.ns.invalidate()
 
     def keep_later(self, entry: Entry, delay_s: float = PLAIN_WRITE_BACK_S) -> None:
         """Store a plain file written since its last store `delay_s` from now (write-back):
         one renamed to NAME.npy or removed before then is never stored under its name."""
-        held = entry.held
+        held = entry.plain
         if held is not None and held.dirty:
             self.engine.delayed.call(("keep", entry.inode), delay_s, lambda: self._write_back(entry, held))
 
@@ -250,10 +250,10 @@ class PlainFiles:
         """No write-back of this file is due (it is becoming an array)."""
         self.engine.delayed.cancel(("keep", entry.inode))
 
-    async def _write_back(self, entry: Entry, held: HeldFile) -> None:
+    async def _write_back(self, entry: Entry, held: PlainFile) -> None:
         """The delayed store of a plain file; a failure is said once, and it is tried again
         later (and at unmount) while its bytes stay here."""
-        if entry.held is not held or not held.dirty:
+        if entry.plain is not held or not held.dirty:
             return
         name = self.inodes.path_of(entry)
         try:
@@ -288,20 +288,20 @@ class PlainFiles:
     async def close(self, entry: Entry) -> None:
         """close(2): stored later (write-back); past the memory bound its bytes move to TMPDIR."""
         self.keep_later(entry)
-        if entry.held is not None and self.engine.held_memory_bytes > PLAIN_MEMORY_MAX_BYTES:
+        if entry.plain is not None and self.engine.held_memory_bytes > PLAIN_MEMORY_MAX_BYTES:
             try:
-                await entry.held.spill()
+                await entry.plain.spill()
             except (OSError, ZarrfsError) as e:  # TMPDIR full: it stays in memory
                 log.warning("%s: its bytes stay in memory, TMPDIR refused them: %s", self.inodes.path_of(entry), e)
 
     def release(self, entry: Entry) -> None:
         """The last close: a kept file's local copy goes (reads go to its key)."""
-        if entry.held is not None:
-            entry.held.unload()
+        if entry.plain is not None:
+            entry.plain.unload()
 
     async def shutdown(self, entry: Entry) -> None:
         """Unmount: what is not stored yet is stored (or said lost)."""
-        if entry.held.dirty:
+        if entry.plain.dirty:
             name = self.inodes.path_of(entry)
             try:
                 await self.keep(entry)
@@ -309,9 +309,9 @@ class PlainFiles:
                 log.error("%s: plain file not stored at unmount, its bytes are lost: %s", name, e)
                 return
             log.info("%s: plain file stored at unmount", name)
-        entry.held.close()
+        entry.plain.close()
 
-    def inside(self, path: str) -> list[HeldFile]:
+    def inside(self, path: str) -> list[PlainFile]:
         """The plain files kept below group `path` (none for the root), by inode."""
         if not path:
             return []
@@ -319,13 +319,13 @@ class PlainFiles:
         inside = [
             e
             for e in self.inodes.all()
-            if e.held is not None and e.held.key is not None and not e.held.gone and e.held.key.startswith(prefix)
+            if e.plain is not None and e.plain.key is not None and not e.plain.gone and e.plain.key.startswith(prefix)
         ]
-        return [e.held for e in sorted(inside, key=lambda e: e.inode)]
+        return [e.plain for e in sorted(inside, key=lambda e: e.inode)]
 
     def forget(self, entry: Entry, error: ZarrfsError) -> None:
         """A plain file removed or replaced: open files on it get `error`."""
-        if entry.held is not None:
-            entry.held.close()
-        entry.held = None
+        if entry.plain is not None:
+            entry.plain.close()
+        entry.plain = None
         entry.error = error
