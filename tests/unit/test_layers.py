@@ -126,3 +126,59 @@ def test_units_of_one_layer_do_not_import_each_other(tmp_path: Path):
         "zarrfs.a imports zarrfs.b: a may not import b",
         "zarrfs.c imports zarrfs.b: c may not import b",
     ]
+
+
+def import_cycles(root: Path, package: str) -> list[list[str]]:
+    """Cycles among the imports (any: inside functions, for types only) of PACKAGE's modules."""
+    graph = {}
+    for path in sorted((root.parent / package.replace(".", "/")).rglob("*.py")):
+        module = module_name(path, root)
+        found = imported_modules(path.read_text(), module, path.name == "__init__.py", root)
+        graph[module] = {t for t in found if t.startswith(package + ".") or t == package}
+    cycles, state, stack = [], {}, []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in graph:
+                continue
+            if state.get(other) == "open":
+                cycles.append([*stack[stack.index(other) :], other])
+            elif other not in state:
+                visit(other)
+        stack.pop()
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module)
+    return cycles
+
+
+def test_the_engines_core_is_built_without_its_fast_paths():
+    """engine/fastpath/ holds optional strategies: the core (loads, read-ahead, write-back, ...)
+    names what it asks of them as protocols and never imports them; only the composition root
+    (engine/__init__.py) does. And the engine's modules import one another without a cycle."""
+    engine = PACKAGE / "engine"
+    for path in sorted(engine.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = module_name(path, PACKAGE)
+        found = imported_modules(path.read_text(), module, False, PACKAGE)
+        assert not [t for t in found if t.startswith("zarrfs.engine.fastpath")], module
+    assert import_cycles(PACKAGE, "zarrfs.engine") == []
+
+
+def test_an_import_cycle_is_found(tmp_path: Path):
+    root = tmp_path / "zarrfs"
+    write(
+        root,
+        {
+            "__init__.py": "",
+            "p/__init__.py": "",
+            "p/a.py": "from . import b\n",
+            "p/b.py": "import typing\nif typing.TYPE_CHECKING:\n    from .a import x\n",
+        },
+    )
+    assert import_cycles(root, "zarrfs.p") == [["zarrfs.p.a", "zarrfs.p.b", "zarrfs.p.a"]]

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import trio
@@ -31,8 +31,16 @@ from .runtime import Flight, Runtime
 from .tables import BODY, INDEX, INNER, ChunkTables, cache_key, partial, shard_unit, write_unit
 
 if TYPE_CHECKING:
-    from .fastpath.spares import Spares
     from .revalidate import Revalidation
+
+
+class DecodeBuffers(Protocol):
+    """Where a chunk may be decoded into a buffer given for it (fastpath/spares.Spares)."""
+
+    def decode_buffer(self, meta: ArrayMeta) -> np.ndarray | None:
+        """A buffer to decode a chunk of META into, or None: decode as usual."""
+        ...
+
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +139,9 @@ def merge_ranges(stored: list[tuple[int, int, Index]], gap: int) -> list[tuple[i
 class Loads:
     """Loading chunks into the cache, each once however many readers want it."""
 
-    def __init__(self, runtime: Runtime, tables: ChunkTables, revalidation: Revalidation, spares: Spares) -> None:
+    def __init__(
+        self, runtime: Runtime, tables: ChunkTables, revalidation: Revalidation, spares: DecodeBuffers
+    ) -> None:
         self.runtime, self.tables, self.revalidation, self.spares = runtime, tables, revalidation, spares
         # Chunks larger than the cache are loaded one at a time (each costs its encoded
         # bytes and its decoded array while it loads), and said once per array.

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from ..errors import ZarrfsError
 from ..grid import Index
@@ -17,9 +19,20 @@ from ..views.streams import ByteStream, array_stream
 from .runtime import Runtime
 from .tables import ChunkTables
 
-if TYPE_CHECKING:
-    from .fastpath.shards import ShardReads
-    from .loads import Loads
+
+class ChunkLoads(Protocol):
+    """What read-ahead asks of the engine's loads (loads.Loads): chunks loaded, shared with readers."""
+
+    async def chunks(
+        self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index], whole: bool = False
+    ) -> dict[Index, np.ndarray]: ...
+
+
+class WholeShards(Protocol):
+    """Whether a sequential reader of a stream loads its shards whole (fastpath/shards.ShardReads)."""
+
+    def whole(self, stream: ByteStream) -> bool: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +85,9 @@ def window_bound(store: BaseStore, cache: Any) -> int:
 class Prefetch:
     """Prefetch for sequential readers: chunks of a window ahead of each, loaded in the background."""
 
-    def __init__(self, runtime: Runtime, tables: ChunkTables, loads: Loads, shards: ShardReads, max_bytes: int) -> None:
+    def __init__(
+        self, runtime: Runtime, tables: ChunkTables, loads: ChunkLoads, shards: WholeShards, max_bytes: int
+    ) -> None:
         self.runtime, self.tables, self.loads, self.shards = runtime, tables, loads, shards
         self.max_bytes = max_bytes  # the window's bound
 

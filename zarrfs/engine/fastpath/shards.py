@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from ...views.streams import ByteStream, ReadPlan
-from ..readahead import ReadAhead
+from ..readahead import ReadAhead, WholeShards
 from ..runtime import Runtime
 from ..tables import ChunkTables
 from .gates import SEQUENTIAL_START_BYTES
@@ -17,7 +17,7 @@ from .gates import SEQUENTIAL_START_BYTES
 log = logging.getLogger(__name__)
 
 
-class ShardReads:
+class ShardReads(WholeShards):
     """Which plan a read of a sharded array takes, and whether its reader loads shards whole."""
 
     def __init__(self, runtime: Runtime, tables: ChunkTables, window_bytes: int) -> None:

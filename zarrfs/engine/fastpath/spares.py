@@ -30,6 +30,7 @@ import numpy as np
 
 from ...codecs.chain import decodes_into, reads_into
 from ...model import ArrayMeta
+from ..loads import DecodeBuffers
 from ..memory import private_buffer
 from ..runtime import Runtime
 from ..tables import ChunkTables, cache_key
@@ -46,7 +47,7 @@ BUFFERS_MAX = 8192
 SOLE = 3
 
 
-class Spares:
+class Spares(DecodeBuffers):
     """Decode buffers given back by sequential readers (ENABLED: read-only mounts of stores whose
     chunks lie in files), or the chunks they passed dropped (DROP_BEHIND)."""
 
