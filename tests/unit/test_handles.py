@@ -156,11 +156,11 @@ async def test_closed_plain_files_keep_a_bounded_memory(store_dir, monkeypatch):
         await handle.write(0, value)
         await handle.flush()
         await handle.release()
-    assert ns.engine.held_memory_bytes == 100_000  # the first file; the others went to TMPDIR
+    assert ns.plain.memory.bytes == 100_000  # the first file; the others went to TMPDIR
     for name, value in data.items():
         assert await (await open_path(ns, os.O_RDONLY, name)).read(0, 200_000) == value
     await ns.unlink(ROOT_INODE, "f0.bin")
-    assert ns.engine.held_memory_bytes == 0
+    assert ns.plain.memory.bytes == 0
     await ns.shutdown()  # no engine running: stored here
     assert sorted(p.name for p in store_dir.glob("f*.bin")) == ["f1.bin", "f2.bin"]
     assert (store_dir / "f2.bin").read_bytes() == data["f2.bin"]

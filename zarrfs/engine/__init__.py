@@ -63,7 +63,6 @@ class Engine:
         )
         self.interrupts = Interrupts()  # requests ended early when their process got a signal
         self.delayed = DelayedCalls()  # plain files' write-back, a few seconds after their last close
-        self.held_memory_bytes = 0  # plain files' bytes in memory (tree/ingest.py PlainFile)
         self.started = time.time()
         # What the tree and the FUSE layer call on the runtime, as the engine's own.
         self.run_io, self.run_cpu, self.once = runtime.run_io, runtime.run_cpu, runtime.once
@@ -321,7 +320,6 @@ class Engine:
             "band_bytes": bands.band_bytes,
             "band_bytes_peak": bands.band_bytes_peak,
             "plain_files_pending": self.delayed.waiting,  # closed, waiting for their write-back
-            "plain_memory_bytes": self.held_memory_bytes,
             **self.store.request_stats(),
             **self.store.disk_stats(),
             "errors": dict(self.errors),

@@ -21,7 +21,7 @@ from ..views.kinds import Kind
 from .entries import NPY_SUFFIX
 from .ingest import Incoming
 from .inodes import ROOT_INODE
-from .plain import PlainFile, is_plain_name
+from .plain import is_plain_name
 
 if TYPE_CHECKING:
     from .entries import Entry
@@ -134,7 +134,7 @@ class Changes:
         if is_plain_name(name):
             key = self._plain_key(parent_inode, name)
             entry = self.inodes.new(Kind.PLAIN, "", None, key=name)
-            entry.plain = PlainFile(self.engine, key)
+            entry.plain = self.ns.plain.new(key)
         else:
             path = await self.new_array_path(parent_inode, name, names)
             entry = self.inodes.new(Kind.ARRAY, "", None, key=path)

@@ -17,7 +17,6 @@ from ..views import ngff, registry
 from ..views.registry import STATS_FILE, VIEW_DIRS
 from .entries import Entry, Kind, Maker, name_problem
 from .freshness import REFRESH_FILE
-from .plain import PlainFile
 from .versions import VERSIONS_DIR
 
 if TYPE_CHECKING:
@@ -263,7 +262,7 @@ class Listings:
 
     def _plain_entry(self, key: str, name: str, size: int | None) -> Entry:
         entry = self.inodes.new(Kind.PLAIN, "", None, key=name)
-        entry.plain = PlainFile(self.engine, key, size or 0, stored=True)
+        entry.plain = self.ns.plain.new(key, size or 0, stored=True)
         return entry
 
     def listable(self, name: str, key: str) -> bool:

@@ -364,7 +364,8 @@ class Namespace:
             self.engine.start_soon_thread(self.on_data_stale_sync, inodes)
 
     def stats_bytes(self) -> bytes:
-        return registry.stats_json(self.engine.stats(), len(self.inodes), self.open_files)
+        engine = {**self.engine.stats(), "plain_memory_bytes": self.plain.memory.bytes}
+        return registry.stats_json(engine, len(self.inodes), self.open_files)
 
     def xattrs(self, entry: Entry) -> dict[str, bytes]:
         """The read-only `user.zarr.*` attributes of groups and arrays (main tree and views)."""

@@ -56,8 +56,11 @@ class PlainFile:
     copies it into the spool, block by block.
     """
 
-    def __init__(self, engine: Any, key: str | None, size: int = 0, stored: bool = False) -> None:
+    def __init__(
+        self, engine: Any, key: str | None, size: int = 0, stored: bool = False, memory: PlainMemory | None = None
+    ) -> None:
         self._engine = engine
+        self._memory = memory if memory is not None else PlainMemory()
         self._spool: Spool | None = None if stored else self._new_spool()
         self._lock = engine.new_lock()  # one seek-and-transfer at a time
         self.key = key  # where it is kept (None: the format keeps no plain files)
@@ -68,7 +71,7 @@ class PlainFile:
         self.failing = False  # the last write-back failed (said once, tried again)
         self.gone = False  # removed, replaced or an array now: nothing is stored any more
         self._spilled = False  # the spool's bytes are in TMPDIR, not in memory
-        self._memory_bytes = 0  # what this file adds to engine.held_memory_bytes
+        self._memory_bytes = 0  # what this file adds to `memory`
 
     @staticmethod
     def _new_spool() -> Spool:
@@ -85,9 +88,9 @@ class PlainFile:
         return self.dirty
 
     def _account(self) -> None:
-        """Bring the engine's count of plain files' bytes in memory up to date with this file's."""
+        """Bring the count of plain files' bytes in memory up to date with this file's."""
         now = self.size if self._spool is not None and not self._spilled else 0
-        self._engine.held_memory_bytes += now - self._memory_bytes
+        self._memory.bytes += now - self._memory_bytes
         self._memory_bytes = now
 
     async def spill(self) -> None:
@@ -212,6 +215,13 @@ class PlainFile:
             self._account()
 
 
+class PlainMemory:
+    """Bytes of plain files held in memory, all files together (PlainFiles owns the count)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class PlainFiles:
     """The Namespace's steps of plain files: truncate, fsync, close, last close, write-back, unmount."""
 
@@ -219,6 +229,11 @@ class PlainFiles:
         self.ns = ns
         self.engine = ns.engine
         self.inodes = ns.inodes
+        self.memory = PlainMemory()
+
+    def new(self, key: str | None, size: int = 0, stored: bool = False) -> PlainFile:
+        """A plain file kept under KEY (None: the format keeps none), counted in `memory`."""
+        return PlainFile(self.engine, key, size, stored, self.memory)
 
     async def truncate(self, entry: Entry, size: int) -> None:
         """A held file takes any size."""
@@ -288,7 +303,7 @@ class PlainFiles:
     async def close(self, entry: Entry) -> None:
         """close(2): stored later (write-back); past the memory bound its bytes move to TMPDIR."""
         self.keep_later(entry)
-        if entry.plain is not None and self.engine.held_memory_bytes > PLAIN_MEMORY_MAX_BYTES:
+        if entry.plain is not None and self.memory.bytes > PLAIN_MEMORY_MAX_BYTES:
             try:
                 await entry.plain.spill()
             except (OSError, ZarrfsError) as e:  # TMPDIR full: it stays in memory
