@@ -141,7 +141,7 @@ class Freshness:
         """An entry of array `old` meets `fresh`, what the store holds at its path now: shown in
         place when its files' bytes keep their layout, else every entry of the old array retires."""
         if not old.path and fresh is not None:  # a root array: the root's listing shows it
-            self.ns.root_node = fresh
+            self.ns.show_root(fresh)
             self.ns.invalidate()
         if isinstance(fresh, ArrayMeta) and fresh.file_layout == old.file_layout:
             entry.show(fresh)  # (attributes changed)

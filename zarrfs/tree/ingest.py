@@ -26,7 +26,7 @@ from ..errors import (
     ZarrfsError,
 )
 from ..formats.datasets import in_dataset
-from ..model import NewArray, Node
+from ..model import ArrayMeta, NewArray, Node
 from ..storage.staging import LeaseKeeper
 from ..views.kinds import Kind
 from ..views.streams import ArrayStream
@@ -241,22 +241,31 @@ class Ingest:
         if old is not None:
             self.engine.discard(old.path)
         meta = staged.final
-        entry.show(meta)
-        entry.checked = self.ns.freshness.epoch  # what this mount just stored: current (freshness.py)
+        self._show_stored(entry, meta)
         w.replacing, w.staged, w.received = None, None, None
         w.stream = ArrayStream(meta, w.stream.order, header=w.stream.header, dtype=w.stream.dtype)
-        if not meta.path:
-            self.ns.root_node = meta
         self.inodes.unregister(entry, keep_name=True)
-        self.ns.listings.forget_sizes(meta.path)
-        self.ns.changes.forget_time(meta.path)
-        if w.mtime_ns is not None:
-            await self.ns.changes.set_times(entry, w.mtime_ns)
+        await self._settle_stored(entry, meta.path, w.mtime_ns)
         # Views of an array replaced here, or removed and now created again, are names the
         # kernel may still hold: they show the new array.
         await self.ns.changes.repoint(meta.path, meta.path, skip=entry.inode)
         self.ns.invalidate()
         await self._release_staging(staged.staging)
+
+    def _show_stored(self, entry: Entry, meta: ArrayMeta) -> None:
+        """ENTRY shows the array this mount just stored (a new NPY file, or a plain file that became
+        one): current as of now (freshness.py); at the root, the root shows it."""
+        entry.show(meta)
+        entry.checked = self.ns.freshness.epoch
+        if not meta.path:
+            self.ns.show_root(meta)
+
+    async def _settle_stored(self, entry: Entry, path: str, mtime_ns: int | None) -> None:
+        """What was kept of the path's old node goes (stored sizes, times); the writer's time, if any, is set."""
+        self.ns.listings.forget_sizes(path)
+        self.ns.changes.forget_time(path)
+        if mtime_ns is not None:
+            await self.ns.changes.set_times(entry, mtime_ns)
 
     async def _drop_staged(self, entry: Entry) -> None:
         """Forget a staged array's chunks (held and stored): the old array, if any, stays."""
@@ -438,15 +447,9 @@ class Ingest:
         self.inodes.drop_name(old_name, entry)
         mtime_ns = held.mtime_ns
         entry.plain, entry.kind, entry.key = None, Kind.ARRAY, path
-        entry.show(staged.final)
-        entry.checked = self.ns.freshness.epoch
-        if not path:
-            self.ns.root_node = staged.final
+        self._show_stored(entry, staged.final)
         self.inodes.name(parent_inode, name, entry)
-        self.ns.listings.forget_sizes(path)
-        self.ns.changes.forget_time(path)
-        if mtime_ns is not None:  # rsync sets the time before renaming
-            await self.ns.changes.set_times(entry, mtime_ns)
+        await self._settle_stored(entry, path, mtime_ns)  # (rsync sets the time before renaming)
         await self.ns.changes.repoint(path, path, skip=entry.inode)
         self.ns.invalidate()
         await self.renew_lease()

@@ -91,6 +91,10 @@ class Namespace:
             engine.see_layout(root)
         self.inodes.new(Kind.GROUP, "", root if isinstance(root, GroupMeta) else None)
 
+    def show_root(self, node: Node) -> None:
+        """The root shows NODE now (a root array stored by this mount, or found changed in the store)."""
+        self.root_node = node
+
     # --- entries and lookup counts (the inode table's) ------------------------------------
 
     def get(self, inode: int) -> Entry:
