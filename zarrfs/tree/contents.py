@@ -94,9 +94,9 @@ class Contents:
         elif entry.kind is Kind.NETCDF:
             await self._settle_netcdf(entry)
         elif entry.kind is Kind.OMETIFF:
-            layout = entry.laid_out or await self.ome_tiff(entry.node)
+            layout = entry.laid_out or await self.ome_tiff(entry.group)
             if layout is None:
-                raise ZarrfsError(f"ome-tiff/{entry.node.path or ns.root_stem}: the image cannot be shown")
+                raise ZarrfsError(f"ome-tiff/{entry.group.path or ns.root_stem}: the image cannot be shown")
             entry.lay_out(layout)
             entry.size = entry.stored_bytes = layout.size
         elif entry.kind is Kind.VERSIONLOG:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import NotFound, ZarrfsError
-from ..model import ArrayMeta, Node
+from ..model import ArrayMeta, GroupMeta, Node
 from ..views import images, slices
 from ..views.kinds import ARRAY_FILE_KINDS, DIR_KINDS, WRITABLE_KINDS, Kind
 from ..views.registry import ARRAY_VIEWS
@@ -108,6 +108,13 @@ class Entry:
         """The array it shows, asked only of an array's entries (TypeError: a defect)."""
         if not isinstance(self.node, ArrayMeta):
             raise TypeError(f"inode {self.inode} ({self.kind.name}) shows no array")
+        return self.node
+
+    @property
+    def group(self) -> GroupMeta:
+        """The group it shows, asked only of a group's files (TypeError: a defect)."""
+        if not isinstance(self.node, GroupMeta):
+            raise TypeError(f"inode {self.inode} ({self.kind.name}) shows no group")
         return self.node
 
     @property

@@ -201,7 +201,7 @@ class Freshness:
         new = await self.ns.contents.ome_tiff(fresh) if isinstance(fresh, GroupMeta) else None
         if entry.laid_out is not old or entry.error is not None:
             return  # laid out again, or retired, meanwhile
-        name = f"ome-tiff/{entry.node.path or self.ns.root_stem}.ome.tif"
+        name = f"ome-tiff/{entry.shown.path or self.ns.root_stem}.ome.tif"
         if new is None or old is None or not new.same_layout(old):
             self.retire_entries([entry], f"{name}: its image changed in the store")
         else:

@@ -209,11 +209,11 @@ class OmeTiffHandle(Handle):
             return None
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> bytes | memoryview:
         await self.current()
         if self.entry.error is not None:
             raise self.entry.error
-        out = []
+        out: list[bytes | memoryview] = []
         for part in self.entry.stream.parts(offset, size):
             if isinstance(part, bytes):
                 out.append(part)

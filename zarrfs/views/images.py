@@ -132,7 +132,13 @@ def tiff_stream(meta: ArrayMeta, geo: GeoReference | None = None, hints: ngff.Ar
     hinted = hints is not None and len(hints.axes) == len(meta.shape)
     names = meta.dimension_names or meta.attributes.get("_ARRAY_DIMENSIONS")  # (xarray's, on v2)
     named = isinstance(names, (list, tuple)) and len(names) == len(meta.shape)
-    axes = hints.axes if hinted else ngff.tiff_axes(tuple(names)) if named else None
+    axes = (
+        hints.axes
+        if hints is not None and hinted
+        else ngff.tiff_axes(tuple(names))
+        if named and isinstance(names, (list, tuple))
+        else None
+    )
     desc = tiff.description("/" + meta.path, meta.shape, meta.dtype, meta.attributes, axes)
     tags = tiff.geo_tags(geo) if geo is not None and len(meta.shape) <= 3 else ()
     res = ngff.resolution(hints) if hints is not None and hinted else None

@@ -88,7 +88,20 @@ def _transposes(source: np.ndarray) -> bool:
     return strides[0] < min(strides[1:])
 
 
-def plan_bytes(plan: ReadPlan, out: np.ndarray) -> bytes | memoryview:
+class PlannedBytes(Protocol):
+    """What `plan_bytes` asks of a plan (ReadPlan, tiles.TilePlan)."""
+
+    @property
+    def header_part(self) -> bytes: ...
+
+    @property
+    def skip_bytes(self) -> int: ...
+
+    @property
+    def take_bytes(self) -> int: ...
+
+
+def plan_bytes(plan: PlannedBytes, out: np.ndarray) -> bytes | memoryview:
     """A plan's bytes, given OUT (bytes) holding its whole elements from its first: a view of
     OUT, or new bytes when the plan starts in the header."""
     data = out[plan.skip_bytes : plan.skip_bytes + plan.take_bytes]

@@ -17,10 +17,9 @@ import numpy as np
 
 from .. import grid
 from ..errors import ZarrfsError
+from ..grid import Index
 from ..model import ArrayMeta
 from .streams import element_span, plan_bytes
-
-Index = tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
