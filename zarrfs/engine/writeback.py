@@ -27,6 +27,10 @@ from .tables import lock_key as chunk_lock_key
 
 log = logging.getLogger(__name__)
 
+# Chunks uploaded at once in the background as writes complete them: as many as the engine's
+# store threads for a remote store, so that the rest wait here, not holding a thread's place.
+UPLOADS_IN_FLIGHT = 16
+
 Index = tuple[int, ...]
 
 
@@ -69,6 +73,15 @@ class WriteBack:
         self.dirty_bytes = 0
         self.storing_bytes = 0  # chunks taken from the dirty set and being encoded or stored
         self._flushing = False  # a background flush is running
+        # On a remote store a chunk whose every element was written is uploaded at once, while
+        # the writer goes on (a copy's chunks each cost one request's latency, overlapped).
+        self.upload_full = not runtime.store.is_local
+        self._filled: dict[tuple[str, Index], int] = {}  # elements written into each dirty chunk
+        self._uploads = trio.CapacityLimiter(UPLOADS_IN_FLIGHT)
+        self._stored = trio.Event()  # set (and replaced) each time a chunk leaves `storing`
+        # Arrays being created: the chunks stored since (any other is known to be absent: a write
+        # into part of it starts from the fill value, no read of the store).
+        self._created: dict[str, set[Index]] = {}
         # A failed background flush is reported at the array's next fsync/close.
         self._write_errors: dict[str, ZarrfsError] = {}
 
@@ -100,10 +113,12 @@ class WriteBack:
         while True:
             # Chunks to start from: partly written, not dirty, and not loaded since their
             # last change (another writer may change or store them while we wait).
+            created = self._created.get(meta.path)
             need = [
                 idx
                 for idx in partial
                 if (meta.path, idx) not in self.tables.dirty
+                and (created is None or idx in created)
                 and (idx not in loaded or self.tables.versions.get((meta.path, idx), 0) != seen[idx])
             ]
             if not need:
@@ -135,13 +150,44 @@ class WriteBack:
             self.tables.versions[key] = self.tables.versions.get(key, 0) + 1
         stream.scatter(plan, buf, targets)
         self.runtime.counters["bytes_written"] += plan.take_bytes
+        if self.upload_full and self.runtime.running:
+            self._upload_full(meta, plan.chunks, covered)
         if self.dirty_bytes + self.storing_bytes > self.dirty_max_bytes:
             await self._flush_oldest(self.dirty_max_bytes // 2)
+            while self.storing_bytes > self.dirty_max_bytes // 2:  # uploads in flight hold the rest
+                await self._stored.wait()
         elif self.dirty_bytes > self.dirty_max_bytes // 4 and not self._flushing and self.runtime.running:
             # Store the oldest chunks in the background while the writer goes on, so that
             # encoding overlaps the copy instead of stalling it at the budget.
             self._flushing = True
             self.runtime.start_soon(self._flush_background)
+
+    def starts_empty(self, path: str) -> None:
+        """The array at PATH is being created: none of its chunks is stored until written here."""
+        self._created[path] = set()
+
+    def _upload_full(self, meta: ArrayMeta, chunks: list[Index], covered: Any) -> None:
+        """Start storing the chunks this write completed (every element written since each became
+        dirty), in the background, at most UPLOADS_IN_FLIGHT at once."""
+        for idx in chunks:
+            key = (meta.path, idx)
+            filled = self._filled.get(key, 0) + covered[idx]
+            if filled < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape)):
+                self._filled[key] = filled
+                continue
+            self._filled.pop(key, None)
+            self.runtime.start_soon(self._upload, key, meta)
+
+    async def _upload(self, key: tuple[str, Index], meta: ArrayMeta) -> None:
+        """Store one chunk in the background; a failure is kept for the array's next fsync/close."""
+        async with self._uploads:
+            try:
+                await self._flush_chunk(key, meta)
+            except ZarrfsError as e:
+                self._write_errors.setdefault(key[0], e)
+            except Exception as e:  # background work must not end the daemon
+                log.exception("unexpected error storing chunk %s of %s", key[1], key[0] or "/")
+                self._write_errors.setdefault(key[0], StoreError(f"chunk {key[1]}: unexpected {type(e).__name__}"))
 
     @staticmethod
     def _inner_changed(stream: ArrayStream, offset: int, size: int) -> dict[Index, set[Index]]:
@@ -203,6 +249,7 @@ class WriteBack:
         lock = self.tables.chunk_locks.setdefault(lock_key, trio.Lock())
         async with lock:  # flushes of one chunk (or shard) reach the store in the order they started
             entry = self.tables.dirty.pop(key, None)
+            self._filled.pop(key, None)
             if entry is None:
                 return
             meta, arr = entry
@@ -214,6 +261,8 @@ class WriteBack:
             arr.flags.writeable = False
             # Readers and writers see it while it is being stored, cached or not.
             self.tables.storing[key] = arr
+            if key[0] in self._created:
+                self._created[key[0]].add(key[1])
             self.tables.cache.put(key, arr)
             store_key = meta.chunk_key(key[1])
             try:
@@ -235,6 +284,8 @@ class WriteBack:
                 raise
             finally:
                 self.storing_bytes -= arr.nbytes
+                self._stored.set()
+                self._stored = trio.Event()
                 if self.tables.storing.get(key) is arr:
                     del self.tables.storing[key]
                 self._forget_shard(meta, key[1])
@@ -265,6 +316,9 @@ class WriteBack:
         async with trio.open_nursery() as nursery:
             for key, meta in keys:
                 nursery.start_soon(one, key, meta)
+        # Chunks stored in the background when the flush began are in the store when it returns.
+        while any(path is None or k[0] == path for k in self.tables.storing):
+            await self._stored.wait()
         earlier = [self._write_errors.pop(p) for p in list(self._write_errors) if path is None or p == path]
         if errors or earlier:
             raise (earlier + errors)[0]
@@ -276,6 +330,8 @@ class WriteBack:
         for key in [k for k in tables.dirty if k[0] == path or k[0].startswith(path + "/")]:
             self.dirty_bytes -= tables.dirty.pop(key)[1].nbytes
             tables.changed.pop(key, None)
+            self._filled.pop(key, None)
         self._write_errors.pop(path, None)
+        self._created.pop(path, None)
         for key in [k for k in tables.versions if k[0] == path or k[0].startswith(path + "/")]:
             del tables.versions[key]

@@ -38,6 +38,10 @@ RESERVED_PREFIX = ".zarrfs"
 # Where the chunks of an array being created or replaced go until it is complete: a sibling
 # prefix with no metadata document, which no reader takes for a node.
 STAGING_PREFIX = RESERVED_PREFIX + "-new-"
+# The one key of a staging area whose array's chunks go straight under their final keys: a JSON
+# object naming their prefix and the metadata document, so that a sweep removes the chunks of
+# a writer that died before that document was written.
+DIRECT_MARKER = "direct.json"
 # Documents of every format with a document per node: a plain file under one of these names could
 # make a reader (or format detection) take the directory for a node of that format.
 FORMAT_DOCUMENT_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
@@ -60,6 +64,9 @@ class StagedArray:
     meta: ArrayMeta
     staging: str
     docs: dict[str, bytes]
+    # Chunks written under their final keys (a new array on an object store): the staging area
+    # holds only DIRECT_MARKER, naming where they go, until the documents are written.
+    direct: bool = False
 
 
 def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
@@ -278,25 +285,31 @@ class Hierarchy(abc.ABC):
         final = staged.final
         moved: list[str] = []
         try:
-            for rel in self.store.sizes_below_sync(staged.staging):
-                dst = join(final.keys.prefix, rel)
-                self.store.move_sync(join(staged.staging, rel), dst)
-                moved.append(dst)
+            sizes = self.store.sizes_below_sync(staged.staging)
+            moves = {join(staged.staging, rel): join(final.keys.prefix, rel) for rel in sizes}
+            moved = list(moves.values())
+            # Copies made by the store itself, many at once (a local store: renames)
+            self.store.move_many_sync(moves, {join(staged.staging, rel): n for rel, n in sizes.items()})
             keep = set(moved) | set(staged.docs)
             if old is not None:
-                for key in self.node_keys_sync(old):
-                    if key not in keep and not is_staging_key(key):
-                        self.store.erase_sync(key)
+                gone = [key for key in self.node_keys_sync(old) if key not in keep and not is_staging_key(key)]
+                self.store.erase_many_sync(gone)
             for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
                 self.store.set_sync(key, staged.docs[key])
         except ZarrfsError:
             if old is None:  # nothing was there: take the partial copy away again
-                for key in moved:
-                    self.store.erase_sync(key)
+                self.store.erase_many_sync(moved)
+            self.store.erase_below_sync(staged.staging)
             raise
-        finally:
+        if self.store.is_local:  # the directories the renames left
             self.store.erase_below_sync(staged.staging)
         self.after_change_sync()
+
+    def begin_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
+        """Where a staged array's chunks go, decided once its staging area is claimed: under the
+        staging prefix here; formats override it (NodeDocsHierarchy: a new array on an object
+        store goes straight under its final keys)."""
+        return staged
 
     def discard_staging_sync(self, staged: StagedArray) -> None:
         """Drop what a staged array wrote (a copy that failed or stopped short)."""

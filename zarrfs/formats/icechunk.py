@@ -23,6 +23,7 @@ class IcechunkHierarchy(V3Hierarchy):
 
     keeps_plain_files = False  # a repository holds Zarr nodes only: icechunk refuses any other key
     plain_files_beside_root_array = False
+    direct_writes = False  # a commit orders the writes: chunks staged, documents first
 
     def plain_name_problem(self, name: str) -> str | None:
         return "an Icechunk repository keeps no files other than NAME.npy arrays"

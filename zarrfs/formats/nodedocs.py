@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
+import logging
 import re
 from typing import Any, ClassVar
 
+from ..errors import ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
 from ..storage.keys import join
 from ..storage.store import Store
 from .base import (
+    DIRECT_MARKER,
     Hierarchy,
     StagedArray,
     broken,
@@ -30,6 +34,8 @@ CHUNK_KEY_NAME = re.compile(r"c(\.\d+)*|\d+(\.\d+)*")
 # Keys of a root array whose metadata could not be read that may be its chunks, whatever
 # its encoding (`0.1`, `0/1`, `c/0/1`, `c.0.1`, a 0-d array's `0` or `c`).
 ANY_CHUNK_KEY = re.compile(r"c|(c[./])?\d+([./]\d+)*")
+
+log = logging.getLogger(__name__)
 
 
 class NodeDocsHierarchy(Hierarchy):
@@ -187,10 +193,55 @@ class NodeDocsHierarchy(Hierarchy):
         """A node's documents as the store will hold them (store key -> bytes)."""
         return {join(path, name): (json.dumps(doc, indent=2) + "\n").encode() for name, doc in docs.items()}
 
+    # Whether a new array on an object store is written straight under its final keys (Icechunk
+    # orders its own writes: no).
+    direct_writes = True
+
+    def begin_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
+        """A new array on an object store, where no key lies under its path, is written under its
+        final keys: no reader takes them for a node before the metadata document, written last,
+        and no copy is needed at the commit. Its staging area holds only the marker naming them."""
+        path = staged.final.path
+        if not self.direct_writes or self.store.is_local or old is not None or not path:
+            return staged
+        if self.store.sizes_below_sync(path):  # keys of something else (a writer that died): staged
+            return staged
+        marker = {"prefix": staged.final.keys.prefix, "metadata_key": staged.final.metadata_key}
+        self.store.set_sync(join(staged.staging, DIRECT_MARKER), json.dumps(marker).encode())
+        meta = dataclasses.replace(staged.meta, keys=staged.final.keys)
+        return dataclasses.replace(staged, meta=meta, direct=True)
+
+    def discard_staging_sync(self, staged: StagedArray) -> None:
+        if staged.direct:  # chunks under the final keys, with no document: nobody's but ours
+            self.store.erase_below_sync(staged.final.keys.prefix)
+        super().discard_staging_sync(staged)
+
+    def _commit_direct_sync(self, staged: StagedArray) -> None:
+        """The documents of an array whose chunks are in place, the metadata document last."""
+        final = staged.final
+        for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
+            self.store.set_sync(key, staged.docs[key])
+        try:
+            self.store.erase_sync(join(staged.staging, DIRECT_MARKER))
+        except ZarrfsError as e:  # the array is whole; a sweep removes the marker later
+            log.warning("%s: stored, but its marker %s stays: %s", final.path, staged.staging, e)
+        self._consolidate(final.path, staged.docs)
+
+    def _consolidate(self, path: str, docs: dict[str, bytes]) -> None:
+        """Add a new array's documents to the consolidated metadata, if the store has any."""
+        if self.consolidated is not None:
+            entry = {n: None for n in self.doc_names}
+            entry.update({key[len(path) + 1 :]: json.loads(value) for key, value in docs.items()})
+            self.consolidated = {**self.consolidated, path: entry}
+            self.write_consolidated_sync()
+
     def commit_array_sync(self, staged: StagedArray, old: Node | None) -> None:
         """On a local store, one directory swap: the documents are written into the staging
         directory, which then trades places with the array's directory (renameat2), so
         readers see the old array whole until that instant, then the new one whole."""
+        if staged.direct:
+            self._commit_direct_sync(staged)
+            return
         path = staged.final.path
         if not self.store.is_local or not path or (old is None and self.store.is_dir_sync(path)):
             super().commit_array_sync(staged, old)  # remote, root, or stray files at the path
@@ -199,11 +250,7 @@ class NodeDocsHierarchy(Hierarchy):
             self.store.set_sync(join(staged.staging, key[len(path) + 1 :]), value)
         self.store.swap_dirs_sync(staged.staging, path)
         self.store.erase_below_sync(staged.staging)  # the old array, now under the staging name
-        if self.consolidated is not None:
-            entry = {n: None for n in self.doc_names}
-            entry.update({key[len(path) + 1 :]: json.loads(value) for key, value in staged.docs.items()})
-            self.consolidated = {**self.consolidated, path: entry}
-            self.write_consolidated_sync()
+        self._consolidate(path, staged.docs)
 
     def write_docs_sync(self, path: str, docs: dict[str, Any]) -> None:
         """Write a node's documents (None erases one) and keep consolidated metadata current."""

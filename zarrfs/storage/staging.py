@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import ZarrfsError
-from ..formats.base import RESERVED_PREFIX, STAGING_PREFIX, Hierarchy
+from ..formats.base import DIRECT_MARKER, RESERVED_PREFIX, STAGING_PREFIX, Hierarchy
 from ..model import GroupMeta
 from ..repeats import LogOnce
 from .keys import join
@@ -292,8 +292,26 @@ def _sweep_area_sync(store: Store, prefix: str, lease: Lease | None, here: Machi
             if newest_s is not None
             else "with no lease and no keys"
         )
+    if DIRECT_MARKER in keys:
+        _sweep_direct_sync(store, join(prefix, DIRECT_MARKER))
     store.erase_below_sync(prefix)
     log.warning(
         "removed the staging area %s of a writer that died: %d keys, %s, %s", prefix, len(keys), _size(nbytes), whose
     )
     return True
+
+
+def _sweep_direct_sync(store: Store, marker_key: str) -> None:
+    """A writer that died while writing a new array's chunks under their final keys: they go
+    unless its metadata document was written (then the array was complete)."""
+    try:
+        marker = json.loads(store.get_sync(marker_key) or b"null")
+        prefix, metadata_key = str(marker["prefix"]), str(marker["metadata_key"])
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+        log.warning("%s: not a marker this code wrote (%s); the keys it names stay", marker_key, e)
+        return
+    if not prefix or store.get_sync(metadata_key) is not None:
+        return
+    keys = store.sizes_below_sync(prefix)
+    store.erase_many_sync([join(prefix, rel) for rel in keys])
+    log.warning("removed %d chunks under %s that a writer that died left without their metadata", len(keys), prefix)
