@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -19,6 +20,7 @@ from .base import (
     StagedArray,
     broken,
     common_plain_name_problem,
+    is_staging_key,
     json_object,
     parse_json,
 )
@@ -198,34 +200,73 @@ class NodeDocsHierarchy(Hierarchy):
     direct_writes = True
 
     def begin_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
-        """A new array on an object store, where no key lies under its path, is written under its
-        final keys: no reader takes them for a node before the metadata document, written last,
-        and no copy is needed at the commit. Its staging area holds only the marker naming them."""
+        """On an object store, chunks go straight under their final keys where no key of the new
+        array's encoding lies under its path: a new array (nothing under its path at all), or a
+        replacement whose chunk keys take the other separator (`/` or `.`) than the old array's,
+        which keeps every key of the old one. Readers follow the old documents (or none) until
+        the commit writes the new ones, so no copy is needed. The staging area holds only the
+        marker naming them (DIRECT_MARKER), for the sweep of a writer that dies."""
         path = staged.final.path
-        if not self.direct_writes or self.store.is_local or old is not None or not path:
+        if not self.direct_writes or self.store.is_local or not path:
             return staged
-        if self.store.sizes_below_sync(path):  # keys of something else (a writer that died): staged
+        if old is not None and not isinstance(old, ArrayMeta):
             return staged
-        marker = {"prefix": staged.final.keys.prefix, "metadata_key": staged.final.metadata_key}
+        there = [join(path, rel) for rel in self.store.sizes_below_sync(path)]
+        direct = staged
+        if old is not None:
+            sep = "/" if old.keys.sep == "." else "."
+            docs, final = self.with_separator(path, staged.docs, sep)
+            direct = dataclasses.replace(staged, final=final, docs=docs)
+            if not _disjoint(old, final):
+                return staged
+        elif there:  # keys of something else (a writer that died): staged
+            return staged
+        if any(direct.final.keys.is_key(key) for key in there):
+            return staged
+        final = direct.final
+        marker = {
+            "prefix": final.keys.prefix,
+            "separator": final.keys.sep,
+            "head": final.keys.head,
+            "zero_d": final.keys.zero_d,
+            "documents": sorted(direct.docs),
+            "metadata_key": final.metadata_key,
+            "metadata_sha256": hashlib.sha256(direct.docs[final.metadata_key]).hexdigest(),
+        }
         self.store.set_sync(join(staged.staging, DIRECT_MARKER), json.dumps(marker).encode())
-        meta = dataclasses.replace(staged.meta, keys=staged.final.keys)
-        return dataclasses.replace(staged, meta=meta, direct=True)
+        meta = dataclasses.replace(final, path=staged.meta.path, inner=None, source=None)
+        return dataclasses.replace(direct, meta=meta, direct=True)
+
+    def with_separator(self, path: str, docs: dict[str, bytes], sep: str) -> tuple[dict[str, bytes], ArrayMeta]:
+        """A new array's documents (from `array_docs`) with chunk keys separated by SEP."""
+        raise NotImplementedError
 
     def discard_staging_sync(self, staged: StagedArray) -> None:
-        if staged.direct:  # chunks under the final keys, with no document: nobody's but ours
-            self.store.erase_below_sync(staged.final.keys.prefix)
+        if staged.direct:  # the chunks it wrote: the keys of its encoding under its path
+            keys = staged.final.keys
+            self.store.erase_many_sync([k for k in self.node_keys_sync(staged.final) if keys.is_key(k)])
         super().discard_staging_sync(staged)
 
-    def _commit_direct_sync(self, staged: StagedArray) -> None:
-        """The documents of an array whose chunks are in place, the metadata document last."""
+    def _commit_direct_sync(self, staged: StagedArray, old: Node | None) -> None:
+        """The documents of an array whose chunks are in place (the metadata document last), the
+        consolidated metadata, then the old array's keys."""
         final = staged.final
         for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
             self.store.set_sync(key, staged.docs[key])
-        try:
-            self.store.erase_sync(join(staged.staging, DIRECT_MARKER))
-        except ZarrfsError as e:  # the array is whole; a sweep removes the marker later
-            log.warning("%s: stored, but its marker %s stays: %s", final.path, staged.staging, e)
         self._consolidate(final.path, staged.docs)
+        try:
+            if old is not None:
+                gone = [
+                    key
+                    for key in self.node_keys_sync(old)
+                    if key not in staged.docs and not final.keys.is_key(key) and not is_staging_key(key)
+                ]
+                self.store.erase_many_sync(gone)
+            self.store.erase_sync(join(staged.staging, DIRECT_MARKER))
+        except ZarrfsError as e:  # the new array is whole; the sweep removes what is left
+            log.warning(
+                "%s: stored, but keys of the old array or its marker %s stay: %s", final.path, staged.staging, e
+            )
 
     def _consolidate(self, path: str, docs: dict[str, bytes]) -> None:
         """Add a new array's documents to the consolidated metadata, if the store has any."""
@@ -240,7 +281,7 @@ class NodeDocsHierarchy(Hierarchy):
         directory, which then trades places with the array's directory (renameat2), so
         readers see the old array whole until that instant, then the new one whole."""
         if staged.direct:
-            self._commit_direct_sync(staged)
+            self._commit_direct_sync(staged, old)
             return
         path = staged.final.path
         if not self.store.is_local or not path or (old is None and self.store.is_dir_sync(path)):
@@ -313,3 +354,11 @@ class NodeDocsHierarchy(Hierarchy):
                 return False
             frontier = nxt
         return False
+
+
+def _disjoint(old: ArrayMeta, new: ArrayMeta) -> bool:
+    """Whether no chunk key of NEW can be one of OLD's, nor the reverse (each checked on its first
+    chunk against the other's pattern of any rank: a 1-d v2 array's `5` is one with either separator)."""
+    first_new = new.keys.key((0,) * len(new.shape))
+    first_old = old.keys.key((0,) * len(old.shape))
+    return first_new != first_old and not old.keys.is_key(first_new) and not new.keys.is_key(first_old)

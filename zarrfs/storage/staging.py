@@ -12,6 +12,7 @@ stale once none of its keys changed for that long.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -23,10 +24,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import ZarrfsError
-from ..formats.base import DIRECT_MARKER, RESERVED_PREFIX, STAGING_PREFIX, Hierarchy
+from ..formats.base import DIRECT_MARKER, RESERVED_PREFIX, STAGING_PREFIX, Hierarchy, is_staging_key
 from ..model import GroupMeta
 from ..repeats import LogOnce
-from .keys import join
+from .keys import ChunkKeys, join
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -302,16 +303,27 @@ def _sweep_area_sync(store: Store, prefix: str, lease: Lease | None, here: Machi
 
 
 def _sweep_direct_sync(store: Store, marker_key: str) -> None:
-    """A writer that died while writing a new array's chunks under their final keys: they go
-    unless its metadata document was written (then the array was complete)."""
+    """A writer that died while writing an array's chunks under their final keys: if its metadata
+    document is in the store, the keys under the prefix that are neither its documents nor its
+    chunks (the old array's) go; else its chunks go (keys of its encoding: never the old array's)."""
     try:
         marker = json.loads(store.get_sync(marker_key) or b"null")
-        prefix, metadata_key = str(marker["prefix"]), str(marker["metadata_key"])
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+        keys = ChunkKeys(str(marker["prefix"]), str(marker["separator"]), str(marker["head"]), str(marker["zero_d"]))
+        documents = {str(d) for d in marker["documents"]}
+        metadata_key, digest = str(marker["metadata_key"]), str(marker["metadata_sha256"])
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError, ZarrfsError) as e:
         log.warning("%s: not a marker this code wrote (%s); the keys it names stay", marker_key, e)
         return
-    if not prefix or store.get_sync(metadata_key) is not None:
+    if not keys.prefix:
         return
-    keys = store.sizes_below_sync(prefix)
-    store.erase_many_sync([join(prefix, rel) for rel in keys])
-    log.warning("removed %d chunks under %s that a writer that died left without their metadata", len(keys), prefix)
+    metadata = store.get_sync(metadata_key)
+    committed = metadata is not None and hashlib.sha256(metadata).hexdigest() == digest
+    below = [join(keys.prefix, rel) for rel in store.sizes_below_sync(keys.prefix)]
+    if committed:
+        gone = [k for k in below if k not in documents and not keys.is_key(k) and not is_staging_key(k)]
+    else:
+        gone = [k for k in below if keys.is_key(k)]
+    store.erase_many_sync(gone)
+    if gone:
+        what = "of the array it replaced" if committed else "it wrote without their metadata"
+        log.warning("removed %d keys under %s %s (a writer that died)", len(gone), keys.prefix, what)

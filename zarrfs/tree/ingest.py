@@ -435,7 +435,7 @@ class Ingest:
                 f"{ingest.size - hlen}; not renamed to {name}"
             )
         try:
-            await self._store_held(entry, staged, ingest, old)
+            staged = await self._store_held(entry, staged, ingest, old)
         except ZarrfsError:
             await self.renew_lease()  # its staging dropped: the lease too, unless another is in use
             raise
@@ -465,8 +465,9 @@ class Ingest:
         self.ns.invalidate()
         await self.renew_lease()
 
-    async def _store_held(self, entry: Entry, staged: Any, ingest: ArrayStream, old: Node | None) -> None:
-        """Stream a held file's data into a staged array and commit it (nothing left on failure)."""
+    async def _store_held(self, entry: Entry, staged: Any, ingest: ArrayStream, old: Node | None) -> Any:
+        """Stream a held file's data into a staged array and commit it (nothing left on failure);
+        the staged array as begun (its final keys may differ from the plan's)."""
         staged = await self._begin(staged, old)
         ingest = ArrayStream(staged.meta, ingest.order, header=ingest.header, dtype=ingest.dtype)
         try:
@@ -484,3 +485,4 @@ class Ingest:
         self.engine.discard(staged.meta.path)
         if old is not None:
             self.engine.discard(old.path)
+        return staged
