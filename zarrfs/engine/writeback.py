@@ -261,8 +261,10 @@ class WriteBack:
             arr.flags.writeable = False
             # Readers and writers see it while it is being stored, cached or not.
             self.tables.storing[key] = arr
-            if key[0] in self._created:
-                self._created[key[0]].add(key[1])
+            created = self._created.get(key[0])
+            absent = created is not None and key[1] not in created  # never stored: nothing to erase
+            if created is not None:
+                created.add(key[1])
             self.tables.cache.put(key, arr)
             store_key = meta.chunk_key(key[1])
             try:
@@ -276,7 +278,8 @@ class WriteBack:
                 ):
                     old = await self.runtime.run_io(self.runtime.store.get_sync, store_key, meta.max_stored_nbytes)
                 data = await self.runtime.run_cpu(encode_chunk_sync, meta, store_key, arr, old, changed)
-                await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)
+                if data is not None or not absent:
+                    await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)
             except ZarrfsError as e:
                 self.tables.cache.discard(key)  # what the store holds is the truth again
                 self.tables.versions[key] = self.tables.versions.get(key, 0) + 1

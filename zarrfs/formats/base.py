@@ -67,6 +67,8 @@ class StagedArray:
     # Chunks written under their final keys (a new array on an object store): the staging area
     # holds only DIRECT_MARKER, naming where they go, until the documents are written.
     direct: bool = False
+    # Keys under the array's path when its direct write began (a replacement's old keys).
+    found: tuple[str, ...] = ()
 
 
 def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

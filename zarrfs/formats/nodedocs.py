@@ -235,7 +235,7 @@ class NodeDocsHierarchy(Hierarchy):
         }
         self.store.set_sync(join(staged.staging, DIRECT_MARKER), json.dumps(marker).encode())
         meta = dataclasses.replace(final, path=staged.meta.path, inner=None, source=None)
-        return dataclasses.replace(direct, meta=meta, direct=True)
+        return dataclasses.replace(direct, meta=meta, direct=True, found=tuple(there))
 
     def with_separator(self, path: str, docs: dict[str, bytes], sep: str) -> tuple[dict[str, bytes], ArrayMeta]:
         """A new array's documents (from `array_docs`) with chunk keys separated by SEP."""
@@ -254,15 +254,11 @@ class NodeDocsHierarchy(Hierarchy):
         for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
             self.store.set_sync(key, staged.docs[key])
         self._consolidate(final.path, staged.docs)
+        # The old array's keys as listed when the write began (the new keys cannot be among them),
+        # and the marker, in one bulk erase
+        gone = [key for key in staged.found if key not in staged.docs and not is_staging_key(key)]
         try:
-            if old is not None:
-                gone = [
-                    key
-                    for key in self.node_keys_sync(old)
-                    if key not in staged.docs and not final.keys.is_key(key) and not is_staging_key(key)
-                ]
-                self.store.erase_many_sync(gone)
-            self.store.erase_sync(join(staged.staging, DIRECT_MARKER))
+            self.store.erase_many_sync([*gone, join(staged.staging, DIRECT_MARKER)])
         except ZarrfsError as e:  # the new array is whole; the sweep removes what is left
             log.warning(
                 "%s: stored, but keys of the old array or its marker %s stay: %s", final.path, staged.staging, e

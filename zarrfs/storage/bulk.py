@@ -17,6 +17,8 @@ from fsspec.asyn import AsyncFileSystem
 COPIES_IN_FLIGHT = 64
 # S3 copies a value of up to 5 GiB in one request; larger ones take a multipart copy.
 SINGLE_COPY_MAX_BYTES = 5 << 30
+# Keys S3 removes in one DeleteObjects request (s3fs batches them so).
+BULK_ERASE_KEYS = 1000
 
 
 class CopyFailed(Exception):
@@ -63,6 +65,11 @@ def copy_many(fs: fsspec.AbstractFileSystem, copies: list[tuple[str, str, int | 
 def can_copy(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether the file system copies a value itself (else it is read and written again)."""
     return isinstance(fs, AsyncFileSystem) or type(fs).cp_file is not fsspec.AbstractFileSystem.cp_file
+
+
+def erase_requests(fs: fsspec.AbstractFileSystem, nkeys: int) -> int:
+    """The requests `erase_many` sends for NKEYS paths."""
+    return -(-nkeys // BULK_ERASE_KEYS) if isinstance(fs, AsyncFileSystem) else nkeys
 
 
 def erase_many(fs: fsspec.AbstractFileSystem, paths: list[str]) -> None:

@@ -411,6 +411,7 @@ class Store:
             for key in keys:
                 self.erase_sync(key)
             return
+        self.requests.deleted(bulk.erase_requests(self.fs, len(keys)))
         try:
             bulk.erase_many(self.fs, [self.path(k) for k in keys])
         except Exception as e:
@@ -444,6 +445,7 @@ class Store:
                 self.move_sync(src, dst)
             return
         keys = {self.path(src): src for src in moves}
+        self.requests.put(0, len(keys))  # a copy is a PUT naming its source
         try:
             bulk.copy_many(
                 self.fs, [(path, self.path(moves[src]), (sizes or {}).get(src)) for path, src in keys.items()]
