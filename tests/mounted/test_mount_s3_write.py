@@ -77,8 +77,8 @@ def test_new_array_is_one_put_per_chunk(s3, proxy, mount, tmp_path, fmt):
     assert proxy.count() <= 1.2 * NCHUNKS, proxy.requests
     assert not [p for m, p in proxy.requests if m == "PUT" and ".zarrfs-new-" in p and "direct.json" not in p]
     np.testing.assert_array_equal(_peer(proxy.port, name, "x"), x)
-    # the mount's own staging marker and lease are gone
-    assert not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k]
+    # the mount's own staging marker and lease are gone (the lease just after the close)
+    assert mounting.wait_until(lambda: not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k], 10)
 
 
 @FORMATS
@@ -106,7 +106,7 @@ def test_replacement_is_one_put_per_chunk_and_old_until_close(s3, proxy, mount, 
     # only the new array's keys are left (the old one's chunks used the other separator)
     keys = [k.split(f"{name}/old/", 1)[1] for k in fs.find(f"{BUCKET}/{name}/old")]
     assert len([k for k in keys if k not in (".zarray", ".zattrs", "zarr.json")]) == NCHUNKS
-    assert not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k]
+    assert mounting.wait_until(lambda: not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k], 10)
     # replaced again: back to the first separator, still one PUT per chunk
     y, src2 = _source(tmp_path, 6)
     proxy.reset_counts()
@@ -137,7 +137,7 @@ def test_replacement_without_other_keys_is_copied_in_the_store(s3, proxy, mount,
     assert [p for m, p in proxy.requests if m == "GET" and ".zarrfs-new-" in p and "list-type" not in p] == []
     assert requests <= 2 * NCHUNKS + 16
     np.testing.assert_array_equal(_peer(s3[0], name, "v"), x)
-    assert not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k]
+    assert mounting.wait_until(lambda: not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k], 10)
 
 
 def test_sharded_and_partial_writes_read_back(s3, proxy, mount, tmp_path):

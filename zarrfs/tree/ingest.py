@@ -258,7 +258,12 @@ class Ingest:
         # kernel may still hold: they show the new array.
         await self.ns.changes.repoint(meta.path, meta.path, skip=entry.inode)
         self.ns.invalidate()
-        await self._release_staging(staged.staging)
+        # The lease goes in the background: the close does not wait for it (unmount erases it too)
+        self.lease.release(staged.staging)
+        if self.engine.runtime.running:
+            self.engine.runtime.start_soon(self.renew_lease)
+        else:
+            await self.renew_lease()
 
     async def _drop_staged(self, entry: Entry) -> None:
         """Forget a staged array's chunks (held and stored): the old array, if any, stays."""
