@@ -1,4 +1,4 @@
-"""Many keys of a remote store at once: server-side copies and bulk erases, concurrent on asynchronous file systems.
+"""Many keys of a remote store at once: listings below a prefix, server-side copies and bulk erases, concurrent on asynchronous file systems.
 
 A copy runs in the store (S3 CopyObject, GCS rewrite): no byte of the value crosses the
 network to the daemon. Functions here take fsspec paths and raise what the backend raised;
@@ -65,6 +65,15 @@ def copy_many(fs: fsspec.AbstractFileSystem, copies: list[tuple[str, str, int | 
 def can_copy(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether the file system copies a value itself (else it is read and written again)."""
     return isinstance(fs, AsyncFileSystem) or type(fs).cp_file is not fsspec.AbstractFileSystem.cp_file
+
+
+def find_below(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, dict[str, Any]]:
+    """Every file below path BASE, with its details: one listing on S3 even below an empty prefix
+    (s3fs's own `find` of an empty prefix asks twice more, for a file named BASE)."""
+    parent, _, name = base.rstrip("/").rpartition("/")
+    if parent and name and type(fs).__module__.startswith("s3fs"):
+        return fs.find(parent, prefix=name + "/", detail=True, withdirs=False)
+    return fs.find(base, detail=True, withdirs=False)
 
 
 def erase_requests(fs: fsspec.AbstractFileSystem, nkeys: int) -> int:

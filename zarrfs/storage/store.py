@@ -213,7 +213,7 @@ class Store:
         base = self.path(prefix).rstrip("/")
         self.requests.listed()
         try:
-            found = self.fs.find(base, detail=True, withdirs=False)
+            found = bulk.find_below(self.fs, base)
         except (FileNotFoundError, NotADirectoryError):
             return {}
         except Exception as e:
