@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 # Chunks uploaded at once in the background as writes complete them: as many as the engine's
 # store threads for a remote store, so that the rest wait here, not holding a thread's place.
 UPLOADS_IN_FLIGHT = 16
+# Complete chunks queued for upload or being uploaded: past this a writer waits for uploads to end,
+# so that a store slower than the writer holds the daemon's memory near `cache_size` (stored
+# chunks go to the cache) instead of filling the write-back budget. One chunk always goes.
+UPLOAD_QUEUE_MAX_BYTES = 32 << 20
 
 Index = tuple[int, ...]
 
@@ -78,6 +82,8 @@ class WriteBack:
         self.upload_full = not runtime.store.is_local
         self._filled: dict[tuple[str, Index], int] = {}  # elements written into each dirty chunk
         self._uploads = trio.CapacityLimiter(UPLOADS_IN_FLIGHT)
+        self.upload_queue_bytes = 0  # decoded bytes of chunks given to _upload and not yet stored
+        self._uploaded = trio.Event()  # set (and replaced) each time an _upload ends
         self._stored = trio.Event()  # set (and replaced) each time a chunk leaves `storing`
         # Arrays being created: the chunks stored since (any other is known to be absent: a write
         # into part of it starts from the fill value, no read of the store).
@@ -152,6 +158,8 @@ class WriteBack:
         self.runtime.counters["bytes_written"] += plan.take_bytes
         if self.upload_full and self.runtime.running:
             self._upload_full(meta, plan.chunks, covered)
+            while self.upload_queue_bytes > UPLOAD_QUEUE_MAX_BYTES:
+                await self._uploaded.wait()
         if self.dirty_bytes + self.storing_bytes > self.dirty_max_bytes:
             await self._flush_oldest(self.dirty_max_bytes // 2)
             while self.storing_bytes > self.dirty_max_bytes // 2:  # uploads in flight hold the rest
@@ -176,18 +184,23 @@ class WriteBack:
                 self._filled[key] = filled
                 continue
             self._filled.pop(key, None)
+            self.upload_queue_bytes += meta.chunk_nbytes
             self.runtime.start_soon(self._upload, key, meta)
 
     async def _upload(self, key: tuple[str, Index], meta: ArrayMeta) -> None:
         """Store one chunk in the background; a failure is kept for the array's next fsync/close."""
-        async with self._uploads:
-            try:
+        try:
+            async with self._uploads:
                 await self._flush_chunk(key, meta)
-            except ZarrfsError as e:
-                self._write_errors.setdefault(key[0], e)
-            except Exception as e:  # background work must not end the daemon
-                log.exception("unexpected error storing chunk %s of %s", key[1], key[0] or "/")
-                self._write_errors.setdefault(key[0], StoreError(f"chunk {key[1]}: unexpected {type(e).__name__}"))
+        except ZarrfsError as e:
+            self._write_errors.setdefault(key[0], e)
+        except Exception as e:  # background work must not end the daemon
+            log.exception("unexpected error storing chunk %s of %s", key[1], key[0] or "/")
+            self._write_errors.setdefault(key[0], StoreError(f"chunk {key[1]}: unexpected {type(e).__name__}"))
+        finally:
+            self.upload_queue_bytes -= meta.chunk_nbytes
+            self._uploaded.set()
+            self._uploaded = trio.Event()
 
     @staticmethod
     def _inner_changed(stream: ArrayStream, offset: int, size: int) -> dict[Index, set[Index]]:
