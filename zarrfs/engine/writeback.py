@@ -33,7 +33,7 @@ UPLOADS_IN_FLIGHT = 16
 # Complete chunks queued for upload or being uploaded: past this a writer waits for uploads to end,
 # so that a store slower than the writer holds the daemon's memory near `cache_size` (stored
 # chunks go to the cache) instead of filling the write-back budget. One chunk always goes.
-UPLOAD_QUEUE_MAX_BYTES = 32 << 20
+UPLOAD_QUEUE_MAX_BYTES = 16 << 20
 
 Index = tuple[int, ...]
 
