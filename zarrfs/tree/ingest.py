@@ -258,9 +258,10 @@ class Ingest:
         # kernel may still hold: they show the new array.
         await self.ns.changes.repoint(meta.path, meta.path, skip=entry.inode)
         self.ns.invalidate()
-        # The lease goes in the background: the close does not wait for it (unmount erases it too)
+        # On a remote store the lease goes in the background: the close does not wait for that
+        # round trip (unmount erases it too)
         self.lease.release(staged.staging)
-        if self.engine.runtime.running:
+        if self.engine.runtime.running and not self.engine.store.is_local:
             self.engine.runtime.start_soon(self.renew_lease)
         else:
             await self.renew_lease()
