@@ -26,6 +26,9 @@ the requests the proxy counted):
   larger-than-memory  two passes over seq.npy with cache_size a quarter of it: second pass chunk GETs
   bounded    reading 3x disk_cache_size of distinct chunks: the most `du` of cache_dir ever showed
   changed    another client rewrites a chunk; after metadata_ttl=1: its GETs and whether the new bytes are read
+  write-new  `cp x.npy MNT/` of a new SIDE^2 float32 array (chunks 256x512, zstd-1) vs zarr-python's
+             `z[:] = x` of the same array into a new array (both: requests, PUTs among them)
+  write-replace  `cp` over that array again vs zarr-python writing over its array again
   rclone     the peer: `rclone mount --vfs-cache-mode full` of seq's chunk objects, read by a first mount
              then by a second one: requests and bytes of the second read (needs rclone: apt install rclone)
 (rows other than the disk cache's mount with disk_cache_size=0: they measure the store)
@@ -81,6 +84,8 @@ ROWS = (
     "bounded",
     "changed",
     "rclone",
+    "write-new",
+    "write-replace",
 )
 DISK_CACHE_ON = [""]  # --disk-cache: where the store rows' fresh cache directories go
 DISK_ROWS = ("recached", "recached-shard", "larger-than-memory", "bounded", "changed", "rclone")
@@ -293,6 +298,8 @@ def main(argv=None) -> int:
             fresh_row(proxy, mnt, peer_fs)
         if rows & {"reval", "rewritten"}:
             revalidation_rows(proxy, mnt, peer_fs)
+        if rows & {"write-new", "write-replace"}:
+            write_rows(rows, args, proxy, mnt, work, peer_opts)
         if rows & set(DISK_ROWS):
             disk_cache_rows(rows, args, proxy, mnt, work, peer_fs)
     finally:
@@ -302,6 +309,78 @@ def main(argv=None) -> int:
         moto.wait(10)
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+WRITE_CHUNKS = (256, 512)
+
+
+def write_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_opts: dict) -> None:
+    """`cp` of a new NPY file into a writable mount, then over it again, beside zarr-python writing
+    the same array with the same chunks and codec; each side's best of --repeat runs."""
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    x = (np.sin(np.arange(args.side * args.side, dtype=np.float32) / 1000).reshape(args.side, args.side) * 100).round(1)
+    if args.noisy:
+        x += np.random.default_rng(1).random(x.shape, dtype=np.float32)
+    src = work / "x.npy"
+    np.save(src, x)
+    options = ("writable", f"chunks={WRITE_CHUNKS[0]},{WRITE_CHUNKS[1]}", "codec=zstd:1")
+    for label in ("write-new", "write-replace"):
+        if label not in rows:
+            continue
+        ours_runs, peer_runs, ours_req, peer_req, hwm = [], [], (0, 0), (0, 0), 0
+        for run in range(args.repeat):
+            name = f"w{run}"
+            mount(proxy.port, "data.zarr", mnt, *options)
+            cp = ["cp", str(src), str(mnt / f"{name}.npy")]
+            if label == "write-replace":
+                subprocess.run(cp, check=True)
+            proxy.reset_counts()
+            ours_runs.append(timed(lambda: subprocess.run(cp, check=True)))  # noqa: B023
+            ours_req = (proxy.count(), proxy.count("PUT"))
+            hwm = bench.vm_hwm_bytes(bench.daemon_pid(mnt)) >> 20
+            bench.unmount(mnt)
+            store = f"s3://{BUCKET}/data.zarr/p{run}"
+            if label == "write-replace":
+                zarr.create_array(
+                    store=store,
+                    shape=x.shape,
+                    chunks=WRITE_CHUNKS,
+                    dtype="float32",
+                    compressors=[ZstdCodec(level=1)],
+                    storage_options=peer_opts,
+                    overwrite=True,
+                )[:] = x
+
+            def peer_write():
+                z = zarr.create_array(
+                    store=store,  # noqa: B023
+                    shape=x.shape,
+                    chunks=WRITE_CHUNKS,
+                    dtype="float32",
+                    compressors=[ZstdCodec(level=1)],
+                    storage_options=peer_opts,
+                    overwrite=True,
+                )
+                z[:] = x
+
+            proxy.reset_counts()
+            peer_runs.append(timed(peer_write))
+            peer_req = (proxy.count(), proxy.count("PUT"))
+            mount(proxy.port, "data.zarr", mnt)
+            same = np.array_equal(np.load(mnt / f"{name}.npy"), x)
+            bench.unmount(mnt)
+        row(
+            label,
+            min(ours_runs),
+            ours_req[0],
+            min(peer_runs),
+            peer_req[0],
+            f"   PUTs zarrfs {ours_req[1]} (zarr+s3fs {peer_req[1]}) for {x.size * 4 // (np.prod(WRITE_CHUNKS) * 4)} "
+            f"chunks; read back equal: {same}; daemon VmHWM {hwm} MiB; "
+            f"runs zarrfs {spread(ours_runs)}, zarr+s3fs {spread(peer_runs)}",
+        )
 
 
 def random_row(args, proxy, mnt: Path, peer_array) -> None:

@@ -238,6 +238,11 @@ class Engine:
         """Store every dirty chunk (of one array, or all); raise the first failure (EIO)."""
         await self.writeback.flush(path)
 
+    def starts_empty(self, path: str) -> None:
+        """The array at PATH is being created (staged): no chunk of it is read from the store
+        before this engine stored it."""
+        self.writeback.starts_empty(path)
+
     def discard(self, path: str) -> None:
         """Forget everything held for an array, or every array below a group (after it is
         removed or replaced). Loads under way keep their readers; later readers start loads of

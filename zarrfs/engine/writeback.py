@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,14 @@ from .tables import INDEX, INNER, ChunkTables
 from .tables import lock_key as chunk_lock_key
 
 log = logging.getLogger(__name__)
+
+# Chunks uploaded at once in the background as writes complete them: as many as the engine's
+# store threads for a remote store, so that the rest wait here, not holding a thread's place.
+UPLOADS_IN_FLIGHT = 16
+# Complete chunks queued for upload or being uploaded: past this a writer waits for uploads to end,
+# so that a store slower than the writer holds the daemon's memory near `cache_size` (stored
+# chunks go to the cache) instead of filling the write-back budget. One chunk always goes.
+UPLOAD_QUEUE_MAX_BYTES = 16 << 20
 
 
 def encode_chunk_sync(
@@ -68,6 +76,17 @@ class WriteBack:
         self.dirty_bytes = 0
         self.storing_bytes = 0  # chunks taken from the dirty set and being encoded or stored
         self._flushing = False  # a background flush is running
+        # On a remote store a chunk whose every element was written is uploaded at once, while
+        # the writer goes on (a copy's chunks each cost one request's latency, overlapped).
+        self.upload_full = not runtime.store.is_local
+        self._filled: dict[tuple[str, Index], int] = {}  # elements written into each dirty chunk
+        self._uploads = trio.CapacityLimiter(UPLOADS_IN_FLIGHT)
+        self.upload_queue_bytes = 0  # decoded bytes of chunks given to _upload and not yet stored
+        self._uploaded = trio.Event()  # set (and replaced) each time an _upload ends
+        self._stored = trio.Event()  # set (and replaced) each time a chunk leaves `storing`
+        # Arrays being created: the chunks stored since (any other is known to be absent: a write
+        # into part of it starts from the fill value, no read of the store).
+        self._created: dict[str, set[Index]] = {}
         # A failed background flush is reported at the array's next fsync/close.
         self._write_errors: dict[str, ZarrfsError] = {}
 
@@ -99,10 +118,12 @@ class WriteBack:
         while True:
             # Chunks to start from: partly written, not dirty, and not loaded since their
             # last change (another writer may change or store them while we wait).
+            created = self._created.get(meta.path)
             need = [
                 idx
                 for idx in partial
                 if (meta.path, idx) not in self.tables.dirty
+                and (created is None or idx in created)
                 and (idx not in loaded or self.tables.versions.get((meta.path, idx), 0) != seen[idx])
             ]
             if not need:
@@ -135,13 +156,51 @@ class WriteBack:
             self.tables.versions[key] = self.tables.versions.get(key, 0) + 1
         stream.scatter(plan, buf, targets)
         self.runtime.counters["bytes_written"] += plan.take_bytes
+        if self.upload_full and self.runtime.running:
+            self._upload_full(meta, plan.chunks, covered)
+            while self.upload_queue_bytes > UPLOAD_QUEUE_MAX_BYTES:
+                await self._uploaded.wait()
         if self.dirty_bytes + self.storing_bytes > self.dirty_max_bytes:
             await self._flush_oldest(self.dirty_max_bytes // 2)
+            while self.storing_bytes > self.dirty_max_bytes // 2:  # uploads in flight hold the rest
+                await self._stored.wait()
         elif self.dirty_bytes > self.dirty_max_bytes // 4 and not self._flushing and self.runtime.running:
             # Store the oldest chunks in the background while the writer goes on, so that
             # encoding overlaps the copy instead of stalling it at the budget.
             self._flushing = True
             self.runtime.start_soon(self._flush_background)
+
+    def starts_empty(self, path: str) -> None:
+        """The array at PATH is being created: none of its chunks is stored until written here."""
+        self._created[path] = set()
+
+    def _upload_full(self, meta: ArrayMeta, chunks: Sequence[Index], covered: Any) -> None:
+        """Start storing the chunks this write completed (every element written since each became
+        dirty), in the background, at most UPLOADS_IN_FLIGHT at once."""
+        for idx in chunks:
+            key = (meta.path, idx)
+            filled = self._filled.get(key, 0) + covered[idx]
+            if filled < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape)):
+                self._filled[key] = filled
+                continue
+            self._filled.pop(key, None)
+            self.upload_queue_bytes += meta.chunk_nbytes
+            self.runtime.start_soon(self._upload, key, meta)
+
+    async def _upload(self, key: tuple[str, Index], meta: ArrayMeta) -> None:
+        """Store one chunk in the background; a failure is kept for the array's next fsync/close."""
+        try:
+            async with self._uploads:
+                await self._flush_chunk(key, meta)
+        except ZarrfsError as e:
+            self._write_errors.setdefault(key[0], e)
+        except Exception as e:  # background work must not end the daemon
+            log.exception("unexpected error storing chunk %s of %s", key[1], key[0] or "/")
+            self._write_errors.setdefault(key[0], StoreError(f"chunk {key[1]}: unexpected {type(e).__name__}"))
+        finally:
+            self.upload_queue_bytes -= meta.chunk_nbytes
+            self._uploaded.set()
+            self._uploaded = trio.Event()
 
     @staticmethod
     def _inner_changed(stream: ArrayStream, offset: int, size: int) -> dict[Index, set[Index]]:
@@ -203,6 +262,7 @@ class WriteBack:
         lock = self.tables.chunk_locks.setdefault(lock_key, trio.Lock())
         async with lock:  # flushes of one chunk (or shard) reach the store in the order they started
             entry = self.tables.dirty.pop(key, None)
+            self._filled.pop(key, None)
             if entry is None:
                 return
             meta, arr = entry
@@ -214,6 +274,10 @@ class WriteBack:
             arr.flags.writeable = False
             # Readers and writers see it while it is being stored, cached or not.
             self.tables.storing[key] = arr
+            created = self._created.get(key[0])
+            absent = created is not None and key[1] not in created  # never stored: nothing to erase
+            if created is not None:
+                created.add(key[1])
             self.tables.cache.put(key, arr)
             store_key = meta.chunk_key(key[1])
             try:
@@ -228,7 +292,8 @@ class WriteBack:
                 ):
                     old = await self.runtime.run_io(self.runtime.store.get_sync, store_key, meta.max_stored_nbytes)
                 data = await self.runtime.run_cpu(encode_chunk_sync, meta, store_key, arr, old, changed)
-                await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)
+                if data is not None or not absent:
+                    await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)
             except ZarrfsError as e:
                 self.tables.cache.discard(key)  # what the store holds is the truth again
                 self.tables.versions[key] = self.tables.versions.get(key, 0) + 1
@@ -236,6 +301,8 @@ class WriteBack:
                 raise
             finally:
                 self.storing_bytes -= arr.nbytes
+                self._stored.set()
+                self._stored = trio.Event()
                 if self.tables.storing.get(key) is arr:
                     del self.tables.storing[key]
                 self._forget_shard(meta, key[1])
@@ -266,6 +333,9 @@ class WriteBack:
         async with trio.open_nursery() as nursery:
             for key, meta in keys:
                 nursery.start_soon(one, key, meta)
+        # Chunks stored in the background when the flush began are in the store when it returns.
+        while any(path is None or k[0] == path for k in self.tables.storing):
+            await self._stored.wait()
         earlier = [self._write_errors.pop(p) for p in list(self._write_errors) if path is None or p == path]
         if errors or earlier:
             raise (earlier + errors)[0]
@@ -277,6 +347,8 @@ class WriteBack:
         for key in [k for k in tables.dirty if k[0] == path or k[0].startswith(path + "/")]:
             self.dirty_bytes -= tables.dirty.pop(key)[1].nbytes
             tables.changed.pop(key, None)
+            self._filled.pop(key, None)
         self._write_errors.pop(path, None)
+        self._created.pop(path, None)
         for key in [k for k in tables.versions if k[0] == path or k[0].startswith(path + "/")]:
             del tables.versions[key]

@@ -22,7 +22,7 @@ from ..errors import (
 )
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node
 from ..storage.base import BaseStore
-from ..storage.keys import RESERVED_PREFIX, STAGING_PREFIX, check_key, join
+from ..storage.keys import RESERVED_PREFIX, STAGING_PREFIX, check_key, is_staging_key, join
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ class StagedArray:
     meta: ArrayMeta
     staging: str
     docs: dict[str, bytes]
+    # Chunks written under their final keys (a new array on an object store): the staging area
+    # holds only DIRECT_MARKER, naming where they go, until the documents are written.
+    direct: bool = False
+    # Keys under the array's path when its direct write began (a replacement's old keys).
+    found: tuple[str, ...] = ()
 
 
 def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
@@ -130,12 +135,6 @@ def common_plain_name_problem(name: str) -> str | None:
     if name.startswith(RESERVED_PREFIX) or TEMPORARY_KEY_NAME.fullmatch(name):
         return "a name zarrfs keeps for its own temporary keys"
     return None
-
-
-def is_staging_key(key: str) -> bool:
-    """Whether a key is the mount's own: in a staging area (of this daemon or of one that was
-    killed) or a writer's lease beside them."""
-    return any(part.startswith(RESERVED_PREFIX) for part in key.split("/"))
 
 
 class Hierarchy(abc.ABC):
@@ -288,25 +287,31 @@ class Hierarchy(abc.ABC):
         final = staged.final
         moved: list[str] = []
         try:
-            for rel in self.store.sizes_below_sync(staged.staging):
-                dst = join(final.keys.prefix, rel)
-                self.store.move_sync(join(staged.staging, rel), dst)
-                moved.append(dst)
+            sizes = self.store.sizes_below_sync(staged.staging)
+            moves = {join(staged.staging, rel): join(final.keys.prefix, rel) for rel in sizes}
+            moved = list(moves.values())
+            # Copies made by the store itself, many at once (a local store: renames)
+            self.store.move_many_sync(moves, {join(staged.staging, rel): n for rel, n in sizes.items()})
             keep = set(moved) | set(staged.docs)
             if old is not None:
-                for key in self.node_keys_sync(old):
-                    if key not in keep and not is_staging_key(key):
-                        self.store.erase_sync(key)
+                gone = [key for key in self.node_keys_sync(old) if key not in keep and not is_staging_key(key)]
+                self.store.erase_many_sync(gone)
             for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
                 self.store.set_sync(key, staged.docs[key])
         except ZarrfsError:
             if old is None:  # nothing was there: take the partial copy away again
-                for key in moved:
-                    self.store.erase_sync(key)
+                self.store.erase_many_sync(moved)
+            self.store.erase_below_sync(staged.staging)
             raise
-        finally:
+        if self.store.is_local:  # the directories the renames left
             self.store.erase_below_sync(staged.staging)
         self.after_change_sync()
+
+    def begin_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
+        """Where a staged array's chunks go, decided once its staging area is claimed: under the
+        staging prefix here; formats override it (NodeDocsHierarchy: a new array on an object
+        store goes straight under its final keys)."""
+        return staged
 
     def discard_staging_sync(self, staged: StagedArray) -> None:
         """Drop what a staged array wrote (a copy that failed or stopped short)."""

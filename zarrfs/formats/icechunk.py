@@ -24,6 +24,7 @@ class IcechunkHierarchy(V3Hierarchy):
 
     keeps_plain_files = False  # a repository holds Zarr nodes only: icechunk refuses any other key
     plain_files_beside_root_array = False
+    direct_writes = False  # a commit orders the writes: chunks staged, documents first
 
     @property
     def session(self) -> IcechunkStore:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
+import hashlib
 import json
+import logging
 import re
 from typing import Any, ClassVar
 
+from ..errors import ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
 from ..storage.base import BaseStore
-from ..storage.keys import join
+from ..storage.keys import DIRECT_MARKER, is_staging_key, join
 from .base import (
     Hierarchy,
     StagedArray,
@@ -30,6 +34,8 @@ CHUNK_KEY_NAME = re.compile(r"c(\.\d+)*|\d+(\.\d+)*")
 # Keys of a root array whose metadata could not be read that may be its chunks, whatever
 # its encoding (`0.1`, `0/1`, `c/0/1`, `c.0.1`, a 0-d array's `0` or `c`).
 ANY_CHUNK_KEY = re.compile(r"c|(c[./])?\d+([./]\d+)*")
+
+log = logging.getLogger(__name__)
 
 
 class NodeDocsHierarchy(Hierarchy):
@@ -187,10 +193,90 @@ class NodeDocsHierarchy(Hierarchy):
         """A node's documents as the store will hold them (store key -> bytes)."""
         return {join(path, name): (json.dumps(doc, indent=2) + "\n").encode() for name, doc in docs.items()}
 
+    # Whether a new array on an object store is written straight under its final keys (Icechunk
+    # orders its own writes: no).
+    direct_writes = True
+
+    def begin_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
+        """On an object store, chunks go straight under their final keys where no key of the new
+        array's encoding lies under its path: a new array (nothing under its path at all), or a
+        replacement whose chunk keys take the other separator (`/` or `.`) than the old array's,
+        which keeps every key of the old one. Readers follow the old documents (or none) until
+        the commit writes the new ones, so no copy is needed. The staging area holds only the
+        marker naming them (DIRECT_MARKER), for the sweep of a writer that dies."""
+        path = staged.final.path
+        if not self.direct_writes or self.store.is_local or not path:
+            return staged
+        if old is not None and not isinstance(old, ArrayMeta):
+            return staged
+        there = [join(path, rel) for rel in self.store.sizes_below_sync(path)]
+        direct = staged
+        if old is not None:
+            sep = "/" if old.keys.sep == "." else "."
+            docs, final = self.with_separator(path, staged.docs, sep)
+            direct = dataclasses.replace(staged, final=final, docs=docs)
+            if not _disjoint(old, final):
+                return staged
+        elif there:  # keys of something else (a writer that died): staged
+            return staged
+        if any(direct.final.keys.is_key(key) for key in there):
+            return staged
+        final = direct.final
+        marker = {
+            "prefix": final.keys.prefix,
+            "separator": final.keys.sep,
+            "head": final.keys.head,
+            "zero_d": final.keys.zero_d,
+            "documents": sorted(direct.docs),
+            "metadata_key": final.metadata_key,
+            "metadata_sha256": hashlib.sha256(direct.docs[final.metadata_key]).hexdigest(),
+        }
+        self.store.set_sync(join(staged.staging, DIRECT_MARKER), json.dumps(marker).encode())
+        meta = dataclasses.replace(final, path=staged.meta.path, inner=None, source=None)
+        return dataclasses.replace(direct, meta=meta, direct=True, found=tuple(there))
+
+    def with_separator(self, path: str, docs: dict[str, bytes], sep: str) -> tuple[dict[str, bytes], ArrayMeta]:
+        """A new array's documents (from `array_docs`) with chunk keys separated by SEP."""
+        raise NotImplementedError
+
+    def discard_staging_sync(self, staged: StagedArray) -> None:
+        if staged.direct:  # the chunks it wrote: the keys of its encoding under its path
+            keys = staged.final.keys
+            self.store.erase_many_sync([k for k in self.node_keys_sync(staged.final) if keys.is_key(k)])
+        super().discard_staging_sync(staged)
+
+    def _commit_direct_sync(self, staged: StagedArray, old: Node | None) -> None:
+        """The documents of an array whose chunks are in place (the metadata document last), the
+        consolidated metadata, then the old array's keys."""
+        final = staged.final
+        for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
+            self.store.set_sync(key, staged.docs[key])
+        self._consolidate(final.path, staged.docs)
+        # The old array's keys as listed when the write began (the new keys cannot be among them),
+        # and the marker, in one bulk erase
+        gone = [key for key in staged.found if key not in staged.docs and not is_staging_key(key)]
+        try:
+            self.store.erase_many_sync([*gone, join(staged.staging, DIRECT_MARKER)])
+        except ZarrfsError as e:  # the new array is whole; the sweep removes what is left
+            log.warning(
+                "%s: stored, but keys of the old array or its marker %s stay: %s", final.path, staged.staging, e
+            )
+
+    def _consolidate(self, path: str, docs: dict[str, bytes]) -> None:
+        """Add a new array's documents to the consolidated metadata, if the store has any."""
+        if self.consolidated is not None:
+            entry = {n: None for n in self.doc_names}
+            entry.update({key[len(path) + 1 :]: json.loads(value) for key, value in docs.items()})
+            self.consolidated = {**self.consolidated, path: entry}
+            self.write_consolidated_sync()
+
     def commit_array_sync(self, staged: StagedArray, old: Node | None) -> None:
         """On a local store, one directory swap: the documents are written into the staging
         directory, which then trades places with the array's directory (renameat2), so
         readers see the old array whole until that instant, then the new one whole."""
+        if staged.direct:
+            self._commit_direct_sync(staged, old)
+            return
         path = staged.final.path
         if not self.store.is_local or not path or (old is None and self.store.is_dir_sync(path)):
             super().commit_array_sync(staged, old)  # remote, root, or stray files at the path
@@ -199,11 +285,7 @@ class NodeDocsHierarchy(Hierarchy):
             self.store.set_sync(join(staged.staging, key[len(path) + 1 :]), value)
         self.store.swap_dirs_sync(staged.staging, path)
         self.store.erase_below_sync(staged.staging)  # the old array, now under the staging name
-        if self.consolidated is not None:
-            entry = {n: None for n in self.doc_names}
-            entry.update({key[len(path) + 1 :]: json.loads(value) for key, value in staged.docs.items()})
-            self.consolidated = {**self.consolidated, path: entry}
-            self.write_consolidated_sync()
+        self._consolidate(path, staged.docs)
 
     def write_docs_sync(self, path: str, docs: dict[str, Any]) -> None:
         """Write a node's documents (None erases one) and keep consolidated metadata current."""
@@ -266,3 +348,11 @@ class NodeDocsHierarchy(Hierarchy):
                 return False
             frontier = nxt
         return False
+
+
+def _disjoint(old: ArrayMeta, new: ArrayMeta) -> bool:
+    """Whether no chunk key of NEW can be one of OLD's, nor the reverse (each checked on its first
+    chunk against the other's pattern of any rank: a 1-d v2 array's `5` is one with either separator)."""
+    first_new = new.keys.key((0,) * len(new.shape))
+    first_old = old.keys.key((0,) * len(old.shape))
+    return first_new != first_old and not old.keys.is_key(first_new) and not new.keys.is_key(first_old)

@@ -95,6 +95,15 @@ class V2Hierarchy(NodeDocsHierarchy):
         meta = parse_array(path, doc, attrs)
         return self.dump_docs(path, {".zarray": doc, **({".zattrs": attrs} if attrs else {})}), meta
 
+    def with_separator(self, path: str, docs: dict[str, bytes], sep: str) -> tuple[dict[str, bytes], ArrayMeta]:
+        """A new array's documents (from `array_docs`) with chunk keys separated by SEP."""
+        doc = json.loads(docs[join(path, ".zarray")])
+        doc["dimension_separator"] = sep
+        attrs = json.loads(docs[join(path, ".zattrs")]) if join(path, ".zattrs") in docs else {}
+        return self.dump_docs(path, {".zarray": doc, **({".zattrs": attrs} if attrs else {})}), parse_array(
+            path, doc, attrs
+        )
+
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         self.write_docs_sync(node.path, {".zattrs": attributes})
         return dataclasses.replace(node, attributes=attributes)

@@ -124,6 +124,12 @@ class V3Hierarchy(NodeDocsHierarchy):
         meta = parse_array(path, doc, doc["attributes"])
         return self.dump_docs(path, {"zarr.json": doc}), meta
 
+    def with_separator(self, path: str, docs: dict[str, bytes], sep: str) -> tuple[dict[str, bytes], ArrayMeta]:
+        """A new array's documents (from `array_docs`) with chunk keys separated by SEP."""
+        doc = json.loads(docs[join(path, "zarr.json")])
+        doc["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": sep}}
+        return self.dump_docs(path, {"zarr.json": doc}), parse_array(path, doc, doc["attributes"])
+
     def set_attributes_sync(self, node: Node, attributes: dict[str, Any]) -> Node:
         key = join(node.path, "zarr.json")
         doc = json_object(key, self.store.get_sync(key))

@@ -110,6 +110,17 @@ class BaseStore(abc.ABC):
     def move_sync(self, src: str, dst: str) -> None:
         """Give key SRC's value to DST and remove SRC."""
 
+    def erase_many_sync(self, keys: list[str]) -> None:
+        """Remove many keys (an object store: in bulk requests); absent keys are no error."""
+        for key in keys:
+            self.erase_sync(key)
+
+    def move_many_sync(self, moves: dict[str, str], sizes: dict[str, int | None] | None = None) -> None:
+        """Give each source key's value to its destination key, then remove the sources (an object
+        store: copies it makes itself, then a bulk erase; SIZES: the sources' sizes where known)."""
+        for src, dst in moves.items():
+            self.move_sync(src, dst)
+
     def set_mtime_sync(self, key: str, mtime_ns: int) -> bool:
         """Give a key a modification time; False where the store cannot."""
         return False

@@ -14,6 +14,16 @@ RESERVED_PREFIX = ".zarrfs"
 # Where the chunks of an array being created or replaced go until it is complete: a sibling
 # prefix with no metadata document, which no reader takes for a node.
 STAGING_PREFIX = RESERVED_PREFIX + "-new-"
+# The one key of a staging area whose array's chunks go straight under their final keys: a JSON
+# object naming their prefix and the metadata document, so that a sweep removes the chunks of
+# a writer that died before that document was written.
+DIRECT_MARKER = "direct.json"
+
+
+def is_staging_key(key: str) -> bool:
+    """Whether a key is the mount's own: in a staging area (of this daemon or of one that was
+    killed) or a writer's lease beside them."""
+    return any(part.startswith(RESERVED_PREFIX) for part in key.split("/"))
 
 
 def check_key(key: str) -> str:

@@ -12,6 +12,7 @@ stale once none of its keys changed for that long.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 from ..errors import ZarrfsError
 from ..repeats import LogOnce
 from .base import BaseStore
-from .keys import RESERVED_PREFIX, STAGING_PREFIX, join
+from .keys import DIRECT_MARKER, RESERVED_PREFIX, STAGING_PREFIX, ChunkKeys, is_staging_key, join
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +282,37 @@ def _sweep_area_sync(store: BaseStore, prefix: str, lease: Lease | None, here: M
             if newest_s is not None
             else "with no lease and no keys"
         )
+    if DIRECT_MARKER in keys:
+        _sweep_direct_sync(store, join(prefix, DIRECT_MARKER))
     store.erase_below_sync(prefix)
     log.warning(
         "removed the staging area %s of a writer that died: %d keys, %s, %s", prefix, len(keys), _size(nbytes), whose
     )
     return True
+
+
+def _sweep_direct_sync(store: BaseStore, marker_key: str) -> None:
+    """A writer that died while writing an array's chunks under their final keys: if its metadata
+    document is in the store, the keys under the prefix that are neither its documents nor its
+    chunks (the old array's) go; else its chunks go (keys of its encoding: never the old array's)."""
+    try:
+        marker = json.loads(store.get_sync(marker_key) or b"null")
+        keys = ChunkKeys(str(marker["prefix"]), str(marker["separator"]), str(marker["head"]), str(marker["zero_d"]))
+        documents = {str(d) for d in marker["documents"]}
+        metadata_key, digest = str(marker["metadata_key"]), str(marker["metadata_sha256"])
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError, ZarrfsError) as e:
+        log.warning("%s: not a marker this code wrote (%s); the keys it names stay", marker_key, e)
+        return
+    if not keys.prefix:
+        return
+    metadata = store.get_sync(metadata_key)
+    committed = metadata is not None and hashlib.sha256(metadata).hexdigest() == digest
+    below = [join(keys.prefix, rel) for rel in store.sizes_below_sync(keys.prefix)]
+    if committed:
+        gone = [k for k in below if k not in documents and not keys.is_key(k) and not is_staging_key(k)]
+    else:
+        gone = [k for k in below if keys.is_key(k)]
+    store.erase_many_sync(gone)
+    if gone:
+        what = "of the array it replaced" if committed else "it wrote without their metadata"
+        log.warning("removed %d keys under %s %s (a writer that died)", len(gone), keys.prefix, what)

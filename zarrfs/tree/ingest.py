@@ -200,14 +200,17 @@ class Ingest:
         shape, fortran, dtype, hlen = parsed
         path = w.replacing.path if w.replacing is not None else entry.known_key
         try:  # every check of the format (data type, codec, chunks) before the store changes
-            w.staged = self.hierarchy.stage_array(path, await self._new_array(path, shape, dtype), self.lease.writer)
+            staged = self.hierarchy.stage_array(path, await self._new_array(path, shape, dtype), self.lease.writer)
+        except ZarrfsError as e:
+            raise w.reject(type(e)(f"{self.inodes.path_of(entry)}: {e}")) from None
+        try:
+            w.staged = await self._begin(staged, w.replacing)
         except ZarrfsError as e:
             raise w.reject(type(e)(f"{self.inodes.path_of(entry)}: {e}")) from None
         w.stream = ArrayStream(w.staged.meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
         w.received = Coverage()
         w.pending = None
         rest = bytes(buf[hlen:])
-        await self._claim_staging(w.staged.staging)
         if rest:
             if len(buf) > w.stream.size:
                 raise TooBig(f"{path}: {len(buf)} bytes written, more than the {w.stream.size} its NPY header declares")
@@ -250,7 +253,13 @@ class Ingest:
         # kernel may still hold: they show the new array.
         await self.ns.changes.repoint(meta.path, meta.path, skip=entry.inode)
         self.ns.invalidate()
-        await self._release_staging(staged.staging)
+        # On a remote store the lease goes in the background: the close does not wait for that
+        # round trip (unmount erases it too)
+        self.lease.release(staged.staging)
+        if self.engine.runtime.running and not self.engine.store.is_local:
+            self.engine.runtime.start_soon(self.renew_lease)
+        else:
+            await self.renew_lease()
 
     def _show_stored(self, entry: Entry, meta: ArrayMeta) -> None:
         """ENTRY shows the array this mount just stored (a new NPY file, or a plain file that became
@@ -275,6 +284,18 @@ class Ingest:
         self.engine.discard(staged.meta.path)
         await self.engine.run_io_long(self.hierarchy.discard_staging_sync, staged)
         await self._release_staging(staged.staging)
+
+    async def _begin(self, staged: Any, old: Node | None) -> Any:
+        """Claim a staged array's staging area and learn where its chunks go (straight under their
+        final keys for a new array on an object store); the claim is released if that fails."""
+        await self._claim_staging(staged.staging)
+        try:
+            begun = await self.engine.run_io(self.hierarchy.begin_array_sync, staged, old)
+        except ZarrfsError:
+            await self._release_staging(staged.staging)
+            raise
+        self.engine.starts_empty(begun.meta.path)
+        return begun
 
     async def _claim_staging(self, staging: str) -> None:
         """A staging area comes into use: this daemon's lease is in the store before its first key."""
@@ -430,7 +451,7 @@ class Ingest:
                 f"{ingest.size - hlen}; not renamed to {name}"
             )
         try:
-            await self._store_held(entry, staged, ingest, old)
+            staged = await self._store_held(entry, staged, ingest, old)
         except ZarrfsError:
             await self.renew_lease()  # its staging dropped: the lease too, unless another is in use
             raise
@@ -454,10 +475,12 @@ class Ingest:
         self.ns.invalidate()
         await self.renew_lease()
 
-    async def _store_held(self, entry: Entry, staged: Any, ingest: ArrayStream, old: Node | None) -> None:
-        """Stream a held file's data into a staged array and commit it (nothing left on failure)."""
+    async def _store_held(self, entry: Entry, staged: Any, ingest: ArrayStream, old: Node | None) -> Any:
+        """Stream a held file's data into a staged array and commit it (nothing left on failure);
+        the staged array as begun (its final keys may differ from the plan's)."""
+        staged = await self._begin(staged, old)
+        ingest = ArrayStream(staged.meta, ingest.order, header=ingest.header, dtype=ingest.dtype)
         try:
-            await self._claim_staging(staged.staging)
             for offset in range(len(ingest.header), ingest.size, ADOPT_BLOCK_BYTES):
                 block = await entry.plain.read(offset, ADOPT_BLOCK_BYTES)
                 await self.engine.write(ingest, offset, block)
@@ -472,3 +495,4 @@ class Ingest:
         self.engine.discard(staged.meta.path)
         if old is not None:
             self.engine.discard(old.path)
+        return staged

@@ -436,6 +436,18 @@ class DiskCachedStore(BaseStore):
         """Requests the store behind the cache was sent: what the cache did not answer."""
         return self.store.request_stats()
 
+    def move_many_sync(self, moves: dict[str, str], sizes: dict[str, int | None] | None = None) -> None:
+        try:
+            self.store.move_many_sync(moves, sizes)
+        finally:
+            self._touched(*moves, *moves.values())
+
+    def erase_many_sync(self, keys: list[str]) -> None:
+        try:
+            self.store.erase_many_sync(keys)
+        finally:
+            self._touched(*keys)
+
     def disk_stats(self) -> dict[str, Any]:
         return {
             "disk_hits": self.cache.hits,

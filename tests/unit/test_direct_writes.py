@@ -1,0 +1,123 @@
+"""Arrays written straight under their final keys on an object-store-like store (failfile://, local disk
+behind fsspec): what zarr-python reads before and after the commit, the old array's keys, the sweep."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+from zarrfs.engine.writeback import encode_chunk_sync
+from zarrfs.formats.v2 import V2Hierarchy
+from zarrfs.formats.v3 import V3Hierarchy
+from zarrfs.grid import all_chunks, chunk_slices, data_shape
+from zarrfs.model import NewArray
+from zarrfs.storage import chunksource, staging
+from zarrfs.storage.store import Store
+
+import support.failing_store  # noqa: F401 (registers failfile://)
+
+HIERARCHIES = {2: V2Hierarchy, 3: V3Hierarchy}
+FORMATS = pytest.mark.parametrize("fmt", [2, 3], ids=["v2", "v3"])
+
+
+def _open(root, fmt):
+    store = Store(f"failfile://{root}")
+    return HIERARCHIES[fmt].open_sync(store)
+
+
+def _write_chunks(h, meta, x: np.ndarray, stop_after: int | None = None) -> None:
+    """Encode and store every chunk of X as the engine does (the first STOP_AFTER only)."""
+    for n, idx in enumerate(all_chunks(meta.shape, meta.chunk_shape)):
+        if stop_after is not None and n >= stop_after:
+            return
+        part = np.full(meta.chunk_shape, meta.fill_value, dtype=meta.dtype)
+        part[tuple(slice(0, b) for b in data_shape(idx, meta.shape, meta.chunk_shape))] = x[
+            chunk_slices(idx, meta.shape, meta.chunk_shape)
+        ]
+        chunksource.write_chunk_sync(meta, h.store, idx, encode_chunk_sync(meta, meta.chunk_key(idx), part))
+
+
+def _old_chunks(files: list[str]) -> list[str]:
+    """The chunk keys of array `a` among FILES (every key below it but its documents)."""
+    return [f for f in files if f.startswith("a/") and f.rpartition("/")[2] not in (".zarray", ".zattrs", "zarr.json")]
+
+
+def _files(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@FORMATS
+def test_new_array_appears_with_its_document(tmp_path, fmt):
+    root = tmp_path / "s.zarr"
+    zarr.open_group(str(root), mode="w", zarr_format=fmt)
+    h = _open(root, fmt)
+    x = np.arange(30 * 20, dtype="<f4").reshape(30, 20)
+    staged = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 8)), "w1"), None)
+    assert staged.direct and staged.meta.keys.prefix == "a"
+    _write_chunks(h, staged.meta, x)
+    assert "a" not in zarr.open_group(str(root), mode="r")  # chunks, no document: no node
+    h.commit_array_sync(staged, None)
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
+    assert not [f for f in _files(root) if ".zarrfs" in f]
+
+
+@FORMATS
+def test_replacement_keeps_the_old_array_until_its_document(tmp_path, fmt):
+    root = tmp_path / "s.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
+    old = np.arange(24 * 18, dtype="<i2").reshape(24, 18)
+    g.create_array("a", shape=old.shape, chunks=(10, 10), dtype=old.dtype)[:] = old
+    before = _files(root)
+    h = _open(root, fmt)
+    node = h.node_sync("a")
+    x = np.random.default_rng(1).normal(size=(33, 7)).astype("<f8")
+    staged = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 4)), "w1"), node)
+    assert staged.direct and staged.final.keys.sep != node.keys.sep
+    _write_chunks(h, staged.meta, x)
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], old)
+    h.commit_array_sync(staged, node)
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
+    after = _files(root)
+    assert not set(_old_chunks(before)) & set(after)
+    assert not [f for f in after if ".zarrfs" in f]
+
+
+def test_one_dimensional_v2_replacement_is_staged(tmp_path):
+    """`5` is a chunk key with either separator: no direct write."""
+    root = tmp_path / "s.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=2)
+    g.create_array("v", shape=(50,), chunks=(10,), dtype="<i4")[:] = np.arange(50)
+    h = _open(root, 2)
+    staged = h.begin_array_sync(h.stage_array("v", NewArray((40,), np.dtype("<i4"), (8,)), "w1"), h.node_sync("v"))
+    assert not staged.direct and staged.meta.keys.prefix.rpartition("/")[2].startswith(".zarrfs-new-")
+
+
+@FORMATS
+@pytest.mark.parametrize("committed", [False, True], ids=["before-commit", "after-commit"])
+def test_sweep_of_a_dead_direct_writer(tmp_path, fmt, committed):
+    """A writer gone (no lease, keys an hour old) mid-replacement: before its document, its chunks
+    go and the old array stays; after it, the old array's leftovers go and the new one stays."""
+    root = tmp_path / "s.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
+    old = np.arange(24 * 18, dtype="<i2").reshape(24, 18)
+    g.create_array("a", shape=old.shape, chunks=(10, 10), dtype=old.dtype)[:] = old
+    before = _files(root)
+    h = _open(root, fmt)
+    node = h.node_sync("a")
+    x = np.random.default_rng(2).normal(size=(20, 20)).astype("<f4")
+    staged = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 8)), "dead"), node)
+    _write_chunks(h, staged.meta, x, stop_after=None if committed else 3)
+    if committed:  # the document written, the old keys not yet erased
+        for key in sorted(staged.docs, key=lambda k: k == staged.final.metadata_key):
+            h.store.set_sync(key, staged.docs[key])
+    out = staging.sweep_sync(_open(root, fmt), "me", now_s=time.time() + 2 * staging.LEASE_STALE_S)
+    assert out["removed"] == 1
+    if committed:
+        np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
+        assert not set(_old_chunks(before)) & set(_files(root))
+    else:
+        np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], old)
+        assert _files(root) == before
