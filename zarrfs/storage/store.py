@@ -22,6 +22,7 @@ from .base import METADATA_MAX_BYTES, BaseStore, Version
 from .failures import describe_failure
 from .fsinfo import etag_of, mtime_ns_of, size_of
 from .keys import check_key, join
+from .probe import probe_root_sync
 from .remote import missing_backend
 from .requests import RequestCounts
 
@@ -464,33 +465,9 @@ class Store(BaseStore):
     # --- operations: start-up checks, times, space (the daemon and fuse_ops use these) ----
 
     def probe_sync(self, shown: str) -> None:
-        """Return when the store's root can be read; else raise a UserError naming the cause
-        (connection refused, name not resolved, timeout, bucket or path missing, access
-        denied, credentials missing). SHOWN is the source as messages may show it."""
-        try:
-            self.fs.info(self.root)
-            return
-        except FileNotFoundError:
-            pass
-        except Exception as e:
-            raise UserError(f"{shown}: {describe_failure(e)}") from None
-        try:
-            files, dirs = self.list_dir_sync("")
-        except StoreError as e:
-            raise UserError(f"{shown}: {describe_failure(e.__cause__ or e)}") from None
-        if files or dirs:
-            return
-        bucket = self.root.split("/", 1)[0]
-        if not self.is_local and not self._quoted_names and bucket and bucket != self.root:
-            try:
-                self.fs.info(bucket)
-            except FileNotFoundError:
-                raise UserError(f"{shown}: bucket {bucket!r} does not exist") from None
-            except Exception as e:
-                raise UserError(f"{shown}: {describe_failure(e)}") from None
-        elif not self.is_local and not self._quoted_names and bucket == self.root:
-            raise UserError(f"{shown}: bucket {bucket!r} does not exist or is empty")
-        raise UserError(f"{shown}: no such file, directory or store")
+        """Return when the store's root can be read; else a UserError naming the cause (probe.py)."""
+        has_buckets = not self.is_local and not self._quoted_names
+        probe_root_sync(self.fs, self.root, lambda: self.list_dir_sync(""), has_buckets, shown)
 
     def mtime_ns_sync(self, key: str) -> int | None:
         """Modification time of a key as the store reports it (ns since the epoch), or None."""
