@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,8 @@ PAGE = 4096
 KINDS = ("cat", "dd", "pread", "direct")
 # Readers whose every read is one read(2): one version per chunk. `cat` and `dd` make many, and
 # may see a chunk change between two of them (each version seen is checked for freshness).
-ONE_CALL = ("pread", "direct")
+ONE_CALL = ("pread", "direct", "held")
+# `held`: pread through the kernel's page cache on a descriptor held open the whole run (--held).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +316,7 @@ class Readers:
 
     def _loop(self, kind: str, seed: float) -> None:
         rng = random.Random(seed)
-        direct_fd, buf = None, None
+        direct_fd, held_fd, buf = None, None, None
         try:
             while not self.stop.is_set():
                 try:
@@ -342,6 +343,12 @@ class Readers:
                         finally:
                             os.close(fd)
                         self._record(kind, began, offset, out, size)
+                    elif kind == "held":
+                        if held_fd is None:
+                            held_fd = os.open(self.path, os.O_RDONLY)
+                        offset, size = self._span(rng, 256 << 10)
+                        began = time.monotonic()
+                        self._record(kind, began, offset, os.pread(held_fd, size, offset), size)
                     elif kind == "direct":
                         if direct_fd is None:
                             direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
@@ -360,8 +367,9 @@ class Readers:
                     self.errors.append(f"{self.label} {kind}: {e}")
                     time.sleep(0.1)
         finally:
-            if direct_fd is not None:
-                os.close(direct_fd)
+            for fd in (direct_fd, held_fd):
+                if fd is not None:
+                    os.close(fd)
 
 
 # --- the check ----------------------------------------------------------------------------------
@@ -422,7 +430,7 @@ def run(
     busy: int,
     seed: int = 0,
     pause_s: float = 1.0,
-    on_tick: Callable[[], None] | None = None,
+    kinds: tuple[str, ...] = KINDS,
 ) -> tuple[list[str], dict[tuple[str, str], list[int]], list[str]]:
     """Readers on each of MOUNTS (label -> mount point, the array already put and mounted), the
     writer and BUSY busy processes for SECONDS; (failures, counts per mount and kind, errors)."""
@@ -442,12 +450,8 @@ def run(
     env = dict(os.environ)
     with processes([BUSY] * busy + [writer], env):
         for r in readers:
-            r.start()
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            time.sleep(min(1.0, max(end - time.monotonic(), 0)))
-            if on_tick is not None:
-                on_tick()
+            r.start(kinds)
+        time.sleep(seconds)
         for r in readers:
             r.join()
     failures, counts = check([x for r in readers for x in r.reads], rewrites(log_path), ttl_s)
@@ -493,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", type=int, default=2048, help="the array's side (chunks of 256 x 256)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the work directory (the daemons' logs)")
+    p.add_argument("--held", action="store_true", help="also pread on a descriptor held open (page cache)")
     p.add_argument("--write", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.write:
@@ -512,7 +517,16 @@ def main(argv: list[str] | None = None) -> int:
                 mount(mnt, mount_options(endpoint, args.ttl, disk), work / f"{label}.log")
             try:
                 failures, counts, errors = run(
-                    endpoint, mounts, layout, work, args.seconds, args.ttl, args.busy, args.seed, args.pause
+                    endpoint,
+                    mounts,
+                    layout,
+                    work,
+                    args.seconds,
+                    args.ttl,
+                    args.busy,
+                    args.seed,
+                    args.pause,
+                    (*KINDS, "held") if args.held else KINDS,
                 )
             finally:
                 for mnt in mounts.values():

@@ -115,6 +115,11 @@ class Engine:
         """A lock for the core's own objects (held files): taken with `async with`."""
         return trio.Lock()
 
+    @staticmethod
+    def new_event() -> Any:
+        """An event for the core's own waits (a revalidation under way): `set`, `await wait()`."""
+        return trio.Event()
+
     def note_failure(self, error: ZarrfsError, key: str) -> None:
         """Count a failure of KEY (a node's document, a chunk) found outside the engine, and log it
         as the engine's own: once, then at most once a minute."""
@@ -301,9 +306,12 @@ class Engine:
         self.streams.drop()
 
     def _new_generation(self) -> None:
-        """Bands, decoders and read-ahead plans made so far are not used again, and kept chunk
-        files are opened again: their chunks may have changed."""
+        """Bands, decoders and read-ahead plans made so far are not used again, kept chunk files
+        are opened again, and loads under way leave the tables (they finish for the readers
+        that wait on them, and cache nothing): their chunks may have changed."""
         self.tables.generation += 1
+        self.tables.inflight.clear()
+        self.runtime.forget_flights(lambda k: isinstance(k, tuple) and k[-1] == BODY)
         self.fast.drop()
 
     def stats(self) -> dict[str, Any]:

@@ -335,6 +335,7 @@ class Loads:
 
     async def _load(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         key = meta.chunk_key(idx)
+        generation = self.tables.generation
         began = revalidate.now()
         out = self.spares.decode_buffer(meta)  # the chunk's bytes as stored, or what its codec decodes into
         into = out if out is not None and reads_into(meta.codec) else None
@@ -352,7 +353,7 @@ class Loads:
             self.runtime.count_error(e, key)
             raise
         self.runtime.counters["chunk_gets"] += 1
-        if not partial(meta):
+        if not partial(meta) and generation == self.tables.generation:  # (else it is not cached)
             self.revalidation.note_fetch(meta, idx, key, began, nbytes)
         if nbytes is None:
             return self.fill_chunk(meta)
@@ -416,8 +417,10 @@ class Loads:
                     else:
                         self.runtime.counters["chunk_bytes"] += src.index_nbytes
                     load.value = index
-                    if self.tables.version(shard_unit(meta, shard)) == version and self.revalidation.current_layout(
-                        meta
+                    if (
+                        self.tables.inflight.get(key) is load  # (not begun before the TTL ran out or a refresh)
+                        and self.tables.version(shard_unit(meta, shard)) == version
+                        and self.revalidation.current_layout(meta)
                     ):
                         self.tables.cache.put(key, index)
                 except BaseException as e:  # counted and logged by the batch that asked
@@ -443,12 +446,17 @@ class Loads:
 
         async def load() -> tuple[Any, np.ndarray | None]:
             version = self.tables.versions.get(shard_unit(meta, shard), 0)
+            generation = self.tables.generation
             max_nbytes = src.index_nbytes + math.prod(src.per_shard) * _inner_limit(meta)
             found = await self.runtime.run_io(src.read_whole_sync, self.runtime.store, shard, max_nbytes)
             self.runtime.counters["chunk_gets"] += 1
             if found is not None:
                 self.runtime.counters["chunk_bytes"] += len(found[0])
-            if self.tables.version(shard_unit(meta, shard)) == version and self.revalidation.current_layout(meta):
+            if (
+                generation == self.tables.generation
+                and self.tables.version(shard_unit(meta, shard)) == version
+                and self.revalidation.current_layout(meta)
+            ):
                 self.tables.cache.put((meta.path, shard, INDEX), NO_SHARD if found is None else found[1])
             return (None, None) if found is None else found
 

@@ -16,6 +16,7 @@ goes, loads begun with it are neither shared nor cached, and reads with the old 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -81,7 +82,7 @@ class Revalidation:
 
     def is_current(self, path: str) -> bool:
         """Whether an array's cached chunks need no check before they are used (the TTL has not
-        run out since they were checked)."""
+        run out since they were checked; False while they are being checked)."""
         return self._checked.get(path, self._epoch) == self._epoch
 
     def check_layout(self, meta: ArrayMeta) -> None:
@@ -119,37 +120,51 @@ class Revalidation:
                 cache.discard(key)
 
     async def check_cached(self, meta: ArrayMeta) -> None:
-        """Before reading an array: if the TTL ran out since its chunks were checked, check them."""
+        """Before reading an array: if the TTL ran out since its chunks were checked, check them.
+        One check per array and epoch, which every reader of the array waits for: until it
+        ends, none of the array's cached chunks is used (`is_current` is False)."""
         self.runtime.store.note_array(meta.keys)
-        if self._checked.get(meta.path, self._epoch) == self._epoch:
-            return
-        self._checked[meta.path] = self._epoch
-        mine = [(k, f) for k, f in self._fetched.items() if k[0] == meta.path]
+        path = meta.path
+        while self._checked.get(path, self._epoch) != self._epoch:
+            epoch = self._epoch
+            await self.runtime.once(("check", path, epoch), functools.partial(self._check, meta, epoch))
+
+    async def _check(self, meta: ArrayMeta, epoch: int) -> None:
+        """Check the array's cached chunks by one listing of its prefix, begun in EPOCH; the array
+        counts as checked in EPOCH only once the chunks it found changed are dropped."""
+        path = meta.path
+        mine = [(k, f) for k, f in self._fetched.items() if k[0] == path]
         held = [(k, f) for k, f in mine if self.tables.cache.contains(k)]
         for k, _ in mine:
             if not self.tables.cache.contains(k):
                 del self._fetched[k]  # evicted meanwhile
-        if not held:
-            return
-        prefix = meta.keys.prefix
-        try:
-            versions = await self.runtime.run_io(
-                self.runtime.store.versions_below_sync, prefix, key=("versions", meta.path)
-            )
-        except ZarrfsError as e:
-            log.info("%s: cached chunks dropped, their versions could not be checked: %s", meta.path or "/", e)
-            versions = None
         changed = 0
-        for k, f in held:
-            if versions is None or not self._unchanged(f, versions.get(f.key[len(prefix) + 1 :] if prefix else f.key)):
-                self.tables.cache.discard(k)
-                del self._fetched[k]
-                changed += 1
-        self.runtime.counters["revalidations"] += 1
-        self.runtime.counters["chunks_changed"] += changed
-        log.debug("%s: %d cached chunks checked, %d changed in the store", meta.path or "/", len(held), changed)
+        if held:
+            prefix = meta.keys.prefix
+            try:
+                versions = await self.runtime.run_io(
+                    self.runtime.store.versions_below_sync, prefix, key=("versions", path)
+                )
+            except ZarrfsError as e:
+                log.info("%s: cached chunks dropped, their versions could not be checked: %s", path or "/", e)
+                versions = None
+            for k, f in held:
+                # Read again meanwhile, the record may not be the cached copy's: dropped too.
+                if (
+                    self._fetched.get(k) is not f
+                    or versions is None
+                    or not self._unchanged(f, versions.get(f.key[len(prefix) + 1 :] if prefix else f.key))
+                ):
+                    self.tables.cache.discard(k)
+                    self._fetched.pop(k, None)
+                    changed += 1
+            self.runtime.counters["revalidations"] += 1
+            self.runtime.counters["chunks_changed"] += changed
+            log.debug("%s: %d cached chunks checked, %d changed in the store", path or "/", len(held), changed)
+        if epoch == self._epoch:  # (else the TTL ran out again meanwhile: checked again)
+            self._checked[path] = epoch
         if changed and self.on_array_changed is not None:
-            self.on_array_changed(meta.path)
+            self.on_array_changed(path)
 
     @staticmethod
     def _unchanged(f: _Fetched, stored: tuple[int | None, int | None, str | None] | None) -> bool:

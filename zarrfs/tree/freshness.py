@@ -58,6 +58,7 @@ class Freshness:
         self.versioned = repository is not None
         self.epoch = 0  # bumped by each revalidation: entries checked in an older one are checked again
         self._fresh_since = time.monotonic()
+        self._under_way = None  # the revalidation under way: an event set when it ends
         # Nodes read from the store in this epoch, by path (listings, or one array's document)
         self._now_nodes: dict[str, Node | None] = {}
         self._replaced_said = LogOnce()  # paths whose replacement was logged in this epoch
@@ -231,14 +232,39 @@ class Freshness:
         for top in sorted(tops):
             await self.ns.changes.repoint(top, top)
 
+    def due(self) -> bool:
+        """Whether the TTL ran out (or a revalidation is under way): a read must `revalidate` first."""
+        return self._under_way is not None or time.monotonic() - self._fresh_since > self.metadata_ttl_s
+
     async def revalidate(self, force: bool = False) -> None:
-        """Drop what is older than the TTL (everything when `force`), before a listing or lookup uses it."""
+        """Drop what is older than the TTL (everything when `force`), before a listing, lookup or
+        read uses it. A caller that finds one under way waits for its end: until then, what it
+        drops may still be in use."""
+        while self._under_way is not None:
+            await self._under_way.wait()
+            if not force:
+                return
         now = time.monotonic()
         store = self.repository
         pending = store is not None and store.tip_pending is not None and self.ns.open_files == 0
         if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
             return
         self._fresh_since = now
+        under_way = self._under_way = self.engine.new_event()
+        try:
+            force = await self._drop_stale(force)
+        finally:
+            self._under_way = None
+            under_way.set()
+        # Outside the turn: a read holding one of these pages locked may wait for it.
+        if force and self.ns.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
+            files = [e.inode for e in self.inodes.all() if not e.is_dir and e.kind is not Kind.STATS]
+            if files:
+                await self.engine.run_io(self.ns.on_data_stale_sync, files)
+
+    async def _drop_stale(self, force: bool) -> bool:
+        """`revalidate`'s work; whether everything was dropped (a refresh, or another snapshot)."""
+        store = self.repository
         moved = False
         if store is not None:  # only a move to another snapshot makes anything stale
             moved = await self.engine.run_io(store.follow_tip_sync, self.ns.open_files == 0)
@@ -247,11 +273,18 @@ class Freshness:
             moved = moved and store.show_ready(self.ns.open_files == 0)
             await self.ns.versions.recheck()
             if not moved:
-                return
+                return False
             force = True
         self.epoch += 1
         self._now_nodes.clear()
         self._replaced_said.forget()
+        # Before any await: a read in this epoch never uses a chunk, band or disk-cache entry of
+        # the last one unchecked (engine/revalidate.py).
+        if force:
+            self.engine.drop_clean_chunks()
+        else:  # checked against the store when next read (engine/revalidate.py)
+            self.engine.chunks_stale()
+        self.engine.store.refresh()  # a disk cache's entries are checked before their next use
         if moved:
             await self._show_other_snapshot()
         reread = getattr(self.hierarchy, "reread_consolidated_sync", None)
@@ -264,16 +297,8 @@ class Freshness:
         for entry in self.inodes.all():
             if entry.kind in (Kind.ARRAY, Kind.CHUNK) and entry.writing is None and entry.plain is None:
                 entry.stored_bytes = None  # settled again from what the store holds now
-        if force:
-            self.engine.drop_clean_chunks()
-            self.engine.store.refresh()  # a disk cache's entries are checked before their next use
-        else:  # checked against the store when next read (engine/revalidate.py)
-            self.engine.chunks_stale()
-        if force and self.ns.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
-            files = [e.inode for e in self.inodes.all() if not e.is_dir and e.kind is not Kind.STATS]
-            if files:
-                await self.engine.run_io(self.ns.on_data_stale_sync, files)
         log.debug("listings, metadata and cached chunks dropped (%s)", "refresh" if force else "metadata_ttl")
+        return force
 
 
 def _what_now(node: Node | None) -> str:

@@ -55,9 +55,13 @@ class Handle:
         self._told_stale = False
 
     async def current(self) -> None:
-        """Before a read of an array's bytes: the entry follows the store (once per TTL or refresh);
-        one replaced in the store since this open fails from then on (ESTALE: freshness.py)."""
-        await self.ns.freshness.follow(self.entry)
+        """Before a read of an array's bytes: the TTL is checked, the entry follows the store (once
+        per TTL or refresh); one replaced in the store since this open fails from then on (ESTALE:
+        freshness.py)."""
+        freshness = self.ns.freshness
+        if freshness.due():  # the TTL runs out for readers of open files too, not only for lookups
+            await freshness.revalidate()
+        await freshness.follow(self.entry)
         if isinstance(self.entry.error, Stale) and not self._told_stale:
             self._told_stale = True
             log.warning("%s; reads of a file opened before fail with ESTALE (open it again)", self.entry.error)
@@ -116,10 +120,12 @@ class ArrayHandle(Handle):
 
     def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
         entry = self.entry
+        freshness = self.ns.freshness
         if (
             entry.writing is not None
             or entry.error is not None
-            or entry.checked != self.ns.freshness.epoch
+            or entry.checked != freshness.epoch
+            or freshness.due()  # the TTL ran out: `read` starts it again first
             or (entry.kind is Kind.TIFF and entry.laid_out is None)  # its header needs its georeference
         ):
             return None

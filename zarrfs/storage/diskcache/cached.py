@@ -109,7 +109,8 @@ class DiskCachedStore(BaseStore):
         return min(began, self._as_of.pop(key, began))
 
     def refresh(self) -> None:
-        """Everything kept is checked against the store before its next use."""
+        """Everything kept is checked against the store before its next use (a refresh, or the
+        mount's TTL ran out: the engine's check of cached chunks and this cache's agree)."""
         self._stale_before = time.time()
         self._listings.clear()
 
@@ -128,22 +129,28 @@ class DiskCachedStore(BaseStore):
         parts = key.split("/")
         return any(self._changed.get("/".join(parts[:n]), -1.0) >= t for n in range(len(parts) + 1))
 
+    def _fresh(self, memo: tuple[float, dict] | None) -> bool:
+        """Whether a listing may decide: begun within the TTL, and since the last `refresh` (one
+        begun before, still under way when it was called, may show what the mount no longer trusts)."""
+        return memo is not None and memo[0] + self.ttl_s > time.time() and memo[0] > self._stale_before
+
     def _listing_sync(self, prefix: str) -> tuple[float, dict] | None:
         """This prefix's versions, listed at most once per TTL (threads share one listing)."""
         memo = self._listings.get(prefix)
-        if memo is not None and memo[0] + self.ttl_s > time.time():
+        if self._fresh(memo):
             return memo
         lock = self._listing_locks.setdefault(prefix, threading.Lock())
         with lock:
             memo = self._listings.get(prefix)
-            if memo is not None and memo[0] + self.ttl_s > time.time():
+            if self._fresh(memo):
                 return memo
             try:
                 self.versions_below_sync(prefix)
             except Exception as e:  # the entry is read again; the read reports a store that is down
                 log.info("disk cache: %s could not be listed to check its entries: %s", prefix or "/", e)
                 return None
-            return self._listings.get(prefix)
+            memo = self._listings.get(prefix)
+            return memo if self._fresh(memo) else None  # (a refresh came while it was listed: read again)
 
     def versions_below_sync(self, prefix: str) -> dict[str, Version]:
         began = time.time()
