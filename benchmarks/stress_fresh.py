@@ -9,18 +9,21 @@ a descriptor held open the whole run. A writer process rewrites chunks with zarr
 (chunk (0, 0) half the time) and logs when each rewrite began and ended; busy processes
 load the machine.
 
-Every element encodes its chunk, a version of that chunk and its row (`value`), so each read
-is checked on its own bytes against the writer's log (`check`):
-  - every chunk a read(2) covers holds one complete version (no mixing within a chunk; `cat`
-    and `dd` make many reads, each version they see is checked as below);
-  - that version's rewrite began before the read ended (nothing from the future);
+Every element encodes its chunk, a version of that chunk and its row (`Layout.values`), so each
+read is checked on its own bytes against the writer's log (`check`):
+  - every chunk a read(2) of `pread` or `direct` covers holds one complete version (`cat` and
+    `dd` make many reads: a chunk may change between two; counted as mixed);
+  - every version seen was begun by the writer before the read ended (nothing from the future);
   - a read that began more than `metadata_ttl` after a rewrite of a chunk ended holds that
     version or a later one (docs/REMOTE.md, Freshness).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/stress_fresh.py --seconds 600
 
-(as root: it mounts). It prints one line per mount and reader kind (reads, reads checked
-for freshness, failures) and every failure found, and exits 1 if there was one. The suite's
+(as root, from the repository's root: it mounts with `python -m zarrfs`, which takes a `zarrfs`
+in the working directory before PYTHONPATH's; `--busy N` busy processes, default one per core; `--kinds` the readers, and
+`held`: pread through the page cache on a descriptor held open, not run by default). It prints one
+line per mount and reader kind (reads, reads that had to show a rewrite, failures, reads that
+saw two versions of a chunk) and every failure, and exits 1 if there was one. The suite's
 short version is tests/mounted/test_mount_fresh_stress.py.
 """
 
@@ -53,8 +56,10 @@ PAGE = 4096
 KINDS = ("cat", "dd", "pread", "direct")
 # Readers whose every read is one read(2): one version per chunk. `cat` and `dd` make many, and
 # may see a chunk change between two of them (each version seen is checked for freshness).
-ONE_CALL = ("pread", "direct", "held")
-# `held`: pread through the kernel's page cache on a descriptor held open the whole run (--held).
+# `held` (not run unless asked, --kinds): pread on a descriptor held open the whole run, through
+# the kernel's page cache, which may answer part of a read from pages it kept (the TTL had not run
+# out when they were read) and ask the mount for the rest after it saw a rewrite: counted as mixed.
+ONE_CALL = ("pread", "direct")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,15 +382,17 @@ class Readers:
 
 def check(reads: list[Read], log: list[Rewrite], ttl_s: float) -> tuple[list[str], dict[tuple[str, str], list[int]]]:
     """The failures among READS against the writer's LOG, and per (mount, kind): [reads, reads
-    that had to show a rewrite (began more than TTL_S after it ended), failures]."""
+    that had to show a rewrite (began more than TTL_S after it ended), failures, reads that saw
+    two versions of a chunk]."""
     by_chunk: dict[int, list[Rewrite]] = {}
     for w in sorted(log, key=lambda w: w.version):
         by_chunk.setdefault(w.chunk, []).append(w)
     failures: list[str] = []
     counts: dict[tuple[str, str], list[int]] = {}
     for r in reads:
-        n = counts.setdefault((r.mount, r.kind), [0, 0, 0])
+        n = counts.setdefault((r.mount, r.kind), [0, 0, 0, 0])
         n[0] += 1
+        n[3] += any(len(seen) > 1 for seen in r.versions.values())
         what = f"{r.mount} {r.kind} bytes {r.offset}-{r.offset + r.size} began {r.began:.3f} ended {r.ended:.3f}"
         problems = [r.broken] if r.broken else []
         bound = False
@@ -460,8 +467,8 @@ def run(
 
 def report(failures: list[str], counts: dict, errors: list[str], log: list[Rewrite]) -> str:
     lines = [f"rewrites: {len(log)} ({sum(1 for w in log if w.chunk == 0)} of chunk 0)"]
-    for (mount, kind), (n, bound, bad) in sorted(counts.items()):
-        lines.append(f"{mount:10} {kind:7} reads {n:6}  bound by a rewrite {bound:6}  failures {bad}")
+    for (mount, kind), (n, bound, bad, mixed) in sorted(counts.items()):
+        lines.append(f"{mount:10} {kind:7} reads {n:6}  bound by a rewrite {bound:6}  failures {bad:3}  mixed {mixed}")
     lines += [f"error: {e}" for e in errors[:20]]
     lines += [f"FAIL {f}" for f in failures[:50]]
     if len(failures) > 50:
@@ -497,7 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", type=int, default=2048, help="the array's side (chunks of 256 x 256)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the work directory (the daemons' logs)")
-    p.add_argument("--held", action="store_true", help="also pread on a descriptor held open (page cache)")
+    p.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="readers, of cat, dd, pread, direct, held (pread on a descriptor held open, through the page cache)",
+    )
     p.add_argument("--write", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.write:
@@ -526,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.busy,
                     args.seed,
                     args.pause,
-                    (*KINDS, "held") if args.held else KINDS,
+                    tuple(args.kinds.split(",")),
                 )
             finally:
                 for mnt in mounts.values():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
@@ -58,7 +58,7 @@ class Freshness:
         self.versioned = repository is not None
         self.epoch = 0  # bumped by each revalidation: entries checked in an older one are checked again
         self._fresh_since = time.monotonic()
-        self._under_way = None  # the revalidation under way: an event set when it ends
+        self._under_way: Any = None  # the revalidation under way: an event set when it ends
         # Nodes read from the store in this epoch, by path (listings, or one array's document)
         self._now_nodes: dict[str, Node | None] = {}
         self._replaced_said = LogOnce()  # paths whose replacement was logged in this epoch
