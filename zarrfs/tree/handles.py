@@ -171,7 +171,8 @@ class NetcdfHandle(Handle):
         """A read of header bytes alone (directories, tables, the OME-XML: what readers parse
         first, in many small reads) is made from their offsets at once."""
         entry = self.entry
-        if entry.error is not None or entry.checked != self.ns.freshness.epoch or entry.laid_out is None:
+        freshness = self.ns.freshness
+        if entry.error is not None or entry.checked != freshness.epoch or freshness.due() or entry.laid_out is None:
             return None
         parts = list(entry.laid_out.parts(offset, size))
         if not all(isinstance(p, bytes) for p in parts):
@@ -208,7 +209,8 @@ class OmeTiffHandle(Handle):
         """A read of header bytes alone (directories, tables, the OME-XML: what readers parse
         first, in many small reads) is made from their offsets at once."""
         entry = self.entry
-        if entry.error is not None or entry.checked != self.ns.freshness.epoch or entry.laid_out is None:
+        freshness = self.ns.freshness
+        if entry.error is not None or entry.checked != freshness.epoch or freshness.due() or entry.laid_out is None:
             return None
         parts = list(entry.laid_out.parts(offset, size))
         if not all(isinstance(p, bytes) for p in parts):
