@@ -124,18 +124,6 @@ def _inner_limit(meta: ArrayMeta) -> int:
     return 2 * math.prod(meta.chunk_shape) * meta.dtype.itemsize + (1 << 16)
 
 
-def merge_ranges(stored: list[tuple[int, int, Index]], gap: int) -> list[tuple[int, int]]:
-    """Byte ranges [start, end) covering (offset, nbytes, _) pieces in offset order, merged
-    where fewer than `gap` bytes lie between them."""
-    ranges: list[list[int]] = []
-    for offset, nbytes, _ in stored:
-        if ranges and offset - ranges[-1][1] <= gap:
-            ranges[-1][1] = max(ranges[-1][1], offset + nbytes)
-        else:
-            ranges.append([offset, offset + nbytes])
-    return [(a, b) for a, b in ranges]
-
-
 class Loads:
     """Loading chunks into the cache, each once however many readers want it."""
 
@@ -499,7 +487,9 @@ class Loads:
                     f"shard {shard_key}: inner chunks named by its index lie outside the shard ({len(body)} bytes)"
                 )
         else:
-            ranges = merge_ranges(stored, RANGE_GAP_LOCAL if self.runtime.store.is_local else RANGE_GAP_REMOTE)
+            ranges = chunksource.merge_ranges(
+                stored, RANGE_GAP_LOCAL if self.runtime.store.is_local else RANGE_GAP_REMOTE
+            )
             datas = await self.runtime.run_io(src.read_ranges_sync, self.runtime.store, shard, ranges)
             self.runtime.counters["chunk_gets"] += len(ranges)
             self.runtime.counters["chunk_bytes"] += sum(len(d) for d in datas)

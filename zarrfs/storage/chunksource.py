@@ -27,6 +27,18 @@ from .base import BaseStore
 from .keys import ChunkKeys
 
 
+def merge_ranges(stored: list[tuple[int, int, Index]], gap: int) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) covering (offset, nbytes, _) pieces in offset order, merged
+    where fewer than `gap` bytes lie between them."""
+    ranges: list[list[int]] = []
+    for offset, nbytes, _ in stored:
+        if ranges and offset - ranges[-1][1] <= gap:
+            ranges[-1][1] = max(ranges[-1][1], offset + nbytes)
+        else:
+            ranges.append([offset, offset + nbytes])
+    return [(a, b) for a, b in ranges]
+
+
 @dataclasses.dataclass(frozen=True)
 class KeyedChunks:
     """Each grid chunk under its own key (every format but sharding)."""
