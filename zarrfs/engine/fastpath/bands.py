@@ -38,7 +38,8 @@ import trio
 from ...errors import ZarrfsError
 from ...storage.base import BaseStore
 from ...views.streams import ArrayStream
-from ..loads import Loads, read_decode_sync
+from ..decoding import read_decode_sync
+from ..loads import Loads
 from ..memory import private_buffer
 from ..readahead import Prefetch, ReadAhead
 from ..runtime import Runtime
