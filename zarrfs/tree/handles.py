@@ -27,6 +27,7 @@ from ..errors import (
 from ..model import BrokenNode
 from ..views import images
 from ..views.kinds import ARRAY_FILE_KINDS, Kind
+from ..views.streams import ByteStream
 
 if TYPE_CHECKING:
     from .entries import Entry
@@ -159,47 +160,10 @@ class ArrayHandle(Handle):
             await self.ns.sync(self.entry)
 
 
-class NetcdfHandle(Handle):
-    """A group's netCDF file: header bytes, then each variable's big-endian elements read through
-    the engine (one read-ahead state per variable: a reader of the whole file reads each in turn)."""
-
-    def __init__(self, ns: Namespace, entry: Entry) -> None:
-        super().__init__(ns, entry)
-        self.readaheads: dict[int, ReadAhead] = {}
-
-    def read_now(self, offset: int, size: int) -> bytes | None:
-        """A read of header bytes alone (directories, tables, the OME-XML: what readers parse
-        first, in many small reads) is made from their offsets at once."""
-        entry = self.entry
-        freshness = self.ns.freshness
-        if entry.error is not None or entry.checked != freshness.epoch or freshness.due() or entry.laid_out is None:
-            return None
-        parts = list(entry.laid_out.parts(offset, size))
-        if not all(isinstance(p, bytes) for p in parts):
-            return None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def read(self, offset: int, size: int) -> bytes | memoryview:
-        await self.current()
-        if self.entry.error is not None:
-            raise self.entry.error
-        out = []
-        for part in self.entry.stream.parts(offset, size):
-            if isinstance(part, bytes):
-                out.append(part)
-            else:
-                i, stream, off, n = part
-                var = self.entry.stream.variables[i]
-                ahead = self.readaheads.setdefault(i, ReadAhead())
-                start, length = var.source_range(off, n)
-                raw = await self.ns.engine.read(stream, start, length, readahead=ahead)
-                out.append(var.data_bytes(raw, off, n))
-        return out[0] if len(out) == 1 else b"".join(out)
-
-
-class OmeTiffHandle(Handle):
-    """An image's OME-TIFF file: header bytes made from their offsets, then each level's tiles
-    read through the engine (one read-ahead state per level)."""
+class LaidOutHandle(Handle):
+    """A file laid out as header bytes and parts of arrays (netCDF, OME-TIFF): header reads made
+    at once from their offsets, the parts read through the engine with one read-ahead state each
+    (a reader of the whole file reads each in turn)."""
 
     def __init__(self, ns: Namespace, entry: Entry) -> None:
         super().__init__(ns, entry)
@@ -226,10 +190,28 @@ class OmeTiffHandle(Handle):
             if isinstance(part, bytes):
                 out.append(part)
             else:
-                level, stream, off, n = part
-                ahead = self.readaheads.setdefault(level, ReadAhead())
-                out.append(await self.ns.engine.read(stream, off, n, readahead=ahead))
+                i, stream, off, n = part
+                ahead = self.readaheads.setdefault(i, ReadAhead())
+                out.append(await self.read_part(i, stream, off, n, ahead))
         return out[0] if len(out) == 1 else b"".join(out)
+
+    async def read_part(self, i: int, stream: ByteStream, off: int, n: int, ahead: ReadAhead) -> bytes | memoryview:
+        """Bytes [OFF, OFF+N) of part I, whose bytes STREAM holds."""
+        return await self.ns.engine.read(stream, off, n, readahead=ahead)
+
+
+class NetcdfHandle(LaidOutHandle):
+    """A group's netCDF file: each variable's big-endian elements made from its array's bytes."""
+
+    async def read_part(self, i: int, stream: ByteStream, off: int, n: int, ahead: ReadAhead) -> bytes | memoryview:
+        var = self.entry.stream.variables[i]
+        start, length = var.source_range(off, n)
+        raw = await self.ns.engine.read(stream, start, length, readahead=ahead)
+        return var.data_bytes(raw, off, n)
+
+
+class OmeTiffHandle(LaidOutHandle):
+    """An image's OME-TIFF file: each level's tiles read through the engine."""
 
 
 class StatisticsRewriteHandle(Handle):
