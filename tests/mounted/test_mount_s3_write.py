@@ -61,6 +61,13 @@ def _chunk_requests(proxy, name: str, path: str, method: str) -> list[str]:
     return [p for m, p in proxy.requests if m == method and f"/{name}/{path}/" in p and not p.endswith(docs)]
 
 
+def _chunk_keys(fs, name: str, path: str) -> list[str]:
+    """The keys below array PATH of bucket store NAME but its documents."""
+    fs.invalidate_cache()
+    keys = [k.split(f"{name}/{path}/", 1)[1] for k in fs.find(f"{BUCKET}/{name}/{path}")]
+    return [k for k in keys if k not in (".zarray", ".zattrs", "zarr.json")]
+
+
 @FORMATS
 def test_new_array_is_one_put_per_chunk(s3, proxy, mount, tmp_path, fmt):
     _, fs = s3
@@ -101,11 +108,10 @@ def test_replacement_is_one_put_per_chunk_and_old_until_close(s3, proxy, mount, 
     assert not [p for m, p in proxy.requests if m == "PUT" and ".zarrfs-new-" in p and "direct.json" not in p]
     assert _chunk_requests(proxy, name, "old", "GET") == []
     assert requests <= NCHUNKS + 12
-    assert proxy.count() - requests <= 8  # the commit: documents, the old keys erased at once, lease, marker
     np.testing.assert_array_equal(_peer(s3[0], name, "old"), x)
-    # only the new array's keys are left (the old one's chunks used the other separator)
-    keys = [k.split(f"{name}/old/", 1)[1] for k in fs.find(f"{BUCKET}/{name}/old")]
-    assert len([k for k in keys if k not in (".zarray", ".zattrs", "zarr.json")]) == NCHUNKS
+    # the commit: documents, then in the background the old keys and the marker in one bulk erase, the lease
+    assert mounting.wait_until(lambda: len(_chunk_keys(fs, name, "old")) == NCHUNKS, 10)
+    assert proxy.count() - requests <= 8
     assert mounting.wait_until(lambda: not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k], 10)
     # replaced again: back to the first separator, still one PUT per chunk
     y, src2 = _source(tmp_path, 6)
@@ -113,6 +119,33 @@ def test_replacement_is_one_put_per_chunk_and_old_until_close(s3, proxy, mount, 
     shutil.copyfile(src2, mnt / "old.npy")
     assert len(_chunk_requests(proxy, name, "old", "PUT")) == NCHUNKS
     np.testing.assert_array_equal(_peer(s3[0], name, "old"), y)
+
+
+@FORMATS
+def test_replacements_in_quick_succession_keep_every_chunk(s3, proxy, mount, tmp_path, fmt):
+    """Each replacement's old keys are erased after its close returns; the next replacement, which
+    writes under their separator, waits for that erase: zarr-python reads each back exactly, and
+    after the unmount only the last array's chunks are left."""
+    _, fs = s3
+    name = f"quick_v{fmt}.zarr"
+    _bucket_store(fs, tmp_path, name, fmt)
+    mnt = mount(f"s3://{BUCKET}/{name}", "writable", f"chunks={CHUNKS[0]},{CHUNKS[1]}", *s3_options(proxy.port))
+    _settled(mount, mnt)
+    proxy.reset_counts()
+    for seed in (8, 9, 10):
+        x, src = _source(tmp_path, seed)
+        shutil.copyfile(src, mnt / "old.npy")
+        np.testing.assert_array_equal(_peer(s3[0], name, "old"), x)
+    chunk_puts = _chunk_requests(proxy, name, "old", "PUT")
+    assert len(chunk_puts) == 3 * NCHUNKS, chunk_puts[:5]  # each replacement written straight, none staged
+    assert _chunk_requests(proxy, name, "old", "GET") == []
+    mounting.unmount_and_wait(mount, mnt)  # waits for the last erase
+    bulk_erases = [p for m, p in proxy.requests if m == "POST" and "delete" in p]
+    assert len(bulk_erases) == 3, bulk_erases  # one per replacement: old keys and marker together
+    np.testing.assert_array_equal(_peer(s3[0], name, "old"), x)
+    assert len(_chunk_keys(fs, name, "old")) == NCHUNKS
+    fs.invalidate_cache()
+    assert not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k]
 
 
 def test_replacement_without_other_keys_is_copied_in_the_store(s3, proxy, mount, tmp_path):

@@ -3,6 +3,7 @@ behind fsspec): what zarr-python reads before and after the commit, the old arra
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -61,6 +62,7 @@ def test_new_array_appears_with_its_document(tmp_path, fmt):
     assert "a" not in zarr.open_group(str(root), mode="r")  # chunks, no document: no node
     h.commit_array_sync(staged, None)
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
+    assert h.erases.drain(30) == 0
     assert not [f for f in _files(root) if ".zarrfs" in f]
 
 
@@ -80,6 +82,7 @@ def test_replacement_keeps_the_old_array_until_its_document(tmp_path, fmt):
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], old)
     h.commit_array_sync(staged, node)
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
+    assert h.erases.drain(30) == 0  # the old keys go in the background
     after = _files(root)
     assert not set(_old_chunks(before)) & set(after)
     assert not [f for f in after if ".zarrfs" in f]
@@ -121,3 +124,51 @@ def test_sweep_of_a_dead_direct_writer(tmp_path, fmt, committed):
     else:
         np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], old)
         assert _files(root) == before
+
+
+@FORMATS
+def test_second_replacement_waits_for_the_first_ones_erase(tmp_path, fmt):
+    """The first replacement's old keys take the separator the second one writes under: the
+    second begins (lists the path) only once that erase is over, and keeps all its chunks."""
+    root = tmp_path / "s.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
+    g.create_array("a", shape=(24, 18), chunks=(10, 10), dtype="<i2")[:] = 1
+    h = _open(root, fmt)
+    events: list[str] = []
+    erase_may_run = threading.Event()
+    erase_many, sizes_below = h.store.erase_many_sync, h.store.sizes_below_sync
+
+    def held_erase(keys):
+        erase_may_run.wait()
+        erase_many(keys)
+        events.append("erased")
+
+    def listing(prefix):
+        events.append("listed")
+        return sizes_below(prefix)
+
+    h.store.erase_many_sync, h.store.sizes_below_sync = held_erase, listing
+    x = np.random.default_rng(3).normal(size=(30, 20)).astype("<f4")
+    first = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 8)), "w1"), h.node_sync("a"))
+    _write_chunks(h, first.meta, x)
+    h.commit_array_sync(first, h.node_sync("a"))  # returns with the erase held
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
+    events.clear()
+    y = np.random.default_rng(4).normal(size=(30, 20)).astype("<f4")
+    begun: list = []
+    node = h.node_sync("a")
+    second = threading.Thread(
+        target=lambda: begun.append(h.begin_array_sync(h.stage_array("a", NewArray(y.shape, y.dtype, (8, 8))), node))
+    )
+    second.start()
+    erase_may_run.set()
+    second.join()
+    assert events[:2] == ["erased", "listed"]
+    staged = begun[0]
+    assert staged.direct and staged.final.keys.sep != node.keys.sep
+    _write_chunks(h, staged.meta, y)
+    h.commit_array_sync(staged, node)
+    assert h.erases.drain(30) == 0
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], y)
+    assert len(_old_chunks(_files(root))) == 4 * 3
+    assert not [f for f in _files(root) if ".zarrfs" in f]

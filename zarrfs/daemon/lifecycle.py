@@ -193,6 +193,8 @@ async def _serve(ops: ZarrOperations, mountpoint: str) -> None:
             await ops.engine.flush()  # anything still dirty reaches the store before we exit
         except ZarrfsError as e:
             log.error("chunks written before unmount could not be stored: %s", e)
+        # replaced arrays' old keys, erased in the background: each erase is bounded by the store's timeouts
+        await trio.to_thread.run_sync(ops.ns.hierarchy.erases.drain, ops.options.timeout_s)
         await ops.ns.renew_lease()  # erased once nothing is staged
         nursery.cancel_scope.cancel()
 

@@ -23,6 +23,7 @@ from ..errors import (
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node
 from ..storage.base import BaseStore
 from ..storage.keys import RESERVED_PREFIX, STAGING_PREFIX, check_key, is_staging_key, join
+from .erasing import PendingErases
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,8 @@ class Hierarchy(abc.ABC):
 
     def __init__(self, store: BaseStore) -> None:
         self.store = store
+        # Replaced arrays' old keys being erased after the new array was published
+        self.erases = PendingErases()
 
     @classmethod
     @abc.abstractmethod
@@ -330,6 +333,7 @@ class Hierarchy(abc.ABC):
 
     def erase_node_sync(self, node: Node) -> None:
         """Remove a node (an array with all its chunks, or an empty group)."""
+        self.erases.wait_for(node.path)
         for key in self.node_keys_sync(node):
             self.store.erase_sync(key)
         self.after_change_sync()
@@ -345,6 +349,8 @@ class Hierarchy(abc.ABC):
             raise Unsupported("the root cannot be moved")
         if self.node_sync(new_path) is not None:
             raise Unsupported(f"{new_path} exists")
+        self.erases.wait_for(node.path)
+        self.erases.wait_for(new_path)
         keys = self.node_keys_sync(node)
         moved = {key: self.relocate_key(key, node.path, new_path) for key in keys}
         # Metadata documents last, so that the new node appears only once its data is there.

@@ -205,6 +205,7 @@ class NodeDocsHierarchy(Hierarchy):
         the commit writes the new ones, so no copy is needed. The staging area holds only the
         marker naming them (DIRECT_MARKER), for the sweep of a writer that dies."""
         path = staged.final.path
+        self.erases.wait_for(path)  # a replacement's old keys: they may take this one's separator
         if not self.direct_writes or self.store.is_local or not path:
             return staged
         if old is not None and not isinstance(old, ArrayMeta):
@@ -247,20 +248,22 @@ class NodeDocsHierarchy(Hierarchy):
 
     def _commit_direct_sync(self, staged: StagedArray, old: Node | None) -> None:
         """The documents of an array whose chunks are in place (the metadata document last), the
-        consolidated metadata, then the old array's keys."""
+        consolidated metadata; then, in the background, the old array's keys."""
         final = staged.final
         for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
             self.store.set_sync(key, staged.docs[key])
         self._consolidate(final.path, staged.docs)
         # The old array's keys as listed when the write began (the new keys cannot be among them),
-        # and the marker, in one bulk erase
+        # and the marker, in one bulk erase that the close does not wait for: no reader follows
+        # them now, and a write under the path waits for it (begin_array_sync)
         gone = [key for key in staged.found if key not in staged.docs and not is_staging_key(key)]
+        self.erases.start(final.path, lambda: self._erase_old_sync(final.path, staged.staging, gone))
+
+    def _erase_old_sync(self, path: str, staging: str, gone: list[str]) -> None:
         try:
-            self.store.erase_many_sync([*gone, join(staged.staging, DIRECT_MARKER)])
+            self.store.erase_many_sync([*gone, join(staging, DIRECT_MARKER)])
         except ZarrfsError as e:  # the new array is whole; the sweep removes what is left
-            log.warning(
-                "%s: stored, but keys of the old array or its marker %s stay: %s", final.path, staged.staging, e
-            )
+            log.warning("%s: stored, but keys of the old array or its marker %s stay: %s", path, staging, e)
 
     def _consolidate(self, path: str, docs: dict[str, bytes]) -> None:
         """Add a new array's documents to the consolidated metadata, if the store has any."""
@@ -274,10 +277,11 @@ class NodeDocsHierarchy(Hierarchy):
         """On a local store, one directory swap: the documents are written into the staging
         directory, which then trades places with the array's directory (renameat2), so
         readers see the old array whole until that instant, then the new one whole."""
+        path = staged.final.path
+        self.erases.wait_for(path)
         if staged.direct:
             self._commit_direct_sync(staged, old)
             return
-        path = staged.final.path
         if not self.store.is_local or not path or (old is None and self.store.is_dir_sync(path)):
             super().commit_array_sync(staged, old)  # remote, root, or stray files at the path
             return
