@@ -99,6 +99,20 @@ def test_one_dimensional_v2_replacement_is_staged(tmp_path):
 
 
 @FORMATS
+def test_new_array_over_stray_keys_is_staged_and_leaves_no_marker(tmp_path, fmt):
+    """The marker goes up while the name is listed: keys found there (a writer that died) make the
+    array staged, and the marker is taken away again."""
+    root = tmp_path / "s.zarr"
+    zarr.open_group(str(root), mode="w", zarr_format=fmt)
+    (root / "b").mkdir()
+    (root / "b" / "junk").write_bytes(b"x")
+    h = _open(root, fmt)
+    staged = h.begin_array_sync(h.stage_array("b", NewArray((4, 4), np.dtype("<f4"), (2, 2)), "w1"), None)
+    assert not staged.direct
+    assert not [f for f in _files(root) if ".zarrfs" in f]
+
+
+@FORMATS
 @pytest.mark.parametrize("committed", [False, True], ids=["before-commit", "after-commit"])
 def test_sweep_of_a_dead_direct_writer(tmp_path, fmt, committed):
     """A writer gone (no lease, keys an hour old) mid-replacement: before its document, its chunks

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -210,7 +212,6 @@ class NodeDocsHierarchy(Hierarchy):
             return staged
         if old is not None and not isinstance(old, ArrayMeta):
             return staged
-        there = [join(path, rel) for rel in self.store.sizes_below_sync(path)]
         direct = staged
         if old is not None:
             sep = "/" if old.keys.sep == "." else "."
@@ -218,21 +219,24 @@ class NodeDocsHierarchy(Hierarchy):
             direct = dataclasses.replace(staged, final=final, docs=docs)
             if not _disjoint(old, final):
                 return staged
-        elif there:  # keys of something else (a writer that died): staged
-            return staged
-        if any(direct.final.keys.is_key(key) for key in there):
-            return staged
         final = direct.final
-        marker = {
-            "prefix": final.keys.prefix,
-            "separator": final.keys.sep,
-            "head": final.keys.head,
-            "zero_d": final.keys.zero_d,
-            "documents": sorted(direct.docs),
-            "metadata_key": final.metadata_key,
-            "metadata_sha256": hashlib.sha256(direct.docs[final.metadata_key]).hexdigest(),
-        }
-        self.store.set_sync(join(staged.staging, DIRECT_MARKER), json.dumps(marker).encode())
+        marker_key = join(staged.staging, DIRECT_MARKER)
+        # The marker goes up while the path is listed (one round trip instead of two); it is taken
+        # away again when the listing says the chunks must be staged
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            marked = pool.submit(self.store.set_sync, marker_key, _marker(direct))
+            try:
+                there = [join(path, rel) for rel in self.store.sizes_below_sync(path)]
+            except BaseException:
+                if marked.exception() is None:
+                    with contextlib.suppress(ZarrfsError):
+                        self.store.erase_sync(marker_key)
+                raise
+            marked.result()
+        # keys of something else under a new array's name (a writer that died), or of this encoding
+        if (old is None and there) or any(final.keys.is_key(key) for key in there):
+            self.store.erase_sync(marker_key)
+            return staged
         meta = dataclasses.replace(final, path=staged.meta.path, inner=None, source=None)
         return dataclasses.replace(direct, meta=meta, direct=True, found=tuple(there))
 
@@ -352,6 +356,21 @@ class NodeDocsHierarchy(Hierarchy):
                 return False
             frontier = nxt
         return False
+
+
+def _marker(direct: StagedArray) -> bytes:
+    """DIRECT_MARKER's value: where an array written straight under its keys goes, and its document's hash."""
+    final = direct.final
+    marker = {
+        "prefix": final.keys.prefix,
+        "separator": final.keys.sep,
+        "head": final.keys.head,
+        "zero_d": final.keys.zero_d,
+        "documents": sorted(direct.docs),
+        "metadata_key": final.metadata_key,
+        "metadata_sha256": hashlib.sha256(direct.docs[final.metadata_key]).hexdigest(),
+    }
+    return json.dumps(marker).encode()
 
 
 def _disjoint(old: ArrayMeta, new: ArrayMeta) -> bool:
