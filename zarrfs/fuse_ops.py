@@ -114,7 +114,7 @@ class ZarrOperations(pyfuse3.Operations):
         self._openers: dict[int, int] = {}
         self._dir_openers: dict[int, int] = {}
         self._next_fh = 1
-        self.commits = Commits(namespace, engine, options.writable)
+        self.commits = Commits(engine, namespace.inodes, namespace.versions, namespace.writing_files, options.writable)
 
     def attributes(self, entry: Entry) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()

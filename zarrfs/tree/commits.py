@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import pwd
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from .entries import Entry
-    from .namespace import Namespace
+    from .inodes import Inodes
+    from .versions import Versions
 
 
 def change_message(operation: str, path: str, uid: int | None) -> str:
@@ -35,8 +37,11 @@ def entry_path(entry: Entry) -> str:
 class Commits:
     """Files open for writing (by file handle: the opener's uid) and the commits operations make."""
 
-    def __init__(self, ns: Namespace, engine: Engine, writable: bool) -> None:
-        self.ns, self.engine, self.writable = ns, engine, writable
+    def __init__(
+        self, engine: Engine, inodes: Inodes, versions: Versions, writing_files: Callable[[], bool], writable: bool
+    ) -> None:
+        self.engine, self.inodes, self.versions, self.writable = engine, inodes, versions, writable
+        self.writing_files = writing_files  # some array is still being written (its commit comes later)
         self._writers: dict[int, int | None] = {}
 
     def opened(self, fh: int, uid: int | None) -> None:
@@ -52,7 +57,7 @@ class Commits:
 
     def path_in(self, parent_inode: int, name: str) -> str:
         """The hierarchy path of NAME in a directory."""
-        parent = getattr(self.ns.get(parent_inode).node, "path", "")
+        parent = getattr(self.inodes.get(parent_inode).node, "path", "")
         return f"{parent}/{name}" if parent else name
 
     async def file_done(self, operation: str, fh: int, entry: Entry) -> None:
@@ -62,14 +67,14 @@ class Commits:
 
     def message(self, operation: str, path: str, uid: int | None) -> str:
         """The message of the commit OPERATION makes ("": none, the store is not versioned)."""
-        if self.ns.versions.repository is None or not self.writable:
+        if self.versions.repository is None or not self.writable:
             return ""
         return change_message(operation, path, uid)
 
     async def done(self, operation: str, path: str, uid: int | None) -> None:
         """The operation just completed becomes one commit (not while another file is being
         written: its commit then takes this one in)."""
-        repository = self.ns.versions.repository
-        if repository is None or not self.writable or self.ns.writing_files():
+        repository = self.versions.repository
+        if repository is None or not self.writable or self.writing_files():
             return
         await self.engine.run_io_long(repository.commit_sync, change_message(operation, path, uid))
