@@ -20,7 +20,9 @@ from ..views.georef import GeoReference
 from ..views.streams import ArrayStream
 
 if TYPE_CHECKING:
-    from .namespace import Namespace
+    from ..engine import Engine
+    from .freshness import Freshness
+    from .listings import Listings
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +34,10 @@ MAX_KEPT = 4096
 class Georefs:
     """GeoReference of arrays by path, with the node it was made for (None: not georeferenced)."""
 
-    def __init__(self, ns: Namespace) -> None:
-        self.ns = ns
-        self.engine = ns.engine
+    def __init__(self, engine: Engine, freshness: Freshness, listings: Listings) -> None:
+        self.engine = engine
+        self.freshness = freshness  # (its epoch: a refresh came)
+        self.listings = listings
         self._kept: dict[str, tuple[ArrayMeta, GeoReference | None]] = {}
         self._said = LogOnce()
 
@@ -43,11 +46,11 @@ class Georefs:
         kept = self._kept.get(meta.path)
         if kept is not None and kept[0] is meta:
             return kept[1]
-        epoch = self.ns.freshness.epoch
+        epoch = self.freshness.epoch
 
         async def make() -> GeoReference | None:
             geo = await self._make(meta)
-            if epoch == self.ns.freshness.epoch:  # (else made before a refresh: its callers' alone)
+            if epoch == self.freshness.epoch:  # (else made before a refresh: its callers' alone)
                 self._kept.pop(meta.path, None)
                 if len(self._kept) >= MAX_KEPT:
                     self._kept.pop(next(iter(self._kept)))
@@ -66,7 +69,7 @@ class Georefs:
             return None  # (a root array has no group to hold coordinates)
         parent = meta.path.rsplit("/", 1)[0] if "/" in meta.path else ""
         try:
-            siblings = await self.ns.listings.nodes_below(parent)
+            siblings = await self.listings.nodes_below(parent)
         except ZarrfsError:  # (the listing logged why)
             return None
         plan = georef.plan(meta, siblings)
