@@ -81,7 +81,7 @@ class Namespace:
         self.listings = Listings(self)
         self.versions = Versions(self, repository)
         self.georefs = Georefs(engine, self.freshness, self.listings)
-        self.statistics = SavedStatistics(self)
+        self.statistics = SavedStatistics(engine, self.inodes, self.georefs, self.npy_name, self.forget_pages)
         self.contents = Contents(self)
         self.changes = Changes(self)
         self.ingest = Ingest(self, self.lease, create_chunks, create_codec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..model import Node
@@ -9,8 +10,10 @@ from ..views import images
 from .entries import Kind
 
 if TYPE_CHECKING:
+    from ..engine import Engine
     from .entries import Entry
-    from .namespace import Namespace
+    from .georefs import Georefs
+    from .inodes import Inodes
 
 Statistics = list[dict[str, str]]
 
@@ -19,9 +22,19 @@ class SavedStatistics:
     """Statistics by array path, with the node they are of; kept until the array changes or a
     refresh (never stored: GDAL computes them again)."""
 
-    def __init__(self, ns: Namespace) -> None:
-        self.ns = ns
-        self.engine = ns.engine
+    def __init__(
+        self,
+        engine: Engine,
+        inodes: Inodes,
+        georefs: Georefs,
+        npy_name: Callable[[Node], str],
+        forget_pages: Callable[[list[int]], None],
+    ) -> None:
+        self.engine = engine
+        self.inodes = inodes
+        self.georefs = georefs
+        self.npy_name = npy_name  # an array's file name in the main tree
+        self.forget_pages = forget_pages  # the kernel drops these files' pages
         self._kept: dict[str, tuple[Node, Statistics]] = {}
         self._epoch = 0  # counts `forget`: a rewrite parsed meanwhile is stale
 
@@ -39,12 +52,12 @@ class SavedStatistics:
         """A rewrite of a file that saves statistics: keep the ones it adds (False, and nothing
         kept, when it changes anything else)."""
         meta, epoch = entry.array, self._epoch
-        geo = await self.ns.georefs.of(meta)  # (the text GDAL rewrote was made with it)
+        geo = await self.georefs.of(meta)  # (the text GDAL rewrote was made with it)
         # Parsed in a worker thread: a text of thousands of bands takes a while.
         if entry.kind is Kind.PAM:
             statistics = await self.engine.run_cpu(images.pam_statistics, written, meta, geo)
         else:
-            statistics = await self.engine.run_cpu(images.vrt_statistics, written, meta, self.ns.npy_name(meta), geo)
+            statistics = await self.engine.run_cpu(images.vrt_statistics, written, meta, self.npy_name(meta), geo)
         if statistics is None:
             return False
         if epoch != self._epoch:
@@ -67,7 +80,7 @@ class SavedStatistics:
     def _changed(self, path: str | None) -> None:
         """The files that show the statistics of `path` (every array when None) are made again,
         and the kernel drops what it keeps of them."""
-        files = [e for e in self.ns.inodes.all() if e.saves_statistics and (path is None or e.shown.path == path)]
+        files = [e for e in self.inodes.all() if e.saves_statistics and (path is None or e.shown.path == path)]
         for entry in files:
             entry.stored_bytes = None
-        self.ns.forget_pages([e.inode for e in files])
+        self.forget_pages([e.inode for e in files])
