@@ -79,7 +79,7 @@ class Namespace:
         repository = hierarchy.store if isinstance(hierarchy.store, IcechunkStore) else None
         self.freshness = Freshness(self, metadata_ttl_s, repository)
         self.listings = Listings(self)
-        self.versions = Versions(self, repository)
+        self.versions = Versions(engine, hierarchy, self.inodes, self.listings.listable, repository)
         self.georefs = Georefs(engine, self.freshness, self.listings)
         self.statistics = SavedStatistics(engine, self.inodes, self.georefs, self.npy_name, self.forget_pages)
         self.contents = Contents(self)

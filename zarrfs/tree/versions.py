@@ -17,9 +17,11 @@ from ..storage.icechunk import SNAPSHOT_PREFIX
 from ..views.kinds import Kind
 
 if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..formats.base import Hierarchy
     from ..storage.icechunk import IcechunkStore
     from .entries import Entry
-    from .namespace import Namespace
+    from .inodes import Inodes
 
 VERSIONS_DIR = "versions"
 LOG_FILE = "log.json"
@@ -39,12 +41,19 @@ def is_version_path(path: str) -> bool:
 class Versions:
     """The `versions` view directory and what it holds."""
 
-    def __init__(self, ns: Namespace, repository: IcechunkStore | None = None) -> None:
-        self.ns = ns
+    def __init__(
+        self,
+        engine: Engine,
+        hierarchy: Hierarchy,
+        inodes: Inodes,
+        listable: Callable[[str, str], bool],
+        repository: IcechunkStore | None = None,
+    ) -> None:
         self.repository = repository  # None: the store has no history
-        self.engine = ns.engine
-        self.hierarchy = ns.hierarchy
-        self.inodes = ns.inodes
+        self.engine = engine
+        self.hierarchy = hierarchy
+        self.inodes = inodes
+        self.listable = listable  # whether a name can be listed (said once if not)
 
     @property
     def present(self) -> bool:
@@ -77,7 +86,7 @@ class Versions:
             refs = {s["id"]: s["id"] for s in ancestry}
         out: dict[str, Callable[[], Entry]] = {}
         for name, snapshot_id in refs.items():
-            if not self.ns.listings.listable(name, f"{entry.key}/{name}"):
+            if not self.listable(name, f"{entry.key}/{name}"):
                 continue
             self._renamed_version(entry, name, snapshot_id)
             out[name] = functools.partial(self._version_root, snapshot_id)
