@@ -85,7 +85,7 @@ class Namespace:
         self.contents = Contents(self)
         self.changes = Changes(self)
         self.ingest = Ingest(self, self.lease, create_chunks, create_codec)
-        self.plain = PlainFiles(self)
+        self.plain = PlainFiles(engine, hierarchy, self.inodes, self.invalidate)
         engine.on_array_changed = self.freshness.array_changed
         if isinstance(root, ArrayMeta):
             engine.see_layout(root)

@@ -17,8 +17,10 @@ from ..errors import NotFound, ZarrfsError
 from .entries import NPY_SUFFIX
 
 if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..formats.base import Hierarchy
     from .entries import Entry
-    from .namespace import Namespace
+    from .inodes import Inodes
 
 Spool = tempfile.SpooledTemporaryFile[bytes]
 log = logging.getLogger(__name__)
@@ -225,10 +227,11 @@ class PlainMemory:
 class PlainFiles:
     """The Namespace's steps of plain files: truncate, fsync, close, last close, write-back, unmount."""
 
-    def __init__(self, ns: Namespace) -> None:
-        self.ns = ns
-        self.engine = ns.engine
-        self.inodes = ns.inodes
+    def __init__(self, engine: Engine, hierarchy: Hierarchy, inodes: Inodes, invalidate: Callable[[], None]) -> None:
+        self.engine = engine
+        self.hierarchy = hierarchy
+        self.inodes = inodes
+        self.invalidate = invalidate  # listings and nodes are read again (a file was stored)
         self.memory = PlainMemory()
 
     def new(self, key: str | None, size: int = 0, stored: bool = False) -> PlainFile:
@@ -252,7 +255,7 @@ class PlainFiles:
         await held.keep()
         if held.stored and entry.plain is held:
             self.inodes.unregister(entry, keep_name=True)
-            self.ns.invalidate()
+            self.invalidate()
 
     def keep_later(self, entry: Entry, delay_s: float = PLAIN_WRITE_BACK_S) -> None:
         """Store a plain file written since its last store `delay_s` from now (write-back):
@@ -330,7 +333,7 @@ class PlainFiles:
         """The plain files kept below group `path` (none for the root), by inode."""
         if not path:
             return []
-        prefix = self.ns.hierarchy.plain_dir(path) + "/"
+        prefix = self.hierarchy.plain_dir(path) + "/"
         inside = [
             e
             for e in self.inodes.all()
