@@ -8,21 +8,28 @@ were dropped (a change, a refresh, saved statistics).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import grid
 from ..errors import Stale, ZarrfsError
-from ..model import ArrayMeta, GroupMeta
+from ..model import ArrayMeta, GroupMeta, Node
 from ..repeats import LogOnce
 from ..views import images, netcdf, ngff, ometiff, registry
 from ..views.kinds import Kind
 from ..views.preview_cache import PreviewCache
 
 if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..formats.base import Hierarchy
     from .entries import Entry
-    from .namespace import Namespace
+    from .freshness import Freshness
+    from .georefs import Georefs
+    from .listings import Listings
+    from .statistics import SavedStatistics
+    from .versions import Versions
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +37,41 @@ log = logging.getLogger(__name__)
 class Contents:
     """Settles entries: fills in stored bytes and the contents of generated files."""
 
-    def __init__(self, ns: Namespace) -> None:
-        self.ns = ns
-        self.engine = ns.engine
-        self.hierarchy = ns.hierarchy
+    def __init__(
+        self,
+        engine: Engine,
+        hierarchy: Hierarchy,
+        *,
+        freshness: Freshness,
+        listings: Listings,
+        versions: Versions,
+        georefs: Georefs,
+        statistics: SavedStatistics,
+        root_stem: str,
+        npy_name: Callable[[Node], str],
+        stats_bytes: Callable[[], bytes],
+    ) -> None:
+        self.engine = engine
+        self.hierarchy = hierarchy
+        self.freshness, self.listings, self.versions = freshness, listings, versions
+        self.georefs, self.statistics = georefs, statistics
+        self.root_stem = root_stem  # the name of a root array (its store's)
+        self.npy_name = npy_name  # an array's file name in the main tree
+        self.stats_bytes = stats_bytes  # stats.json now
         # Remote stores: an array's stored bytes cost a listing of its chunks, so stat reports the
         # logical size until info/ asked for them (docs/REMOTE.md).
-        self.stored_sizes_lazy = not ns.hierarchy.store.is_local
-        self.previews = PreviewCache(ns.engine)
+        self.stored_sizes_lazy = not hierarchy.store.is_local
+        self.previews = PreviewCache(engine)
         self._ome_said = LogOnce()  # (image, reason) pairs logged
 
     async def settle(self, entry: Entry) -> None:
         """Fill in what an entry's attributes need (after following what the store holds now):
         stored bytes, sizes of generated files."""
-        ns, listings = self.ns, self.ns.listings
-        await ns.freshness.follow(entry)
+        listings = self.listings
+        await self.freshness.follow(entry)
         if isinstance(entry.error, Stale):  # (the kernel looks its name up again: errors.Stale)
             raise entry.error
-        repository = self.ns.versions.repository
+        repository = self.versions.repository
         if entry.kind is Kind.VERSIONLOG and repository is not None and entry.key != repository.snapshot_id:
             entry.stored_bytes = None  # the mount shows another snapshot: its log is another
         if entry.stored_bytes is not None or entry.error is not None:
@@ -70,12 +94,12 @@ class Contents:
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind in (Kind.TEXT, Kind.PAM):
             meta = entry.array
-            geo = await ns.georefs.of(meta)
-            statistics = ns.statistics.of(meta)
+            geo = await self.georefs.of(meta)
+            statistics = self.statistics.of(meta)
             entry.content = (
                 images.pam(meta, statistics)
                 if entry.kind is Kind.PAM
-                else images.text(entry.view, meta, ns.npy_name(meta), statistics, geo)
+                else images.text(entry.view, meta, self.npy_name(meta), statistics, geo)
             )
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind is Kind.TIFF:
@@ -89,18 +113,18 @@ class Contents:
                 entry.size = size or 0
             entry.stored_bytes = entry.size
         elif entry.kind is Kind.STATS:
-            entry.size = 0 if entry.view == "refresh" else len(ns.stats_bytes())
+            entry.size = 0 if entry.view == "refresh" else len(self.stats_bytes())
             entry.stored_bytes = 0
         elif entry.kind is Kind.NETCDF:
             await self._settle_netcdf(entry)
         elif entry.kind is Kind.OMETIFF:
             layout = entry.laid_out or await self.ome_tiff(entry.group)
             if layout is None:
-                raise ZarrfsError(f"ome-tiff/{entry.group.path or ns.root_stem}: the image cannot be shown")
+                raise ZarrfsError(f"ome-tiff/{entry.group.path or self.root_stem}: the image cannot be shown")
             entry.lay_out(layout)
             entry.size = entry.stored_bytes = layout.size
         elif entry.kind is Kind.VERSIONLOG:
-            await ns.versions.settle_log(entry)
+            await self.versions.settle_log(entry)
         else:
             entry.stored_bytes = entry.size
 
@@ -108,7 +132,7 @@ class Contents:
         """A TIFF's header holds the array's georeference (GeoTIFF tags): made before its size is known."""
         node = entry.array
         if entry.laid_out is None:
-            geo = await self.ns.georefs.of(node)
+            geo = await self.georefs.of(node)
             if entry.node is node and entry.laid_out is None:  # (else shown another node meanwhile)
                 entry.lay_out(images.tiff_stream(node, geo, entry.hints))
         entry.stored_bytes = entry.size
@@ -116,7 +140,7 @@ class Contents:
     async def _settle_netcdf(self, entry: Entry) -> None:
         """Lay out a group's netCDF file from its arrays (what it leaves out is logged, and said in the file)."""
         group = entry.shown
-        children = await self.ns.listings.nodes_below(group.path)
+        children = await self.listings.nodes_below(group.path)
         fit = {
             meta.path
             for meta in netcdf.group_arrays(children)
@@ -124,14 +148,14 @@ class Contents:
         }
         nc = netcdf.group_file(group.attributes, children, fit)
         if nc.left_out:
-            log.warning("netcdf/%s: left out: %s", group.path or self.ns.root_stem, "; ".join(nc.left_out))
+            log.warning("netcdf/%s: left out: %s", group.path or self.root_stem, "; ".join(nc.left_out))
         entry.lay_out(nc)
         entry.size = entry.stored_bytes = nc.size
 
     async def ome_tiff(self, group: GroupMeta) -> ometiff.OmeTiff | None:
         """The OME-TIFF of an NGFF image group, or None when it cannot be one (said once in the
         log, as are levels left out of its pyramid)."""
-        name = group.path or self.ns.root_stem
+        name = group.path or self.root_stem
         try:
             img = ngff.image(group.attributes)
             levels = [await self._level(group.path, path) for path in img.paths]
@@ -175,9 +199,9 @@ class Contents:
         """The array at PATH below GROUP (a child from the group's listing), or None."""
         full = f"{group}/{path}" if group else path
         if "/" in path:
-            node = await self.ns.freshness.node_now(full)
+            node = await self.freshness.node_now(full)
         else:
-            node = next((n for n in await self.ns.listings.nodes_below(group) if n.path == full), None)
+            node = next((n for n in await self.listings.nodes_below(group) if n.path == full), None)
         return node if isinstance(node, ArrayMeta) else None
 
     async def _fits_int32(self, meta: ArrayMeta) -> bool:

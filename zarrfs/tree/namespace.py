@@ -82,7 +82,18 @@ class Namespace:
         self.versions = Versions(engine, hierarchy, self.inodes, self.listings.listable, repository)
         self.georefs = Georefs(engine, self.freshness, self.listings)
         self.statistics = SavedStatistics(engine, self.inodes, self.georefs, self.npy_name, self.forget_pages)
-        self.contents = Contents(self)
+        self.contents = Contents(
+            engine,
+            hierarchy,
+            freshness=self.freshness,
+            listings=self.listings,
+            versions=self.versions,
+            georefs=self.georefs,
+            statistics=self.statistics,
+            root_stem=self.root_stem,
+            npy_name=self.npy_name,
+            stats_bytes=self.stats_bytes,
+        )
         self.changes = Changes(self)
         self.ingest = Ingest(self, self.lease, create_chunks, create_codec)
         self.plain = PlainFiles(engine, hierarchy, self.inodes, self.invalidate)
