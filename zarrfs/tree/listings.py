@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, ZarrfsError
@@ -20,7 +21,12 @@ from .freshness import REFRESH_FILE
 from .versions import VERSIONS_DIR
 
 if TYPE_CHECKING:
-    from .namespace import Namespace
+    from ..engine import Engine
+    from ..formats.base import Hierarchy
+    from .freshness import Freshness
+    from .inodes import Inodes
+    from .plain import PlainFiles
+    from .versions import Versions
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +44,28 @@ def _node_key(node: Node) -> str:
 class Listings:
     """Directory listings and what they are made of, cached until invalidated."""
 
-    def __init__(self, ns: Namespace) -> None:
-        self.ns = ns
-        self.hierarchy = ns.hierarchy
-        self.engine = ns.engine
-        self.inodes = ns.inodes
+    def __init__(
+        self,
+        engine: Engine,
+        hierarchy: Hierarchy,
+        inodes: Inodes,
+        *,
+        freshness: Freshness,
+        versions: Versions,
+        plain: PlainFiles,
+        ome_tiff: Callable[[GroupMeta], Awaitable[Any]],
+        root_node: Callable[[], Node],
+        root_stem: str,
+        writes_allowed: bool,
+    ) -> None:
+        self.hierarchy = hierarchy
+        self.engine = engine
+        self.inodes = inodes
+        self.freshness, self.versions, self.plain = freshness, versions, plain
+        self.ome_tiff = ome_tiff  # the OME-TIFF layout of an image group (None: it cannot be one)
+        self.root_node = root_node  # what the root shows now
+        self.root_stem = root_stem  # the name of a root array (its store's)
+        self.writes_allowed = writes_allowed
         # Shared by every view of a group: its child nodes; and per array, its stored keys' sizes.
         self._below: dict[str, list[Node]] = {}
         self._sizes: dict[str, dict[str, int | None] | None] = {}
@@ -86,7 +109,7 @@ class Listings:
     # --- nodes and names ---------------------------------------------------------------
 
     async def nodes_below(self, path: str) -> list[Node]:
-        freshness = self.ns.freshness
+        freshness = self.freshness
         await freshness.revalidate()
         nodes = self._below.get(path)
         if nodes is None:
@@ -121,7 +144,7 @@ class Listings:
         """Name -> maker of a directory's entries (all but chunk directories, which are computed),
         loaded once for concurrent readers."""
         entry = self.inodes.get(inode)
-        await self.ns.freshness.revalidate()
+        await self.freshness.revalidate()
         if entry.listing is None:
 
             async def load() -> dict[str, Maker]:
@@ -145,11 +168,11 @@ class Listings:
                     names[view] = functools.partial(self._root_view, view)
             names[STATS_FILE] = lambda: new(Kind.STATS, "stats")
             names[REFRESH_FILE] = lambda: new(Kind.STATS, "refresh")
-            if self.ns.versions.present:
+            if self.versions.present:
                 names[VERSIONS_DIR] = lambda: new(Kind.VERSIONS, VERSIONS_DIR, key="")
             return names
         if entry.kind is Kind.VERSIONS:
-            return await self.ns.versions.listing(entry)
+            return await self.versions.listing(entry)
         if entry.kind is Kind.STOREDIR:
             return await self._store_listing(entry.known_key)
         if entry.kind is not Kind.GROUP:
@@ -174,9 +197,9 @@ class Listings:
 
     async def _group_listing(self, entry: Entry) -> dict[str, Maker]:
         names: dict[str, Maker] = {}
-        ns = self.ns
-        if entry.node is None and ns.root_node.kind == "array":
-            nodes: list[Node] = [ns.root_node]  # a root array: the root holds NAME.npy (and plain files)
+        root = self.root_node()
+        if entry.node is None and root.kind == "array":
+            nodes: list[Node] = [root]  # a root array: the root holds NAME.npy (and plain files)
         else:
             nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
         if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
@@ -184,7 +207,7 @@ class Listings:
         group_file = registry.GROUP_FILE_VIEWS.get(entry.view)
         if group_file and isinstance(entry.node, GroupMeta) and entry.node.path == "":  # the root group: NAME.nc
             suffix, kind = group_file
-            names[ns.root_stem + suffix] = lambda: self.inodes.new(kind, entry.view, entry.node)
+            names[self.root_stem + suffix] = lambda: self.inodes.new(kind, entry.view, entry.node)
         for node in nodes:
             if node.path.rsplit("/", 1)[-1].startswith(RESERVED_PREFIX):
                 continue  # a staging area of an array being written (or left by a killed daemon)
@@ -194,7 +217,7 @@ class Listings:
         if entry.view == registry.OME_TIFF_VIEW and isinstance(entry.node, GroupMeta):
             await self._ome_tiff_files(entry.node, nodes, names)
         group = self._plain_group(entry)
-        if group is not None and (self.hierarchy.store.is_local or ns.writes_allowed):
+        if group is not None and (self.hierarchy.store.is_local or self.writes_allowed):
             await self._plain_files(group, names)
         return names
 
@@ -205,11 +228,11 @@ class Listings:
         if group.path == "" and ngff.is_image(group.attributes):
             images.insert(0, group)
         for image in images:
-            base = image.path.rsplit("/", 1)[-1] if image.path else self.ns.root_stem
+            base = image.path.rsplit("/", 1)[-1] if image.path else self.root_stem
             name = base + registry.OME_TIFF_SUFFIX
             if name in names or not self.listable(name, _node_key(image)):
                 continue
-            layout = await self.ns.contents.ome_tiff(image)
+            layout = await self.ome_tiff(image)
             if layout is not None:
                 names[name] = functools.partial(self._ome_tiff_entry, image, layout)
 
@@ -221,7 +244,7 @@ class Listings:
 
     def _node_entry(self, view: str, node: Node, group: Node | None = None) -> list[tuple[str, Maker]]:
         """(name, maker) of a node's entries in a view directory (GROUP: the one listed)."""
-        base = node.path.rsplit("/", 1)[-1] if node.path else self.ns.root_stem
+        base = node.path.rsplit("/", 1)[-1] if node.path else self.root_stem
         error = node.error if isinstance(node, BrokenNode) else None
         hints = ngff.level_hints(group.attributes, base) if isinstance(group, GroupMeta) and view == "tiff" else None
         return [
@@ -240,7 +263,7 @@ class Listings:
             return None
         if isinstance(entry.node, GroupMeta):
             return entry.node.path
-        if entry.node is None and self.ns.root_node.kind == "array" and self.hierarchy.plain_files_beside_root_array:
+        if entry.node is None and self.root_node().kind == "array" and self.hierarchy.plain_files_beside_root_array:
             return ""
         return None
 
@@ -262,7 +285,7 @@ class Listings:
 
     def _plain_entry(self, key: str, name: str, size: int | None) -> Entry:
         entry = self.inodes.new(Kind.PLAIN, "", None, key=name)
-        entry.plain = self.ns.plain.new(key, size or 0, stored=True)
+        entry.plain = self.plain.new(key, size or 0, stored=True)
         return entry
 
     def listable(self, name: str, key: str) -> bool:
@@ -274,7 +297,7 @@ class Listings:
         return problem is None
 
     def _root_group(self) -> GroupMeta | None:
-        root = self.ns.root_node
+        root = self.root_node()
         return root if isinstance(root, GroupMeta) else None
 
     def _root_view(self, view: str) -> Entry:

@@ -78,8 +78,23 @@ class Namespace:
         # The repository a versioned store shows (its snapshots, branches and commits), if any.
         repository = hierarchy.store if isinstance(hierarchy.store, IcechunkStore) else None
         self.freshness = Freshness(self, metadata_ttl_s, repository)
-        self.listings = Listings(self)
-        self.versions = Versions(engine, hierarchy, self.inodes, self.listings.listable, repository)
+        self.plain = PlainFiles(engine, hierarchy, self.inodes, self.invalidate)
+        # (versions and listings need each other: versions asks listings whether a name can be listed)
+        self.versions = Versions(
+            engine, hierarchy, self.inodes, lambda name, key: self.listings.listable(name, key), repository
+        )
+        self.listings = Listings(
+            engine,
+            hierarchy,
+            self.inodes,
+            freshness=self.freshness,
+            versions=self.versions,
+            plain=self.plain,
+            ome_tiff=lambda group: self.contents.ome_tiff(group),
+            root_node=lambda: self.root_node,
+            root_stem=self.root_stem,
+            writes_allowed=writable,
+        )
         self.georefs = Georefs(engine, self.freshness, self.listings)
         self.statistics = SavedStatistics(engine, self.inodes, self.georefs, self.npy_name, self.forget_pages)
         self.contents = Contents(
@@ -96,7 +111,6 @@ class Namespace:
         )
         self.changes = Changes(self)
         self.ingest = Ingest(self, self.lease, create_chunks, create_codec)
-        self.plain = PlainFiles(engine, hierarchy, self.inodes, self.invalidate)
         engine.on_array_changed = self.freshness.array_changed
         if isinstance(root, ArrayMeta):
             engine.see_layout(root)
