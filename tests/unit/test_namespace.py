@@ -237,8 +237,8 @@ def test_an_open_while_a_versioned_store_moves_starts_without_the_kernel_s_pages
     from zarrfs.views.kinds import Kind
 
     def freshness_of(store, ttl, versioned=False):
-        ns = SimpleNamespace(engine=None, hierarchy=SimpleNamespace(store=store), inodes=None)
-        return Freshness(ns, ttl, store if versioned else None)
+        hierarchy = SimpleNamespace(store=store)
+        return Freshness(None, hierarchy, None, None, "", None, ttl, store if versioned else None)
 
     repo = SimpleNamespace(snapshot_id="S1", follow_tip_sync=lambda may_move: False)
     fresh, entry = freshness_of(repo, 10.0, versioned=True), Entry(2, Kind.ARRAY)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
@@ -31,9 +32,17 @@ from ..views.kinds import Kind
 from .versions import is_version_path
 
 if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..formats.base import Hierarchy
     from ..storage.icechunk import IcechunkStore
+    from .changes import Changes
+    from .contents import Contents
     from .entries import Entry
-    from .namespace import Namespace
+    from .georefs import Georefs
+    from .inodes import Inodes
+    from .listings import Listings
+    from .statistics import SavedStatistics
+    from .versions import Versions
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +51,45 @@ REFRESH_FILE = "refresh"
 GROUP_FILES = (Kind.NETCDF, Kind.OMETIFF)
 
 
+class FreshTree(Protocol):
+    """What freshness tells of what went stale: the parts made from it (they ask it whether they
+    are fresh), and the namespace's own state (the root's node, the count of open files)."""
+
+    listings: Listings
+    contents: Contents
+    statistics: SavedStatistics
+    georefs: Georefs
+    versions: Versions
+    changes: Changes
+    open_files: int
+
+    def show_root(self, node: Node) -> None: ...
+
+    def invalidate(self) -> None: ...
+
+    def forget_pages(self, inodes: list[int]) -> None: ...
+
+
 class Freshness:
     """Drops listings and metadata older than `metadata_ttl_s` (inf: never, unless refreshed)."""
 
     def __init__(
-        self, ns: Namespace, metadata_ttl_s: float = math.inf, repository: IcechunkStore | None = None
+        self,
+        engine: Engine,
+        hierarchy: Hierarchy,
+        inodes: Inodes,
+        tree: FreshTree,
+        root_stem: str,
+        on_data_stale_sync: Callable[[list[int]], None] | None = None,
+        metadata_ttl_s: float = math.inf,
+        repository: IcechunkStore | None = None,
     ) -> None:
-        self.ns = ns
-        self.engine = ns.engine
-        self.hierarchy = ns.hierarchy
-        self.inodes = ns.inodes
+        self.engine = engine
+        self.hierarchy = hierarchy
+        self.inodes = inodes
+        self.tree = tree  # the parts made from this one, which it tells what went stale
+        self.root_stem = root_stem  # the name of a root array (its store's)
+        self.on_data_stale_sync = on_data_stale_sync  # files whose cached pages a refresh made stale
         self.metadata_ttl_s = metadata_ttl_s
         # A versioned store (an Icechunk repository) changes only by moving to another snapshot.
         self.repository = repository
@@ -142,8 +180,8 @@ class Freshness:
         """An entry of array `old` meets `fresh`, what the store holds at its path now: shown in
         place when its files' bytes keep their layout, else every entry of the old array retires."""
         if not old.path and fresh is not None:  # a root array: the root's listing shows it
-            self.ns.show_root(fresh)
-            self.ns.invalidate()
+            self.tree.show_root(fresh)
+            self.tree.invalidate()
         if isinstance(fresh, ArrayMeta) and fresh.file_layout == old.file_layout:
             entry.show(fresh)  # (attributes changed)
             entry.checked = self.epoch
@@ -166,7 +204,7 @@ class Freshness:
             and e.node.file_layout != layout
         ]
         self.retire_entries(gone, f"{path or '/'} was replaced in the store ({_what_now(fresh)})")
-        self.ns.listings.forget_sizes(path)
+        self.tree.listings.forget_sizes(path)
         if gone and self._replaced_said.first(path):
             log.info(
                 "%s: replaced in the store (%s); files of it opened before read ESTALE", path or "/", _what_now(fresh)
@@ -187,11 +225,11 @@ class Freshness:
         entry.node = group
         if old is None:  # not laid out yet: done when first needed
             return
-        nc = netcdf.group_file(group.attributes, await self.ns.listings.nodes_below(group.path))
+        nc = netcdf.group_file(group.attributes, await self.tree.listings.nodes_below(group.path))
         if entry.laid_out is not old or entry.error is not None:
             return  # laid out again, or retired, meanwhile
         if nc.header != old.header or nc.size != old.size:
-            self.retire_entries([entry], f"netcdf/{group.path or self.ns.root_stem}: its arrays changed in the store")
+            self.retire_entries([entry], f"netcdf/{group.path or self.root_stem}: its arrays changed in the store")
         else:
             entry.lay_out(nc)  # the same bytes, read through the arrays' new metadata
 
@@ -199,10 +237,10 @@ class Freshness:
         """An image's OME-TIFF laid out again from its levels now; it retires if its bytes moved
         (another pyramid, shape, type or tiling) or it can no longer be shown."""
         old = entry.laid_out
-        new = await self.ns.contents.ome_tiff(fresh) if isinstance(fresh, GroupMeta) else None
+        new = await self.tree.contents.ome_tiff(fresh) if isinstance(fresh, GroupMeta) else None
         if entry.laid_out is not old or entry.error is not None:
             return  # laid out again, or retired, meanwhile
-        name = f"ome-tiff/{entry.shown.path or self.ns.root_stem}.ome.tif"
+        name = f"ome-tiff/{entry.shown.path or self.root_stem}.ome.tif"
         if new is None or old is None or not new.same_layout(old):
             self.retire_entries([entry], f"{name}: its image changed in the store")
         else:
@@ -212,8 +250,8 @@ class Freshness:
     def array_changed(self, path: str) -> None:
         """Chunks of the array at `path` changed in the store: the kernel drops its files' pages (in
         the background: a read of that array may hold one of them locked until it is answered)."""
-        self.ns.statistics.forget(path)
-        self.ns.forget_pages(
+        self.tree.statistics.forget(path)
+        self.tree.forget_pages(
             [
                 e.inode
                 for e in self.inodes.all()
@@ -230,7 +268,7 @@ class Freshness:
             if e.node is not None and not isinstance(e.node, BrokenNode) and not is_version_path(e.node.path)
         }
         for top in sorted(tops):
-            await self.ns.changes.repoint(top, top)
+            await self.tree.changes.repoint(top, top)
 
     def due(self) -> bool:
         """Whether the TTL ran out (or a revalidation is under way): a read must `revalidate` first."""
@@ -246,7 +284,7 @@ class Freshness:
                 return
         now = time.monotonic()
         store = self.repository
-        pending = store is not None and store.tip_pending is not None and self.ns.open_files == 0
+        pending = store is not None and store.tip_pending is not None and self.tree.open_files == 0
         if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
             return
         self._fresh_since = now
@@ -257,21 +295,21 @@ class Freshness:
             self._under_way = None
             under_way.set()
         # Outside the turn: a read holding one of these pages locked may wait for it.
-        if force and self.ns.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
+        if force and self.on_data_stale_sync is not None:  # the kernel may keep pages (metadata_ttl=inf)
             files = [e.inode for e in self.inodes.all() if not e.is_dir and e.kind is not Kind.STATS]
             if files:
-                await self.engine.run_io(self.ns.on_data_stale_sync, files)
+                await self.engine.run_io(self.on_data_stale_sync, files)
 
     async def _drop_stale(self, force: bool) -> bool:
         """`revalidate`'s work; whether everything was dropped (a refresh, or another snapshot)."""
         store = self.repository
         moved = False
         if store is not None:  # only a move to another snapshot makes anything stale
-            moved = await self.engine.run_io(store.follow_tip_sync, self.ns.open_files == 0)
+            moved = await self.engine.run_io(store.follow_tip_sync, self.tree.open_files == 0)
             # Shown here, with no await between the check and the move: a file opened while the
             # tip was looked up keeps the mount on the snapshot it reads.
-            moved = moved and store.show_ready(self.ns.open_files == 0)
-            await self.ns.versions.recheck()
+            moved = moved and store.show_ready(self.tree.open_files == 0)
+            await self.tree.versions.recheck()
             if not moved:
                 return False
             force = True
@@ -290,10 +328,10 @@ class Freshness:
         reread = getattr(self.hierarchy, "reread_consolidated_sync", None)
         if reread is not None:
             await self.engine.run_io(reread)
-        self.ns.invalidate()
-        self.ns.listings.forget_sizes()
-        self.ns.statistics.forget()
-        self.ns.georefs.forget()
+        self.tree.invalidate()
+        self.tree.listings.forget_sizes()
+        self.tree.statistics.forget()
+        self.tree.georefs.forget()
         for entry in self.inodes.all():
             if entry.kind in (Kind.ARRAY, Kind.CHUNK) and entry.writing is None and entry.plain is None:
                 entry.stored_bytes = None  # settled again from what the store holds now

@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 class Namespace:
     """Maps inodes and names to groups, arrays and views."""
 
+    # (declared here: callables given to versions and listings name them before they are made)
+    listings: Listings
+    contents: Contents
+
     def __init__(
         self,
         hierarchy: Hierarchy,
@@ -77,7 +81,10 @@ class Namespace:
         self.inodes = Inodes(on_name_gone)
         # The repository a versioned store shows (its snapshots, branches and commits), if any.
         repository = hierarchy.store if isinstance(hierarchy.store, IcechunkStore) else None
-        self.freshness = Freshness(self, metadata_ttl_s, repository)
+        # (made first: the other parts ask it whether they are fresh; it tells them through `self`)
+        self.freshness = Freshness(
+            engine, hierarchy, self.inodes, self, self.root_stem, on_data_stale_sync, metadata_ttl_s, repository
+        )
         self.plain = PlainFiles(engine, hierarchy, self.inodes, self.invalidate)
         # (versions and listings need each other: versions asks listings whether a name can be listed)
         self.versions = Versions(
