@@ -37,21 +37,20 @@ import mmap
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-BUCKET = "stress"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.s3 import BUCKET, CREDENTIALS, moto_server  # noqa: E402 (the tests' moto, one way to start it)
+
 NAME = "fresh.zarr"
-CREDENTIALS = {"key": "testing", "secret": "testing"}
 PAGE = 4096
 KINDS = ("cat", "dd", "pread", "direct")
 # Readers whose every read is one read(2): one version per chunk. `cat` and `dd` make many, and
@@ -133,41 +132,6 @@ def decode(layout: Layout, header: int, offset: int, data: bytes) -> tuple[dict[
 
 
 # --- the store, the writer and the load ---------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def moto(workdir: Path) -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1 with the bucket; yields its endpoint."""
-    port = free_port()
-    with open(workdir / "moto.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
-        s3fs_for(endpoint).mkdir(BUCKET)
-        yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def s3fs_for(endpoint: str):
@@ -520,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="stress-fresh-"))
     mounts = {"disk-cache": work / "mnt-disk", "no-disk": work / "mnt-nodisk"}
     try:
-        with moto(work) as endpoint:
+        with moto_server(work / "moto.log") as (endpoint, _):
             put_array(endpoint, layout)
             for label, mnt in mounts.items():
                 mnt.mkdir()
