@@ -4,15 +4,16 @@
 moto's S3 server on loopback holds a float32 array (zstd, written by zarr-python). One mount
 with the disk cache and one without (`disk_cache_size=0`), both with a short `metadata_ttl`,
 serve it to several concurrent readers each: `cat` of the whole `.npy`, `dd` of a random span
-in 4 KiB blocks, `pread` of a random span after its own open, and `pread` with `O_DIRECT` on
-a descriptor held open the whole run. A writer process rewrites chunks with zarr-python
+in 4 KiB blocks, `pread` of a random span after its own open, `pread` with `O_DIRECT` (up to
+3 MiB: the kernel splits it into requests of 1 MiB) on a descriptor held open the whole run, and
+`pread` through the page cache on another held descriptor. A writer process rewrites chunks with zarr-python
 (chunk (0, 0) half the time) and logs when each rewrite began and ended; busy processes
 load the machine.
 
 Every element encodes its chunk, a version of that chunk and its row (`Layout.values`), so each
 read is checked on its own bytes against the writer's log (`check`):
-  - every chunk a read(2) of `pread` or `direct` covers holds one complete version (`cat` and
-    `dd` make many reads: a chunk may change between two; counted as mixed);
+  - every chunk a read(2) of `pread`, `direct` or `held` covers holds one complete version (`cat`
+    and `dd` make many reads: a chunk may change between two; counted as mixed);
   - every version seen was begun by the writer before the read ended (nothing from the future);
   - a read that began more than `metadata_ttl` after a rewrite of a chunk ended holds that
     version or a later one (docs/REMOTE.md, Freshness).
@@ -20,8 +21,8 @@ read is checked on its own bytes against the writer's log (`check`):
     PYTHONPATH=$PWD .venv/bin/python benchmarks/stress_fresh.py --seconds 600
 
 (as root, from the repository's root: it mounts with `python -m zarrfs`, which takes a `zarrfs`
-in the working directory before PYTHONPATH's; `--busy N` busy processes, default one per core; `--kinds` the readers, and
-`held`: pread through the page cache on a descriptor held open, not run by default). It prints one
+in the working directory before PYTHONPATH's; `--busy N` busy processes, default one per core;
+`--kinds` the readers, e.g. `--kinds direct,held`). It prints one
 line per mount and reader kind (reads, reads that had to show a rewrite, failures, reads that
 saw two versions of a chunk) and every failure, and exits 1 if there was one. The suite's
 short version is tests/mounted/test_mount_fresh_stress.py.
@@ -52,13 +53,15 @@ from support.s3 import BUCKET, CREDENTIALS, moto_server  # noqa: E402 (the tests
 
 NAME = "fresh.zarr"
 PAGE = 4096
-KINDS = ("cat", "dd", "pread", "direct")
+KINDS = ("cat", "dd", "pread", "direct", "held")
 # Readers whose every read is one read(2): one version per chunk. `cat` and `dd` make many, and
 # may see a chunk change between two of them (each version seen is checked for freshness).
-# `held` (not run unless asked, --kinds): pread on a descriptor held open the whole run, through
-# the kernel's page cache, which may answer part of a read from pages it kept (the TTL had not run
-# out when they were read) and ask the mount for the rest after it saw a rewrite: counted as mixed.
-ONE_CALL = ("pread", "direct")
+# `held` is pread on a descriptor held open the whole run, through the kernel's page cache, which
+# may answer part of a read from pages it kept and ask the mount for the rest.
+ONE_CALL = ("pread", "direct", "held")
+# O_DIRECT reads of up to this many pages: past 1 MiB the kernel splits one read(2) into several
+# FUSE requests, between which the mount may start a revalidation.
+DIRECT_PAGES_MAX = 768
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,10 +324,10 @@ class Readers:
                     elif kind == "direct":
                         if direct_fd is None:
                             direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
-                            buf = mmap.mmap(-1, 64 * PAGE)
+                            buf = mmap.mmap(-1, DIRECT_PAGES_MAX * PAGE)
                         pages = -(-self.size // PAGE)
                         first = rng.randrange(pages)
-                        count = min(rng.randint(1, 64), pages - first)
+                        count = min(rng.randint(1, DIRECT_PAGES_MAX), pages - first)
                         view = memoryview(buf)[: count * PAGE]
                         began = time.monotonic()
                         n = os.preadv(direct_fd, [view], first * PAGE)
