@@ -120,8 +120,9 @@ class ZarrOperations(pyfuse3.Operations):
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = entry.inode
         attr.generation = 0
-        # The kernel keeps names and sizes no longer than zarrfs trusts them (metadata_ttl).
-        attr.entry_timeout = attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.freshness.metadata_ttl_s)
+        # The kernel keeps names, sizes and pages no longer than zarrfs trusts them (metadata_ttl).
+        attr.entry_timeout = min(ATTR_TIMEOUT_S, self.ns.freshness.metadata_ttl_s)
+        attr.attr_timeout = min(ATTR_TIMEOUT_S, self.ns.freshness.tell(entry))
         writable = (
             self.options.writable and (entry.writable or (entry.kind is Kind.GROUP and entry.view == ""))
         ) or entry.saves_statistics
@@ -147,7 +148,8 @@ class ZarrOperations(pyfuse3.Operations):
         attr.st_blksize = IO_BLOCK_SIZE
         attr.st_uid = self.uid
         attr.st_gid = self.gid
-        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = self._mtime_ns(entry)
+        mtime = max(self._mtime_ns(entry), self.ns.freshness.changed_ns(entry))  # (the kernel drops pages)
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime
         return attr
 
     # --- times: a node's is its metadata document's modification time in the store -------
@@ -242,6 +244,7 @@ class ZarrOperations(pyfuse3.Operations):
         if entry.kind is Kind.STATS:
             entry.stored_bytes = None
         with self.engine.interrupts.watch(getattr(ctx, "pid", None)):
+            await self.ns.freshness.check_file(entry)  # the kernel drops pages of changed chunks
             await self.ns.settle(entry)
             await self._resolve_mtimes([entry])
         return self.attributes(entry)
@@ -491,8 +494,5 @@ class ZarrOperations(pyfuse3.Operations):
 
 
 def _opt(options: Options, name: str, default: Any) -> Any:
-    for item in options.fuse_options:
-        key, _, value = item.partition("=")
-        if key == name:
-            return value
-    return default
+    given = dict(item.partition("=")[::2] for item in reversed(options.fuse_options))  # (the first wins)
+    return given.get(name, default)

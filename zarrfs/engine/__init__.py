@@ -128,7 +128,13 @@ class Engine:
     # --- reads ----------------------------------------------------------------------------
 
     async def read(
-        self, stream: ByteStream, offset: int, size: int, readahead: ReadAhead | None = None, reply: bool = False
+        self,
+        stream: ByteStream,
+        offset: int,
+        size: int,
+        readahead: ReadAhead | None = None,
+        reply: bool = False,
+        pinned: bool = False,
     ) -> bytes | memoryview:
         """Bytes [offset, offset+size) of a stream, loading the chunks it needs concurrently;
         with `readahead` (the reader's own state), a sequential reader's next window is loaded.
@@ -141,12 +147,17 @@ class Engine:
         unless every shard the read needs is already decoded whole (then over the shards:
         fewer, larger copies). A sequential reader of a remote store takes them from whole
         shards, each read in one request (fastpath/shards.py).
+
+        `pinned`: the read continues one begun before the TTL's last start: chunks that start
+        dropped are taken in the version they had (pins.py), through the usual path.
         """
         if self.streams.serves(stream):  # chunks larger than the cache: never decoded whole
             if readahead is not None:
                 readahead.next_offset = offset + size
             return await self.streams.read(stream, offset, size)
         fast = self.fast
+        if pinned:
+            reply = False  # (bands and direct reads know nothing of pinned versions)
         if reply and readahead is not None:
             banded = await fast.from_bands(stream, offset, size, readahead)
             if banded is not None:
@@ -170,8 +181,9 @@ class Engine:
         whole = sequential and fast.shards.whole(stream)
         if whole and readahead is not None:  # before the read's own loads, which then share each shard's one request
             self.prefetch.read_ahead(stream, offset, size, readahead, sequential)
-        chunks = await self.loads.chunks(reader.meta, plan.chunks, whole)
+        chunks = await self.loads.chunks(reader.meta, plan.chunks, whole, pinned)
         self.counters["reads"] += 1
+        self.counters["pinned_reads"] += pinned
         if readahead is not None and not whole:
             self.prefetch.read_ahead(stream, offset, size, readahead, sequential)
         if reply and sequential and readahead is not None:
@@ -287,12 +299,29 @@ class Engine:
         self.revalidation.adopt_layout(meta)
         self._new_generation()
 
-    def chunks_stale(self) -> None:
+    def chunks_stale(self, pins_until: float) -> None:
         """The TTL ran out: cached chunks of every array are checked before their next use; what
         cannot be checked (shard indexes and inner chunks, chunks not read from the store) is
-        dropped, and chunk files replaced since (rename) are opened again through their names."""
-        self.revalidation.chunks_stale()
+        dropped, and chunk files replaced since (rename) are opened again through their names.
+        What it drops stays pinned until `pins_until` (monotonic) for reads begun before (pins.py)."""
+        self.revalidation.chunks_stale(pins_until)
         self._new_generation()
+
+    def pins_live(self) -> bool:
+        """Whether chunks the TTL's last start dropped may still be used by reads begun before it."""
+        return self.revalidation.pins.live()
+
+    def pins_left_s(self) -> float:
+        """How long chunks the TTL's last start dropped may still be used (0: no longer)."""
+        return max(0.0, self.revalidation.pins.until - time.monotonic())
+
+    def chunks_checked(self, path: str) -> bool:
+        """Whether the array's chunks read before the TTL's last start were checked since (or none was read)."""
+        return self.revalidation.is_current(path)
+
+    async def check_chunks(self, meta: Any) -> None:
+        """Check the array's chunks read before the TTL's last start, if not done yet (revalidate.py)."""
+        await self.revalidation.check_cached(meta)
 
     def drop_clean_chunks(self) -> None:
         """Forget every cached chunk and shard index (they are read from the store again when next

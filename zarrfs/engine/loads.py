@@ -74,22 +74,27 @@ class Loads:
         return (await self.chunks(meta, (idx,)))[idx]
 
     async def chunks(
-        self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index], whole: bool = False
+        self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index], whole: bool = False, pinned: bool = False
     ) -> dict[Index, np.ndarray]:
         """Several chunks: those held or cached at once; the others loaded concurrently, each
         once however many readers want it (inner chunks of one shard in one batch).
 
         `whole`: inner chunks are taken from their shards read whole, one request each
         (`_shard_body`), instead of the shard's index and ranges of it.
+        `pinned`: a read that continues one begun before the TTL's last start takes the versions
+        that start dropped first (pins.py).
         """
         self.revalidation.check_layout(meta)
         await self.revalidation.check_cached(meta)
+        pins = self.revalidation.pins
         out: dict[Index, np.ndarray] = {}
         waiting: list[tuple[Index, Flight]] = []
         new: dict[Index, Flight] = {}
         shards: list[Index] = []
         for idx in wanted:
-            arr = self.tables.lookup(meta, idx)
+            arr = pins.get(cache_key(meta, idx)) if pinned else None
+            if arr is None:
+                arr = self.tables.lookup(meta, idx)
             if arr is not None:
                 out[idx] = arr
                 continue

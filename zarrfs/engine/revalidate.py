@@ -6,7 +6,9 @@ gives no ETag with a body). After the TTL, the next read of an array lists its p
 request per 1,000 keys on S3: cheaper than a HEAD per cached chunk) and keeps each cached chunk
 whose key is still there with the same size and either the ETag seen at the previous check or a
 modification time well before the GET; every other cached chunk of it is dropped and read again,
-and the kernel's pages of the array are dropped (`on_array_changed`).
+and the kernel's pages of the array are dropped (`on_array_changed`). Chunks evicted from the cache
+are checked too (the kernel may still hold their pages), up to RECORDS_MAX records; an array whose
+records were pruned past that counts as changed at its next check.
 
 When another writer replaced an array with one of another chunk layout (the namespace finds its
 new metadata after the TTL or a refresh: `see_layout`), every chunk decoded with the old one
@@ -26,10 +28,15 @@ from ..errors import Stale, ZarrfsError
 from ..grid import Index
 from ..model import ArrayMeta
 from ..storage.store import FETCH_MARGIN_S
+from .pins import Pins
 from .runtime import Runtime
-from .tables import ChunkTables
+from .tables import INDEX, ChunkTables
 
 log = logging.getLogger(__name__)
+
+# Records of fetched chunks kept (some 250 bytes each): past twice this, those of chunks no longer
+# cached are pruned, and their arrays count as changed at their next check.
+RECORDS_MAX = 1 << 16
 
 
 class _Fetched:
@@ -51,9 +58,11 @@ class Revalidation:
     def __init__(self, runtime: Runtime, tables: ChunkTables) -> None:
         self.runtime, self.tables = runtime, tables
         self.on_array_changed: Callable[[str], Any] | None = None  # the kernel's pages of an array: dropped
+        self.pins = Pins(runtime.timeout_s)  # what the TTL's last start dropped, for reads begun before it
         self._epoch = 0  # bumped when the TTL runs out
         self._checked: dict[str, int] = {}  # array path -> epoch of its last check
         self._fetched: dict[tuple[str, Index], _Fetched] = {}
+        self._untracked: set[str] = set()  # arrays whose records of evicted chunks were pruned
         # array path -> hashes of the chunk layouts (ArrayMeta.chunk_layout: the array's, and its
         # inner chunks' where shards are read in part) its chunks are read with: arrays read only
         self._layouts: dict[str, frozenset[int]] = {}
@@ -71,6 +80,7 @@ class Revalidation:
         path = meta.path
         self._layouts[path] = _layouts_of(meta)
         self._checked.pop(path, None)
+        self._untracked.discard(path)
         for k in [k for k in self._fetched if k[0] == path]:
             del self._fetched[k]
 
@@ -109,15 +119,33 @@ class Revalidation:
         # A disk cache may have answered with bytes checked against the store before the GET began.
         self._fetched[(meta.path, idx)] = _Fetched(key, self.runtime.store.version_time(key, began), size)
         self._checked.setdefault(meta.path, self._epoch)
+        if len(self._fetched) > 2 * RECORDS_MAX:
+            self._prune()
 
-    def chunks_stale(self) -> None:
+    def _prune(self) -> None:
+        """Drop the records of chunks no longer cached; their arrays count as changed at their next
+        check (what the kernel kept of them can no longer be checked)."""
+        cache = self.tables.cache
+        for k in [k for k in self._fetched if not cache.contains(k)]:
+            del self._fetched[k]
+            self._untracked.add(k[0])
+
+    def chunks_stale(self, pins_until: float) -> None:
         """The TTL ran out: cached chunks of every array are checked before their next use; what
-        cannot be checked (shard indexes and inner chunks, chunks not read from the store) is dropped."""
+        cannot be checked (shard indexes and inner chunks, chunks not read from the store) is dropped.
+        What this TTL drops is pinned until `pins_until` (pins.py)."""
         self._epoch += 1
+        self.pins.start(pins_until)
         cache = self.tables.cache
         for key in cache.keys():
             if len(key) != 2 or key not in self._fetched:
-                cache.discard(key)
+                self._drop(key)
+
+    def _drop(self, key: tuple) -> None:
+        """A cached chunk goes (pinned a while for the reads begun before the TTL's last start)."""
+        if key[-1] != INDEX:
+            self.pins.keep(key, self.tables.cache.get(key, count=False))
+        self.tables.cache.discard(key)
 
     async def check_cached(self, meta: ArrayMeta) -> None:
         """Before reading an array: if the TTL ran out since its chunks were checked, check them.
@@ -133,12 +161,12 @@ class Revalidation:
         """Check the array's cached chunks by one listing of its prefix, begun in EPOCH; the array
         counts as checked in EPOCH only once the chunks it found changed are dropped."""
         path = meta.path
-        mine = [(k, f) for k, f in self._fetched.items() if k[0] == path]
-        held = [(k, f) for k, f in mine if self.tables.cache.contains(k)]
-        for k, _ in mine:
-            if not self.tables.cache.contains(k):
-                del self._fetched[k]  # evicted meanwhile
+        # Evicted chunks too: the kernel may hold pages read from them.
+        held = [(k, f) for k, f in self._fetched.items() if k[0] == path]
         changed = 0
+        if path in self._untracked:
+            self._untracked.discard(path)
+            changed += 1
         if held:
             prefix = meta.keys.prefix
             try:
@@ -155,7 +183,7 @@ class Revalidation:
                     or versions is None
                     or not self._unchanged(f, versions.get(f.key[len(prefix) + 1 :] if prefix else f.key))
                 ):
-                    self.tables.cache.discard(k)
+                    self._drop(k)
                     self._fetched.pop(k, None)
                     changed += 1
             self.runtime.counters["revalidations"] += 1

@@ -49,6 +49,7 @@ COUNTERS = (
     "direct_bytes",
     "revalidations",
     "chunks_changed",
+    "pinned_reads",
     "band_reads",
     "bands_assembled",
     "small_reads",

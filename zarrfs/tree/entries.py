@@ -45,6 +45,7 @@ class Entry:
         "plain",
         "name_key",
         "checked",
+        "told",
         "pages_of",
         "hints",
     )
@@ -78,6 +79,7 @@ class Entry:
         self.plain: Any = None  # plain.PlainFile: a plain file (any name but NAME.npy)
         self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
         self.checked = -1  # the freshness epoch in which its node was last checked (freshness.py)
+        self.told = -1  # the freshness epoch in which the kernel last had its checked attributes
         self.pages_of: str | None = None  # the snapshot shown at its last open (freshness.keep_pages)
         self.hints: Any = None  # ngff.ArrayHints: what its NGFF image group says of an array (tiff/)
 

@@ -18,6 +18,7 @@ the store is shown to the engine, which forgets chunks decoded with another chun
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -28,7 +29,7 @@ from ..errors import Stale, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
 from ..repeats import LogOnce
 from ..views import netcdf
-from ..views.kinds import Kind
+from ..views.kinds import ARRAY_FILE_KINDS, Kind
 from .versions import is_version_path
 
 if TYPE_CHECKING:
@@ -47,6 +48,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REFRESH_FILE = "refresh"
+# The TTL starts this share of itself early (at most PIN_MAX_S), and what it drops stays pinned
+# for that long (engine/pins.py): the requests that continue a read begun before it, sent back to
+# back, get the versions it showed, and no pinned version outlives its TTL.
+PIN_SHARE = 0.25
+PIN_MAX_S = 1.0
 # Files of a group made from its arrays (laid out again when the group's arrays change).
 GROUP_FILES = (Kind.NETCDF, Kind.OMETIFF)
 
@@ -91,6 +97,8 @@ class Freshness:
         self.root_stem = root_stem  # the name of a root array (its store's)
         self.on_data_stale_sync = on_data_stale_sync  # files whose cached pages a refresh made stale
         self.metadata_ttl_s = metadata_ttl_s
+        self.pin_s = min(PIN_MAX_S, PIN_SHARE * metadata_ttl_s) if metadata_ttl_s != math.inf else 0.0
+        self._trusted_s = metadata_ttl_s - self.pin_s  # the TTL as it is counted: started pin_s early
         # A versioned store (an Icechunk repository) changes only by moving to another snapshot.
         self.repository = repository
         self.versioned = repository is not None
@@ -100,6 +108,7 @@ class Freshness:
         # Nodes read from the store in this epoch, by path (listings, or one array's document)
         self._now_nodes: dict[str, Node | None] = {}
         self._replaced_said = LogOnce()  # paths whose replacement was logged in this epoch
+        self._changed_ns: dict[str, int] = {}  # array path -> when its chunks were last found changed
 
     def keep_pages(self, entry: Entry) -> bool:
         """Whether an open of ENTRY's file on a read-only mount may use the pages the kernel kept of
@@ -248,9 +257,21 @@ class Freshness:
             entry.lay_out(new)  # the same bytes, read through the levels' new metadata
 
     def array_changed(self, path: str) -> None:
-        """Chunks of the array at `path` changed in the store: the kernel drops its files' pages (in
-        the background: a read of that array may hold one of them locked until it is answered)."""
+        """Chunks of the array at `path` changed in the store: its files show a new modification
+        time, so the kernel drops their pages at its next GETATTR, before a buffered read copies
+        any. Pages no read asks about (mmap) are dropped in the background once the pinned versions
+        are let go, not at once: the kernel ignores the attributes of a GETATTR answered while it
+        drops them, and a read would then copy the pages it keeps until they are gone."""
+        self._changed_ns[path] = time.time_ns()
         self.tree.statistics.forget(path)
+        later = functools.partial(self._forget_pages_later, path)
+        if not self.engine.delayed.call(("pages", path), max(self.engine.pins_left_s(), self.pin_s), later):
+            self._forget_pages(path)
+
+    async def _forget_pages_later(self, path: str) -> None:
+        self._forget_pages(path)
+
+    def _forget_pages(self, path: str) -> None:
         self.tree.forget_pages(
             [
                 e.inode
@@ -258,6 +279,59 @@ class Freshness:
                 if not e.is_dir and e.node is not None and getattr(e.node, "path", None) == path
             ]
         )
+
+    @staticmethod
+    def _array_file(entry: Entry) -> ArrayMeta | None:
+        """The array whose chunks an entry's file shows as they are read (None: another file)."""
+        node = entry.node
+        if (
+            not isinstance(node, ArrayMeta)
+            or entry.kind not in ARRAY_FILE_KINDS
+            or entry.writing is not None
+            or entry.error is not None
+        ):
+            return None
+        return node
+
+    def changed_ns(self, entry: Entry) -> int:
+        """When this mount last found the chunks of the array an entry's file shows changed (0: never):
+        the file's modification time is at least this."""
+        node = self._array_file(entry)
+        return self._changed_ns.get(node.path, 0) if node is not None else 0
+
+    async def check_file(self, entry: Entry) -> None:
+        """Before the attributes of a file go to the kernel in answer to its GETATTR: the TTL, the
+        entry followed, and the chunks of the array it shows checked. With auto_inval_data (libfuse's
+        default) the kernel sends GETATTR at the start of a buffered read whose attributes expired,
+        and drops the file's pages itself, before it copies any, when the time changed."""
+        if self.due():
+            await self.revalidate()
+        await self.follow(entry)
+        node = self._array_file(entry)
+        if node is not None and self.metadata_ttl_s != math.inf:
+            await self.engine.check_chunks(node)
+
+    def tell(self, entry: Entry) -> float:
+        """An entry's attributes go to the kernel now: how long it may keep them, and with them a
+        file's pages (it asks again at the first read after): until the TTL runs out, so that a read
+        begun after it finds the pages of changed chunks dropped; none for a file whose array has
+        chunks read before the TTL's last start that are not checked yet (the kernel's GETATTR
+        checks them). Once it has a checked file's time, reads of the file get no pinned version."""
+        if self.metadata_ttl_s == math.inf:
+            return math.inf
+        node = self._array_file(entry)
+        if node is not None and not self.engine.chunks_checked(node.path):
+            return 0.0
+        entry.told = self.epoch
+        return max(0.0, self._fresh_since + self._trusted_s - time.monotonic())
+
+    def pinned(self, entry: Entry, continues: bool) -> bool:
+        """Whether a read of an entry's file takes the versions of chunks the TTL's last start
+        dropped (engine/pins.py): while they are pinned, if it `continues` a read begun before that
+        start (an O_DIRECT reader's next request), or the kernel has not had the file's checked
+        time since (it may hold pages of the old versions, and copy them in the read that sent
+        this request; it drops them at its next GETATTR, the time having changed)."""
+        return (continues or entry.told < self.epoch) and self.engine.pins_live()
 
     async def _show_other_snapshot(self) -> None:
         """The store shows another snapshot: entries the kernel holds show their node in it (or
@@ -272,7 +346,7 @@ class Freshness:
 
     def due(self) -> bool:
         """Whether the TTL ran out (or a revalidation is under way): a read must `revalidate` first."""
-        return self._under_way is not None or time.monotonic() - self._fresh_since > self.metadata_ttl_s
+        return self._under_way is not None or time.monotonic() - self._fresh_since > self._trusted_s
 
     async def revalidate(self, force: bool = False) -> None:
         """Drop what is older than the TTL (everything when `force`), before a listing, lookup or
@@ -285,12 +359,13 @@ class Freshness:
         now = time.monotonic()
         store = self.repository
         pending = store is not None and store.tip_pending is not None and self.tree.open_files == 0
-        if not force and not pending and now - self._fresh_since <= self.metadata_ttl_s:
+        if not force and not pending and now - self._fresh_since <= self._trusted_s:
             return
-        self._fresh_since = now
+        # What this start drops was checked under the last one: pinned until that one's TTL runs out.
+        pins_until, self._fresh_since = self._fresh_since + self.metadata_ttl_s, now
         under_way = self._under_way = self.engine.new_event()
         try:
-            force = await self._drop_stale(force)
+            force = await self._drop_stale(force, pins_until)
         finally:
             self._under_way = None
             under_way.set()
@@ -300,7 +375,7 @@ class Freshness:
             if files:
                 await self.engine.run_io(self.on_data_stale_sync, files)
 
-    async def _drop_stale(self, force: bool) -> bool:
+    async def _drop_stale(self, force: bool, pins_until: float) -> bool:
         """`revalidate`'s work; whether everything was dropped (a refresh, or another snapshot)."""
         store = self.repository
         moved = False
@@ -321,7 +396,7 @@ class Freshness:
         if force:
             self.engine.drop_clean_chunks()
         else:  # checked against the store when next read (engine/revalidate.py)
-            self.engine.chunks_stale()
+            self.engine.chunks_stale(pins_until)
         self.engine.store.refresh()  # a disk cache's entries are checked before their next use
         if moved:
             await self._show_other_snapshot()

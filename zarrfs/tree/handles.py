@@ -9,7 +9,9 @@ flags and picks the class; the FUSE layer only maps file handles to these object
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ..engine import ReadAhead
@@ -47,6 +49,8 @@ class Handle:
 
     # Bypass the kernel's page cache (files whose every open sees different bytes).
     direct_io = False
+    # Opened with O_DIRECT: a read(2) larger than the kernel's largest request comes as several.
+    o_direct = False
     # Writes reach it on a read-only mount (else they fail with EROFS before it sees them).
     writes_on_read_only = False
 
@@ -118,6 +122,31 @@ class ArrayHandle(Handle):
     def __init__(self, ns: Namespace, entry: Entry) -> None:
         super().__init__(ns, entry)
         self.readahead = ReadAhead()
+        # This open's run of reads, each starting where the last ended: where it ends, when a read
+        # of it last arrived or was answered, and the freshness epoch whose versions it shows.
+        self._run_end = -1
+        self._touched = -math.inf
+        self._run_epoch = -1
+
+    def _continues(self, offset: int) -> bool:
+        """Whether a read arriving now continues this open's run back to back: the kernel sends the
+        requests of one O_DIRECT read(2) larger than 1 MiB together, or one after another."""
+        gap = time.monotonic() - self._touched
+        return self.o_direct and offset == self._run_end and gap <= self.ns.freshness.pin_s
+
+    def _pinned(self, continues: bool) -> bool:
+        """Whether a read takes the versions the TTL's last start dropped: it continues an O_DIRECT
+        read whose earlier requests showed them, or the kernel may hold pages of them
+        (freshness.pinned)."""
+        freshness = self.ns.freshness
+        return freshness.pinned(self.entry, continues and self._run_epoch < freshness.epoch)
+
+    def _shows(self, offset: int, size: int, continues: bool, pinned: bool) -> None:
+        """A read of the run arrived (or was answered): the run shows what it shows."""
+        self._run_end, self._touched = offset + size, time.monotonic()
+        if not (continues and pinned):
+            epoch = self.ns.freshness.epoch
+            self._run_epoch = epoch - 1 if pinned else epoch
 
     def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
         entry = self.entry
@@ -130,7 +159,13 @@ class ArrayHandle(Handle):
             or (entry.kind is Kind.TIFF and entry.laid_out is None)  # its header needs its georeference
         ):
             return None
-        return self.ns.engine.read_now(entry.stream, offset, size, self.readahead)
+        continues = self._continues(offset)
+        if self._pinned(continues):  # (fast paths know nothing of pinned versions)
+            return None
+        data = self.ns.engine.read_now(entry.stream, offset, size, self.readahead)
+        if data is not None:
+            self._shows(offset, size, continues, False)
+        return data
 
     async def read(self, offset: int, size: int) -> bytes | memoryview:
         entry, w = self.entry, self.entry.writing
@@ -138,12 +173,20 @@ class ArrayHandle(Handle):
             return await self.ns.engine.read(w.stream, offset, size, readahead=self.readahead)
         if w is not None and w.pending is not None:  # no NPY header yet: only what was written so far
             return bytes(w.pending[offset : offset + size])
+        continues = self._continues(offset)
+        self._run_end, self._touched = offset + size, time.monotonic()  # a request sent with it continues it
         await self.current()
         if entry.error is not None:
             raise entry.error
         if entry.kind is Kind.TIFF and entry.laid_out is None:  # shown another node: its header is made again
             await self.ns.settle(entry)
-        return await self.ns.engine.read(entry.stream, offset, size, readahead=self.readahead, reply=True)
+        pinned = self._pinned(continues)
+        self._shows(offset, size, continues, pinned)
+        data = await self.ns.engine.read(
+            entry.stream, offset, size, readahead=self.readahead, reply=True, pinned=pinned
+        )
+        self._touched = time.monotonic()
+        return data
 
     async def write(self, offset: int, data: bytes) -> int:
         return await self.ns.write(self.entry, offset, data)
@@ -367,4 +410,6 @@ async def open_file(ns: Namespace, entry: Entry, flags: int) -> Handle:
     if entry.kind is Kind.STATS and entry.view == "refresh":
         await ns.freshness.revalidate(force=True)  # opening .zarrfs/refresh (cat, touch) drops listings and metadata
     await ns.settle(entry)
-    return opened(ns, entry)
+    handle = opened(ns, entry)
+    handle.o_direct = bool(flags & os.O_DIRECT)
+    return handle
