@@ -308,7 +308,7 @@ class Freshness:
             await self.revalidate()
         await self.follow(entry)
         node = self._array_file(entry)
-        if node is not None and self.metadata_ttl_s != math.inf:
+        if node is not None and entry.opens and self.metadata_ttl_s != math.inf:  # (an open drops pages)
             await self.engine.check_chunks(node)
 
     def tell(self, entry: Entry) -> float:
@@ -316,14 +316,17 @@ class Freshness:
         file's pages (it asks again at the first read after): until the TTL runs out, so that a read
         begun after it finds the pages of changed chunks dropped; none for a file whose array has
         chunks read before the TTL's last start that are not checked yet (the kernel's GETATTR
-        checks them). Once it has a checked file's time, reads of the file get no pinned version."""
+        checks them; a file not open needs no check, its next open drops its pages, but pages read
+        from pinned versions after that open must go when the pins do). Once it has a checked
+        file's time, reads of the file get no pinned version."""
         if self.metadata_ttl_s == math.inf:
             return math.inf
+        left = max(0.0, self._fresh_since + self._trusted_s - time.monotonic())
         node = self._array_file(entry)
         if node is not None and not self.engine.chunks_checked(node.path):
-            return 0.0
+            return min(left, self.engine.pins_left_s()) if not entry.opens else 0.0
         entry.told = self.epoch
-        return max(0.0, self._fresh_since + self._trusted_s - time.monotonic())
+        return left
 
     def pinned(self, entry: Entry, continues: bool) -> bool:
         """Whether a read of an entry's file takes the versions of chunks the TTL's last start
