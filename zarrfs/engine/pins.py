@@ -1,8 +1,8 @@
 """Pins: the versions of chunks a revalidation dropped, kept a moment for the reads begun before it.
 
 One read(2) may reach the mount as several requests: an O_DIRECT read larger than the kernel's
-largest request (1 MiB) arrives as requests sent one after another, and a buffered read copies
-the pages the kernel kept and asks for the rest. When the TTL starts between two of them, the
+largest request (1 MiB) arrives as several, sent together or one after another, and a buffered
+read copies the pages the kernel kept and asks for the rest. When the TTL starts between two of them, the
 later ones would show the new version of a chunk the earlier ones showed in its old one. So the
 chunks a revalidation drops (changed in the store, or not checkable) are held here until the TTL
 they were checked under would have run out (`until`: the mount starts the TTL early by the pins'

@@ -324,7 +324,10 @@ class Freshness:
         left = max(0.0, self._fresh_since + self._trusted_s - time.monotonic())
         node = self._array_file(entry)
         if node is not None and not self.engine.chunks_checked(node.path):
-            return min(left, self.engine.pins_left_s()) if not entry.opens else 0.0
+            if entry.opens:
+                return 0.0
+            pinned_s = self.engine.pins_left_s()
+            return min(left, pinned_s) if pinned_s > 0 else left
         entry.told = self.epoch
         return left
 
