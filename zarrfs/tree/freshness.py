@@ -300,13 +300,13 @@ class Freshness:
         return self._changed_ns.get(node.path, 0) if node is not None else 0
 
     async def check_file(self, entry: Entry) -> None:
-        """Before the attributes of a file go to the kernel in answer to its GETATTR: the TTL, the
-        entry followed, and the chunks of the array it shows checked. With auto_inval_data (libfuse's
-        default) the kernel sends GETATTR at the start of a buffered read whose attributes expired,
-        and drops the file's pages itself, before it copies any, when the time changed."""
+        """Before the attributes of a file go to the kernel in answer to its GETATTR: the TTL, and
+        the chunks of the array it shows checked (its metadata is followed at the read). With
+        auto_inval_data (libfuse's default) the kernel sends GETATTR at the start of a buffered
+        read whose attributes expired, and drops the file's pages itself, before it copies any,
+        when the time changed."""
         if self.due():
             await self.revalidate()
-        await self.follow(entry)
         node = self._array_file(entry)
         if node is not None and entry.opens and self.metadata_ttl_s != math.inf:  # (an open drops pages)
             await self.engine.check_chunks(node)
