@@ -66,6 +66,7 @@ class Engine:
         self.started = time.time()
         # What the tree and the FUSE layer call on the runtime, as the engine's own.
         self.run_io, self.run_cpu, self.once = runtime.run_io, runtime.run_cpu, runtime.once
+        self.gather = runtime.gather
         self.run_io_long, self.run_io_shielded = runtime.run_io_long, runtime.run_io_shielded
         self.start_soon_thread = runtime.start_soon_thread
         self.counters, self.errors = runtime.counters, runtime.errors

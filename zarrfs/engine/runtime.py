@@ -7,7 +7,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -249,6 +249,25 @@ class Runtime:
             if self._flights.get(key) is flight:  # (else dropped: forget_flights)
                 del self._flights[key]
             flight.done.set()
+
+    async def gather(self, *calls: Callable[[], Awaitable[Any]]) -> list[Any]:
+        """`await call()` of each call at once; their results in order, or the first failure
+        (once every call has ended)."""
+        results: list[Any] = [None] * len(calls)
+        errors: list[Exception] = []
+
+        async def one(i: int, call: Callable[[], Awaitable[Any]]) -> None:
+            try:
+                results[i] = await call()
+            except Exception as e:
+                errors.append(e)
+
+        async with trio.open_nursery() as nursery:
+            for i, call in enumerate(calls):
+                nursery.start_soon(one, i, call)
+        if errors:
+            raise errors[0]
+        return results
 
     def in_flight(self, key: Any) -> bool:
         """Whether a `once` call of KEY is in flight."""

@@ -198,10 +198,17 @@ class Listings:
     async def _group_listing(self, entry: Entry) -> dict[str, Maker]:
         names: dict[str, Maker] = {}
         root = self.root_node()
+        group = self._plain_group(entry)
+        if group is not None and not (self.hierarchy.store.is_local or self.writes_allowed):
+            group = None
         if entry.node is None and root.kind == "array":
             nodes: list[Node] = [root]  # a root array: the root holds NAME.npy (and plain files)
-        else:
-            nodes = await self.nodes_below(entry.node.path if entry.node is not None else "")
+            plain = await self._plain_files(group)
+        else:  # the group's nodes and its plain files are listed at once (one round trip, not two)
+            nodes, plain = await self.engine.gather(
+                lambda: self.nodes_below(entry.node.path if entry.node is not None else ""),
+                lambda: self._plain_files(group),
+            )
         if entry.view == "info" and isinstance(entry.node, GroupMeta) and entry.node.path == "":
             names[".json"] = lambda: self.inodes.new(Kind.INFO, "info", entry.node)
         group_file = registry.GROUP_FILE_VIEWS.get(entry.view)
@@ -216,9 +223,13 @@ class Listings:
                     names[name] = make
         if entry.view == registry.OME_TIFF_VIEW and isinstance(entry.node, GroupMeta):
             await self._ome_tiff_files(entry.node, nodes, names)
-        group = self._plain_group(entry)
-        if group is not None and (self.hierarchy.store.is_local or self.writes_allowed):
-            await self._plain_files(group, names)
+        if group is not None:
+            prefix = self.hierarchy.plain_dir(group)
+            for name, size in plain.items():
+                key = f"{prefix}/{name}" if prefix else name
+                if name in names or self.hierarchy.plain_name_problem(name) is not None or not self.listable(name, key):
+                    continue
+                names[name] = functools.partial(self._plain_entry, key, name, size)
         return names
 
     async def _ome_tiff_files(self, group: GroupMeta, nodes: list[Node], names: dict[str, Maker]) -> None:
@@ -267,21 +278,19 @@ class Listings:
             return ""
         return None
 
-    async def _plain_files(self, path: str, names: dict[str, Maker]) -> None:
-        """Plain files kept in a group's directory: its keys that are no format's own. Remote
-        read-only mounts leave them out: a listing per group (consolidated metadata needs none),
-        and some servers (HTTP) cannot list."""
+    async def _plain_files(self, path: str | None) -> dict[str, int | None]:
+        """The keys in a group's directory (its plain files are those that are no format's own),
+        with their sizes; none for PATH None. Remote read-only mounts leave them out: a listing
+        per group (consolidated metadata needs none), and some servers (HTTP) cannot list."""
+        if path is None:
+            return {}
         prefix = self.hierarchy.plain_dir(path)
         try:
             files, _ = await self.engine.run_io(self.hierarchy.store.list_dir_sync, prefix, key=("list", prefix))
         except ZarrfsError as e:
             log.warning("plain files of %s not listed: %s", path or "/", e)
-            return
-        for name, size in files.items():
-            key = f"{prefix}/{name}" if prefix else name
-            if name in names or self.hierarchy.plain_name_problem(name) is not None or not self.listable(name, key):
-                continue
-            names[name] = functools.partial(self._plain_entry, key, name, size)
+            return {}
+        return files
 
     def _plain_entry(self, key: str, name: str, size: int | None) -> Entry:
         entry = self.inodes.new(Kind.PLAIN, "", None, key=name)
