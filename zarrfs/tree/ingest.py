@@ -288,19 +288,16 @@ class Ingest:
     async def _begin(self, staged: Any, old: Node | None) -> Any:
         """Claim a staged array's staging area and learn where its chunks go (straight under their
         final keys for a new array on an object store); the claim is released if that fails."""
-        await self._claim_staging(staged.staging)
-        try:
-            begun = await self.engine.run_io(self.hierarchy.begin_array_sync, staged, old)
+        self.lease.claim(staged.staging)
+        try:  # the lease goes up beside the first keys: a sweep keeps an area without one while it is recent
+            _, begun = await self.engine.gather(
+                self.renew_lease, lambda: self.engine.run_io(self.hierarchy.begin_array_sync, staged, old)
+            )
         except ZarrfsError:
             await self._release_staging(staged.staging)
             raise
         self.engine.starts_empty(begun.meta.path)
         return begun
-
-    async def _claim_staging(self, staging: str) -> None:
-        """A staging area comes into use: this daemon's lease is in the store before its first key."""
-        self.lease.claim(staging)
-        await self.renew_lease()
 
     async def _release_staging(self, staging: str) -> None:
         """A staging area is committed or dropped: the lease goes once no other is in use."""
