@@ -29,8 +29,10 @@ def _open(root, fmt):
     return HIERARCHIES[fmt].open_sync(store)
 
 
-def _write_chunks(h, meta, x: np.ndarray, stop_after: int | None = None) -> None:
-    """Encode and store every chunk of X as the engine does (the first STOP_AFTER only)."""
+def _write_chunks(h, staged, x: np.ndarray, stop_after: int | None = None) -> None:
+    """Encode and store every chunk of X as the engine does (the first STOP_AFTER only), noting
+    those stored with data in `staged.stored` as the engine's write-back does."""
+    meta = staged.meta
     for n, idx in enumerate(all_chunks(meta.shape, meta.chunk_shape)):
         if stop_after is not None and n >= stop_after:
             return
@@ -38,7 +40,10 @@ def _write_chunks(h, meta, x: np.ndarray, stop_after: int | None = None) -> None
         part[tuple(slice(0, b) for b in data_shape(idx, meta.shape, meta.chunk_shape))] = x[
             chunk_slices(idx, meta.shape, meta.chunk_shape)
         ]
-        chunksource.write_chunk_sync(meta, h.store, idx, encode_chunk_sync(meta, meta.chunk_key(idx), part))
+        data = encode_chunk_sync(meta, meta.chunk_key(idx), part)
+        if data is not None:
+            chunksource.write_chunk_sync(meta, h.store, idx, data)
+            staged.stored.add(idx)
 
 
 def _old_chunks(files: list[str]) -> list[str]:
@@ -50,6 +55,17 @@ def _files(root) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
+def _with_old_array(tmp_path, fmt):
+    """A store with array `a` written by zarr-python: (root, its values, its files, the hierarchy
+    opened over failfile://, the node of `a`)."""
+    root = tmp_path / "s.zarr"
+    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
+    old = np.arange(24 * 18, dtype="<i2").reshape(24, 18)
+    g.create_array("a", shape=old.shape, chunks=(10, 10), dtype=old.dtype)[:] = old
+    h = _open(root, fmt)
+    return root, old, _files(root), h, h.node_sync("a")
+
+
 @FORMATS
 def test_new_array_appears_with_its_document(tmp_path, fmt):
     root = tmp_path / "s.zarr"
@@ -58,7 +74,7 @@ def test_new_array_appears_with_its_document(tmp_path, fmt):
     x = np.arange(30 * 20, dtype="<f4").reshape(30, 20)
     staged = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 8)), "w1"), None)
     assert staged.direct and staged.meta.keys.prefix == "a"
-    _write_chunks(h, staged.meta, x)
+    _write_chunks(h, staged, x)
     assert "a" not in zarr.open_group(str(root), mode="r")  # chunks, no document: no node
     h.commit_array_sync(staged, None)
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
@@ -68,17 +84,11 @@ def test_new_array_appears_with_its_document(tmp_path, fmt):
 
 @FORMATS
 def test_replacement_keeps_the_old_array_until_its_document(tmp_path, fmt):
-    root = tmp_path / "s.zarr"
-    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
-    old = np.arange(24 * 18, dtype="<i2").reshape(24, 18)
-    g.create_array("a", shape=old.shape, chunks=(10, 10), dtype=old.dtype)[:] = old
-    before = _files(root)
-    h = _open(root, fmt)
-    node = h.node_sync("a")
+    root, old, before, h, node = _with_old_array(tmp_path, fmt)
     x = np.random.default_rng(1).normal(size=(33, 7)).astype("<f8")
     staged = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 4)), "w1"), node)
     assert staged.direct and staged.final.keys.sep != node.keys.sep
-    _write_chunks(h, staged.meta, x)
+    _write_chunks(h, staged, x)
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], old)
     h.commit_array_sync(staged, node)
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
@@ -99,16 +109,28 @@ def test_one_dimensional_v2_replacement_is_staged(tmp_path):
 
 
 @FORMATS
-def test_new_array_over_stray_keys_is_staged_and_leaves_no_marker(tmp_path, fmt):
-    """The marker goes up while the name is listed: keys found there (a writer that died) make the
-    array staged, and the marker is taken away again."""
+def test_new_array_over_stray_keys_erases_those_of_its_encoding(tmp_path, fmt):
+    """Keys a writer that died left under a new array's name are listed beside its chunks: those
+    of its encoding that it did not store (a chunk it leaves at the fill value) go before its
+    document, or zarr-python would read them as its chunks; other keys stay."""
     root = tmp_path / "s.zarr"
     zarr.open_group(str(root), mode="w", zarr_format=fmt)
-    (root / "b").mkdir()
-    (root / "b" / "junk").write_bytes(b"x")
     h = _open(root, fmt)
-    staged = h.begin_array_sync(h.stage_array("b", NewArray((4, 4), np.dtype("<f4"), (2, 2)), "w1"), None)
-    assert not staged.direct
+    x = np.zeros((4, 4), "<f4")
+    x[:2, :2] = 5  # chunk (0, 0) holds data, the other three the fill value
+    planned = h.stage_array("b", NewArray(x.shape, x.dtype, (2, 2)), "w1")
+    assert planned.final.fill_value == 0
+    for idx in ((0, 0), (1, 1)):
+        h.store.set_sync(planned.final.keys.key(idx), b"left by a writer that died")
+    h.store.set_sync("b/notes", b"x")
+    staged = h.begin_array_sync(planned, None)
+    assert staged.direct
+    _write_chunks(h, staged, x)
+    assert staged.stored == {(0, 0)}
+    h.commit_array_sync(staged, None)
+    np.testing.assert_array_equal(zarr.open_array(str(root / "b"), mode="r")[...], x)
+    assert h.erases.drain(30) == 0
+    assert (root / "b" / "notes").read_bytes() == b"x"
     assert not [f for f in _files(root) if ".zarrfs" in f]
 
 
@@ -117,16 +139,10 @@ def test_new_array_over_stray_keys_is_staged_and_leaves_no_marker(tmp_path, fmt)
 def test_sweep_of_a_dead_direct_writer(tmp_path, fmt, committed):
     """A writer gone (no lease, keys an hour old) mid-replacement: before its document, its chunks
     go and the old array stays; after it, the old array's leftovers go and the new one stays."""
-    root = tmp_path / "s.zarr"
-    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
-    old = np.arange(24 * 18, dtype="<i2").reshape(24, 18)
-    g.create_array("a", shape=old.shape, chunks=(10, 10), dtype=old.dtype)[:] = old
-    before = _files(root)
-    h = _open(root, fmt)
-    node = h.node_sync("a")
+    root, old, before, h, node = _with_old_array(tmp_path, fmt)
     x = np.random.default_rng(2).normal(size=(20, 20)).astype("<f4")
     staged = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 8)), "dead"), node)
-    _write_chunks(h, staged.meta, x, stop_after=None if committed else 3)
+    _write_chunks(h, staged, x, stop_after=None if committed else 3)
     if committed:  # the document written, the old keys not yet erased
         for key in sorted(staged.docs, key=lambda k: k == staged.final.metadata_key):
             h.store.set_sync(key, staged.docs[key])
@@ -164,7 +180,7 @@ def test_second_replacement_waits_for_the_first_ones_erase(tmp_path, fmt):
     h.store.erase_many_sync, h.store.sizes_below_sync = held_erase, listing
     x = np.random.default_rng(3).normal(size=(30, 20)).astype("<f4")
     first = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 8)), "w1"), h.node_sync("a"))
-    _write_chunks(h, first.meta, x)
+    _write_chunks(h, first, x)
     h.commit_array_sync(first, h.node_sync("a"))  # returns with the erase held
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)
     events.clear()
@@ -177,10 +193,11 @@ def test_second_replacement_waits_for_the_first_ones_erase(tmp_path, fmt):
     second.start()
     erase_may_run.set()
     second.join()
-    assert events[:2] == ["erased", "listed"]
     staged = begun[0]
+    staged.found.result()  # (listed beside its first chunks)
+    assert events[:2] == ["erased", "listed"]
     assert staged.direct and staged.final.keys.sep != node.keys.sep
-    _write_chunks(h, staged.meta, y)
+    _write_chunks(h, staged, y)
     h.commit_array_sync(staged, node)
     assert h.erases.drain(30) == 0
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], y)

@@ -256,10 +256,10 @@ class Engine:
         """Store every dirty chunk (of one array, or all); raise the first failure (EIO)."""
         await self.writeback.flush(path)
 
-    def starts_empty(self, path: str) -> None:
+    def starts_empty(self, path: str, stored: set[Index] | None = None) -> None:
         """The array at PATH is being created (staged): no chunk of it is read from the store
-        before this engine stored it."""
-        self.writeback.starts_empty(path)
+        before this engine stored it; STORED, if given, is kept to the chunks stored with data."""
+        self.writeback.starts_empty(path, stored)
 
     def discard(self, path: str) -> None:
         """Forget everything held for an array, or every array below a group (after it is

@@ -87,6 +87,8 @@ class WriteBack:
         # Arrays being created: the chunks stored since (any other is known to be absent: a write
         # into part of it starts from the fill value, no read of the store).
         self._created: dict[str, set[Index]] = {}
+        # Of those, the ones stored with data, where the creator asked to know (starts_empty)
+        self._stored_into: dict[str, set[Index]] = {}
         # A failed background flush is reported at the array's next fsync/close.
         self._write_errors: dict[str, ZarrfsError] = {}
 
@@ -170,9 +172,12 @@ class WriteBack:
             self._flushing = True
             self.runtime.start_soon(self._flush_background)
 
-    def starts_empty(self, path: str) -> None:
-        """The array at PATH is being created: none of its chunks is stored until written here."""
+    def starts_empty(self, path: str, stored: set[Index] | None = None) -> None:
+        """The array at PATH is being created: none of its chunks is stored until written here.
+        STORED, if given, is kept to the indices of the chunks stored with data."""
         self._created[path] = set()
+        if stored is not None:
+            self._stored_into[path] = stored
 
     def _upload_full(self, meta: ArrayMeta, chunks: Sequence[Index], covered: Any) -> None:
         """Start storing the chunks this write completed (every element written since each became
@@ -294,6 +299,9 @@ class WriteBack:
                 data = await self.runtime.run_cpu(encode_chunk_sync, meta, store_key, arr, old, changed)
                 if data is not None or not absent:
                     await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)
+                stored = self._stored_into.get(key[0])
+                if stored is not None:
+                    (stored.add if data is not None else stored.discard)(key[1])
             except ZarrfsError as e:
                 self.tables.cache.discard(key)  # what the store holds is the truth again
                 self.tables.versions[key] = self.tables.versions.get(key, 0) + 1
@@ -350,5 +358,6 @@ class WriteBack:
             self._filled.pop(key, None)
         self._write_errors.pop(path, None)
         self._created.pop(path, None)
+        self._stored_into.pop(path, None)
         for key in [k for k in tables.versions if k[0] == path or k[0].startswith(path + "/")]:
             del tables.versions[key]

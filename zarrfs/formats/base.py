@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -20,6 +21,7 @@ from ..errors import (
     Unsupported,
     ZarrfsError,
 )
+from ..grid import Index
 from ..model import ArrayMeta, BrokenNode, GroupMeta, NewArray, Node
 from ..storage.base import BaseStore
 from ..storage.keys import RESERVED_PREFIX, STAGING_PREFIX, check_key, is_staging_key, join
@@ -61,8 +63,13 @@ class StagedArray:
     # Chunks written under their final keys (a new array on an object store): the staging area
     # holds only DIRECT_MARKER, naming where they go, until the documents are written.
     direct: bool = False
-    # Keys under the array's path when its direct write began (a replacement's old keys).
-    found: tuple[str, ...] = ()
+    # The keys under the array's path, listed beside the first chunks of a direct write (a
+    # replacement's old keys; maybe some of its own chunks, and keys a writer that died left).
+    found: concurrent.futures.Future[list[str]] | None = None
+    # Grid indices of the chunks a direct write stored (the engine's write-back adds each one
+    # it stores, and takes away one it finds all fill value): keys of its encoding that the
+    # listing found and it did not store are not its own, and go before its documents.
+    stored: set[Index] = dataclasses.field(default_factory=set)
 
 
 def guess_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -200,12 +199,12 @@ class NodeDocsHierarchy(Hierarchy):
     direct_writes = True
 
     def begin_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
-        """On an object store, chunks go straight under their final keys where no key of the new
-        array's encoding lies under its path: a new array (nothing under its path at all), or a
-        replacement whose chunk keys take the other separator (`/` or `.`) than the old array's,
-        which keeps every key of the old one. Readers follow the old documents (or none) until
-        the commit writes the new ones, so no copy is needed. The staging area holds only the
-        marker naming them (DIRECT_MARKER), for the sweep of a writer that dies."""
+        """On an object store, chunks go straight under their final keys: a new array's, or a
+        replacement's whose chunk keys take the other separator (`/` or `.`) than the old
+        array's, which keeps every key of the old one. Readers follow the old documents (or
+        none) until the commit writes the new ones, so no copy is needed. The staging area holds
+        only the marker naming them (DIRECT_MARKER), for the sweep of a writer that dies. What
+        lies under the path is listed beside the first chunks (`found`), not before them."""
         path = staged.final.path
         self.erases.wait_for(path)  # a replacement's old keys: they may take this one's separator
         if not self.direct_writes or self.store.is_local or not path:
@@ -220,25 +219,12 @@ class NodeDocsHierarchy(Hierarchy):
             if not _disjoint(old, final):
                 return staged
         final = direct.final
-        marker_key = join(staged.staging, DIRECT_MARKER)
-        # The marker goes up while the path is listed (one round trip instead of two); it is taken
-        # away again when the listing says the chunks must be staged
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            marked = pool.submit(self.store.set_sync, marker_key, _marker(direct))
-            try:
-                there = [join(path, rel) for rel in self.store.sizes_below_sync(path)]
-            except BaseException:
-                if marked.exception() is None:
-                    with contextlib.suppress(ZarrfsError):
-                        self.store.erase_sync(marker_key)
-                raise
-            marked.result()
-        # keys of something else under a new array's name (a writer that died), or of this encoding
-        if (old is None and there) or any(final.keys.is_key(key) for key in there):
-            self.store.erase_sync(marker_key)
-            return staged
+        self.store.set_sync(join(staged.staging, DIRECT_MARKER), _marker(direct))
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="zarrfs-found")
+        found = pool.submit(lambda: [join(path, rel) for rel in self.store.sizes_below_sync(path)])
+        pool.shutdown(wait=False)  # its thread ends with the listing
         meta = dataclasses.replace(final, path=staged.meta.path, inner=None, source=None)
-        return dataclasses.replace(direct, meta=meta, direct=True, found=tuple(there))
+        return dataclasses.replace(direct, meta=meta, direct=True, found=found)
 
     def with_separator(self, path: str, docs: dict[str, bytes], sep: str) -> tuple[dict[str, bytes], ArrayMeta]:
         """A new array's documents (from `array_docs`) with chunk keys separated by SEP."""
@@ -254,13 +240,24 @@ class NodeDocsHierarchy(Hierarchy):
         """The documents of an array whose chunks are in place (the metadata document last), the
         consolidated metadata; then, in the background, the old array's keys."""
         final = staged.final
+        found = staged.found.result() if staged.found is not None else []
+        # Keys of this encoding that it did not store (left by a writer that died, or by an erase
+        # that failed) would read as its chunks: they go first
+        own = {final.keys.key(idx) for idx in staged.stored}
+        strays = [key for key in found if final.keys.is_key(key) and key not in own]
+        if strays:
+            self.store.erase_many_sync(strays)
         for key in sorted(staged.docs, key=lambda k: k == final.metadata_key):
             self.store.set_sync(key, staged.docs[key])
         self._consolidate(final.path, staged.docs)
-        # The old array's keys as listed when the write began (the new keys cannot be among them),
-        # and the marker, in one bulk erase that the close does not wait for: no reader follows
-        # them now, and a write under the path waits for it (begin_array_sync)
-        gone = [key for key in staged.found if key not in staged.docs and not is_staging_key(key)]
+        # The old array's keys as listed when the write began (none of this encoding's), and the
+        # marker, in one bulk erase that the close does not wait for: no reader follows them now,
+        # and a write under the path waits for it (begin_array_sync)
+        gone = [
+            key
+            for key in found
+            if old is not None and key not in staged.docs and not final.keys.is_key(key) and not is_staging_key(key)
+        ]
         self.erases.start(final.path, lambda: self._erase_old_sync(final.path, staged.staging, gone))
 
     def _erase_old_sync(self, path: str, staging: str, gone: list[str]) -> None:

@@ -296,7 +296,7 @@ class Ingest:
         except ZarrfsError:
             await self._release_staging(staged.staging)
             raise
-        self.engine.starts_empty(begun.meta.path)
+        self.engine.starts_empty(begun.meta.path, begun.stored)
         return begun
 
     async def _release_staging(self, staging: str) -> None:
