@@ -200,6 +200,25 @@ def test_sharded_and_partial_writes_read_back(s3, proxy, mount, tmp_path):
     np.testing.assert_array_equal(_peer(proxy.port, name, "t"), x)
 
 
+def _copy_failing(mount, root, name: str, fail_at: int, tmp_path, seed: int):
+    """Mount ROOT over failfile:// with the FAIL_AT-th write of a key under NAME/ failing, and copy
+    an NPY file (of `_source(tmp_path, SEED)`) to NAME.npy: its close gives EIO. (mountpoint, the
+    daemon's log, the file copied)."""
+    mnt, _, log = mounting.mount_failing(
+        mount,
+        root,
+        {"FAILFILE_MATCH": f"/{name}/", "FAILFILE_FAIL_AT": str(fail_at)},
+        f"chunks={CHUNKS[0]},{CHUNKS[1]}",
+    )
+    mount.expect_errors()
+    _, src = _source(tmp_path, seed)
+    with pytest.raises(OSError) as exc:
+        with open(mnt / f"{name}.npy", "wb") as f:
+            f.write(src.read_bytes())
+    assert exc.value.errno == errno.EIO
+    return mnt, log, src
+
+
 @FORMATS
 def test_failed_upload_is_eio_and_keeps_the_old_array(mount, tmp_path, fmt):
     """Fault injection (tests/support/failing_store.py, an object-store-like file system): a chunk
@@ -210,15 +229,8 @@ def test_failed_upload_is_eio_and_keeps_the_old_array(mount, tmp_path, fmt):
     old = np.arange(40 * 30, dtype="<i2").reshape(40, 30)
     g.create_array("old", shape=old.shape, chunks=(16, 16), dtype=old.dtype)[:] = old
     before = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
-    mnt, proc, log = mounting.mount_failing(
-        mount, root, {"FAILFILE_MATCH": "/old/", "FAILFILE_FAIL_AT": "5"}, f"chunks={CHUNKS[0]},{CHUNKS[1]}"
-    )
-    mount.expect_errors()
-    x, src = _source(tmp_path, 4)
-    with pytest.raises(OSError) as exc:
-        with open(mnt / "old.npy", "wb") as f:
-            f.write(src.read_bytes())
-    assert exc.value.errno == errno.EIO
+    mnt, log, src = _copy_failing(mount, root, "old", 5, tmp_path, 4)
+    x = np.load(src)
     np.testing.assert_array_equal(zarr.open_array(str(root / "old"), mode="r")[...], old)
     assert np.array_equal(np.load(mnt / "old.npy"), old)
     after = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
@@ -238,15 +250,7 @@ def test_failed_upload_of_a_new_array_leaves_nothing(mount, tmp_path, fmt):
     name = f"failnew_v{fmt}.zarr"
     root = tmp_path / name
     zarr.open_group(str(root), mode="w", zarr_format=fmt)
-    mnt, proc, log = mounting.mount_failing(
-        mount, root, {"FAILFILE_MATCH": "/new/", "FAILFILE_FAIL_AT": "7"}, f"chunks={CHUNKS[0]},{CHUNKS[1]}"
-    )
-    mount.expect_errors()
-    x, src = _source(tmp_path, 5)
-    with pytest.raises(OSError) as exc:
-        with open(mnt / "new.npy", "wb") as f:
-            f.write(src.read_bytes())
-    assert exc.value.errno == errno.EIO
+    _copy_failing(mount, root, "new", 7, tmp_path, 5)
     assert not (root / "new").exists() or not any(p.is_file() for p in (root / "new").rglob("*"))
     assert not [p for p in root.rglob("*") if ".zarrfs" in p.name and p.is_file()]
     assert "new" not in zarr.open_group(str(root), mode="r")
