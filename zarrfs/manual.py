@@ -104,6 +104,12 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
         "`30`",
     ),
     OptionDoc(
+        "upload_part_size=SIZE",
+        "S3: a chunk or shard of twice this size or more is stored as a multipart upload in parts "
+        "of this size, up to 8 at once (at least `5M`, S3's smallest part; docs/SEMANTICS.md: Writes)",
+        "`50M`",
+    ),
+    OptionDoc(
         "metadata_ttl=SECONDS",
         "how long listings, metadata documents and the validity of cached "
         "chunks are trusted before they are checked against the store again; `0` checks every time, "

@@ -16,6 +16,8 @@ from .manual import AUTHORIZE, OPTION_NAMES
 FORMATS = ("auto", "v1", "v2", "v3", "v3-draft", "icechunk")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 URL_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+# S3 refuses a multipart upload whose parts (all but the last) are smaller than this.
+MIN_UPLOAD_PART_BYTES = 5 << 20
 
 # Standard FUSE / mount(8) options that we pass through to libfuse (with a value) or accept
 # and ignore because mount.fuse3 and /etc/fstab lines carry them.
@@ -164,6 +166,7 @@ class Options:
     # Icechunk: URL prefixes of the virtual chunk containers the mount may read from.
     authorize_virtual_chunk_access: tuple[str, ...] = ()
     timeout_s: float = 30.0
+    upload_part_bytes: int = 50 << 20  # s3fs's own part size: values of 100 MiB or more go in parts
     cache_dir: str | None = None  # None: diskcache.default_cache_dir()
     # A few datasets' worth of encoded chunks on a workstation's disk, yet little of a laptop's.
     disk_cache_bytes: int = 4 << 30
@@ -259,6 +262,10 @@ def build_options(items: list[str], foreground: bool = False) -> Options:
             kw["writable"] = _flag(name, value)
         elif name == "cache_size":
             kw["cache_size_bytes"] = parse_size(_need(name, value))
+        elif name == "upload_part_size":
+            kw["upload_part_bytes"] = parse_size(_need(name, value))
+            if kw["upload_part_bytes"] < MIN_UPLOAD_PART_BYTES:
+                raise UserError(f"upload_part_size={value}: S3 takes parts of 5M or more")
         elif name == "disk_cache_size":
             kw["disk_cache_bytes"] = parse_size(_need(name, value))
         elif name == "cache_dir":

@@ -92,6 +92,7 @@ def test_defaults():
         "uid=me",
         "umask=999",
         "writable=maybe",
+        "upload_part_size=4M",
     ],
 )
 def test_bad_options(bad):
@@ -123,6 +124,7 @@ EXAMPLES = {
     "umask": "022",
     "subtype": "zarr",
     "timeout": "5",
+    "upload_part_size": "8M",
     "metadata_ttl": "0",
     "remote_protocol": "s3",
     "remote_options": '{"anon": true}',

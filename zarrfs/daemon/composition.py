@@ -156,6 +156,7 @@ def open_store(source: str, storage_options: dict, options: Options, shown: str)
         if options.remote_protocol is not None or options.remote_options is not None:
             raise UserError(f"{shown}: remote_protocol and remote_options are for references only")
         store = Store(source, bounded_storage_options(source, storage_options, options.timeout_s))
+        store.upload_part_bytes = options.upload_part_bytes
     except ImportError as e:
         remedy = missing_backend(e)
         if remedy is None:

@@ -92,7 +92,8 @@ class BaseStore(abc.ABC):
 
     @abc.abstractmethod
     def set_sync(self, key: str, value: bytes) -> None:
-        """Store a value; a failure leaves the previous value intact."""
+        """Store a value; a failure leaves the previous value intact. A large value may go in
+        parts where the store takes them (S3's multipart upload); a failure then leaves no part."""
 
     @abc.abstractmethod
     def put_stream_sync(self, key: str, source: Any, block_bytes: int = 1 << 20) -> None:

@@ -76,6 +76,20 @@ def find_below(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, dict[str, 
     return fs.find(base, detail=True, withdirs=False)
 
 
+# Parts of one multipart upload sent at once: a chunk of a few hundred MiB goes up several parts
+# at a time, while other chunks' uploads (16 at once) share the store's 64 connections.
+PARTS_IN_FLIGHT = 8
+
+
+def upload_options(fs: fsspec.AbstractFileSystem, nbytes: int, part_bytes: int) -> tuple[dict[str, Any], int]:
+    """The keyword arguments of `pipe_file` that store NBYTES as a multipart upload in parts of
+    PART_BYTES where the file system makes those (s3fs: from twice the part size on, aborted
+    when a part fails), and the requests that costs; one PUT elsewhere."""
+    if not type(fs).__module__.startswith("s3fs") or nbytes < 2 * part_bytes:
+        return {}, 1
+    return {"chunksize": part_bytes, "max_concurrency": PARTS_IN_FLIGHT}, -(-nbytes // part_bytes) + 2
+
+
 def erase_requests(fs: fsspec.AbstractFileSystem, nkeys: int) -> int:
     """The requests `erase_many` sends for NKEYS paths."""
     return -(-nkeys // BULK_ERASE_KEYS) if isinstance(fs, AsyncFileSystem) else nkeys

@@ -39,6 +39,8 @@ FETCH_MARGIN_S = 5.0
 class Store(BaseStore):
     """A Zarr store rooted at an fsspec URL or local path; keys are `/`-separated strings."""
 
+    upload_part_bytes = 50 << 20  # values of twice this go in parts where they can (option upload_part_size)
+
     def __init__(
         self, source: str, storage_options: dict[str, Any] | None = None, fs: fsspec.AbstractFileSystem | None = None
     ) -> None:
@@ -322,16 +324,18 @@ class Store(BaseStore):
         so a reader (or a crash) sees the old value or the new one, never a mix.
         """
         path = self.path(key)
+        requests = 1
         try:
             if self.is_local:
                 local.replace_file(path, id(value), lambda f: f.write(value))
             else:
-                self.fs.pipe_file(path, bytes(value))
+                parts, requests = bulk.upload_options(self.fs, len(value), self.upload_part_bytes)
+                self.fs.pipe_file(path, bytes(value), **parts)
         except ZarrfsError:
             raise
         except Exception as e:
             raise StoreError(f"writing {key!r} failed: {describe_failure(e)}") from None
-        self.requests.put(len(value))
+        self.requests.put(len(value), requests)
 
     def put_stream_sync(self, key: str, source: Any, block_bytes: int = 1 << 20) -> None:
         """Store the bytes read from a file object, block by block (never whole in memory); like
