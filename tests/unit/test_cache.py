@@ -22,6 +22,22 @@ def test_lru_within_budget():
     assert cache.get(("a", (1,)), count=False) is None and cache.misses == 1
 
 
+def test_bytes_reserved_elsewhere_share_the_budget():
+    """Written chunks not yet stored (the write-back's) take their bytes from the cache's budget."""
+    cache = ChunkCache(300)
+    for i in range(3):
+        cache.put(("a", (i,)), chunk(100))
+    cache.reserve(150)  # the two least recently used go
+    assert cache.used_bytes == 100 and cache.contains(("a", (2,))) and cache.evictions == 2
+    cache.put(("a", (3,)), chunk(100))
+    assert cache.used_bytes == 100 and cache.contains(("a", (3,)))
+    cache.reserve(400)  # more than the budget: the chunk put last stays
+    assert cache.used_bytes == 100
+    cache.reserve(0)
+    cache.put(("a", (4,)), chunk(100))
+    assert cache.used_bytes == 200
+
+
 def test_cached_arrays_are_read_only_and_broadcasts_cost_nothing():
     cache = ChunkCache(100)
     arr = chunk(10)

@@ -27,6 +27,9 @@ class ChunkCache:
     def __init__(self, max_bytes: int, oversize_slots: int = OVERSIZE_SLOTS) -> None:
         self.max_bytes = max_bytes
         self.used_bytes = 0
+        # Bytes of the budget held elsewhere: written chunks not yet stored (writeback.py), which
+        # share `cache_size` with the cache so that a long copy keeps the daemon within it.
+        self.reserved_bytes = 0
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -96,7 +99,16 @@ class ChunkCache:
             return
         self._items[key] = (arr, cost)
         self.used_bytes += cost
-        while self.used_bytes > self.max_bytes:
+        self._evict()
+
+    def reserve(self, nbytes: int) -> None:
+        """NBYTES of the budget are held elsewhere from now on: the least recently used go until
+        the rest fits (the chunk put last stays, as in `put`)."""
+        self.reserved_bytes = nbytes
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.used_bytes + self.reserved_bytes > self.max_bytes and len(self._items) > 1:
             _, (_, old_cost) = self._items.popitem(last=False)
             self.used_bytes -= old_cost
             self.evictions += 1

@@ -73,7 +73,7 @@ class WriteBack:
         self.runtime, self.tables, self.loads = runtime, tables, loads
         self._read = read  # the engine's read: the other bytes of elements a write cuts
         self.dirty_max_bytes = dirty_max_bytes
-        self.dirty_bytes = 0
+        self._dirty_bytes = 0
         self.storing_bytes = 0  # chunks taken from the dirty set and being encoded or stored
         self._flushing = False  # a background flush is running
         # On a remote store a chunk whose every element was written is uploaded at once, while
@@ -91,6 +91,16 @@ class WriteBack:
         self._stored_into: dict[str, set[Index]] = {}
         # A failed background flush is reported at the array's next fsync/close.
         self._write_errors: dict[str, ZarrfsError] = {}
+
+    @property
+    def dirty_bytes(self) -> int:
+        """Bytes of written chunks not yet taken to be stored: the cache keeps them free."""
+        return self._dirty_bytes
+
+    @dirty_bytes.setter
+    def dirty_bytes(self, nbytes: int) -> None:
+        self._dirty_bytes = nbytes
+        self.tables.cache.reserve(nbytes)
 
     async def write(self, stream: ArrayStream, offset: int, data: bytes) -> None:
         """Write bytes into the data part of a stream: patch the chunks touched (read-modify-write).
