@@ -157,7 +157,8 @@ def staging_writer(name: str) -> str | None:
 
 
 class LeaseKeeper:
-    """This daemon's lease: written before its first staged key, refreshed while it stages,
+    """This daemon's lease: written with its first staged key (a sweep keeps an area with no
+    lease while its keys are recent, so the two may go up at once), refreshed while it stages,
     erased as soon as it stages nothing. `write_sync` and `erase_sync` do store I/O (worker
     threads); the others run in the main loop, which takes one step at a time (`due`)."""
 
@@ -174,7 +175,7 @@ class LeaseKeeper:
         self._failure_said = LogOnce()
 
     def claim(self, staging: str) -> None:
-        """A staging area comes into use (the lease must be written before its first key)."""
+        """A staging area comes into use (the lease must be written with its first key)."""
         self.areas.add(staging)
 
     def release(self, staging: str) -> None:
