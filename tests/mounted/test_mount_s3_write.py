@@ -57,7 +57,7 @@ def _settled(mount, mnt) -> None:
 
 
 def _chunk_requests(proxy, name: str, path: str, method: str) -> list[str]:
-    docs = ("zarr.json", ".zarray", ".zattrs")
+    docs = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
     return [p for m, p in proxy.requests if m == method and f"/{name}/{path}/" in p and not p.endswith(docs)]
 
 
