@@ -203,3 +203,21 @@ def test_second_replacement_waits_for_the_first_ones_erase(tmp_path, fmt):
     np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], y)
     assert len(_old_chunks(_files(root))) == 4 * 3
     assert not [f for f in _files(root) if ".zarrfs" in f]
+
+
+@FORMATS
+def test_sweep_keeps_the_keys_of_a_writer_at_work_on_the_same_array(tmp_path, fmt):
+    """A writer died mid-replacement; this mount's writer (the sweep's own) replaces the same
+    array again, under the same key names, while the sweep runs: the dead writer's marker no
+    longer decides over those keys, and the new array reads whole once committed."""
+    root, old, _, h, node = _with_old_array(tmp_path, fmt)
+    dead = h.begin_array_sync(h.stage_array("a", NewArray((20, 20), np.dtype("<f4"), (8, 8)), "dead"), node)
+    _write_chunks(h, dead, np.ones((20, 20), "<f4"), stop_after=3)
+    x = np.random.default_rng(5).normal(size=(20, 20)).astype("<f4")
+    live = h.begin_array_sync(h.stage_array("a", NewArray(x.shape, x.dtype, (8, 8)), "me"), node)
+    assert live.final.keys == dead.final.keys  # the same names: the dead writer's sweep would erase these
+    _write_chunks(h, live, x)
+    out = staging.sweep_sync(_open(root, fmt), "me", now_s=time.time() + 2 * staging.LEASE_STALE_S)
+    assert out["removed"] == 1
+    h.commit_array_sync(live, node)
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], x)

@@ -284,7 +284,7 @@ def _sweep_area_sync(store: BaseStore, prefix: str, lease: Lease | None, here: M
             else "with no lease and no keys"
         )
     if DIRECT_MARKER in keys:
-        _sweep_direct_sync(store, join(prefix, DIRECT_MARKER))
+        _sweep_direct_sync(store, prefix)
     store.erase_below_sync(prefix)
     log.warning(
         "removed the staging area %s of a writer that died: %d keys, %s, %s", prefix, len(keys), _size(nbytes), whose
@@ -292,10 +292,13 @@ def _sweep_area_sync(store: BaseStore, prefix: str, lease: Lease | None, here: M
     return True
 
 
-def _sweep_direct_sync(store: BaseStore, marker_key: str) -> None:
+def _sweep_direct_sync(store: BaseStore, area: str) -> None:
     """A writer that died while writing an array's chunks under their final keys: if its metadata
     document is in the store, the keys under the prefix that are neither its documents nor its
-    chunks (the old array's) go; else its chunks go (keys of its encoding: never the old array's)."""
+    chunks (the old array's) go; else its chunks go (keys of its encoding: never the old array's).
+    Nothing goes while another writer's marker names the same prefix: that writer may be storing
+    keys of the same names, and its commit erases those of its encoding it did not store."""
+    marker_key = join(area, DIRECT_MARKER)
     try:
         marker = json.loads(store.get_sync(marker_key) or b"null")
         keys = ChunkKeys(str(marker["prefix"]), str(marker["separator"]), str(marker["head"]), str(marker["zero_d"]))
@@ -309,6 +312,9 @@ def _sweep_direct_sync(store: BaseStore, marker_key: str) -> None:
     metadata = store.get_sync(metadata_key)
     committed = metadata is not None and hashlib.sha256(metadata).hexdigest() == digest
     below = [join(keys.prefix, rel) for rel in store.sizes_below_sync(keys.prefix)]
+    if _written_again_sync(store, area, keys.prefix):  # after the listing: its first keys follow its marker
+        log.info("%s: another writer is writing %s now; the keys under it stay", marker_key, keys.prefix)
+        return
     if committed:
         gone = [k for k in below if k not in documents and not keys.is_key(k) and not is_staging_key(k)]
     else:
@@ -317,3 +323,18 @@ def _sweep_direct_sync(store: BaseStore, marker_key: str) -> None:
     if gone:
         what = "of the array it replaced" if committed else "it wrote without their metadata"
         log.warning("removed %d keys under %s %s (a writer that died)", len(gone), keys.prefix, what)
+
+
+def _written_again_sync(store: BaseStore, area: str, prefix: str) -> bool:
+    """Whether a staging area beside AREA other than it holds a direct marker naming PREFIX."""
+    parent, _, own = area.rpartition("/")
+    for name in store.list_dir_sync(parent)[1]:
+        if not name.startswith(STAGING_PREFIX) or name == own:
+            continue
+        try:
+            marker = json.loads(store.get_sync(join(parent, name, DIRECT_MARKER)) or b"null")
+        except (ValueError, UnicodeDecodeError):
+            continue  # not a marker this code wrote
+        if isinstance(marker, dict) and marker.get("prefix") == prefix:
+            return True
+    return False
