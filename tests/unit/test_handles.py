@@ -234,4 +234,4 @@ async def test_statistics_rewrites_share_a_bounded_memory(store_dir, monkeypatch
     await first.release()
     assert await second.write(30_000, b" " * 30_000) == 30_000
     await second.release()
-    assert ns.rewrite_bytes == 0
+    assert ns.files.rewrite_bytes == 0

@@ -13,7 +13,7 @@ from zarrfs.formats.v2 import V2Hierarchy
 from zarrfs.formats.v3 import V3Hierarchy
 from zarrfs.model import BrokenNode
 from zarrfs.storage.store import Store
-from zarrfs.tree.ingest import Coverage
+from zarrfs.tree.incoming import Coverage
 from zarrfs.tree.plain import is_plain_name
 
 from support import builders, oracles

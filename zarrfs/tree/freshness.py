@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import Stale, ZarrfsError
+from .. import grid
+from ..errors import NotFound, Stale, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
 from ..repeats import LogOnce
 from ..views import netcdf
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..formats.base import Hierarchy
     from ..storage.icechunk import IcechunkStore
-    from .changes import Changes
     from .contents import Contents
     from .entries import Entry
     from .georefs import Georefs
@@ -66,8 +66,9 @@ class FreshTree(Protocol):
     statistics: SavedStatistics
     georefs: Georefs
     versions: Versions
-    changes: Changes
-    open_files: int
+
+    @property
+    def open_files(self) -> int: ...
 
     def show_root(self, node: Node) -> None: ...
 
@@ -227,6 +228,41 @@ class Freshness:
         self.inodes.drop_names_of(inodes)
         self.inodes.drop_unused(gone)
 
+    async def repoint(self, old_path: str, new_path: str, skip: int = 0) -> None:
+        """Entries of nodes at or below `old_path` now show the nodes at `new_path` (after a move,
+        a replacement, or a move to another snapshot); those with nothing left to show give ENOENT."""
+        fresh_nodes: dict[str, Node | None] = {}  # one metadata read per node, however many views
+        for other in self.inodes.all():
+            was = other.node
+            if (
+                other.inode == skip
+                or was is None
+                or isinstance(was, BrokenNode)
+                or not (was.path == old_path or (old_path and was.path.startswith(old_path + "/")))
+            ):
+                continue
+            target = new_path + was.path[len(old_path) :]
+            if target not in fresh_nodes:
+                fresh_nodes[target] = await self.engine.run_io(self.hierarchy.node_sync, target)
+            fresh = fresh_nodes[target]
+            if fresh is None or fresh.kind != was.kind:
+                other.error = NotFound(f"{was.path} is gone")
+                continue
+            if (
+                other.kind is Kind.CHUNK
+                and isinstance(fresh, ArrayMeta)
+                and (
+                    len(other.position) != len(fresh.shape)
+                    or any(i >= n for i, n in zip(other.position, grid.grid_shape(fresh.shape, fresh.chunk_shape)))
+                )
+            ):
+                other.error = NotFound(f"chunk {other.origin} of {fresh.path} no longer exists")
+                continue
+            other.show(fresh)
+            other.checked = self.epoch  # read from the store just now
+        self.tree.listings.forget_sizes(old_path)
+        self.tree.listings.forget_sizes(new_path)
+
     async def _follow_netcdf(self, entry: Entry, group: GroupMeta) -> None:
         """A group's netCDF file laid out again from its arrays now; it retires if its bytes moved
         (its header changed)."""
@@ -348,7 +384,7 @@ class Freshness:
             if e.node is not None and not isinstance(e.node, BrokenNode) and not is_version_path(e.node.path)
         }
         for top in sorted(tops):
-            await self.tree.changes.repoint(top, top)
+            await self.repoint(top, top)
 
     def due(self) -> bool:
         """Whether the TTL ran out (or a revalidation is under way): a read must `revalidate` first."""

@@ -2,8 +2,10 @@
 
 A handle holds what its open needs: the bytes of a generated file fixed at open, its own
 read-ahead state, the entry it reads. The state shared by every open of one file (an
-array being written, a held file's bytes) stays with the entry. `open_file` checks the
-flags and picks the class; the FUSE layer only maps file handles to these objects.
+array being written, a held file's bytes) stays with the entry; what all open files share
+(how many are open, the bytes their statistics rewrites hold) with `OpenFiles`, which
+checks the flags of an open and picks the class. The FUSE layer only maps file handles to
+these objects.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..engine import ReadAhead
 from ..errors import (
@@ -32,9 +34,13 @@ from ..views.kinds import ARRAY_FILE_KINDS, Kind
 from ..views.streams import ByteStream
 
 if TYPE_CHECKING:
+    from ..engine import Engine
+    from .contents import Contents
     from .entries import Entry
-    from .namespace import Namespace
+    from .freshness import Freshness
+    from .inodes import Inodes
     from .plain import PlainFile
+    from .statistics import SavedStatistics
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,100 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 # Statistics rewrites held by open descriptors take at most this much memory together (any user
 # can write them, read-only mounts too): room for a VRT of some ten thousand bands.
 REWRITES_MAX_BYTES = 8 << 20
+
+
+class FileTree(Protocol):
+    """What open files ask of the namespace: its writes, each sent to plain files or arriving
+    files by the entry's kind at the time (a held file renamed to NAME.npy while open becomes an
+    array), the pages the kernel keeps, and the text of stats.json."""
+
+    async def truncate(self, entry: Entry, size: int = 0) -> None: ...
+
+    async def write(self, entry: Entry, offset: int, data: bytes) -> int: ...
+
+    async def sync(self, entry: Entry) -> None: ...
+
+    async def close(self, entry: Entry) -> None: ...
+
+    async def release(self, entry: Entry) -> None: ...
+
+    def forget_pages(self, inodes: list[int]) -> None: ...
+
+    def stats_bytes(self) -> bytes: ...
+
+
+class OpenFiles:
+    """The files open on a mount: the parts their handles use, how many are open, and the bytes
+    their statistics rewrites hold together."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        inodes: Inodes,
+        *,
+        freshness: Freshness,
+        contents: Contents,
+        statistics: SavedStatistics,
+        tree: FileTree,
+        writes_allowed: bool,
+    ) -> None:
+        self.engine = engine
+        self.inodes = inodes
+        self.freshness, self.contents, self.statistics = freshness, contents, statistics
+        self.tree = tree
+        self.writes_allowed = writes_allowed
+        self.count = 0  # open handles
+        self.rewrite_bytes = 0  # bytes of statistics rewrites held by open descriptors
+
+    def opened(self, entry: Entry, kind: type[Handle] | None = None) -> Handle:
+        """A handle on `entry` (of class KIND, else the one its kind of file takes), counted as
+        open (a created file, or one `open_file` checked)."""
+        entry.opens += 1
+        self.count += 1
+        return kind(self, entry) if kind is not None else _handle_for(self, entry)
+
+    async def open_file(self, entry: Entry, flags: int) -> Handle:
+        """open(2) of an existing file: EISDIR, EROFS, EACCES, EINVAL (O_APPEND on an array),
+        EPERM (a read-only representation), or the entry's own error; O_TRUNC starts a replacement."""
+        if entry.is_dir:
+            raise IsADir("a directory")
+        await self.freshness.follow(entry)  # an entry the kernel kept across a refresh shows what the store holds now
+        if flags & WRITE_FLAGS:
+            self._check_write_open(entry, flags)
+            if entry.saves_statistics:
+                return self.opened(entry, StatisticsRewriteHandle)
+            if flags & os.O_TRUNC:
+                await self.tree.truncate(entry)
+                return self.opened(entry)
+        w = entry.writing
+        if entry.error is not None and (w is None or w.pending is None) and entry.kind is not Kind.PLAIN:
+            node = entry.node
+            what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key or ""
+            if not isinstance(entry.error, Stale):  # (replaced in the store, said once: the kernel looks it up again)
+                self.engine.note_failure(entry.error, what)
+            raise entry.error
+        if entry.kind is Kind.STATS and entry.view == "refresh":
+            await self.freshness.revalidate(
+                force=True
+            )  # opening .zarrfs/refresh (cat, touch) drops listings and metadata
+        await self.contents.settle(entry)
+        handle = self.opened(entry)
+        handle.o_direct = bool(flags & os.O_DIRECT)
+        return handle
+
+    def _check_write_open(self, entry: Entry, flags: int) -> None:
+        if entry.saves_statistics and flags & os.O_TRUNC and not flags & os.O_APPEND:
+            return  # a rewrite that saves statistics (StatisticsRewriteHandle)
+        if not self.writes_allowed:
+            raise ReadOnly("read-only mount")
+        if not entry.writable:
+            raise AccessDenied(f"{entry.kind.value} files cannot be written")
+        if flags & os.O_APPEND and entry.kind is not Kind.PLAIN:
+            raise InvalidArgument("arrays do not grow: O_APPEND is refused")
+        reason = getattr(entry.node, "read_only", None)
+        if reason and not flags & os.O_TRUNC:  # shown in a form that cannot be written back (vlen strings)
+            log.warning("%s: %s", entry.array.metadata_key, reason)
+            raise NotPermitted(f"{entry.array.path or '/'}: {reason}")
 
 
 class Handle:
@@ -54,8 +154,9 @@ class Handle:
     # Writes reach it on a read-only mount (else they fail with EROFS before it sees them).
     writes_on_read_only = False
 
-    def __init__(self, ns: Namespace, entry: Entry) -> None:
-        self.ns = ns
+    def __init__(self, files: OpenFiles, entry: Entry) -> None:
+        self.files = files
+        self.engine = files.engine
         self.entry = entry
         self._told_stale = False
 
@@ -63,7 +164,7 @@ class Handle:
         """Before a read of an array's bytes: the TTL is checked, the entry follows the store (once
         per TTL or refresh); one replaced in the store since this open fails from then on (ESTALE:
         freshness.py)."""
-        freshness = self.ns.freshness
+        freshness = self.files.freshness
         if freshness.due():  # the TTL runs out for readers of open files too, not only for lookups
             await freshness.revalidate()
         await freshness.follow(self.entry)
@@ -90,17 +191,17 @@ class Handle:
     async def release(self) -> None:
         """The last descriptor of this open is closed."""
         self.entry.opens -= 1
-        self.ns.open_files -= 1
-        if self.entry.opens == 0 and self.ns.writes_allowed:
-            await self.ns.release(self.entry)
-        self.ns.drop_unused([self.entry])
+        self.files.count -= 1
+        if self.entry.opens == 0 and self.files.writes_allowed:
+            await self.files.tree.release(self.entry)
+        self.files.inodes.drop_unused([self.entry])
 
 
 class SnapshotHandle(Handle):
     """A generated file (stats.json, info/*.json): its bytes as they were at open."""
 
-    def __init__(self, ns: Namespace, entry: Entry, content: bytes, direct_io: bool = False) -> None:
-        super().__init__(ns, entry)
+    def __init__(self, files: OpenFiles, entry: Entry, content: bytes, direct_io: bool = False) -> None:
+        super().__init__(files, entry)
         self.content = content
         self.direct_io = direct_io
 
@@ -112,15 +213,15 @@ class StoreKeyHandle(Handle):
     """A store key under `.zarrfs/store/`, byte for byte."""
 
     async def read(self, offset: int, size: int) -> bytes | memoryview:
-        return await self.ns.engine.read_key(self.entry.known_key, offset, size, self.entry.size)
+        return await self.engine.read_key(self.entry.known_key, offset, size, self.entry.size)
 
 
 class ArrayHandle(Handle):
     """An array's file in one layout (the main tree's .npy, npy-f, raw, raw-f, a chunk file),
     or a new NPY file being written; read-ahead follows this open's sequential reads only."""
 
-    def __init__(self, ns: Namespace, entry: Entry) -> None:
-        super().__init__(ns, entry)
+    def __init__(self, files: OpenFiles, entry: Entry) -> None:
+        super().__init__(files, entry)
         self.readahead = ReadAhead()
         # This open's run of reads, each starting where the last ended: where it ends, when a read
         # of it last arrived or was answered, and the freshness epoch whose versions it shows.
@@ -132,25 +233,25 @@ class ArrayHandle(Handle):
         """Whether a read arriving now continues this open's run back to back: the kernel sends the
         requests of one O_DIRECT read(2) larger than 1 MiB together, or one after another."""
         gap = time.monotonic() - self._touched
-        return self.o_direct and offset == self._run_end and gap <= self.ns.freshness.pin_s
+        return self.o_direct and offset == self._run_end and gap <= self.files.freshness.pin_s
 
     def _pinned(self, continues: bool) -> bool:
         """Whether a read takes the versions the TTL's last start dropped: it continues an O_DIRECT
         read whose earlier requests showed them, or the kernel may hold pages of them
         (freshness.pinned)."""
-        freshness = self.ns.freshness
+        freshness = self.files.freshness
         return freshness.pinned(self.entry, continues and self._run_epoch < freshness.epoch)
 
     def _shows(self, offset: int, size: int, continues: bool, pinned: bool) -> None:
         """A read of the run arrived (or was answered): the run shows what it shows."""
         self._run_end, self._touched = offset + size, time.monotonic()
         if not (continues and pinned):
-            epoch = self.ns.freshness.epoch
+            epoch = self.files.freshness.epoch
             self._run_epoch = epoch - 1 if pinned else epoch
 
     def read_now(self, offset: int, size: int) -> bytes | memoryview | None:
         entry = self.entry
-        freshness = self.ns.freshness
+        freshness = self.files.freshness
         if (
             entry.writing is not None
             or entry.error is not None
@@ -162,7 +263,7 @@ class ArrayHandle(Handle):
         continues = self._continues(offset)
         if self._pinned(continues):  # (fast paths know nothing of pinned versions)
             return None
-        data = self.ns.engine.read_now(entry.stream, offset, size, self.readahead)
+        data = self.engine.read_now(entry.stream, offset, size, self.readahead)
         if data is not None:
             self._shows(offset, size, continues, False)
         return data
@@ -170,7 +271,7 @@ class ArrayHandle(Handle):
     async def read(self, offset: int, size: int) -> bytes | memoryview:
         entry, w = self.entry, self.entry.writing
         if w is not None and w.stream is not None:  # a file being written: the writer's own layout
-            return await self.ns.engine.read(w.stream, offset, size, readahead=self.readahead)
+            return await self.engine.read(w.stream, offset, size, readahead=self.readahead)
         if w is not None and w.pending is not None:  # no NPY header yet: only what was written so far
             return bytes(w.pending[offset : offset + size])
         continues = self._continues(offset)
@@ -179,28 +280,26 @@ class ArrayHandle(Handle):
         if entry.error is not None:
             raise entry.error
         if entry.kind is Kind.TIFF and entry.laid_out is None:  # shown another node: its header is made again
-            await self.ns.settle(entry)
+            await self.files.contents.settle(entry)
         pinned = self._pinned(continues)
         self._shows(offset, size, continues, pinned)
-        data = await self.ns.engine.read(
-            entry.stream, offset, size, readahead=self.readahead, reply=True, pinned=pinned
-        )
+        data = await self.engine.read(entry.stream, offset, size, readahead=self.readahead, reply=True, pinned=pinned)
         self._touched = time.monotonic()
         return data
 
     async def write(self, offset: int, data: bytes) -> int:
-        return await self.ns.write(self.entry, offset, data)
+        return await self.files.tree.write(self.entry, offset, data)
 
     async def flush(self) -> None:
         """The written chunks are in the store when it returns (or it fails with EIO); a new
         array completed by this close is committed. One still incomplete is left to the last
         close (release): FUSE flushes at the close of every descriptor, a forked child's too."""
-        if self.ns.writes_allowed:
-            await self.ns.close(self.entry)
+        if self.files.writes_allowed:
+            await self.files.tree.close(self.entry)
 
     async def fsync(self) -> None:
-        if self.ns.writes_allowed:
-            await self.ns.sync(self.entry)
+        if self.files.writes_allowed:
+            await self.files.tree.sync(self.entry)
 
 
 class LaidOutHandle(Handle):
@@ -208,15 +307,15 @@ class LaidOutHandle(Handle):
     at once from their offsets, the parts read through the engine with one read-ahead state each
     (a reader of the whole file reads each in turn)."""
 
-    def __init__(self, ns: Namespace, entry: Entry) -> None:
-        super().__init__(ns, entry)
+    def __init__(self, files: OpenFiles, entry: Entry) -> None:
+        super().__init__(files, entry)
         self.readaheads: dict[int, ReadAhead] = {}
 
     def read_now(self, offset: int, size: int) -> bytes | None:
         """A read of header bytes alone (directories, tables, the OME-XML: what readers parse
         first, in many small reads) is made from their offsets at once."""
         entry = self.entry
-        freshness = self.ns.freshness
+        freshness = self.files.freshness
         if entry.error is not None or entry.checked != freshness.epoch or freshness.due() or entry.laid_out is None:
             return None
         parts = list(entry.laid_out.parts(offset, size))
@@ -240,7 +339,7 @@ class LaidOutHandle(Handle):
 
     async def read_part(self, i: int, stream: ByteStream, off: int, n: int, ahead: ReadAhead) -> bytes | memoryview:
         """Bytes [OFF, OFF+N) of part I, whose bytes STREAM holds."""
-        return await self.ns.engine.read(stream, off, n, readahead=ahead)
+        return await self.engine.read(stream, off, n, readahead=ahead)
 
 
 class NetcdfHandle(LaidOutHandle):
@@ -249,7 +348,7 @@ class NetcdfHandle(LaidOutHandle):
     async def read_part(self, i: int, stream: ByteStream, off: int, n: int, ahead: ReadAhead) -> bytes | memoryview:
         var = self.entry.stream.variables[i]
         start, length = var.source_range(off, n)
-        raw = await self.ns.engine.read(stream, start, length, readahead=ahead)
+        raw = await self.engine.read(stream, start, length, readahead=ahead)
         return var.data_bytes(raw, off, n)
 
 
@@ -267,8 +366,8 @@ class StatisticsRewriteHandle(Handle):
     # Each open reads the text made from the kept statistics, not pages left by the writer.
     direct_io = True
 
-    def __init__(self, ns: Namespace, entry: Entry) -> None:
-        super().__init__(ns, entry)
+    def __init__(self, files: OpenFiles, entry: Entry) -> None:
+        super().__init__(files, entry)
         self.written = bytearray()
         self.changed = False  # written to since the last close of a descriptor
 
@@ -282,14 +381,14 @@ class StatisticsRewriteHandle(Handle):
             raise TooBig(f"{name}: a rewrite of {end} bytes is more than statistics")
         grow = end - len(self.written)
         if grow > 0:
-            if self.ns.rewrite_bytes + grow > REWRITES_MAX_BYTES:
+            if self.files.rewrite_bytes + grow > REWRITES_MAX_BYTES:
                 error = NoSpace(
                     f"{name}: statistics not saved: the rewrites open on this mount would hold "
                     f"more than {REWRITES_MAX_BYTES >> 20} MiB"
                 )
-                self.ns.engine.note_failure(error, name)  # said once a minute at most
+                self.engine.note_failure(error, name)  # said once a minute at most
                 raise error
-            self.ns.rewrite_bytes += grow
+            self.files.rewrite_bytes += grow
             self.written.extend(bytes(grow))
         self.written[offset:end] = data
         self.changed = True
@@ -301,21 +400,21 @@ class StatisticsRewriteHandle(Handle):
         if not self.changed:
             return
         self.changed = False
-        if not await self.ns.statistics.keep(self.entry, bytes(self.written)):
+        if not await self.files.statistics.keep(self.entry, bytes(self.written)):
             log.warning(
                 "%s/%s: a rewrite that changes more than band statistics is refused (%s)",
                 self.entry.view,
                 self.entry.array.path,
                 self.entry.kind.value,
             )
-            raise (AccessDenied if self.ns.writes_allowed else ReadOnly)("only statistics can be saved here")
+            raise (AccessDenied if self.files.writes_allowed else ReadOnly)("only statistics can be saved here")
 
     async def release(self) -> None:
-        self.ns.rewrite_bytes -= len(self.written)
+        self.files.rewrite_bytes -= len(self.written)
         self.written = bytearray()
         await super().release()
         # The kernel keeps the writer's pages and size: drop them, the text is made again.
-        self.ns.forget_pages([self.entry.inode])
+        self.files.tree.forget_pages([self.entry.inode])
 
 
 class PlainFileHandle(Handle):
@@ -336,80 +435,29 @@ class PlainFileHandle(Handle):
     async def flush(self) -> None:
         """close(2): the file is stored a few seconds later (unless renamed to NAME.npy or
         removed first), as a file system's page cache writes back; fsync stores it at once."""
-        if self.ns.writes_allowed and self.entry.plain is not None:
-            await self.ns.close(self.entry)
+        if self.files.writes_allowed and self.entry.plain is not None:
+            await self.files.tree.close(self.entry)
 
     async def fsync(self) -> None:
-        if self.ns.writes_allowed and self.entry.plain is not None:
-            await self.ns.sync(self.entry)
+        if self.files.writes_allowed and self.entry.plain is not None:
+            await self.files.tree.sync(self.entry)
 
 
-def _handle_for(ns: Namespace, entry: Entry) -> Handle:
+def _handle_for(files: OpenFiles, entry: Entry) -> Handle:
     if entry.kind is Kind.STATS and entry.view == "refresh":
-        return SnapshotHandle(ns, entry, b"", direct_io=True)
+        return SnapshotHandle(files, entry, b"", direct_io=True)
     if entry.kind is Kind.STATS:
-        return SnapshotHandle(ns, entry, ns.stats_bytes(), direct_io=True)  # fresh at every open
+        return SnapshotHandle(files, entry, files.tree.stats_bytes(), direct_io=True)  # fresh at every open
     if entry.kind in (Kind.INFO, Kind.TEXT, Kind.PAM, Kind.PREVIEW, Kind.VERSIONLOG):
-        return SnapshotHandle(ns, entry, entry.content or b"")
+        return SnapshotHandle(files, entry, entry.content or b"")
     if entry.kind is Kind.STOREKEY:
-        return StoreKeyHandle(ns, entry)
+        return StoreKeyHandle(files, entry)
     if entry.kind is Kind.PLAIN:
-        return PlainFileHandle(ns, entry)
+        return PlainFileHandle(files, entry)
     if entry.kind is Kind.NETCDF:
-        return NetcdfHandle(ns, entry)
+        return NetcdfHandle(files, entry)
     if entry.kind is Kind.OMETIFF:
-        return OmeTiffHandle(ns, entry)
+        return OmeTiffHandle(files, entry)
     if entry.kind in ARRAY_FILE_KINDS:
-        return ArrayHandle(ns, entry)
-    return Handle(ns, entry)
-
-
-def opened(ns: Namespace, entry: Entry, kind: type[Handle] | None = None) -> Handle:
-    """A handle on `entry` (of class KIND, else the one its kind of file takes), counted as
-    open (a created file, or one `open_file` checked)."""
-    entry.opens += 1
-    ns.open_files += 1
-    return kind(ns, entry) if kind is not None else _handle_for(ns, entry)
-
-
-async def _check_write_open(ns: Namespace, entry: Entry, flags: int) -> None:
-    if entry.saves_statistics and flags & os.O_TRUNC and not flags & os.O_APPEND:
-        return  # a rewrite that saves statistics (StatisticsRewriteHandle)
-    if not ns.writes_allowed:
-        raise ReadOnly("read-only mount")
-    if not entry.writable:
-        raise AccessDenied(f"{entry.kind.value} files cannot be written")
-    if flags & os.O_APPEND and entry.kind is not Kind.PLAIN:
-        raise InvalidArgument("arrays do not grow: O_APPEND is refused")
-    reason = getattr(entry.node, "read_only", None)
-    if reason and not flags & os.O_TRUNC:  # shown in a form that cannot be written back (vlen strings)
-        log.warning("%s: %s", entry.array.metadata_key, reason)
-        raise NotPermitted(f"{entry.array.path or '/'}: {reason}")
-
-
-async def open_file(ns: Namespace, entry: Entry, flags: int) -> Handle:
-    """open(2) of an existing file: EISDIR, EROFS, EACCES, EINVAL (O_APPEND on an array),
-    EPERM (a read-only representation), or the entry's own error; O_TRUNC starts a replacement."""
-    if entry.is_dir:
-        raise IsADir("a directory")
-    await ns.freshness.follow(entry)  # an entry the kernel kept across a refresh shows what the store holds now
-    if flags & WRITE_FLAGS:
-        await _check_write_open(ns, entry, flags)
-        if entry.saves_statistics:
-            return opened(ns, entry, StatisticsRewriteHandle)
-        if flags & os.O_TRUNC:
-            await ns.truncate(entry)
-            return opened(ns, entry)
-    w = entry.writing
-    if entry.error is not None and (w is None or w.pending is None) and entry.kind is not Kind.PLAIN:
-        node = entry.node
-        what = node.key if isinstance(node, BrokenNode) else node.path if node is not None else entry.key or ""
-        if not isinstance(entry.error, Stale):  # (replaced in the store, said once: the kernel looks it up again)
-            ns.engine.note_failure(entry.error, what)
-        raise entry.error
-    if entry.kind is Kind.STATS and entry.view == "refresh":
-        await ns.freshness.revalidate(force=True)  # opening .zarrfs/refresh (cat, touch) drops listings and metadata
-    await ns.settle(entry)
-    handle = opened(ns, entry)
-    handle.o_direct = bool(flags & os.O_DIRECT)
-    return handle
+        return ArrayHandle(files, entry)
+    return Handle(files, entry)

@@ -3,26 +3,26 @@
 An arriving file buffers its bytes until its NPY header is whole, then streams them into a
 staged array (Hierarchy.stage_array) that the close completing it commits, all or nothing.
 A plain file renamed to NAME.npy is streamed into a staged array and committed at the
-rename. No trio here (the engine runs threads and makes locks).
+rename. Either way the stored array is published once (`_publish`): the entry shows it, what
+was kept of the path's old node goes, and the entries of that path follow it. No trio here
+(the engine runs threads and makes locks).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import npy
-from ..dtypes import check_fixed_size
 from ..errors import (
     Exists,
     Incomplete,
     InvalidArgument,
     NotFound,
     TooBig,
-    Unsupported,
     ZarrfsError,
 )
 from ..formats.datasets import in_dataset
@@ -30,93 +30,22 @@ from ..model import ArrayMeta, NewArray, Node
 from ..storage.staging import LeaseKeeper
 from ..views.kinds import Kind
 from ..views.streams import ArrayStream
+from .incoming import Coverage, Incoming, parse_npy_header
 from .plain import ADOPT_BLOCK_BYTES
 
 if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..formats.base import Hierarchy
     from .entries import Entry
-    from .namespace import Namespace
+    from .freshness import Freshness
+    from .inodes import Inodes
+    from .listings import Listings
+    from .newnames import NewNames
+    from .plain import PlainFiles
+    from .statistics import SavedStatistics
+    from .times import Times
 
 log = logging.getLogger(__name__)
-
-
-class Coverage:
-    """Which bytes of a range arrived: sorted, disjoint, merged [start, end) spans."""
-
-    def __init__(self) -> None:
-        self._spans: list[tuple[int, int]] = []
-
-    def add(self, start: int, end: int) -> None:
-        if end <= start:
-            return
-        i = bisect.bisect_left(self._spans, (start, start))
-        if i and self._spans[i - 1][1] >= start:
-            i -= 1
-        j = i
-        while j < len(self._spans) and self._spans[j][0] <= end:
-            start, end = min(start, self._spans[j][0]), max(end, self._spans[j][1])
-            j += 1
-        self._spans[i:j] = [(start, end)]
-
-    @property
-    def covered(self) -> int:
-        return sum(end - start for start, end in self._spans)
-
-
-class Incoming:
-    """An NPY file being written into an array: its bytes until the header is whole (`pending`),
-    then the staged array it fills (`staged`), the writer's own layout (`stream`: its order and
-    header), the data bytes that arrived (`received`), or why it will not be an array (`rejected`).
-    After the commit only `stream` is left, for the writer's own reads until its last close."""
-
-    def __init__(self, replacing: Node | None) -> None:
-        self.pending: bytearray | None = bytearray()
-        self.replacing = replacing  # the array it replaces
-        self.staged: Any = None
-        self.stream: ArrayStream | None = None
-        self.received: Coverage | None = None
-        self.rejected: ZarrfsError | None = None
-        self.mtime_ns: int | None = None  # set by the writer before the commit (cp -p)
-
-    @property
-    def size(self) -> int | None:
-        if self.stream is not None:
-            return self.stream.size
-        return len(self.pending) if self.pending is not None else None
-
-    def reject(self, error: ZarrfsError) -> ZarrfsError:
-        """It will not become an array: later writes fail too, the last close drops it."""
-        self.pending = bytearray()
-        self.rejected = error
-        return error
-
-    def header_problem(self, name: str) -> InvalidArgument | None:
-        """Why a file given some bytes but no whole NPY header cannot be an array (None: it is fine)."""
-        if self.pending is None or self.rejected is not None or not self.pending:
-            return None
-        return InvalidArgument(f"{name}: {npy.incomplete_reason(self.pending)}")
-
-    def missing(self) -> tuple[int, int]:
-        """(data bytes received, data bytes its header declares) of a staged file."""
-        assert self.received is not None and self.stream is not None  # (staged)
-        return self.received.covered, self.stream.size - len(self.stream.header)
-
-    @property
-    def complete(self) -> bool:
-        """Every data byte its header declares arrived (a staged file)."""
-        got, want = self.missing()
-        return got == want
-
-
-def parse_npy_header(head: bytes, label: str) -> tuple[Any, ...] | None:
-    """(shape, fortran, dtype, header length) of a whole NPY header, None when incomplete;
-    InvalidArgument when it is no NPY header or holds a data type without a fixed size."""
-    try:
-        parsed = npy.parse_header(head)
-        if parsed is not None:
-            check_fixed_size(parsed[2])
-    except (npy.NotNpy, Unsupported) as e:
-        raise InvalidArgument(f"{label}: {e}") from None
-    return parsed
 
 
 class Ingest:
@@ -125,18 +54,34 @@ class Ingest:
 
     def __init__(
         self,
-        ns: Namespace,
+        engine: Engine,
+        hierarchy: Hierarchy,
+        inodes: Inodes,
+        *,
+        freshness: Freshness,
+        listings: Listings,
+        plain: PlainFiles,
+        statistics: SavedStatistics,
+        times: Times,
+        names: NewNames,
         lease: LeaseKeeper,
+        child: Callable[[int, str], Awaitable[Entry | None]],
+        show_root: Callable[[Node], None],
+        invalidate: Callable[[], None],
         create_chunks: tuple[int, ...] | None = None,
         create_codec: str | None = None,
     ) -> None:
-        self.ns = ns
-        self.engine = ns.engine
-        self.hierarchy = ns.hierarchy
-        self.inodes = ns.inodes
+        self.engine = engine
+        self.hierarchy = hierarchy
+        self.inodes = inodes
+        self.freshness, self.listings, self.plain, self.statistics = freshness, listings, plain, statistics
+        self.times, self.names = times, names
+        self.child = child  # the namespace's: the entry `name` in `parent`, None when there is none
+        self.show_root = show_root  # the namespace's: the root shows this node now
+        self.invalidate = invalidate  # the namespace's: listings and nodes are read again
         # This daemon's claim on its staging areas (written only once it stages an array)
         self.lease = lease
-        self._lease_lock = ns.engine.new_lock()
+        self._lease_lock = engine.new_lock()
         # Chunking and codec of arrays created through the mount (options chunks=, codec=)
         self.create_chunks = create_chunks
         self.create_codec = create_codec
@@ -159,7 +104,7 @@ class Ingest:
     async def write(self, entry: Entry, offset: int, data: bytes) -> int:
         """Bytes into an array's file: a file being created or replaced, or the data of an array."""
         if entry.node is not None:
-            self.ns.statistics.forget(entry.node.path)
+            self.statistics.forget(entry.node.path)
         w = entry.writing
         if w is not None and w.pending is not None:
             return await self._ingest(entry, offset, data)
@@ -177,7 +122,7 @@ class Ingest:
         await self.engine.write(stream, offset, data)
         if w is not None and w.received is not None:
             w.received.add(max(offset, hlen), offset + len(data))
-        self.ns.listings.forget_sizes(stream.meta.path)
+        self.listings.forget_sizes(stream.meta.path)
         entry.stored_bytes = None
         return len(data)
 
@@ -225,7 +170,7 @@ class Ingest:
         new = NewArray(shape, dtype, chunks, self.create_codec)
         if self.hierarchy.name not in ("v2", "v3") or not path:
             return new
-        siblings = await self.ns.listings.nodes_below(path.rpartition("/")[0])
+        siblings = await self.listings.nodes_below(path.rpartition("/")[0])
         return in_dataset(new, siblings, self.hierarchy.name)
 
     async def commit(self, entry: Entry) -> None:
@@ -240,19 +185,12 @@ class Ingest:
             name = self.inodes.path_of(entry)
             await self.abandon(entry)
             raise type(e)(f"{name}: storing the new array failed ({e}); {what}") from None
-        self.engine.discard(staged.meta.path)
-        if old is not None:
-            self.engine.discard(old.path)
+        self._discard(staged, old)
         meta = staged.final
-        self._show_stored(entry, meta)
         w.replacing, w.staged, w.received = None, None, None
         w.stream = ArrayStream(meta, w.stream.order, header=w.stream.header, dtype=w.stream.dtype)
         self.inodes.unregister(entry, keep_name=True)
-        await self._settle_stored(entry, meta.path, w.mtime_ns)
-        # Views of an array replaced here, or removed and now created again, are names the
-        # kernel may still hold: they show the new array.
-        await self.ns.changes.repoint(meta.path, meta.path, skip=entry.inode)
-        self.ns.invalidate()
+        await self._publish(entry, meta, w.mtime_ns)
         # On a remote store the lease goes in the background: the close does not wait for that
         # round trip (unmount erases it too)
         self.lease.release(staged.staging)
@@ -261,20 +199,28 @@ class Ingest:
         else:
             await self.renew_lease()
 
-    def _show_stored(self, entry: Entry, meta: ArrayMeta) -> None:
+    async def _publish(self, entry: Entry, meta: ArrayMeta, mtime_ns: int | None) -> None:
         """ENTRY shows the array this mount just stored (a new NPY file, or a plain file that became
-        one): current as of now (freshness.py); at the root, the root shows it."""
+        one), current as of now (freshness.py); at the root, the root shows it. What was kept of
+        the path's old node goes (stored sizes, times); the writer's time, if any, is set. Views
+        of an array replaced here, or removed and now created again, are names the kernel may
+        still hold: they show the new array."""
         entry.show(meta)
-        entry.checked = self.ns.freshness.epoch
+        entry.checked = self.freshness.epoch
         if not meta.path:
-            self.ns.show_root(meta)
-
-    async def _settle_stored(self, entry: Entry, path: str, mtime_ns: int | None) -> None:
-        """What was kept of the path's old node goes (stored sizes, times); the writer's time, if any, is set."""
-        self.ns.listings.forget_sizes(path)
-        self.ns.changes.forget_time(path)
+            self.show_root(meta)
+        self.listings.forget_sizes(meta.path)
+        self.times.forget(meta.path)
         if mtime_ns is not None:
-            await self.ns.changes.set_times(entry, mtime_ns)
+            await self.times.set(entry, mtime_ns)
+        await self.freshness.repoint(meta.path, meta.path, skip=entry.inode)
+        self.invalidate()
+
+    def _discard(self, staged: Any, old: Node | None) -> None:
+        """The engine forgets the chunks of a committed staged array and of the array it replaced."""
+        self.engine.discard(staged.meta.path)
+        if old is not None:
+            self.engine.discard(old.path)
 
     async def _drop_staged(self, entry: Entry) -> None:
         """Forget a staged array's chunks (held and stored): the old array, if any, stays."""
@@ -340,7 +286,7 @@ class Ingest:
         stream = w.stream if w is not None and w.staged is not None else entry.stream
         if stream is not None and entry.kind in (Kind.ARRAY, Kind.CHUNK):
             await self.engine.flush(stream.meta.path)
-            self.ns.listings.forget_sizes(stream.meta.path)
+            self.listings.forget_sizes(stream.meta.path)
             entry.stored_bytes = None
 
     async def close(self, entry: Entry) -> None:
@@ -414,15 +360,15 @@ class Ingest:
         """A held file renamed to NAME.npy becomes array NAME (staged, streamed in, committed),
         its bytes never stored as a plain key unless they were already. On any error the held
         file stays as it was (its write-back still to come) and the rename fails."""
-        self.ns.plain.cancel_keep(entry)
+        self.plain.cancel_keep(entry)
         try:
             await self._adopt_now(entry, parent_inode, name)
         except BaseException:
-            self.ns.plain.keep_later(entry)
+            self.plain.keep_later(entry)
             raise
 
     async def _adopt_now(self, entry: Entry, parent_inode: int, name: str) -> None:
-        other = await self.ns.child(parent_inode, name)
+        other = await self.child(parent_inode, name)
         busy = (
             other is not None
             and other.writing is not None
@@ -430,8 +376,8 @@ class Ingest:
         )
         if other is not None and (other.kind is not Kind.ARRAY or other.node is None or busy):
             raise Exists(f"{name} is being written or is not an array")
-        names = await self.ns.listings.children(parent_inode)
-        path = await self.ns.changes.new_array_path(parent_inode, name, {n: m for n, m in names.items() if n != name})
+        names = await self.listings.children(parent_inode)
+        path = self.names.array_path(parent_inode, name, [n for n in names if n != name])
         old = other.node if other is not None else None
         label = self.inodes.path_of(entry)
         head = await entry.plain.read(0, npy.MAX_HEADER_BYTES)
@@ -463,13 +409,10 @@ class Ingest:
         old_name = entry.name_key
         self.inodes.unregister(entry, forget=False)
         self.inodes.drop_name(old_name, entry)
-        mtime_ns = held.mtime_ns
+        mtime_ns = held.mtime_ns  # (rsync sets the time before renaming)
         entry.plain, entry.kind, entry.key = None, Kind.ARRAY, path
-        self._show_stored(entry, staged.final)
         self.inodes.name(parent_inode, name, entry)
-        await self._settle_stored(entry, path, mtime_ns)  # (rsync sets the time before renaming)
-        await self.ns.changes.repoint(path, path, skip=entry.inode)
-        self.ns.invalidate()
+        await self._publish(entry, staged.final, mtime_ns)
         await self.renew_lease()
 
     async def _store_held(self, entry: Entry, staged: Any, ingest: ArrayStream, old: Node | None) -> Any:
@@ -489,7 +432,5 @@ class Ingest:
             self.lease.release(staged.staging)  # the lease goes at the next renewal
             raise
         self.lease.release(staged.staging)  # the lease goes at the end of the rename (adopt)
-        self.engine.discard(staged.meta.path)
-        if old is not None:
-            self.engine.discard(old.path)
+        self._discard(staged, old)
         return staged

@@ -3,9 +3,10 @@
 Runs in the trio thread (its tables need no locks; code between two awaits is atomic);
 hierarchy and store I/O go through the engine's worker threads. It composes its parts,
 each with one responsibility and its own state: the inode table (inodes.py), listings
-(listings.py), freshness (freshness.py), versions (versions.py), changes (changes.py),
-arriving NPY files (ingest.py), plain files (plain.py), saved statistics (statistics.py),
-georeferences (georefs.py) and the contents of generated files (contents.py).
+(listings.py), freshness (freshness.py), versions (versions.py), changes (changes.py), the
+times writers set (times.py), where new names go (newnames.py), arriving NPY files
+(ingest.py), plain files (plain.py), saved statistics (statistics.py), georeferences
+(georefs.py), the contents of generated files (contents.py) and open files (handles.py).
 """
 
 from __future__ import annotations
@@ -27,17 +28,19 @@ from ..storage.icechunk import IcechunkStore
 from ..storage.staging import LeaseKeeper
 from ..views import registry, slices
 from ..views.registry import VIEWS_DIR
-from . import handles
 from .changes import Changes
 from .contents import Contents
 from .entries import NPY_SUFFIX, Entry, Kind, Maker, name_problem, root_array_stem, slice_stream
 from .freshness import Freshness
 from .georefs import Georefs
+from .handles import Handle, OpenFiles
 from .ingest import Ingest
 from .inodes import ROOT_INODE, Inodes
 from .listings import Listings
+from .newnames import NewNames
 from .plain import PlainFiles
 from .statistics import SavedStatistics
+from .times import Times
 from .versions import Versions
 
 __all__ = ["ROOT_INODE", "Namespace", "name_problem"]
@@ -71,13 +74,10 @@ class Namespace:
         self.on_data_stale_sync = on_data_stale_sync  # files whose cached pages a refresh made stale
         self.show_views = show_views
         self.writes_allowed = writable
-        self.open_files = 0
         self.root_stem = root_array_stem(source)
         self.root_node = root
         # This daemon's claim on its staging areas (written only once it stages an array)
         self.lease = LeaseKeeper(hierarchy.store)
-        # Bytes of statistics rewrites held by open descriptors (StatisticsRewriteHandle)
-        self.rewrite_bytes = 0
         self.inodes = Inodes(on_name_gone)
         # The repository a versioned store shows (its snapshots, branches and commits), if any.
         repository = hierarchy.store if isinstance(hierarchy.store, IcechunkStore) else None
@@ -116,16 +116,63 @@ class Namespace:
             npy_name=self.npy_name,
             stats_bytes=self.stats_bytes,
         )
-        self.changes = Changes(self)
-        self.ingest = Ingest(self, self.lease, create_chunks, create_codec)
+        self.times = Times(engine, hierarchy.store)
+        self.names = NewNames(hierarchy, self.inodes, lambda: self.root_node, self.root_stem)
+        # (arriving files are made before changes, which hand them a renamed held file or an
+        # unfinished array removed)
+        self.ingest = Ingest(
+            engine,
+            hierarchy,
+            self.inodes,
+            freshness=self.freshness,
+            listings=self.listings,
+            plain=self.plain,
+            statistics=self.statistics,
+            times=self.times,
+            names=self.names,
+            lease=self.lease,
+            child=self.child,
+            show_root=self.show_root,
+            invalidate=self.invalidate,
+            create_chunks=create_chunks,
+            create_codec=create_codec,
+        )
+        self.changes = Changes(
+            engine,
+            hierarchy,
+            self.inodes,
+            freshness=self.freshness,
+            listings=self.listings,
+            plain=self.plain,
+            ingest=self.ingest,
+            times=self.times,
+            names=self.names,
+            lookup=self.lookup,
+            child=self.child,
+            invalidate=self.invalidate,
+        )
+        self.files = OpenFiles(
+            engine,
+            self.inodes,
+            freshness=self.freshness,
+            contents=self.contents,
+            statistics=self.statistics,
+            tree=self,
+            writes_allowed=writable,
+        )
         engine.on_array_changed = self.freshness.array_changed
         if isinstance(root, ArrayMeta):
             engine.see_layout(root)
         self.inodes.new(Kind.GROUP, "", root if isinstance(root, GroupMeta) else None)
 
     def show_root(self, node: Node) -> None:
-        """The root shows NODE now (a root array stored by this mount, or found changed in the store)."""
+        """The root shows NODE now (a root array stored by this mount, or found changed in the store):
+        the one place that changes it."""
         self.root_node = node
+
+    @property
+    def open_files(self) -> int:
+        return self.files.count
 
     # --- entries and lookup counts (the inode table's) ------------------------------------
 
@@ -287,14 +334,14 @@ class Namespace:
 
     # --- open files ------------------------------------------------------------------
 
-    async def open(self, inode: int, flags: int) -> handles.Handle:
-        """open(2): a handle of the file's kind (see handles.open_file for what it refuses)."""
-        return await handles.open_file(self, self.get(inode), flags)
+    async def open(self, inode: int, flags: int) -> Handle:
+        """open(2): a handle of the file's kind (see OpenFiles.open_file for what it refuses)."""
+        return await self.files.open_file(self.get(inode), flags)
 
-    async def create_file(self, parent: int, name: str) -> tuple[Entry, handles.Handle]:
+    async def create_file(self, parent: int, name: str) -> tuple[Entry, Handle]:
         """open(2) with O_CREAT of a new name: the new entry and its open handle."""
         entry = await self.changes.create(parent, name)
-        return entry, handles.opened(self, entry)
+        return entry, self.files.opened(entry)
 
     async def settle(self, entry: Entry) -> None:
         """Fill in what an entry's attributes need (after following what the store holds now)."""
@@ -378,15 +425,15 @@ class Namespace:
         await self.changes.set_attributes(entry, value)
 
     async def set_times(self, entry: Entry, mtime_ns: int) -> None:
-        await self.changes.set_times(entry, mtime_ns)
+        await self.times.set(entry, mtime_ns)
 
     def time_of(self, entry: Entry) -> int | None:
         """The modification time a writer set on `entry` (None: the store's)."""
-        return self.changes.time_of(entry)
+        return self.times.of(entry)
 
     def touched(self, entry: Entry) -> None:
         """A write: the time a writer set before is replaced by now."""
-        self.changes.touched(entry)
+        self.times.touched(entry)
 
     # --- generated files ---------------------------------------------------------------
 
