@@ -170,6 +170,51 @@ def test_the_engines_core_is_built_without_its_fast_paths():
     assert import_cycles(PACKAGE, "zarrfs.engine") == []
 
 
+def namespace_users(root: Path) -> list[str]:
+    """Modules of tree/ other than namespace.py that import the namespace, name it, or take or keep
+    an `ns`: each part of the tree is given the parts it uses (docs/ARCHITECTURE.md, "Within tree/")."""
+    out = []
+    for path in sorted((root / "tree").glob("*.py")):
+        if path.name == "namespace.py":
+            continue
+        module = module_name(path, root)
+        source = path.read_text()
+        if f"{root.name}.tree.namespace" in imported_modules(source, module, path.name == "__init__.py", root):
+            out.append(f"{module} imports the namespace")
+        for node in ast.walk(ast.parse(source)):
+            name = (
+                node.id
+                if isinstance(node, ast.Name)
+                else node.arg
+                if isinstance(node, ast.arg)
+                else node.attr
+                if isinstance(node, ast.Attribute)
+                else None
+            )
+            if name in ("ns", "Namespace"):
+                out.append(f"{module}:{node.lineno} uses {name}")
+    return out
+
+
+def test_no_part_of_the_tree_takes_the_namespace():
+    assert namespace_users(PACKAGE) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from .namespace import Namespace\n",
+        "class Part:\n    def __init__(self, ns):\n        pass\n",
+        "def f(part):\n    return part.ns.engine\n",
+    ],
+)
+def test_a_part_taking_the_namespace_is_found(tmp_path: Path, source: str):
+    root = tmp_path / "zarrfs"
+    write(root, {"__init__.py": "", "tree/__init__.py": "", "tree/namespace.py": "", "tree/part.py": source})
+    assert namespace_users(root) != []
+    assert [u for u in namespace_users(root) if not u.startswith("zarrfs.tree.part")] == []
+
+
 def test_an_import_cycle_is_found(tmp_path: Path):
     root = tmp_path / "zarrfs"
     write(
