@@ -1,6 +1,8 @@
 """The store: absent keys, listing, and keys that would leave the store."""
 
+import logging
 import os
+import uuid
 
 import pytest
 
@@ -178,3 +180,21 @@ def test_a_value_streamed_in_and_a_time_set_where_the_store_can(tmp_path, where)
         assert not [n for n in os.listdir(tmp_path / "g") if n != "notes.bin"]  # no temporary left
     else:
         assert not s.set_mtime_sync("g/notes.bin", 1_234_567_890_123_456_789)
+
+
+def test_a_whole_object_sent_for_a_range_is_cut_and_the_server_named_once(monkeypatch, caplog):
+    """A server that ignores Range (fault injected: cat_file sends the whole object): each ranged
+    read is cut to its range (the oracle: slices of the bytes stored), reads are whole from then
+    on (`ranges_ignored`), and one WARNING names the server, as for a reference set's targets."""
+    s = Store(f"memory://{uuid.uuid4().hex}")
+    whole = bytes(range(256)) * 4
+    s.set_sync("k", whole)
+    assert s.get_range_sync("k", 10, 20) == whole[10:20] and not s.ranges_ignored  # it honours Range
+    monkeypatch.setattr(s.fs, "cat_file", lambda path, start=None, end=None: whole)
+    caplog.set_level(logging.INFO)
+    assert s.get_range_sync("k", 10, 20) == whole[10:20]
+    assert s.get_prefix_sync("k", 100) == whole[:100]
+    assert s.get_suffix_sync("k", 30) == whole[-30:]
+    assert s.ranges_ignored
+    said = [r for r in caplog.records if "ignores Range requests" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING] and "memory://" in said[0].getMessage()

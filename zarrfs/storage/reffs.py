@@ -14,7 +14,6 @@ import logging
 import os
 import stat
 import threading
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 from fsspec.implementations.reference import ReferenceFileSystem, ReferenceNotReachable
 
 from ..errors import StoreError, UserError, ZarrfsError
-from ..repeats import LogOnce
+from .ranges import WholeAnswers
 from .reftrust import LOCAL_PROTOCOLS, Target, Trust, origin
 from .remote import bound_retries, bounded_storage_options, missing_backend
 
@@ -40,7 +39,7 @@ class TargetFileSystems:
         self.timeout_s = timeout_s
         self._made: dict[tuple[str, str], tuple[Any, Any]] = {}  # -> (file system, its async face)
         self._lock = threading.Lock()
-        self._ignoring_ranges = LogOnce()
+        self._whole_answers = WholeAnswers()
 
     def make_sync(self, protocol: str, url_origin: str | None = None) -> tuple[Any, Any]:
         """(file system, the same with async methods) for PROTOCOL (targets on URL_ORIGIN); a
@@ -103,16 +102,7 @@ class TargetFileSystems:
             return data
         if len(data) < end:  # neither the range nor the whole object
             raise StoreError(f"data file {target.url}: bytes {start}:{end} were answered with {len(data)} bytes")
-        parts = urllib.parse.urlsplit(target.url)
-        host = f"{parts.scheme}://{parts.netloc}"
-        if self._ignoring_ranges.first(host):
-            log.warning(
-                "%s ignores Range requests: each chunk read from it transfers its whole file (%d bytes for %d)",
-                host,
-                len(data),
-                end - start,
-            )
-        return data[start:end]
+        return self._whole_answers.cut(target.url, data, start, end)
 
 
 class ReferenceSet(ReferenceFileSystem):

@@ -23,6 +23,7 @@ from .failures import describe_failure
 from .fsinfo import etag_of, mtime_ns_of, size_of
 from .keys import check_key, join
 from .probe import probe_root_sync
+from .ranges import WholeAnswers
 from .remote import missing_backend
 from .requests import RequestCounts
 
@@ -74,6 +75,7 @@ class Store(BaseStore):
         # Set once a ranged read came back whole (a server that ignores Range): reading
         # parts of an object then costs the whole object each time, so callers read whole.
         self.ranges_ignored = False
+        self._whole_answers = WholeAnswers()
         self._inside = local.InsideRoot(self.root) if self.is_local else None
         self.requests = RequestCounts()
 
@@ -244,7 +246,7 @@ class Store(BaseStore):
             raise StoreError(f"reading {key!r} [{start}:{end}] failed: {describe_failure(e)}") from None
         self.requests.got(len(data))
         # A server that ignores Range (python -m http.server) sends the whole object.
-        return self._asked(data, slice(start, end), end - start)
+        return self._asked(data, start, end)
 
     def get_ranges_sync(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Byte ranges [start, end) of one key, concurrently on asynchronous file systems (one
@@ -264,17 +266,16 @@ class Store(BaseStore):
         for (start, end), res in zip(ranges, results):
             if isinstance(res, BaseException):
                 raise StoreError(f"reading {key!r} [{start}:{end}] failed: {describe_failure(res)}")
-            out.append(self._asked(res, slice(start, end), end - start))
+            out.append(self._asked(res, start, end))
         return out
 
-    def _asked(self, data: bytes, part: slice, nbytes: int) -> bytes:
-        """The part of `data` a ranged read asked for, when the server sent more (all of it)."""
-        if len(data) <= nbytes:
-            return data
-        if not self.ranges_ignored:
+    def _asked(self, data: bytes, start: int, end: int) -> bytes:
+        """The bytes [start, end) of `data` a ranged read asked for, when the server sent more (all
+        of it): callers then read whole values (`ranges_ignored`)."""
+        part = self._whole_answers.cut(self.source, data, start, end)
+        if len(part) < len(data):
             self.ranges_ignored = True
-            log.info("%s ignores Range requests: objects are read whole from now on", self.source)
-        return data[part]
+        return part
 
     def get_prefix_sync(self, key: str, nbytes: int) -> bytes | None:
         """The first `nbytes` bytes of a key (all of it when shorter), or None when the key is absent."""
@@ -292,7 +293,7 @@ class Store(BaseStore):
         except Exception as e:
             raise StoreError(f"reading the first {nbytes} bytes of {key!r} failed: {describe_failure(e)}") from None
         self.requests.got(len(data))
-        return self._asked(data, slice(0, nbytes), nbytes)
+        return self._asked(data, 0, nbytes)
 
     def get_suffix_sync(self, key: str, nbytes: int) -> bytes | None:
         """The last `nbytes` bytes of a key (all of it when shorter), or None when the key is absent.
@@ -313,7 +314,7 @@ class Store(BaseStore):
         except Exception as e:
             raise StoreError(f"reading the last {nbytes} bytes of {key!r} failed: {describe_failure(e)}") from None
         self.requests.got(len(data))
-        return self._asked(data, slice(len(data) - nbytes, None), nbytes)
+        return self._asked(data, len(data) - nbytes, len(data))
 
     # --- writes -------------------------------------------------------------------------
 
