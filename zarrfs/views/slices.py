@@ -19,7 +19,7 @@ import numpy as np
 from .. import grid
 from ..grid import Index
 from ..model import ArrayMeta
-from .streams import ByteStream, ReadPlan, element_span, npy_header, plan_bytes
+from .streams import ByteStream, ReadPlan, assemble_elements, element_span, npy_header
 
 # One dimension of a normalized selection: an integer position, or (start, step, count).
 Dim = int | tuple[int, int, int]
@@ -191,10 +191,9 @@ class SliceStream(ByteStream):
     ) -> bytes | memoryview:
         """The bytes of `plan`, given every chunk it names (full chunk shape, any layout), in
         OUT (uint8, large enough) or a fresh buffer."""
-        if plan.take_bytes == 0:
-            return plan.header_part
-        n = plan.stop_elem - plan.first_elem
-        buf = np.empty(n, dtype=self.dtype) if out is None else out[: n * self.dtype.itemsize].view(self.dtype)
-        for idx, src, pos, box, dst in self._pieces(plan.boxes):
-            buf[pos : pos + math.prod(box)].reshape(box)[dst] = chunks[idx][src]
-        return plan_bytes(plan, buf.view(np.uint8))
+
+        def fill(buf: np.ndarray) -> None:
+            for idx, src, pos, box, dst in self._pieces(plan.boxes):
+                buf[pos : pos + math.prod(box)].reshape(box)[dst] = chunks[idx][src]
+
+        return assemble_elements(plan, self.dtype, out, fill)

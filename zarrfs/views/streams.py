@@ -11,7 +11,7 @@ import copy
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import EllipsisType
 from typing import Protocol, TypeGuard
 
@@ -106,6 +106,29 @@ def plan_bytes(plan: PlannedBytes, out: np.ndarray) -> bytes | memoryview:
     OUT, or new bytes when the plan starts in the header."""
     data = out[plan.skip_bytes : plan.skip_bytes + plan.take_bytes]
     return plan.header_part + data.tobytes() if plan.header_part else data.data
+
+
+class PlannedElements(PlannedBytes, Protocol):
+    """What `assemble_elements` asks of a plan (ReadPlan, tiles.TilePlan): its element range too."""
+
+    @property
+    def first_elem(self) -> int: ...
+
+    @property
+    def stop_elem(self) -> int: ...
+
+
+def assemble_elements(
+    plan: PlannedElements, dtype: np.dtype, out: np.ndarray | None, fill: Callable[[np.ndarray], None]
+) -> bytes | memoryview:
+    """The bytes of PLAN: its whole elements (of DTYPE, in OUT, uint8 large enough, or a fresh
+    buffer), which FILL writes into the buffer it is given, cut to the plan."""
+    if plan.take_bytes == 0:
+        return plan.header_part
+    n = plan.stop_elem - plan.first_elem
+    buf = np.empty(n, dtype) if out is None else out[: n * dtype.itemsize].view(dtype)
+    fill(buf)
+    return plan_bytes(plan, buf.view(np.uint8))
 
 
 @dataclasses.dataclass(frozen=True)

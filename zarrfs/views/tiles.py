@@ -19,7 +19,7 @@ from .. import grid
 from ..errors import ZarrfsError
 from ..grid import Index
 from ..model import ArrayMeta
-from .streams import element_span, plan_bytes
+from .streams import assemble_elements, element_span
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,10 +156,10 @@ class TileStream:
     ) -> bytes | memoryview:
         """The bytes of `plan`, given every chunk it names (full chunk shape, any layout), in
         OUT (uint8, large enough) or a fresh buffer."""
-        if plan.take_bytes == 0:
-            return plan.header_part
-        n = plan.stop_elem - plan.first_elem
-        buf = np.empty(n, self.dtype) if out is None else out[: n * self.dtype.itemsize].view(self.dtype)
+        return assemble_elements(plan, self.dtype, out, lambda buf: self._fill(plan, chunks, buf))
+
+    def _fill(self, plan: TilePlan, chunks: dict[Index, np.ndarray], buf: np.ndarray) -> None:
+        """BUF (the plan's whole elements) gets each tile box's values, zero past the image's edge."""
         lead_chunks = self.meta.chunk_shape[:-2]
         ch, cw = self.meta.chunk_shape[-2:]
         for b in plan.boxes:
@@ -185,7 +185,6 @@ class TileStream:
                     if self.narrowed:
                         self._check_fits(src)
                     box[lo_y - b.y : hi_y - b.y, lo_x - b.x : hi_x - b.x] = src
-        return plan_bytes(plan, buf.view(np.uint8))
 
     def _check_fits(self, values: np.ndarray) -> None:
         info = np.iinfo(self.dtype)
