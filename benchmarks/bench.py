@@ -56,6 +56,7 @@ This script never imports zarrfs; it runs its command line (``python -m zarrfs``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import mmap
 import os
@@ -66,6 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -238,6 +240,49 @@ def unmount(mnt: Path) -> None:
         time.sleep(0.05)
 
 
+def mount_zarrfs(source: Path, mnt: Path, options: list[str], who: str = "bench") -> None:
+    """SOURCE mounted at MNT by zarrfs's command line, with -o log_level=warning and OPTIONS; a
+    SystemExit naming WHO (the script) when it does not mount."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zarrfs",
+            os.fspath(source),
+            os.fspath(mnt),
+            "-o",
+            ",".join(["log_level=warning", *options]),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    if r.returncode != 0 or not is_mounted(mnt):
+        raise SystemExit(f"{who}: mounting {source} failed (exit {r.returncode}): {r.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def mounted(source: Path, mnt: Path, options: list[str], who: str = "bench") -> Iterator[Path]:
+    """A fresh zarrfs mount of SOURCE at MNT (`mount_zarrfs`), unmounted at the end however it ends."""
+    mount_zarrfs(source, mnt, options, who)
+    try:
+        yield mnt
+    finally:
+        unmount(mnt)
+
+
+@contextlib.contextmanager
+def tmpfs_scratch(prefix: str) -> Iterator[Path]:
+    """A new directory in /dev/shm (`tmpfs_dir`) for a run's stores and mount points, removed at the end."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=tmpfs_dir()))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def daemon_pid(mnt: Path) -> int | None:
     """The zarrfs daemon serving MNT (its command line names the mount point)."""
     target = os.fspath(mnt).encode()
@@ -286,20 +331,7 @@ class Bench:
     def zarrfs(self, store: Path, timed):
         """TIMED(mount point) on a fresh zarrfs mount of STORE; records the daemon's peak RSS."""
         mnt = self._mnt()
-        cmd = [
-            sys.executable,
-            "-m",
-            "zarrfs",
-            os.fspath(store),
-            os.fspath(mnt),
-            "-o",
-            ",".join(["log_level=warning", f"cache_size={self.args.cache_mib}M", *self.options]),
-        ]
-        r = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120
-        )
-        if r.returncode != 0 or not is_mounted(mnt):
-            raise SystemExit(f"bench: mounting failed (exit {r.returncode}): {r.stderr.strip()}")
+        mount_zarrfs(store, mnt, [f"cache_size={self.args.cache_mib}M", *self.options])
         pid = daemon_pid(mnt)
         try:
             return timed(mnt)

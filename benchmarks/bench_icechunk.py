@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-import bench  # (tmpfs_dir, is_mounted, unmount, cat)
+import bench  # (tmpfs_scratch, mounted, cat)
 
 CHUNK = 1024
 
@@ -52,20 +49,8 @@ def build(root: Path, size_mib: int) -> tuple[Path, Path]:
 
 def cold_cat(source: Path, mnt: Path) -> float:
     """Seconds for `cat` of a.npy on a fresh mount of SOURCE."""
-    r = subprocess.run(
-        [sys.executable, "-m", "zarrfs", os.fspath(source), os.fspath(mnt), "-o", "log_level=warning"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=120,
-    )
-    if r.returncode != 0 or not bench.is_mounted(mnt):
-        raise SystemExit(f"bench_icechunk: mounting {source} failed (exit {r.returncode}): {r.stderr.strip()}")
-    try:
+    with bench.mounted(source, mnt, [], "bench_icechunk"):
         return bench.cat(mnt / "a.npy")
-    finally:
-        bench.unmount(mnt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size-mib", type=int, default=256, help="the array's size (default 256)")
     parser.add_argument("--reps", type=int, default=5, help="pairs of mounts timed (default 5)")
     args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="zarrfs-bench-icechunk-", dir=bench.tmpfs_dir()))
-    try:
+    with bench.tmpfs_scratch("zarrfs-bench-icechunk-") as root:
         plain, repo = build(root, args.size_mib)
         mnt = root / "mnt"
         mnt.mkdir()
@@ -85,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
             ratios.append(c / p)
             print(f"pair {rep}: plain {p:.3f} s, icechunk {c:.3f} s, ratio {c / p:.2f}", flush=True)
         print(f"median ratio (icechunk / plain): {statistics.median(ratios):.2f}")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

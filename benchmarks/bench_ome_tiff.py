@@ -19,17 +19,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
 
-import bench  # (tmpfs_dir, is_mounted, unmount, cat, daemon_pid, vm_hwm_bytes)
+import bench  # (tmpfs_scratch, mounted, cat, daemon_pid, vm_hwm_bytes)
 
 CHUNK = 512
 T, C, Z = 2, 2, 8
@@ -68,25 +65,7 @@ def build(root: Path, size_mib: int) -> tuple[Path, int]:
 
 def cold(source: Path, mnt: Path, path: str, cache_mib: int) -> tuple[float, int, int]:
     """(seconds for `cat` of PATH, its size, the daemon's peak RSS) on a fresh mount of SOURCE."""
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "zarrfs",
-            os.fspath(source),
-            os.fspath(mnt),
-            "-o",
-            f"log_level=warning,cache_size={cache_mib}M",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=120,
-    )
-    if r.returncode != 0 or not bench.is_mounted(mnt):
-        raise SystemExit(f"bench_ome_tiff: mounting {source} failed (exit {r.returncode}): {r.stderr.strip()}")
-    try:
+    with bench.mounted(source, mnt, [f"cache_size={cache_mib}M"], "bench_ome_tiff"):
         pid = bench.daemon_pid(mnt)
         size = (mnt / path).stat().st_size
         peak = [0]
@@ -104,8 +83,6 @@ def cold(source: Path, mnt: Path, path: str, cache_mib: int) -> tuple[float, int
             done.set()
             watcher.join()
         return seconds, size, max(peak[0], bench.vm_hwm_bytes(pid))
-    finally:
-        bench.unmount(mnt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="pairs of mounts timed (default 5)")
     parser.add_argument("--cache-mib", type=int, default=512, help="cache_size of the mounts (default 512)")
     args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="zarrfs-bench-ome-", dir=bench.tmpfs_dir()))
-    try:
+    with bench.tmpfs_scratch("zarrfs-bench-ome-") as root:
         store, _ = build(root, args.size_mib)
         mnt = root / "mnt"
         mnt.mkdir()
@@ -137,8 +113,6 @@ def main(argv: list[str] | None = None) -> int:
             f"({min(ratios):.2f}-{max(ratios):.2f}); peak RSS over cache_size: "
             f"{(max(peaks) >> 20) - args.cache_mib:+d} MiB"
         )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
