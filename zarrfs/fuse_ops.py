@@ -8,8 +8,8 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
@@ -78,13 +78,19 @@ def fuse_error(name: str, args: tuple, e: Exception) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(errno.EIO)
 
 
-def boundary(fn: Any) -> Any:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def boundary(
+    fn: Callable[Concatenate[ZarrOperations, P], Awaitable[R]],
+) -> Callable[Concatenate[ZarrOperations, P], Coroutine[Any, Any, R]]:
     """Only FUSEError may leave a handler: map ours to their errno, log and EIO the rest."""
 
     @functools.wraps(fn)
-    async def wrapper(self: ZarrOperations, *args: Any) -> Any:
+    async def wrapper(self: ZarrOperations, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return await fn(self, *args)
+            return await fn(self, *args, **kwargs)
         except Exception as e:
             raise fuse_error(fn.__name__, args, e) from None
 
@@ -101,8 +107,8 @@ class ZarrOperations(pyfuse3.Operations):
         self.ns = namespace
         self.engine = engine
         self.options = options
-        self.uid = int(_opt(options, "uid", os.getuid()))
-        self.gid = int(_opt(options, "gid", os.getgid()))
+        self.uid = int(_opt(options, "uid", str(os.getuid())))
+        self.gid = int(_opt(options, "gid", str(os.getgid())))
         self.umask = int(_opt(options, "umask", "0"), 8)
         self.mount_time_ns = time.time_ns()
         # Modification times by metadata key (the store's own, so stable across remounts).
@@ -226,7 +232,9 @@ class ZarrOperations(pyfuse3.Operations):
         return attr
 
     @boundary
-    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
         with self.engine.interrupts.watch(getattr(ctx, "pid", None)):
             return await self._reply(await self.ns.lookup(parent_inode, fs_name(name)))
 
@@ -239,7 +247,7 @@ class ZarrOperations(pyfuse3.Operations):
                 log.exception("forget of inode %d", inode)
 
     @boundary
-    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
         entry = self.ns.get(inode)
         if entry.kind is Kind.STATS:
             entry.stored_bytes = None
@@ -250,7 +258,7 @@ class ZarrOperations(pyfuse3.Operations):
         return self.attributes(entry)
 
     @boundary
-    async def opendir(self, inode: int, ctx: Any) -> int:
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         if not self.ns.get(inode).is_dir:
             raise NotADir("not a directory")
         self._dir_openers[inode] = ctx.pid
@@ -259,7 +267,7 @@ class ZarrOperations(pyfuse3.Operations):
         return inode
 
     @boundary
-    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         # Offsets 1 and 2 are `.` and `..` (as ls -a, find and file managers expect); the kernel
         # takes no reference on either, so they are not remembered.
         dots = ((b".", self.ns.get(fh)), (b"..", self.ns.parent_dir(fh)))
@@ -281,7 +289,7 @@ class ZarrOperations(pyfuse3.Operations):
     async def releasedir(self, fh: int) -> None:
         self._dir_openers.pop(fh, None)
 
-    async def _watched(self, pid: int | None, awaitable: Any) -> Any:
+    async def _watched(self, pid: int | None, awaitable: Awaitable[R]) -> R:
         """`await awaitable`, ended with EINTR when process `pid` gets a signal meanwhile."""
         with self.engine.interrupts.watch(pid):
             return await awaitable
@@ -302,7 +310,7 @@ class ZarrOperations(pyfuse3.Operations):
         )
 
     @boundary
-    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         with self.engine.interrupts.watch(ctx.pid):
             info = self._file_info(await self.ns.open(inode, flags))
         self._openers[info.fh] = ctx.pid
@@ -360,7 +368,7 @@ class ZarrOperations(pyfuse3.Operations):
 
     @boundary
     async def create(
-        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self._check_writable()
         entry, handle = await self.ns.create_file(parent_inode, fs_name(name))
@@ -369,7 +377,14 @@ class ZarrOperations(pyfuse3.Operations):
         return info, await self._reply(entry)
 
     @boundary
-    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
         entry = self.ns.get(inode)
         # The kernel does not refuse these on a read-only mount (it is not mounted `ro`).
         self._check_writable()
@@ -387,27 +402,35 @@ class ZarrOperations(pyfuse3.Operations):
         return self.attributes(entry)
 
     @boundary
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
         self._check_writable()
         entry = await self.ns.mkdir(parent_inode, fs_name(name))
         await self.commits.done("mkdir", self.commits.path_in(parent_inode, fs_name(name)), ctx.uid)
         return await self._reply(entry)
 
     @boundary
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._check_writable()
         await self.ns.rmdir(parent_inode, fs_name(name))
         await self.commits.done("rmdir", self.commits.path_in(parent_inode, fs_name(name)), ctx.uid)
 
     @boundary
-    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._check_writable()
         await self.ns.unlink(parent_inode, fs_name(name))
         await self.commits.done("rm", self.commits.path_in(parent_inode, fs_name(name)), ctx.uid)
 
     @boundary
     async def rename(
-        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
     ) -> None:
         self._check_writable()
         if flags & ~RENAME_NOREPLACE:
@@ -429,7 +452,7 @@ class ZarrOperations(pyfuse3.Operations):
         await self.commits.done("mv", what, ctx.uid)
 
     @boundary
-    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
         self._check_writable()
         if fs_name(name) != "user.zarr.attributes":
             raise pyfuse3.FUSEError(errno.EPERM if fs_name(name).startswith("user.zarr.") else errno.ENOTSUP)
@@ -437,16 +460,16 @@ class ZarrOperations(pyfuse3.Operations):
         await self.ns.set_attributes(entry, value)
         await self.commits.done("setfattr", entry_path(entry), ctx.uid)
 
-    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         raise pyfuse3.FUSEError(errno.EROFS if not self.options.writable else errno.EPERM)
 
-    async def _refuse(self, *args: Any) -> Any:
+    async def _refuse(self, *args: object) -> NoReturn:
         raise pyfuse3.FUSEError(errno.EROFS if not self.options.writable else errno.EPERM)
 
     mknod = symlink = link = _refuse  # type: ignore[assignment]  # (refused whatever their arguments)
 
     @boundary
-    async def access(self, inode: int, mode: int, ctx: Any) -> bool:
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
         entry = self.ns.get(inode)
         if mode & os.W_OK and not entry.saves_statistics:
             if not self.options.writable:
@@ -456,7 +479,7 @@ class ZarrOperations(pyfuse3.Operations):
         return True
 
     @boundary
-    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         if not name.startswith(XATTR_PREFIX):
             # `ls -l` asks every file for security.* and system.* attributes: answered before
             # any user.zarr.* value (JSON) is built.
@@ -467,11 +490,11 @@ class ZarrOperations(pyfuse3.Operations):
         return value
 
     @boundary
-    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         return [n.encode() for n in self.ns.xattrs(self.ns.get(inode))]
 
     @boundary
-    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         st = pyfuse3.StatvfsData()
         st.f_bsize = IO_BLOCK_SIZE
         st.f_frsize = BLOCK_SIZE
@@ -493,6 +516,6 @@ class ZarrOperations(pyfuse3.Operations):
         return st
 
 
-def _opt(options: Options, name: str, default: Any) -> Any:
+def _opt(options: Options, name: str, default: str) -> str:
     given = dict(item.partition("=")[::2] for item in reversed(options.fuse_options))  # (the first wins)
     return given.get(name, default)

@@ -48,7 +48,7 @@ class NotNpy(ValueError):
     """Bytes that do not start with a valid NPY header."""
 
 
-def parse_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+def parse_header(data: bytes | bytearray) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
     """(shape, fortran_order, dtype, header length) of the NPY header at the start of `data`.
 
     None while `data` is too short to hold the whole header; NotNpy when it is no NPY file

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,10 @@ import trio
 
 from ..errors import ZarrfsError
 from ..grid import Index
+from ..model import ArrayMeta
 from ..storage.base import BaseStore
 from ..views.streams import ArrayStream, ByteStream
+from .cache import ChunkCache
 from .config import DEFAULT_TIMEOUT_S, EngineConfig
 from .debounce import DelayedCalls
 from .fastpath import FastPaths
@@ -39,13 +42,17 @@ from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DECODE_THREADS", "DEFAULT_TIMEOUT_S", "Engine", "EngineConfig", "ReadAhead"]
+__all__ = ["DECODE_THREADS", "DEFAULT_TIMEOUT_S", "Engine", "EngineConfig", "Event", "Lock", "ReadAhead"]
+
+# What `new_lock` and `new_event` make, named for the core (which imports no trio).
+Lock = trio.Lock
+Event = trio.Event
 
 
 class Engine:
     """Turns reads and writes of array streams into cached, deduplicated chunk loads and stores."""
 
-    def __init__(self, store: BaseStore, cache: Any, config: EngineConfig | None = None) -> None:
+    def __init__(self, store: BaseStore, cache: ChunkCache, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         self.runtime = runtime = Runtime(store, config)
         self.tables = tables = ChunkTables(cache)
@@ -76,16 +83,16 @@ class Engine:
         return self.runtime.store
 
     @property
-    def cache(self) -> Any:
+    def cache(self) -> ChunkCache:
         return self.tables.cache
 
     @property
-    def on_array_changed(self) -> Any:
+    def on_array_changed(self) -> Callable[[str], object] | None:
         """Called with an array's path when revalidation found its cached chunks changed in the store."""
         return self.revalidation.on_array_changed
 
     @on_array_changed.setter
-    def on_array_changed(self, callback: Any) -> None:
+    def on_array_changed(self, callback: Callable[[str], object] | None) -> None:
         self.revalidation.on_array_changed = callback
 
     @property
@@ -102,7 +109,7 @@ class Engine:
     def dirty_max_bytes(self) -> int:
         return self.writeback.dirty_max_bytes
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host background work (prefetch, delayed calls) until cancelled; without it neither runs."""
         async with trio.open_nursery() as nursery:
             self.runtime.attach(nursery)
@@ -112,12 +119,12 @@ class Engine:
             await trio.sleep_forever()
 
     @staticmethod
-    def new_lock() -> Any:
+    def new_lock() -> Lock:
         """A lock for the core's own objects (held files): taken with `async with`."""
         return trio.Lock()
 
     @staticmethod
-    def new_event() -> Any:
+    def new_event() -> Event:
         """An event for the core's own waits (a revalidation under way): `set`, `await wait()`."""
         return trio.Event()
 
@@ -230,19 +237,21 @@ class Engine:
         self.counters["chunk_bytes"] += len(data)
         return data
 
-    async def chunks(self, meta: Any, wanted: Any, whole: bool = False) -> dict[Index, np.ndarray]:
+    async def chunks(
+        self, meta: ArrayMeta, wanted: tuple[Index, ...] | list[Index], whole: bool = False
+    ) -> dict[Index, np.ndarray]:
         """Decoded chunks of an array, from the cache or loaded once each (loads.py)."""
         return await self.loads.chunks(meta, wanted, whole)
 
-    async def chunk(self, meta: Any, idx: Index) -> np.ndarray:
+    async def chunk(self, meta: ArrayMeta, idx: Index) -> np.ndarray:
         """The decoded chunk at `idx` (full chunk shape), from cache or loaded once."""
         return await self.loads.chunk(meta, idx)
 
-    def streamed(self, stream: Any) -> bool:
+    def streamed(self, stream: ByteStream) -> bool:
         """Whether reads of STREAM decode ranges of its chunks, never a whole chunk (streamed.py)."""
         return self.streams.serves(stream)
 
-    async def read_boxes(self, meta: Any, idx: Index, parts: list) -> int:
+    async def read_boxes(self, meta: ArrayMeta, idx: Index, parts: list) -> int:
         """Boxes of one chunk of a streamed array copied into their targets (streamed.py); the bytes decoded."""
         return await self.streams.read_boxes(meta, idx, parts)
 
@@ -281,7 +290,7 @@ class Engine:
 
     # --- freshness ------------------------------------------------------------------------
 
-    def see_layout(self, meta: Any) -> None:
+    def see_layout(self, meta: ArrayMeta) -> None:
         """The namespace read `meta` from the store. If the array's chunks were read with another
         chunk layout (another writer replaced it with another grid, data type, fill value or
         codecs), forget what was decoded or is being loaded with the old one."""

@@ -270,7 +270,7 @@ class Loads:
         run_io, store = self.runtime.run_io, self.runtime.store
         together = out is not None and into is None and store.is_local
         try:
-            if together:
+            if together and out is not None:
                 nbytes, arr, seconds = await run_io(read_decode_sync, meta, store, idx, key, out, key=key, cpu=True)
             else:
                 raw = await run_io(chunksource.read_chunk_sync, meta, store, idx, into, key=key)
@@ -285,6 +285,7 @@ class Loads:
             return self.fill_chunk(meta)
         self.runtime.counters["chunk_bytes"] += nbytes
         if together:
+            assert arr is not None  # (decoded: the chunk was there)
             self.runtime.decoded([arr], seconds)
         else:
             arr = (await self._decode(meta, [(key, raw)], outs=[None if into is not None else out]))[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from ..grid import Index
 from ..model import ArrayMeta
 from ..storage.base import BaseStore
 from ..views.streams import ByteStream, array_stream
+from .cache import ChunkCache
 from .runtime import Runtime
 from .tables import ChunkTables
 
@@ -71,7 +72,7 @@ class ReadAhead:
         self.held_next = 1 << 63  # where the first of them ends
 
 
-def window_bound(store: BaseStore, cache: Any) -> int:
+def window_bound(store: BaseStore, cache: ChunkCache) -> int:
     """Read-ahead's bound by default: by the store's kind, and a share of the cache."""
     if store.chunk_files:  # (chunks read from files, into buffers of ours)
         bound = LOCAL_PREFETCH_MAX_BYTES

@@ -22,7 +22,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..errors import Stale, ZarrfsError
 from ..grid import Index
@@ -57,7 +56,7 @@ class Revalidation:
 
     def __init__(self, runtime: Runtime, tables: ChunkTables) -> None:
         self.runtime, self.tables = runtime, tables
-        self.on_array_changed: Callable[[str], Any] | None = None  # the kernel's pages of an array: dropped
+        self.on_array_changed: Callable[[str], object] | None = None  # the kernel's pages of an array: dropped
         self.pins = Pins(runtime.timeout_s)  # what the TTL's last start dropped, for reads begun before it
         self._epoch = 0  # bumped when the TTL runs out
         self._checked: dict[str, int] = {}  # array path -> epoch of its last check

@@ -7,8 +7,8 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar, TypeVarTuple
 
 import trio
 
@@ -17,6 +17,9 @@ from ..repeats import RepeatedFailures
 from ..storage.base import BaseStore
 from .config import EngineConfig
 from .workers import Workers
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 log = logging.getLogger(__package__)  # failure lines name the engine, whichever part failed
 
@@ -63,7 +66,7 @@ COUNTERS = (
 )
 
 
-def _call_name(fn: Any) -> str:
+def _call_name(fn: object) -> str:
     """What a store call was, for its timeout message (`list_dir_sync` -> `list dir`)."""
     return getattr(fn, "__name__", "store call").removesuffix("_sync").replace("_", " ")
 
@@ -75,7 +78,7 @@ class Flight:
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.value: Any = None
+        self.value: Any = None  # what the call returned: a chunk, a shard index, a listing
         self.error: BaseException | None = None
 
 
@@ -93,10 +96,10 @@ class Runtime:
         self.failures = RepeatedFailures()  # which failure lines reach the log; failures by key
         self.decode_seconds = 0.0
         self._nursery: trio.Nursery | None = None
-        self._flights: dict[Any, Flight] = {}  # once(): calls in flight by key
+        self._flights: dict[Hashable, Flight] = {}  # once(): calls in flight by key
         # Keys whose store call timed out: (when, its worker's outcome: None while it runs, then
         # "ok" or "failed").
-        self._stalled: dict[Any, tuple[float, list[str | None]]] = {}
+        self._stalled: dict[Hashable, tuple[float, list[str | None]]] = {}
 
     @property
     def decode_threads(self) -> int:
@@ -112,14 +115,19 @@ class Runtime:
         """The nursery background work runs in (the engine's, while it runs)."""
         self._nursery = nursery
 
-    def start_soon(self, fn: Any, *args: Any) -> None:
+    def start_soon(self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None:
         """Start `fn(*args)` as a background task (only while `running`)."""
         assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
 
     async def run_io(
-        self, fn: Any, *args: Any, key: Any = None, cpu: bool = False, ended: Callable[[], None] | None = None
-    ) -> Any:
+        self,
+        fn: Callable[[*Ts], T],
+        *args: *Ts,
+        key: Hashable | None = None,
+        cpu: bool = False,
+        ended: Callable[[], None] | None = None,
+    ) -> T:
         """Run a blocking store call in a worker thread under the I/O limiter, for at most
         `timeout_s` (waiting for a thread included); then StoreError (EIO). The caller stops
         waiting at once when cancelled or timed out: a thread stuck in the store is left behind
@@ -138,7 +146,7 @@ class Runtime:
                 raise
         outcome: list[str | None] = [None]  # written by the worker alone (one reference, no table)
 
-        def call() -> Any:
+        def call() -> T:
             try:
                 value = fn(*args)
                 outcome[0] = "ok"
@@ -159,7 +167,7 @@ class Runtime:
             self._stalled[key] = (now, outcome)
         raise StoreError(f"the store did not answer within {self.timeout_s:g} s (timeout; {_call_name(fn)})")
 
-    def _after_stall(self, key: Any, fn: Any) -> None:
+    def _after_stall(self, key: Hashable, fn: object) -> None:
         """Before asking the store for a key whose last call timed out: StoreError at once while
         that call is unanswered or has just failed too; else (answered, or old) forget it."""
         since, outcome = self._stalled[key]
@@ -174,7 +182,9 @@ class Runtime:
             f"not asked again: its request of {age:.1f} s ago {state})"
         )
 
-    async def run_cpu(self, fn: Any, *args: Any, abandon: bool = False, ended: Callable[[], None] | None = None) -> Any:
+    async def run_cpu(
+        self, fn: Callable[[*Ts], T], *args: *Ts, abandon: bool = False, ended: Callable[[], None] | None = None
+    ) -> T:
         """`fn(*args)` in a decoding thread (workers.py), calls taken in the order asked.
 
         Cancelled, a call not started is dropped; a running one is waited for, as
@@ -185,8 +195,8 @@ class Runtime:
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
 
-        def soon(then: Callable[[], None]) -> Callable[[Any], None]:
-            def callback(_: Any) -> None:
+        def soon(then: Callable[[], None]) -> Callable[[object], None]:
+            def callback(_: object) -> None:
                 try:
                     token.run_sync_soon(then)
                 except trio.RunFinishedError:  # abandoned when the engine stopped
@@ -210,22 +220,23 @@ class Runtime:
                 await done.wait()
         return future.result()
 
-    async def run_io_long(self, fn: Any, *args: Any) -> Any:
+    async def run_io_long(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         """A store operation of many keys (commit, erase or move a node) that runs to its end:
         bounding it would leave the node half changed while the caller believes it failed."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self.io_limiter)
 
-    async def run_io_shielded(self, fn: Any, *args: Any) -> Any:
+    async def run_io_shielded(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         """run_io_long that finishes even when the caller is cancelled (clean-up after a failure)."""
         with trio.CancelScope(shield=True):
-            return await self.run_io_long(fn, *args)
+            value = await self.run_io_long(fn, *args)
+        return value
 
-    def start_soon_thread(self, fn: Any, *args: Any) -> None:
+    def start_soon_thread(self, fn: Callable[[*Ts], object], *args: *Ts) -> None:
         """Run `fn(*args)` in a worker thread in the background, not awaited (nothing without run())."""
         if self._nursery is not None:
             self._nursery.start_soon(functools.partial(trio.to_thread.run_sync, fn, *args, abandon_on_cancel=True))
 
-    async def once(self, key: Any, fn: Any) -> Any:
+    async def once(self, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
         """`await fn()`, shared: a call with the same key while one is in flight waits for it
         and gets its result or error (a directory listing is loaded once for every reader)."""
         while True:
@@ -236,12 +247,12 @@ class Runtime:
             if isinstance(flight.error, Exception):
                 raise flight.error
             if flight.error is None:
-                return flight.value
+                return flight.value  # (a flight of KEY is a call of the same result type)
             # the first caller was cancelled: try again
         flight = self._flights[key] = Flight()
         try:
-            flight.value = await fn()
-            return flight.value
+            value = flight.value = await fn()
+            return value
         except BaseException as e:
             flight.error = e
             raise
@@ -269,11 +280,11 @@ class Runtime:
             raise errors[0]
         return results
 
-    def in_flight(self, key: Any) -> bool:
+    def in_flight(self, key: Hashable) -> bool:
         """Whether a `once` call of KEY is in flight."""
         return key in self._flights
 
-    def forget_flights(self, which: Callable[[Any], bool]) -> None:
+    def forget_flights(self, which: Callable[[Hashable], bool]) -> None:
         """Later `once` calls of the keys WHICH selects start their own (the running ones go on)."""
         for key in [k for k in self._flights if which(k)]:
             del self._flights[key]

@@ -19,13 +19,13 @@ Used from the trio thread only.
 from __future__ import annotations
 
 import collections
-from typing import Any
 
 import numpy as np
 import trio
 
 from ..grid import Index
 from ..model import ArrayMeta
+from .cache import ChunkCache
 from .runtime import Flight
 
 # Cache keys of inner chunks and of shard indexes, and version keys of shards rewritten
@@ -73,7 +73,7 @@ def lock_key(meta: ArrayMeta, idx: Index) -> tuple:
 class ChunkTables:
     """The tables of decoded, loading and written chunks (see the module's docstring for owners)."""
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: ChunkCache) -> None:
         self.cache = cache
         self.inflight: dict[tuple, Flight] = {}
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)

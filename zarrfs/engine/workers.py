@@ -19,7 +19,11 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar, TypeVarTuple
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 IDLE_S = 10.0  # as trio's own worker threads
 
@@ -34,9 +38,9 @@ class Workers:
         self._counted = 0  # threads started, not stuck in an abandoned call
         self._stuck: set[concurrent.futures.Future] = set()  # abandoned calls still running
 
-    def submit(self, fn: Any, *args: Any) -> concurrent.futures.Future:
+    def submit(self, fn: Callable[[*Ts], T], *args: *Ts) -> concurrent.futures.Future[T]:
         """Queue `fn(*args)`; its Future is settled in a worker thread (cancel() drops it if not started)."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
         with self._lock:  # (a thread leaving when idle sees it: `_work`)
             self._queue.put((future, fn, args))
         self._start()

@@ -137,7 +137,7 @@ class Changes:
             if held is not None:
                 async with held.lock:  # after a write-back under way, if any
                     if held.stored:
-                        await self.engine.run_io(self.hierarchy.store.erase_sync, held.key)
+                        await self.engine.run_io(self.hierarchy.store.erase_sync, held.kept_key)
                     held.close()
             self.inodes.unregister(entry)
             self.plain.forget(entry, NotFound(f"{name} was removed"))
@@ -226,14 +226,14 @@ class Changes:
         if other is not None and other.inode != entry.inode:
             if other.kind is not Kind.PLAIN:
                 raise Exists(new_name)
-        held = entry.plain
+        held = entry.held
         replaced = other.plain if other is not None and other.inode != entry.inode else None
         # After write-backs under way (of either file), and none of them in between.
         async with held.lock, replaced.lock if replaced is not None else contextlib.nullcontext():
             if held.stored and key != held.key:
-                await self.engine.run_io_long(self.hierarchy.store.move_sync, held.key, key)  # replaces `other`'s
+                await self.engine.run_io_long(self.hierarchy.store.move_sync, held.kept_key, key)  # replaces `other`'s
             elif replaced is not None and replaced.stored:
-                await self.engine.run_io(self.hierarchy.store.erase_sync, replaced.key)
+                await self.engine.run_io(self.hierarchy.store.erase_sync, replaced.kept_key)
             if replaced is not None:
                 replaced.close()
             held.key = key

@@ -109,7 +109,7 @@ class Contents:
             entry.size = entry.stored_bytes = len(entry.content)
         elif entry.kind is Kind.STOREKEY:
             if entry.size < 0:
-                size = await self.engine.run_io(self.hierarchy.store.size_sync, entry.key)
+                size = await self.engine.run_io(self.hierarchy.store.size_sync, entry.known_key)
                 entry.size = size or 0
             entry.stored_bytes = entry.size
         elif entry.kind is Kind.STATS:

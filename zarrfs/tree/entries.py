@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, ZarrfsError
 from ..model import ArrayMeta, GroupMeta, Node
@@ -13,6 +13,11 @@ from ..views import images, slices
 from ..views.kinds import ARRAY_FILE_KINDS, DIR_KINDS, WRITABLE_KINDS, Kind
 from ..views.registry import ARRAY_VIEWS
 from ..views.streams import ArrayStream, chunk_file_size
+
+if TYPE_CHECKING:
+    from ..views.ngff import ArrayHints
+    from .incoming import Incoming
+    from .plain import PlainFile
 
 __all__ = ["Entry", "Kind", "Maker", "fs_name", "name_problem", "root_array_stem", "slice_stream"]
 
@@ -75,13 +80,13 @@ class Entry:
         self.content: bytes | None = None  # a generated file's bytes (info JSON)
         self.lookups = 0  # references the kernel holds (lookup, create, mkdir, readdirplus)
         self.opens = 0  # open files (handles)
-        self.writing: Any = None  # ingest.Incoming: an NPY file being written into an array
-        self.plain: Any = None  # plain.PlainFile: a plain file (any name but NAME.npy)
+        self.writing: Incoming | None = None  # an NPY file being written into an array
+        self.plain: PlainFile | None = None  # a plain file (any name but NAME.npy)
         self.name_key: tuple[int, str] | None = None  # (parent inode, name) it was last given
         self.checked = -1  # the freshness epoch in which its node was last checked (freshness.py)
         self.told = -1  # the freshness epoch in which the kernel last had its checked attributes
         self.pages_of: str | None = None  # the snapshot shown at its last open (freshness.keep_pages)
-        self.hints: Any = None  # ngff.ArrayHints: what its NGFF image group says of an array (tiff/)
+        self.hints: ArrayHints | None = None  # what its NGFF image group says of an array (tiff/)
 
     @property
     def is_dir(self) -> bool:
@@ -111,6 +116,20 @@ class Entry:
         if not isinstance(self.node, ArrayMeta):
             raise TypeError(f"inode {self.inode} ({self.kind.name}) shows no array")
         return self.node
+
+    @property
+    def incoming(self) -> Incoming:
+        """`writing`, asked only of a file being written into an array (TypeError: a defect)."""
+        if self.writing is None:
+            raise TypeError(f"inode {self.inode} ({self.kind.name}) is not being written")
+        return self.writing
+
+    @property
+    def held(self) -> PlainFile:
+        """`plain`, asked only of a plain file's entry (TypeError: a defect)."""
+        if self.plain is None:
+            raise TypeError(f"inode {self.inode} ({self.kind.name}) is no plain file")
+        return self.plain
 
     @property
     def group(self) -> GroupMeta:

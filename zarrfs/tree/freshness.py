@@ -22,8 +22,8 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from .. import grid
 from ..errors import NotFound, Stale, ZarrfsError
@@ -34,7 +34,7 @@ from ..views.kinds import ARRAY_FILE_KINDS, Kind
 from .versions import is_version_path
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine import Engine, Event
     from ..formats.base import Hierarchy
     from ..storage.icechunk import IcechunkStore
     from .contents import Contents
@@ -105,7 +105,7 @@ class Freshness:
         self.versioned = repository is not None
         self.epoch = 0  # bumped by each revalidation: entries checked in an older one are checked again
         self._fresh_since = time.monotonic()
-        self._under_way: Any = None  # the revalidation under way: an event set when it ends
+        self._under_way: Event | None = None  # the revalidation under way: an event set when it ends
         # Nodes read from the store in this epoch, by path (listings, or one array's document)
         self._now_nodes: dict[str, Node | None] = {}
         self._replaced_said = LogOnce()  # paths whose replacement was logged in this epoch
@@ -124,7 +124,7 @@ class Freshness:
         kept, entry.pages_of = entry.pages_of == shown, shown
         return kept
 
-    def saw_nodes(self, nodes: list[Node | None], paths: list[str] | None = None) -> None:
+    def saw_nodes(self, nodes: Sequence[Node | None], paths: list[str] | None = None) -> None:
         """Nodes read from the store in this epoch (a listing, or one node at each of `paths`): the
         entries of their paths follow them, and the engine their arrays' chunk layouts."""
         for i, node in enumerate(nodes):

@@ -7,11 +7,13 @@ its steps (staged, committed, dropped).
 from __future__ import annotations
 
 import bisect
-from typing import Any
+
+import numpy as np
 
 from .. import npy
 from ..dtypes import check_fixed_size
 from ..errors import InvalidArgument, Unsupported, ZarrfsError
+from ..formats.base import StagedArray
 from ..model import Node
 from ..views.streams import ArrayStream
 
@@ -48,11 +50,32 @@ class Incoming:
     def __init__(self, replacing: Node | None) -> None:
         self.pending: bytearray | None = bytearray()
         self.replacing = replacing  # the array it replaces
-        self.staged: Any = None
+        self.staged: StagedArray | None = None
         self.stream: ArrayStream | None = None
         self.received: Coverage | None = None
         self.rejected: ZarrfsError | None = None
         self.mtime_ns: int | None = None  # set by the writer before the commit (cp -p)
+
+    @property
+    def header_bytes(self) -> bytearray:
+        """`pending`, asked only before the header is whole (TypeError: a defect)."""
+        if self.pending is None:
+            raise TypeError("the NPY header was whole already")
+        return self.pending
+
+    @property
+    def array(self) -> StagedArray:
+        """`staged`, asked only of a staged file (TypeError: a defect)."""
+        if self.staged is None:
+            raise TypeError("no staged array")
+        return self.staged
+
+    @property
+    def layout(self) -> ArrayStream:
+        """`stream`, asked only once the header is whole (TypeError: a defect)."""
+        if self.stream is None:
+            raise TypeError("no NPY header yet")
+        return self.stream
 
     @property
     def size(self) -> int | None:
@@ -84,7 +107,7 @@ class Incoming:
         return got == want
 
 
-def parse_npy_header(head: bytes, label: str) -> tuple[Any, ...] | None:
+def parse_npy_header(head: bytes | bytearray, label: str) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
     """(shape, fortran, dtype, header length) of a whole NPY header, None when incomplete;
     InvalidArgument when it is no NPY header or holds a data type without a fixed size."""
     try:

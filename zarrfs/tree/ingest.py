@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from ..errors import (
     TooBig,
     ZarrfsError,
 )
+from ..formats.base import StagedArray
 from ..formats.datasets import in_dataset
 from ..model import ArrayMeta, NewArray, Node
 from ..storage.staging import LeaseKeeper
@@ -127,10 +128,10 @@ class Ingest:
         return len(data)
 
     async def _ingest(self, entry: Entry, offset: int, data: bytes) -> int:
-        w = entry.writing
+        w = entry.incoming
         if w.rejected is not None:
             raise w.rejected
-        buf = w.pending
+        buf = w.header_bytes
         if offset > npy.MAX_HEADER_BYTES:
             raise w.reject(InvalidArgument(f"{self.inodes.path_of(entry)}: the NPY header must be written first"))
         if offset > len(buf):
@@ -149,18 +150,18 @@ class Ingest:
         except ZarrfsError as e:
             raise w.reject(type(e)(f"{self.inodes.path_of(entry)}: {e}")) from None
         try:
-            w.staged = await self._begin(staged, w.replacing)
+            begun = w.staged = await self._begin(staged, w.replacing)
         except ZarrfsError as e:
             raise w.reject(type(e)(f"{self.inodes.path_of(entry)}: {e}")) from None
-        w.stream = ArrayStream(w.staged.meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
-        w.received = Coverage()
+        stream = w.stream = ArrayStream(begun.meta, "F" if fortran else "C", header=bytes(buf[:hlen]), dtype=dtype)
+        received = w.received = Coverage()
         w.pending = None
         rest = bytes(buf[hlen:])
         if rest:
-            if len(buf) > w.stream.size:
-                raise TooBig(f"{path}: {len(buf)} bytes written, more than the {w.stream.size} its NPY header declares")
-            await self.engine.write(w.stream, hlen, rest)
-            w.received.add(hlen, len(buf))
+            if len(buf) > stream.size:
+                raise TooBig(f"{path}: {len(buf)} bytes written, more than the {stream.size} its NPY header declares")
+            await self.engine.write(stream, hlen, rest)
+            received.add(hlen, len(buf))
         return len(data)
 
     async def _new_array(self, path: str, shape: tuple[int, ...], dtype: np.dtype) -> NewArray:
@@ -175,8 +176,8 @@ class Ingest:
 
     async def commit(self, entry: Entry) -> None:
         """A staged array that is complete becomes the node at its path (all-or-nothing)."""
-        w = entry.writing
-        staged, old = w.staged, w.replacing
+        w = entry.incoming
+        staged, old = w.array, w.replacing
         try:
             await self.engine.flush(staged.meta.path)
             await self.engine.run_io_long(self.hierarchy.commit_array_sync, staged, old)
@@ -187,8 +188,9 @@ class Ingest:
             raise type(e)(f"{name}: storing the new array failed ({e}); {what}") from None
         self._discard(staged, old)
         meta = staged.final
+        mine = w.layout
         w.replacing, w.staged, w.received = None, None, None
-        w.stream = ArrayStream(meta, w.stream.order, header=w.stream.header, dtype=w.stream.dtype)
+        w.stream = ArrayStream(meta, mine.order, header=mine.header, dtype=mine.dtype)
         self.inodes.unregister(entry, keep_name=True)
         await self._publish(entry, meta, w.mtime_ns)
         # On a remote store the lease goes in the background: the close does not wait for that
@@ -216,7 +218,7 @@ class Ingest:
         await self.freshness.repoint(meta.path, meta.path, skip=entry.inode)
         self.invalidate()
 
-    def _discard(self, staged: Any, old: Node | None) -> None:
+    def _discard(self, staged: StagedArray, old: Node | None) -> None:
         """The engine forgets the chunks of a committed staged array and of the array it replaced."""
         self.engine.discard(staged.meta.path)
         if old is not None:
@@ -224,14 +226,14 @@ class Ingest:
 
     async def _drop_staged(self, entry: Entry) -> None:
         """Forget a staged array's chunks (held and stored): the old array, if any, stays."""
-        w = entry.writing
-        staged = w.staged
+        w = entry.incoming
+        staged = w.array
         w.staged, w.stream, w.received = None, None, None
         self.engine.discard(staged.meta.path)
         await self.engine.run_io_long(self.hierarchy.discard_staging_sync, staged)
         await self._release_staging(staged.staging)
 
-    async def _begin(self, staged: Any, old: Node | None) -> Any:
+    async def _begin(self, staged: StagedArray, old: Node | None) -> StagedArray:
         """Claim a staged array's staging area and learn where its chunks go (straight under their
         final keys for a new array on an object store); the claim is released if that fails."""
         self.lease.claim(staged.staging)
@@ -329,7 +331,7 @@ class Ingest:
         """End a file being written that nobody writes any more: complete, it is committed (True);
         short of its NPY header or data, it is dropped (the old array stays) with a WARNING naming
         it and what arrived. An empty file stays as it is (False)."""
-        w = entry.writing
+        w = entry.incoming
         name = self.inodes.path_of(entry)
         if w.staged is not None:
             got, want = w.missing()
@@ -380,7 +382,7 @@ class Ingest:
         path = self.names.array_path(parent_inode, name, [n for n in names if n != name])
         old = other.node if other is not None else None
         label = self.inodes.path_of(entry)
-        head = await entry.plain.read(0, npy.MAX_HEADER_BYTES)
+        head = await entry.held.read(0, npy.MAX_HEADER_BYTES)
         parsed = parse_npy_header(head, f"{label}: cannot become {path}")
         if parsed is None:
             raise InvalidArgument(f"{label}: {npy.incomplete_reason(head)}")
@@ -398,11 +400,11 @@ class Ingest:
         except ZarrfsError:
             await self.renew_lease()  # its staging dropped: the lease too, unless another is in use
             raise
-        held = entry.plain
+        held = entry.held
         async with held.lock:  # after a write-back under way, if any
             if held.stored:  # it was kept as a plain file: now it is the array
                 try:
-                    await self.engine.run_io(self.hierarchy.store.erase_sync, held.key)
+                    await self.engine.run_io(self.hierarchy.store.erase_sync, held.kept_key)
                 except ZarrfsError as e:
                     log.warning("%s: became %s, but its plain key stays: %s", label, path, e)
             held.close()
@@ -415,14 +417,16 @@ class Ingest:
         await self._publish(entry, staged.final, mtime_ns)
         await self.renew_lease()
 
-    async def _store_held(self, entry: Entry, staged: Any, ingest: ArrayStream, old: Node | None) -> Any:
+    async def _store_held(
+        self, entry: Entry, staged: StagedArray, ingest: ArrayStream, old: Node | None
+    ) -> StagedArray:
         """Stream a held file's data into a staged array and commit it (nothing left on failure);
         the staged array as begun (its final keys may differ from the plan's)."""
         staged = await self._begin(staged, old)
         ingest = ArrayStream(staged.meta, ingest.order, header=ingest.header, dtype=ingest.dtype)
         try:
             for offset in range(len(ingest.header), ingest.size, ADOPT_BLOCK_BYTES):
-                block = await entry.plain.read(offset, ADOPT_BLOCK_BYTES)
+                block = await entry.held.read(offset, ADOPT_BLOCK_BYTES)
                 await self.engine.write(ingest, offset, block)
             await self.engine.flush(staged.meta.path)
             await self.engine.run_io_long(self.hierarchy.commit_array_sync, staged, old)

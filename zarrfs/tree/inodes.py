@@ -9,9 +9,8 @@ one with a new inode.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import Any
 
-from ..errors import NotFound
+from ..errors import NotFound, ZarrfsError
 from ..model import Node
 from ..storage.keys import join
 from .entries import NPY_SUFFIX, Entry, Kind, Maker
@@ -33,9 +32,19 @@ class Inodes:
 
     # --- entries ---------------------------------------------------------------------
 
-    def new(self, kind: Kind, view: str, node: Node | None = None, **kw: Any) -> Entry:
+    def new(
+        self,
+        kind: Kind,
+        view: str,
+        node: Node | None = None,
+        *,
+        error: ZarrfsError | None = None,
+        key: str | None = None,
+        size: int = 0,
+        origin: tuple[int, ...] | None = None,
+    ) -> Entry:
         """A new entry with the next inode."""
-        entry = Entry(self._next_inode, kind, view, node, **kw)
+        entry = Entry(self._next_inode, kind, view, node, error=error, key=key, size=size, origin=origin)
         self._entries[entry.inode] = entry
         self._next_inode += 1
         return entry

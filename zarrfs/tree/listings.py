@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import NotFound, ZarrfsError
 from ..model import ArrayMeta, BrokenNode, GroupMeta, Node
@@ -23,6 +23,8 @@ from .versions import VERSIONS_DIR
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..formats.base import Hierarchy
+    from ..views.ngff import ArrayHints
+    from ..views.ometiff import OmeTiff
     from .freshness import Freshness
     from .inodes import Inodes
     from .plain import PlainFiles
@@ -53,7 +55,7 @@ class Listings:
         freshness: Freshness,
         versions: Versions,
         plain: PlainFiles,
-        ome_tiff: Callable[[GroupMeta], Awaitable[Any]],
+        ome_tiff: Callable[[GroupMeta], Awaitable[OmeTiff | None]],
         root_node: Callable[[], Node],
         root_stem: str,
         writes_allowed: bool,
@@ -247,7 +249,7 @@ class Listings:
             if layout is not None:
                 names[name] = functools.partial(self._ome_tiff_entry, image, layout)
 
-    def _ome_tiff_entry(self, image: GroupMeta, layout: Any) -> Entry:
+    def _ome_tiff_entry(self, image: GroupMeta, layout: OmeTiff) -> Entry:
         entry = self.inodes.new(Kind.OMETIFF, registry.OME_TIFF_VIEW, image)
         entry.lay_out(layout)
         entry.size = entry.stored_bytes = layout.size
@@ -263,7 +265,9 @@ class Listings:
             for name, kind in registry.view_names(view, node, base)
         ]
 
-    def _new_entry(self, kind: Kind, view: str, node: Node, error: ZarrfsError | None, hints: Any) -> Entry:
+    def _new_entry(
+        self, kind: Kind, view: str, node: Node, error: ZarrfsError | None, hints: ArrayHints | None
+    ) -> Entry:
         entry = self.inodes.new(kind, view, node, error=error)
         entry.hints = hints  # (an NGFF image's level: axes and resolution of its TIFF)
         return entry

@@ -11,13 +11,13 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import NotFound, ZarrfsError
 from .entries import NPY_SUFFIX
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine import Engine, Lock
     from ..formats.base import Hierarchy
     from .entries import Entry
     from .inodes import Inodes
@@ -59,7 +59,7 @@ class PlainFile:
     """
 
     def __init__(
-        self, engine: Any, key: str | None, size: int = 0, stored: bool = False, memory: PlainMemory | None = None
+        self, engine: Engine, key: str | None, size: int = 0, stored: bool = False, memory: PlainMemory | None = None
     ) -> None:
         self._engine = engine
         self._memory = memory if memory is not None else PlainMemory()
@@ -75,12 +75,19 @@ class PlainFile:
         self._spilled = False  # the spool's bytes are in TMPDIR, not in memory
         self._memory_bytes = 0  # what this file adds to `memory`
 
+    @property
+    def kept_key(self) -> str:
+        """`key`, asked only of a file the format keeps (TypeError: a defect)."""
+        if self.key is None:
+            raise TypeError("a plain file the format keeps nowhere")
+        return self.key
+
     @staticmethod
     def _new_spool() -> Spool:
         return tempfile.SpooledTemporaryFile(max_size=PLAIN_MEMORY_BYTES, prefix="zarrfs-held-")
 
     @property
-    def lock(self) -> Any:
+    def lock(self) -> Lock:
         """Held while its bytes or key change (a store, a move): `async with held.lock`."""
         return self._lock
 
@@ -112,7 +119,9 @@ class PlainFile:
             if spool is None:
                 if size == 0:
                     return b""
-                return await self._engine.run_io(self._engine.store.get_range_sync, self.key, offset, offset + size)
+                return await self._engine.run_io(
+                    self._engine.store.get_range_sync, self.kept_key, offset, offset + size
+                )
 
             def get() -> bytes:
                 spool.seek(offset)
@@ -126,7 +135,7 @@ class PlainFile:
         try:
             for start in range(0, self.size, ADOPT_BLOCK_BYTES):
                 spool.write(
-                    self._engine.store.get_range_sync(self.key, start, min(start + ADOPT_BLOCK_BYTES, self.size))
+                    self._engine.store.get_range_sync(self.kept_key, start, min(start + ADOPT_BLOCK_BYTES, self.size))
                 )
         except BaseException:
             spool.close()
@@ -319,7 +328,7 @@ class PlainFiles:
 
     async def shutdown(self, entry: Entry) -> None:
         """Unmount: what is not stored yet is stored (or said lost)."""
-        if entry.plain.dirty:
+        if entry.held.dirty:
             name = self.inodes.path_of(entry)
             try:
                 await self.keep(entry)
@@ -327,7 +336,7 @@ class PlainFiles:
                 log.error("%s: plain file not stored at unmount, its bytes are lost: %s", name, e)
                 return
             log.info("%s: plain file stored at unmount", name)
-        entry.plain.close()
+        entry.held.close()
 
     def inside(self, path: str) -> list[PlainFile]:
         """The plain files kept below group `path` (none for the root), by inode."""
@@ -339,7 +348,7 @@ class PlainFiles:
             for e in self.inodes.all()
             if e.plain is not None and e.plain.key is not None and not e.plain.gone and e.plain.key.startswith(prefix)
         ]
-        return [e.plain for e in sorted(inside, key=lambda e: e.inode)]
+        return [e.held for e in sorted(inside, key=lambda e: e.inode)]
 
     def forget(self, entry: Entry, error: ZarrfsError) -> None:
         """A plain file removed or replaced: open files on it get `error`."""

@@ -39,7 +39,7 @@ class Times:
             async with held.lock:  # after a store under way, which took the time it had before
                 held.mtime_ns = mtime_ns
                 if held.stored and not held.dirty and not held.gone:
-                    await self.engine.run_io(self.store.set_mtime_sync, held.key, mtime_ns)
+                    await self.engine.run_io(self.store.set_mtime_sync, held.kept_key, mtime_ns)
             return
         if entry.kind is Kind.GROUP and entry.view == "":
             group = entry.node

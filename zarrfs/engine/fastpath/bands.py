@@ -296,7 +296,7 @@ class BandReads:
         buf = band.buf
         assert buf is not None  # (a band is filled once, when made)
         try:
-            data = None
+            data: bytes | memoryview | None = None
             rows = self._span(stream)[2]
             if rows:  # rows of chunks, from their files or as they decode
                 try:
