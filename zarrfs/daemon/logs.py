@@ -8,7 +8,7 @@ import logging.handlers
 import os
 import re
 import sys
-from typing import Any
+from types import TracebackType
 
 from ..errors import UserError
 from ..options import Options
@@ -81,7 +81,9 @@ class OneLineFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         return escape_log_text(redact(super().formatMessage(record)))
 
-    def formatException(self, ei: Any) -> str:
+    def formatException(
+        self, ei: tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+    ) -> str:
         return _UNSAFE_IN_TRACEBACK.sub(_escape_char, redact(super().formatException(ei)))
 
     def formatStack(self, stack_info: str) -> str:

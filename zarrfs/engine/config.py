@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..storage.base import BaseStore
+
+if TYPE_CHECKING:
+    from ..options import Options
 
 # The `timeout` option's default (options.Options.timeout_s) for engines built without it (tests).
 DEFAULT_TIMEOUT_S = 30.0
@@ -37,7 +40,7 @@ class EngineConfig:
     decoder_thread_name: str = "zarrfs-decode"  # the decoding threads' name (workers.py)
 
     @classmethod
-    def for_mount(cls, options: Any, store: BaseStore) -> EngineConfig:
+    def for_mount(cls, options: Options, store: BaseStore) -> EngineConfig:
         """The configuration of a mount of STORE with OPTIONS (options.Options): the fast paths
         that need a store nothing else writes through this mount run on read-only mounts, those
         that read chunk files where the store has them; stores on local disk with no files to read

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Any
 
 import trio
 
@@ -22,9 +21,9 @@ class DelayedCalls:
 
     def __init__(self) -> None:
         self._due: dict[Hashable, tuple[float, Call]] = {}  # key -> (trio time due, call)
-        self._nursery: Any = None
+        self._nursery: trio.Nursery | None = None
 
-    def attach(self, nursery: Any) -> None:
+    def attach(self, nursery: trio.Nursery) -> None:
         """The nursery the calls run in (the engine's, while it runs)."""
         self._nursery = nursery
 

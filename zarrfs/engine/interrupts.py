@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from contextlib import AbstractContextManager
+from types import TracebackType
 
 import trio
 
@@ -149,19 +150,19 @@ class _Watch:
         self.owner._waiting.add(self)
         self.scope.__enter__()
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.owner._waiting.discard(self)
-        swallowed = self.scope.__exit__(*exc)
+        # The scope swallows only its own cancellation (then cancelled_caught), which becomes Interrupted.
+        self.scope.__exit__(kind, error, tb)
         if self.scope.cancelled_caught:
             raise Interrupted(f"interrupted: process {self.pid} got a signal while waiting for the store")
-        return swallowed
 
 
 class _NoWatch:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
@@ -176,11 +177,11 @@ class Interrupts:
         self._waiting: set[_Watch] = set()
         self.mountpoint: str | None = None  # set once mounted: reads by other processes are watched too
 
-    def watch(self, pid: int | None) -> Any:
+    def watch(self, pid: int | None) -> AbstractContextManager[None, None]:
         """`with interrupts.watch(pid):` around a handler's wait (pid 0 or None: not watched)."""
         return _Watch(self, pid) if pid else NO_WATCH
 
-    def watch_read(self, pid: int | None, inode: int, offset: int, size: int) -> Any:
+    def watch_read(self, pid: int | None, inode: int, offset: int, size: int) -> AbstractContextManager[None, None]:
         """`with interrupts.watch_read(...)` around a read's wait: PID opened the file, but any
         process reading those bytes of it may be the one waiting."""
         return _Watch(self, pid or 0, inode, (offset, offset + size))

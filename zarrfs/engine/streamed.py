@@ -73,7 +73,7 @@ class _Slot:
     opened: bool = False  # its chunk's size and decompressor's need are known (_open_slot)
     cost: int = 0  # its part of STREAMS_MEMORY_BYTES, once opened
     reach: int = 0  # while in use: the byte it decodes up to
-    released: Any = None  # while in use: set when it is given back
+    released: trio.Event | None = None  # while in use: set when it is given back
     running: int = 0  # its worker calls not yet ended (an abandoned one may still decode)
     orphan: bool | None = None  # given back while a worker still ran: whether to keep it once it ends
 
@@ -207,7 +207,7 @@ class StreamedReads:
         most = _streams_max(meta)
         while True:  # (no await between the last check and the slot's registration)
             ahead = self._busy_ahead(meta, idx, lo)
-            if ahead is not None:
+            if ahead is not None and ahead.released is not None:  # (set while it is in use)
                 await ahead.released.wait()  # then continue its stream instead of starting another
             elif self._in_use >= most:
                 await self._freed.wait()

@@ -189,7 +189,7 @@ class WriteBack:
         if stored is not None:
             self._stored_into[path] = stored
 
-    def _upload_full(self, meta: ArrayMeta, chunks: Sequence[Index], covered: Any) -> None:
+    def _upload_full(self, meta: ArrayMeta, chunks: Sequence[Index], covered: dict[Index, int]) -> None:
         """Start storing the chunks this write completed (every element written since each became
         dirty), in the background, at most UPLOADS_IN_FLIGHT at once."""
         for idx in chunks:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ...views.streams import ByteStream
+from ...views.streams import ByteStream, ReadPlan
 from ..loads import Loads
 from ..readahead import Prefetch, ReadAhead
 from ..revalidate import Revalidation
@@ -83,7 +83,7 @@ class FastPaths:
         self.bands.first(stream, offset, size, readahead)
         return await self.bands.read(stream, offset, size, readahead) if readahead.bands else None
 
-    async def from_files(self, stream: ByteStream, plan: Any, size: int) -> bytes | memoryview | None:
+    async def from_files(self, stream: ByteStream, plan: ReadPlan, size: int) -> bytes | memoryview | None:
         """Step 4: a read of an eligible stream straight from its chunk files, or None.
 
         From the OS's page cache in this thread into the reused reply buffer (no await

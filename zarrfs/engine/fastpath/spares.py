@@ -24,17 +24,22 @@ from __future__ import annotations
 import mmap
 import sys
 import weakref
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...codecs.chain import decodes_into, reads_into
+from ...grid import Index
 from ...model import ArrayMeta
 from ..loads import DecodeBuffers
 from ..memory import private_buffer
 from ..runtime import Runtime
 from ..tables import ChunkTables, cache_key
 from .gates import SPARE_MIN_BYTES
+
+if TYPE_CHECKING:
+    from ..readahead import ReadAhead
 
 __all__ = ["Spares", "private_buffer"]
 
@@ -87,7 +92,7 @@ class Spares(DecodeBuffers):
     def _buffer_freed(self) -> None:
         self._buffers -= 1
 
-    def release_behind(self, stream: Any, state: Any, upto: int, chunks: Any) -> None:
+    def release_behind(self, stream: Any, state: ReadAhead, upto: int, chunks: Iterable[Index]) -> None:
         """A sequential reader whose bytes up to UPTO are served (or assembled), and whose
         latest read or band used CHUNKS: give back (or drop) the chunks wholly before UPTO."""
         if getattr(stream, "chunk_end", None) is None or stream.chunk is not None:
@@ -106,7 +111,7 @@ class Spares(DecodeBuffers):
             self._recycle(stream.meta, idx)
         state.held_next = min(held.values(), default=1 << 63)
 
-    def _recycle(self, meta: ArrayMeta, idx: Any) -> None:
+    def _recycle(self, meta: ArrayMeta, idx: Index) -> None:
         key = cache_key(meta, idx)
         if self.drop_behind:  # the store's own buffer: freed once its last holder lets go
             if self.tables.cache.discard(key):
