@@ -59,7 +59,7 @@ def invalidate_data_sync(inodes: list[int]) -> None:
 RENAME_NOREPLACE = 1
 
 
-def fuse_error(name: str, args: tuple, e: Exception) -> pyfuse3.FUSEError:
+def fuse_error(name: str, args: tuple[object, ...], e: Exception) -> pyfuse3.FUSEError:
     """The FUSEError a handler's exception ends its request with (logged, unless it is one)."""
     if isinstance(e, pyfuse3.FUSEError):
         return e

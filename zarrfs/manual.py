@@ -214,7 +214,7 @@ def heading_anchor(heading: str) -> str:
 def options_markdown() -> str:
     """The option table of docs/CONFIGURATION.md, its citations of docs/ made links."""
 
-    def link(m: re.Match) -> str:
+    def link(m: re.Match[str]) -> str:
         return f"([{m.group(1)}: {m.group(2)}]({m.group(1)}#{heading_anchor(m.group(2))}))"
 
     rows = ["| option | meaning | default |", "|---|---|---|"]

@@ -118,7 +118,7 @@ class ArrayMeta:
         return "array"
 
     @functools.cached_property
-    def chunk_layout(self) -> tuple:
+    def chunk_layout(self) -> tuple[object, ...]:
         """What a decoded chunk of this array depends on besides its stored bytes: its key, grid,
         data type, fill value and codecs. Two metadata documents of one path that agree on it
         give the same decoded chunks (a cached chunk of one serves the other)."""
@@ -131,7 +131,7 @@ class ArrayMeta:
         return hash(self.chunk_layout)
 
     @functools.cached_property
-    def file_layout(self) -> tuple:
+    def file_layout(self) -> tuple[object, ...]:
         """What the bytes of the array's files depend on besides its chunks' values: its shape and
         `chunk_layout` (an open file of the array reads the same bytes under either document)."""
         return (self.shape, self.chunk_layout, self.read_only)

@@ -76,7 +76,7 @@ class RepeatedFailures:
         self.keys_max = keys_max
         self.clock = clock
         # (key, reason) -> [when it was last logged, failures since then not logged]
-        self._seen: collections.OrderedDict[tuple[str, str], list] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[tuple[str, str], list[float]] = collections.OrderedDict()
         self.by_key: collections.Counter[str] = collections.Counter()
         self.suppressed = 0  # failure lines not logged, in all
         self._lock = threading.Lock()
@@ -114,7 +114,7 @@ class RepeatedFailures:
         else:
             self.by_key[OTHER_KEYS] += 1
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, object]:
         """For stats.json: failures by key (the most frequent first) and log lines not written."""
         with self._lock:
             return {"errors_by_key": dict(self.by_key.most_common()), "log_lines_suppressed": self.suppressed}

@@ -84,7 +84,7 @@ class BytesBytes:
             return n + 4
         raise Unsupported(f"codec {self.name} cannot be used in a sharding index (size not fixed)")
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": self.codec.get_config()}
 
 
@@ -113,7 +113,7 @@ class NumcodecsArray:
         out = np.asarray(self.codec.encode(np.ascontiguousarray(arr)))
         return out.reshape(-1).view(dtype).reshape(shape) if out.dtype != dtype else out.reshape(shape)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": self.codec.get_config()}
 
 
@@ -136,11 +136,11 @@ class NumcodecsArrayBytes:
     def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
         return grown_bound(math.prod(shape) * dtype.itemsize)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": self.codec.get_config()}
 
 
-def numcodecs_codec(config: dict, where: str) -> Any:
+def numcodecs_codec(config: dict[str, Any], where: str) -> Any:
     """A numcodecs codec from its v1/v2-style config (`{"id": ..., ...}`)."""
     try:
         return numcodecs.get_codec(dict(config))
@@ -162,7 +162,7 @@ def blosc_shuffle(value: Any) -> Any:
 DEFAULT_LEVELS = {"blosc": 5, "zstd": 0, "gzip": 5, "zlib": 5, "bz2": 5, "lzma": 6, "lz4": 1}
 
 
-def compressor_config(codec: str | None, default: str, itemsize: int) -> dict | None:
+def compressor_config(codec: str | None, default: str, itemsize: int) -> dict[str, Any] | None:
     """The numcodecs config of a `codec=NAME[:LEVEL]` option (or of the format's default)."""
     name, _, level_text = (codec or default).partition(":")
     name = name.lower()

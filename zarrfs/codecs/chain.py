@@ -35,7 +35,7 @@ class ArrayArrayCodec(Protocol):
 
     def encode(self, arr: np.ndarray) -> np.ndarray: ...
 
-    def describe(self) -> dict: ...
+    def describe(self) -> dict[str, Any]: ...
 
 
 class ArrayBytesCodec(Protocol):
@@ -47,11 +47,14 @@ class ArrayBytesCodec(Protocol):
 
     def max_encoded_nbytes(self, shape: tuple[int, ...], dtype: np.dtype) -> int: ...
 
-    def describe(self) -> dict: ...
+    def describe(self) -> dict[str, Any]: ...
 
 
 class BytesBytesCodec(Protocol):
     """A bytes->bytes step (compressor, checksum, v2 filter): bounded decoding, and the most bytes it encodes to."""
+
+    @property
+    def codec(self) -> Any: ...  # the numcodecs codec it runs (its codec_id decides range decoding)
 
     def decode(self, data: Any, limit: int | None = None, out: np.ndarray | None = None) -> Any: ...
 
@@ -61,7 +64,7 @@ class BytesBytesCodec(Protocol):
 
     def encoded_size(self, n: int) -> int: ...
 
-    def describe(self) -> dict: ...
+    def describe(self) -> dict[str, Any]: ...
 
 
 @functools.cache
@@ -74,7 +77,9 @@ def _conforms(cls: type, role: type) -> bool:
     )
 
 
-def _check_roles(array_array: tuple, array_bytes: Any, bytes_bytes: tuple) -> None:
+def _check_roles(
+    array_array: tuple[ArrayArrayCodec, ...], array_bytes: object, bytes_bytes: tuple[BytesBytesCodec, ...]
+) -> None:
     """Refuse (TypeError) a chain whose steps do not stand in their roles: a format's mistake, found
     when the chain is built rather than at its first decode."""
     steps: list[tuple[object, type]] = [(s, ArrayArrayCodec) for s in array_array] + [(array_bytes, ArrayBytesCodec)]
@@ -123,7 +128,7 @@ class Transpose:
     def encode(self, arr: np.ndarray) -> np.ndarray:
         return arr.transpose(self.order)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": "transpose", "configuration": {"order": list(self.order)}}
 
 
@@ -160,7 +165,7 @@ class BytesLayout:
         downstream see the element size (blosc's shuffle, v2 filters) as zarr gives it them."""
         return np.ravel(arr.astype(self.stored_dtype(arr.dtype), copy=False), order=self.order)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         if self.endian is None:
             return {"name": "bytes", "configuration": {"order": self.order}}
         return {"name": "bytes", "configuration": {"endian": self.endian}}
@@ -170,9 +175,9 @@ class BytesLayout:
 class CodecChain:
     """One chunk's codecs in encode order: array->array*, one array->bytes, bytes->bytes*."""
 
-    array_array: tuple = ()
+    array_array: tuple[ArrayArrayCodec, ...] = ()
     array_bytes: Any = BytesLayout()
-    bytes_bytes: tuple = ()
+    bytes_bytes: tuple[BytesBytesCodec, ...] = ()
 
     def __post_init__(self) -> None:
         _check_roles(self.array_array, self.array_bytes, self.bytes_bytes)
@@ -252,7 +257,7 @@ class CodecChain:
             n_bytes = bb.encoded_size(n_bytes)
         return n_bytes
 
-    def describe(self) -> list[dict]:
+    def describe(self) -> list[dict[str, Any]]:
         return [c.describe() for c in (*self.array_array, self.array_bytes, *self.bytes_bytes)]
 
 
@@ -312,7 +317,7 @@ class UnusableChain(CodecChain):
     def order(self) -> str:
         return self.layout_order
 
-    def describe(self) -> list[dict]:
+    def describe(self) -> list[dict[str, Any]]:
         return list(self.description)
 
 

@@ -43,6 +43,10 @@ BZ2_STATE_BYTES = 4 << 20
 # The first bytes of a chunk, enough to say how much its decompressor will hold: a zstd frame
 # header (18 bytes at most), an xz stream header and its first block header's filters.
 HEAD_BYTES = 64
+# A piece of a box (`regions`): (first byte, stop byte, shape, strides of its elements from its
+# first byte, its part of the box as slices of it); with the box's number (`chunk_pieces`).
+Piece = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[slice, ...]]
+BoxPiece = tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[slice, ...], int]
 # An lzma dictionary when the header does not say (the largest preset's).
 LZMA_DEFAULT_DICT_BYTES = 64 << 20
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -171,14 +175,14 @@ def first_byte(shape: tuple[int, ...], itemsize: int, order: str, boxes: list[tu
 
 def regions(
     shape: tuple[int, ...], itemsize: int, order: str, box: tuple[slice, ...], span: int = SPAN_BYTES
-) -> list[tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[slice, ...]]]:
+) -> list[Piece]:
     """A box of a chunk (SHAPE, elements of ITEMSIZE in ORDER) cut into pieces whose bytes lie
     within SPAN, in increasing order of their bytes: (first byte, stop byte, shape, strides
     of the piece's elements from its first byte, the piece's part of the box as slices of it)."""
     ndim = len(shape)
     strides = _strides(shape, itemsize, order)
     axes = sorted(range(ndim), key=lambda d: -strides[d])  # slowest first
-    out: list = []
+    out: list[Piece] = []
 
     def extent(lo_idx: list[int], hi_idx: list[int]) -> tuple[int, int]:
         lo = sum(i * s for i, s in zip(lo_idx, strides))
@@ -219,7 +223,7 @@ def regions(
 
 
 def fill_sync(
-    dec: RangeDecoder, pieces: list, targets: list[np.ndarray], dtype: np.dtype, start: int, budget: int
+    dec: RangeDecoder, pieces: list[BoxPiece], targets: list[np.ndarray], dtype: np.dtype, start: int, budget: int
 ) -> int:
     """Copy decoded pieces (`regions`) START.. of a chunk into their TARGETS (the box of each
     piece's list entry), elements of DTYPE as stored, until about BUDGET bytes were decoded;
@@ -237,7 +241,7 @@ def fill_sync(
 
 def chunk_pieces(
     shape: tuple[int, ...], dtype: np.dtype, order: str, boxes: list[tuple[slice, ...]], span: int = SPAN_BYTES
-) -> list[tuple]:
+) -> list[BoxPiece]:
     """Every box's pieces (`regions`), each tagged with its box's number, in increasing order of
     their bytes in the chunk (so that a stream is decoded once for all of them)."""
     pieces = []

@@ -185,7 +185,7 @@ class ShardingIndexed:
         keep = {pos: raw for pos, raw in stored.items() if pos not in changed}
         return self.encode(arr, fill, keep)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "name": "sharding_indexed",
             "configuration": {

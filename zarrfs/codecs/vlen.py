@@ -61,7 +61,7 @@ class VLenArrayBytes:
     def encode(self, arr: np.ndarray, fill: np.ndarray) -> Any:
         raise Unsupported(READ_ONLY_REASON.format(what="strings" if self.kind == "U" else "bytes", kind=self.kind))
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "configuration": {}}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Any
 
 from .. import formats
 from ..codecs.adapters import compressor_config
@@ -44,7 +45,7 @@ START_TIMEOUT_S = float(os.environ.get("ZARRFS_START_TIMEOUT_S", "30"))
 CREDENTIAL_NAME = "storage_options.json"
 
 
-def storage_options_of(options: Options) -> dict:
+def storage_options_of(options: Options) -> dict[str, Any]:
     """storage_options_file (or systemd's credential) merged under storage_options."""
     path = options.storage_options_file
     credentials_dir = os.environ.get("CREDENTIALS_DIRECTORY")
@@ -138,7 +139,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     return ZarrOperations(namespace, engine, options)
 
 
-def open_store(source: str, storage_options: dict, options: Options, shown: str) -> Store:
+def open_store(source: str, storage_options: dict[str, Any], options: Options, shown: str) -> Store:
     """The store SOURCE names: a reference set (kerchunk, VirtualiZarr), or any fsspec URL; a
     backend that is not installed is a one-line error naming the extra that brings it."""
     try:

@@ -39,7 +39,7 @@ _UNSAFE_IN_TRACEBACK = re.compile(r"[\ud800-\udfff]")
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def _escape_char(m: re.Match) -> str:
+def _escape_char(m: re.Match[str]) -> str:
     c = m.group()
     if c in _NAMED_ESCAPES:
         return _NAMED_ESCAPES[c]

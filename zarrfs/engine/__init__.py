@@ -36,7 +36,7 @@ from .loads import Loads
 from .readahead import Prefetch, ReadAhead, window_bound
 from .revalidate import Revalidation
 from .runtime import DECODE_THREADS, Runtime
-from .streamed import StreamedReads
+from .streamed import Box, StreamedReads
 from .tables import BODY, ChunkTables
 from .writeback import WriteBack
 
@@ -251,7 +251,7 @@ class Engine:
         """Whether reads of STREAM decode ranges of its chunks, never a whole chunk (streamed.py)."""
         return self.streams.serves(stream)
 
-    async def read_boxes(self, meta: ArrayMeta, idx: Index, parts: list) -> int:
+    async def read_boxes(self, meta: ArrayMeta, idx: Index, parts: list[Box]) -> int:
         """Boxes of one chunk of a streamed array copied into their targets (streamed.py); the bytes decoded."""
         return await self.streams.read_boxes(meta, idx, parts)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -65,10 +65,12 @@ class ReadAhead:
     def __init__(self) -> None:
         self.next_offset, self.window, self.planned = -1, 0, 0
         # (stream, generation, row of chunks) whose every chunk the window asked for
-        self.planned_row: tuple | None = None
-        self.bands: dict = {}
-        self.spare: list = []
-        self.held: dict = {}  # chunks its sequential reads used and have not passed, and where they end (spares.py)
+        self.planned_row: tuple[ByteStream, int, int] | None = None
+        self.bands: dict[int, Any] = {}  # bands.Band by number (the core never imports fastpath/)
+        self.spare: list[np.ndarray] = []
+        self.held: dict[
+            Index, int
+        ] = {}  # chunks its sequential reads used and have not passed, and where they end (spares.py)
         self.held_next = 1 << 63  # where the first of them ends
 
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar, TypeVarTuple
 
+import numpy as np
 import trio
 
 from ..errors import StoreError, ZarrfsError
@@ -299,7 +300,7 @@ class Runtime:
             log.warning("%s", line)
         error.logged = True  # the FUSE layer does not log it again for each request it fails
 
-    def decoded(self, arrs: list, seconds: float) -> None:
+    def decoded(self, arrs: list[np.ndarray], seconds: float) -> None:
         """Count decoded chunks and the time their decoding took."""
         self.decode_seconds += seconds
         self.counters["bytes_decoded"] += sum(a.nbytes for a in arrs)

@@ -23,6 +23,7 @@ import numpy as np
 import trio
 
 from ..codecs import rangedecode
+from ..codecs.rangedecode import BoxPiece
 from ..errors import CorruptChunk, ZarrfsError
 from ..grid import Index
 from ..model import ArrayMeta
@@ -35,6 +36,9 @@ from .runtime import Runtime
 from .tables import ChunkTables, write_unit
 
 log = logging.getLogger(__name__)
+
+# A box of one chunk and where its values go: (the box as slices of the chunk, the target array).
+Box = tuple[tuple[slice, ...], np.ndarray]
 
 # Decoders kept or in use at once, across every reader: each holds a window of
 # rangedecode.WINDOW_BYTES and its decompressor's state (zstd's window: a few MiB at the
@@ -95,7 +99,7 @@ def fill_chunk_sync(
     meta: ArrayMeta,
     store: BaseStore,
     key: str,
-    pieces: list,
+    pieces: list[BoxPiece],
     targets: list[np.ndarray],
     start: int,
     budget: int,
@@ -173,7 +177,7 @@ class StreamedReads:
         out = np.empty(stream.element_bytes(plan), np.uint8)
         errors: list[ZarrfsError] = []
 
-        async def one(idx: Index, parts: list) -> None:
+        async def one(idx: Index, parts: list[Box]) -> None:
             try:
                 await self._copy_streamed_chunk(meta, idx, parts)
             except ZarrfsError as e:
@@ -186,14 +190,14 @@ class StreamedReads:
             raise errors[0]
         return plan_bytes(plan, out)
 
-    async def read_boxes(self, meta: ArrayMeta, idx: Index, parts: list) -> int:
+    async def read_boxes(self, meta: ArrayMeta, idx: Index, parts: list[Box]) -> int:
         """Copy boxes of one chunk of an array whose reads are `streamed` into their targets (PARTS:
         (the box as slices of the chunk, an array of its shape)), decoding only what they need
         (a preview's pixels); the bytes decoded."""
         await self.revalidation.check_cached(meta)
         return await self._copy_streamed_chunk(meta, idx, parts)
 
-    async def _copy_streamed_chunk(self, meta: ArrayMeta, idx: Index, parts: list) -> int:
+    async def _copy_streamed_chunk(self, meta: ArrayMeta, idx: Index, parts: list[Box]) -> int:
         """Copy regions of one chunk into their targets: from the chunk itself when it is held
         by a writer or cached, else decoded by a decoder of the chunk; the bytes decoded."""
         if self._copy_whole(meta, idx, parts):
@@ -269,7 +273,7 @@ class StreamedReads:
                 target[...] = fill[region]
         return decoded
 
-    def _copy_whole(self, meta: ArrayMeta, idx: Index, parts: list) -> bool:
+    def _copy_whole(self, meta: ArrayMeta, idx: Index, parts: list[Box]) -> bool:
         """Copy the regions from the chunk itself if a writer holds it or it is cached."""
         whole = self.tables.lookup(meta, idx, count=False)
         if whole is None:

@@ -25,7 +25,7 @@ import trio
 
 from ..grid import Index
 from ..model import ArrayMeta
-from .cache import ChunkCache
+from .cache import ChunkCache, Key
 from .runtime import Flight
 
 # Cache keys of inner chunks and of shard indexes, and version keys of shards rewritten
@@ -46,7 +46,7 @@ def in_shard_chunks(meta: ArrayMeta) -> bool:
     return meta.source is not None and meta.source.shard_is_chunk
 
 
-def cache_key(meta: ArrayMeta, idx: Index) -> tuple:
+def cache_key(meta: ArrayMeta, idx: Index) -> Key:
     """Cache key of a decoded chunk; inner chunks of a grid of shards have their own."""
     return (meta.path, idx, INNER) if in_shard_chunks(meta) else (meta.path, idx)
 
@@ -56,13 +56,13 @@ def write_unit(meta: ArrayMeta, idx: Index) -> tuple[str, Index]:
     return (meta.path, meta.source.shard_of(idx)) if in_shard_chunks(meta) else (meta.path, idx)
 
 
-def shard_unit(meta: ArrayMeta, shard: Index) -> tuple:
+def shard_unit(meta: ArrayMeta, shard: Index) -> Key:
     """Version (and rewrite lock) key of a shard's stored bytes: the written chunk itself
     where shards are the grid's chunks, a key of its own where chunks rewrite their shard."""
     return (meta.path, shard) if meta.source.shard_is_chunk else (meta.path, shard, SHARD)
 
 
-def lock_key(meta: ArrayMeta, idx: Index) -> tuple:
+def lock_key(meta: ArrayMeta, idx: Index) -> Key:
     """What flushes take turns on: the chunk, or its shard where writing a chunk rewrites it."""
     src = meta.source
     if src is not None and src.rewrites_shard:
@@ -75,7 +75,7 @@ class ChunkTables:
 
     def __init__(self, cache: ChunkCache) -> None:
         self.cache = cache
-        self.inflight: dict[tuple, Flight] = {}
+        self.inflight: dict[Key, Flight] = {}
         # Written chunks not yet stored, oldest first: (path, idx) -> (meta, writable array)
         self.dirty: collections.OrderedDict[tuple[str, Index], tuple[ArrayMeta, np.ndarray]] = collections.OrderedDict()
         self.storing: dict[tuple[str, Index], np.ndarray] = {}
@@ -84,12 +84,12 @@ class ChunkTables:
         self.changed: dict[tuple[str, Index], set[Index] | None] = {}
         # Changes of each written chunk, so a writer notices one made while it waited, and
         # of each shard rewritten chunk by chunk, so a reader notices a rewrite it overlapped.
-        self.versions: dict[tuple, int] = {}
+        self.versions: dict[Key, int] = {}
         # Flushes of one chunk (of one shard, where writing a chunk rewrites its shard) take turns.
-        self.chunk_locks: dict[tuple, trio.Lock] = {}
+        self.chunk_locks: dict[Key, trio.Lock] = {}
         self.generation = 0  # bumped when cached chunks are dropped
 
-    def version(self, key: tuple) -> int:
+    def version(self, key: Key) -> int:
         """The write version of a chunk or shard (0: never written through this mount)."""
         return self.versions.get(key, 0)
 
@@ -132,7 +132,7 @@ class ChunkTables:
         """Whether a chunk is being loaded."""
         return cache_key(meta, idx) in self.inflight
 
-    def drop_lock(self, key: tuple, lock: trio.Lock) -> None:
+    def drop_lock(self, key: Key, lock: trio.Lock) -> None:
         """Forget a lock nobody holds or waits for."""
         if not lock.locked() and lock.statistics().tasks_waiting == 0 and self.chunk_locks.get(key) is lock:
             del self.chunk_locks[key]

@@ -20,7 +20,7 @@ import concurrent.futures
 import queue
 import threading
 from collections.abc import Callable
-from typing import TypeVar, TypeVarTuple
+from typing import Any, TypeVar, TypeVarTuple
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -33,10 +33,12 @@ class Workers:
 
     def __init__(self, threads: int, name: str) -> None:
         self.threads, self.name = threads, name
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]]] = (
+            queue.SimpleQueue()
+        )
         self._lock = threading.Lock()
         self._counted = 0  # threads started, not stuck in an abandoned call
-        self._stuck: set[concurrent.futures.Future] = set()  # abandoned calls still running
+        self._stuck: set[concurrent.futures.Future[Any]] = set()  # abandoned calls still running
 
     def submit(self, fn: Callable[[*Ts], T], *args: *Ts) -> concurrent.futures.Future[T]:
         """Queue `fn(*args)`; its Future is settled in a worker thread (cancel() drops it if not started)."""
@@ -46,7 +48,7 @@ class Workers:
         self._start()
         return future
 
-    def abandon(self, future: concurrent.futures.Future) -> None:
+    def abandon(self, future: concurrent.futures.Future[Any]) -> None:
         """FUTURE's caller gave up on it while it runs: its thread leaves when it ends, and
         another takes its place now."""
         with self._lock:

@@ -369,5 +369,5 @@ class WriteBack:
         self._write_errors.pop(path, None)
         self._created.pop(path, None)
         self._stored_into.pop(path, None)
-        for key in [k for k in tables.versions if k[0] == path or k[0].startswith(path + "/")]:
-            del tables.versions[key]
+        for unit in [k for k in tables.versions if k[0] == path or k[0].startswith(path + "/")]:
+            del tables.versions[unit]

@@ -100,7 +100,7 @@ def parse_json(key: str, raw: bytes | None) -> Any:
         raise MetadataError(f"{key}: JSON nested too deeply") from None
 
 
-def json_object(key: str, raw: bytes | None) -> dict | None:
+def json_object(key: str, raw: bytes | None) -> dict[str, Any] | None:
     doc = parse_json(key, raw)
     if doc is not None and not isinstance(doc, dict):
         raise MetadataError(f"{key}: expected a JSON object, got {type(doc).__name__}")
@@ -127,7 +127,7 @@ def consolidated_path(path: str, where: str) -> str | None:
         return None
 
 
-def root_zarr_json_sync(store: BaseStore) -> dict | None:
+def root_zarr_json_sync(store: BaseStore) -> dict[str, Any] | None:
     """The store's root `zarr.json` (v3 and the v3 drafts tell themselves apart by it), if usable."""
     try:
         return json_object("zarr.json", store.get_sync("zarr.json"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def in_dataset(new: NewArray, siblings: Iterable[Node], fmt: str) -> NewArray:
 XARRAY_OWN_ATTRS = {"v2": (V2_DIMENSIONS_ATTR,), "v3": ("_FillValue",)}
 
 
-def attributes_kept(node: Node, new: dict) -> dict:
+def attributes_kept(node: Node, new: dict[str, Any]) -> dict[str, Any]:
     """The attributes to store when a user sets NEW on an array: xarray's own ones the array
     carries are kept where NEW omits them; a key set to null in NEW removes one."""
     own = XARRAY_OWN_ATTRS.get(node.format, ()) if isinstance(node, ArrayMeta) else ()

@@ -137,7 +137,7 @@ def _v1_compression(config: dict[str, Any]) -> tuple[str, Any]:
     raise Unsupported(f"v1 stores know none, zlib, bz2, lzma and blosc, not {kind}")
 
 
-def v1_compressor_config(compression: Any, opts: Any) -> dict | None:
+def v1_compressor_config(compression: Any, opts: Any) -> dict[str, Any] | None:
     """The numcodecs config of a v1 `compression` / `compression_opts` pair."""
     if compression in (None, "none"):
         return None

@@ -201,7 +201,7 @@ def _vlen_array(
     )
 
 
-def v2_description(compressor: Any, filters: Any, order: str) -> list[dict]:
+def v2_description(compressor: Any, filters: Any, order: str) -> list[dict[str, Any]]:
     """The codecs of v1/v2 metadata as CodecChain.describe shows them, straight from the document."""
     steps = [*(filters if isinstance(filters, list) else []), *([compressor] if compressor is not None else [])]
     return [

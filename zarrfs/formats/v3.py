@@ -17,7 +17,15 @@ from ..codecs.adapters import (
     compressor_config,
     numcodecs_codec,
 )
-from ..codecs.chain import BytesLayout, CodecChain, Transpose, UnusableChain, transpose_order
+from ..codecs.chain import (
+    ArrayArrayCodec,
+    BytesBytesCodec,
+    BytesLayout,
+    CodecChain,
+    Transpose,
+    UnusableChain,
+    transpose_order,
+)
 from ..codecs.sharding import ShardingIndexed
 from ..codecs.vlen import vlen_step
 from ..errors import MetadataError, UnknownCodec, Unsupported, UserError
@@ -301,7 +309,7 @@ ARRAY_BYTES_IDS = {"pcodec", "zfpy"}
 DEFAULT_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 
 
-def _numcodecs(name: str, config: dict, where: str) -> Any:
+def _numcodecs(name: str, config: dict[str, Any], where: str) -> Any:
     """The numcodecs codec of a v3 codec entry that is not one of the core array codecs."""
     if name == "blosc":
         conf = {
@@ -326,7 +334,7 @@ def _numcodecs(name: str, config: dict, where: str) -> Any:
     raise UnknownCodec(f"unknown codec {name!r} in {where}")
 
 
-def _sharding(config: dict, ndim: int, where: str) -> ShardingIndexed:
+def _sharding(config: dict[str, Any], ndim: int, where: str) -> ShardingIndexed:
     try:
         inner = tuple(int(c) for c in config["chunk_shape"])
     except (KeyError, TypeError, ValueError):
@@ -340,7 +348,7 @@ def _sharding(config: dict, ndim: int, where: str) -> ShardingIndexed:
     )
 
 
-def _stage(name: str, config: dict, ndim: int, where: str) -> Any:
+def _stage(name: str, config: dict[str, Any], ndim: int, where: str) -> Any:
     """One codec of the chain, in its role."""
     if name == "transpose":
         return Transpose(transpose_order(config.get("order"), ndim, where))
@@ -361,9 +369,9 @@ def v3_chain(codecs: Any, ndim: int, where: str) -> CodecChain:
     """A chain from a final-v3 `codecs` list, each codec checked to stand in its role's place."""
     if not isinstance(codecs, list) or not codecs:
         raise MetadataError(f"`codecs` must be a non-empty list in {where}")
-    array_array: list = []
+    array_array: list[ArrayArrayCodec] = []
     array_bytes = None
-    bytes_bytes: list = []
+    bytes_bytes: list[BytesBytesCodec] = []
     for item in codecs:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise MetadataError(f"bad codec entry {item!r} in {where}")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import grid
-from ..codecs.chain import CodecChain
+from ..codecs.chain import BytesBytesCodec, CodecChain
 from ..codecs.vlen import READ_ONLY_REASON, VLenArrayBytes, fixed_width
 from ..dtypes import bytes_value
 from ..errors import CorruptChunk, MetadataError, Unsupported, ZarrfsError
@@ -37,7 +37,7 @@ def placeholder(
     shape: tuple[int, ...],
     chunks: tuple[int, ...],
     step: VLenArrayBytes,
-    bytes_bytes: tuple,
+    bytes_bytes: tuple[BytesBytesCodec, ...],
     fill: Any,
     **kw: Any,
 ) -> ArrayMeta:

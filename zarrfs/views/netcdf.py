@@ -165,7 +165,7 @@ def storage_type(meta: ArrayMeta, fits: bool) -> int:
     return type_
 
 
-def _number_attr(values: list, cdf5: bool) -> tuple[int, bytes, int] | None:
+def _number_attr(values: list[Any], cdf5: bool) -> tuple[int, bytes, int] | None:
     """Numbers as one netCDF type (ints as INT, or INT64 in CDF-5, else DOUBLE when exact); None when not."""
     if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
         return None

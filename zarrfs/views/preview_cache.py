@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ZarrfsError
+from ..grid import Index
 from ..model import ArrayMeta
 from . import preview
 from .streams import ArrayStream
@@ -53,7 +54,7 @@ class PreviewCache:
             # (chunks larger than the cache: their picked pixels alone, never a whole chunk)
             values = preview.render(meta, p, {}, await self._picked(meta, p, deadline))
             return await self.engine.run_io(preview.png, values)
-        chunks: dict = {}
+        chunks: dict[Index, np.ndarray] = {}
         wanted = list(p.chunks)
         for start in range(0, len(wanted), preview.BATCH):
             if time.monotonic() > deadline:
@@ -82,10 +83,10 @@ class PreviewCache:
         values = preview.render(meta, p, chunks)
         return await self.engine.run_io(preview.png, values)
 
-    async def _picked(self, meta: ArrayMeta, p: preview.Plan, deadline: float) -> dict:
+    async def _picked(self, meta: ArrayMeta, p: preview.Plan, deadline: float) -> dict[Index, np.ndarray]:
         """A strided preview's values of each of its chunks at their `picks` (the plan's
         chunks in turn, within the time bound), read through the engine's ranged decoding."""
-        picked: dict = {}
+        picked: dict[Index, np.ndarray] = {}
         ch, cw = meta.chunk_shape[-2:]
         assert p.rows is not None and p.cols is not None  # (a strided plan)
         ones = (1,) * (len(meta.shape) - 2)

@@ -63,7 +63,7 @@ def parse(text: str) -> list[int | slice | EllipsisType]:
     if not isinstance(tree, ast.Subscript) or not isinstance(tree.value, ast.Name):
         raise BadSelection("not a selection")
     nodes = tree.slice.elts if isinstance(tree.slice, ast.Tuple) else [tree.slice]
-    items: list = []
+    items: list[int | slice | EllipsisType] = []
     for node in nodes:
         if isinstance(node, ast.Slice):
             parts = [None if p is None else _int(p) for p in (node.lower, node.upper, node.step)]
@@ -79,7 +79,7 @@ def parse(text: str) -> list[int | slice | EllipsisType]:
     return items
 
 
-def normalize(items: list, shape: Index) -> tuple[Dim, ...]:
+def normalize(items: list[int | slice | EllipsisType], shape: Index) -> tuple[Dim, ...]:
     """Per array dimension: a non-negative position, or (start, step, count), as numpy reads them."""
     n_index = len(items) - items.count(Ellipsis)
     if n_index > len(shape):
@@ -87,9 +87,10 @@ def normalize(items: list, shape: Index) -> tuple[Dim, ...]:
     if Ellipsis in items:
         i = items.index(Ellipsis)
         items = items[:i] + [slice(None)] * (len(shape) - n_index) + items[i + 1 :]
-    items = items + [slice(None)] * (len(shape) - len(items))
+    whole: list[int | slice] = [i for i in items if not isinstance(i, EllipsisType)]  # (its ellipsis expanded)
+    whole += [slice(None)] * (len(shape) - len(whole))
     out: list[Dim] = []
-    for d, (item, n) in enumerate(zip(items, shape)):
+    for d, (item, n) in enumerate(zip(whole, shape)):
         if isinstance(item, slice):
             start, stop, step = item.indices(n)
             out.append((start, step, len(range(start, stop, step))))
@@ -160,7 +161,9 @@ class SliceStream(ByteStream):
             self._reads.header = self.header
         return self._reads
 
-    def _pieces(self, boxes: tuple[tuple[Index, Index], ...]) -> Iterator[tuple[Index, tuple, int, Index, tuple]]:
+    def _pieces(
+        self, boxes: tuple[tuple[Index, Index], ...]
+    ) -> Iterator[tuple[Index, tuple[int | slice, ...], int, Index, tuple[int | slice, ...]]]:
         """(chunk position, index into the chunk, box start in the buffer, box shape, slices into the box)."""
         pos = 0
         for start, box in boxes:

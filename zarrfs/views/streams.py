@@ -330,7 +330,7 @@ class ArrayStream(ByteStream):
         order) and where each goes, a view of OUT (uint8, `element_bytes(plan)`) of the
         region's shape; what `assemble` copies, for a caller that has no whole chunks."""
         buf = out[: self.element_bytes(plan)].view(self.dtype)
-        regions: dict[Index, list] = {}
+        regions: dict[Index, list[tuple[tuple[slice, ...], np.ndarray]]] = {}
         for idx, src, pos, box, dst in self._pieces(plan):
             place: tuple[slice | EllipsisType, ...] = (*dst, ...)  # (a view: 0-d too)
             target = buf[pos : pos + math.prod(box)].reshape(box)[place]

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ...grid import Index
 from ...views.streams import ByteStream, ReadPlan
 from ..loads import Loads
 from ..readahead import Prefetch, ReadAhead
@@ -68,7 +69,7 @@ class FastPaths:
 
     def read_now(
         self, stream: Any, offset: int, size: int, readahead: ReadAhead | None
-    ) -> tuple[memoryview | None, str, list | None]:
+    ) -> tuple[memoryview | None, str, list[Index] | None]:
         """Steps 1 and 2, with no await: (the bytes, the step's name, the chunks used (rows)),
         or (None, "", None) when neither serves the read."""
         if size < SMALL_READ_BYTES:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 import trio
@@ -123,7 +124,7 @@ class BandReads:
         self.band_bytes_peak = 0
         # Each stream's band_span, fixed for the stream (its array's metadata is): asked on
         # every read of a reader with bands, and before every large read (`first`).
-        self._spans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._spans: weakref.WeakKeyDictionary[ArrayStream, tuple[int, int, int]] = weakref.WeakKeyDictionary()
 
     def _span(self, stream: ArrayStream) -> tuple[int, int, int]:
         """The stream's band_span, made once."""
@@ -265,7 +266,7 @@ class BandReads:
         raised once every part has ended (none is cancelled: its thread would go on writing in
         OUT, which another band may then take)."""
         parts = self.runtime.decode_threads
-        done: list = [None] * parts
+        done: list[Any] = [None] * parts  # each part's result, or its error
 
         async def part(p: int) -> None:
             try:

@@ -44,6 +44,9 @@ OPEN_FILES = 256
 # a read of at most 1 MiB (the kernel's largest): at most 256 of 4 KiB (narrower rows are read
 # into scratch), some 100 KB of objects.
 RECIPES = 64
+# How a run is read (`_Run._recipe`): per chunk column, (J, where its bytes start, [(buffers of
+# one preadv, their bytes)]).
+Recipe = list[tuple[int, int, list[tuple[list[memoryview], int]]]]
 # The most buffers one preadv takes (Linux's UIO_MAXIOV), and the least row read into place
 # by one of them: narrower rows are read whole into scratch and copied into place (a buffer
 # per narrow row costs the kernel more than the extra copy; docs/PERFORMANCE.md).
@@ -194,7 +197,7 @@ class DirectReads:
         self._pad = memoryview(bytearray(0))  # see _junk
         self._files = _OpenFiles()  # the trio thread's
         # The trio thread's recipes (_Run.chunk_parts): (stream, run) -> (the buffer it reads into, recipe).
-        self._recipes: dict = {}
+        self._recipes: dict[tuple[ByteStream, int, int, int, int], tuple[np.ndarray, Recipe]] = {}
         self._local = threading.local()  # each worker thread's own (`_worker_files`)
         self._generation = 0  # of the worker threads' tables: older ones are dropped at their next use
 
@@ -332,7 +335,9 @@ class _Run:
         self.files = reads._files if nowait else reads._worker_files()
         self.view = out.data.cast("B")
         # the trio thread, whose reads reuse one buffer: its recipes are kept
-        self.recipes: dict | None = reads._recipes if nowait else None
+        self.recipes: dict[tuple[ByteStream, int, int, int, int], tuple[np.ndarray, Recipe]] | None = (
+            reads._recipes if nowait else None
+        )
 
     def chunk_parts(self, lead: Index, q: int, m: int, lo: int, hi: int, at: int) -> None:
         """Rows Q.. Q+M-1 of the chunk files of row of chunks LEAD (columns LO.. of the first
@@ -352,7 +357,7 @@ class _Run:
         for j, start, parts in recipe:
             self._read(stream.array_index(lead + (j,)), parts, row_at + start)
 
-    def _recipe(self, m: int, lo: int, hi: int, at: int) -> list:
+    def _recipe(self, m: int, lo: int, hi: int, at: int) -> Recipe:
         """How chunk_parts reads a run: for each chunk column J it touches, (J, the byte in its
         files' rows where the run's bytes start, [(buffers of OUT for one preadv, their bytes)]).
 
@@ -362,7 +367,7 @@ class _Run:
         buffers' views was most of the Python in a read (a 1 MiB read of the reference array
         is 16 chunks of 17 row parts each)."""
         item, view, rb, width, ncols = self.item, self.view, self.row_bytes, self.width, self.ncols
-        recipe = []
+        recipe: Recipe = []
         for j in range(lo // width, (hi - 1) // width + 1) if m == 1 else range(-(-ncols // width)):
             c0 = j * width
             c1 = min(c0 + width, ncols)
@@ -418,7 +423,7 @@ class _Run:
             one[...] = rows[:, m - 1]
             out[at + (m - 1) * rb : at + (m - 1) * rb + hi * item] = one.reshape(-1)[: hi * item]
 
-    def _read(self, idx: Index, parts: list, at: int) -> None:
+    def _read(self, idx: Index, parts: list[tuple[list[memoryview], int]], at: int) -> None:
         """PARTS (`_parts`) filled from chunk IDX's file from byte AT on (WouldBlock, or Fallback
         for a file that falls short)."""
         reads, flags = self.reads, self.flags
@@ -440,13 +445,13 @@ class _Run:
             raise WouldBlock() from None
 
 
-def _parts(iov: list) -> list[tuple[list, int]]:
+def _parts(iov: list[memoryview]) -> list[tuple[list[memoryview], int]]:
     """IOV cut into lists one preadv takes (IOV_MAX), each with the bytes it holds (flat byte
     views: their lengths are their bytes)."""
     return [(iov[k : k + IOV_MAX], sum(map(len, iov[k : k + IOV_MAX]))) for k in range(0, len(iov), IOV_MAX)]
 
 
-class _OpenFiles(OrderedDict):
+class _OpenFiles(OrderedDict[tuple[str, Index], tuple[int, int]]):
     """Chunk files kept open by one thread, least recently used first: (array path, chunk
     index) -> (file descriptor, where the chunk starts). Closed when dropped (a worker thread's,
     when the thread ends)."""

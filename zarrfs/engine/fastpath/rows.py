@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import grid
+from ...grid import Index
 from ...model import ArrayMeta
 from ...views.streams import ArrayStream, copy_elements
 from ..readahead import ReadAhead
@@ -40,7 +41,7 @@ class RowReads:
 
     def rows_read(
         self, stream: ArrayStream, offset: int, size: int, readahead: ReadAhead | None
-    ) -> tuple[memoryview | None, list | None]:
+    ) -> tuple[memoryview | None, list[Index] | None]:
         """A read of many rows of an array in one row of chunks (the run of rows `grid.row_run`
         gives), whose chunks are all at hand: the whole rows copied into the reused reply
         buffer, a copy per chunk, with no plan and no await; the bytes, and the chunks used.
@@ -101,7 +102,7 @@ class RowReads:
         last, c1 = divmod(-(-d1 // item) - 1, ncols)
         c1 += 1
         if last == row:
-            spans: tuple = ((row, c0, c1),)
+            spans: tuple[tuple[int, int, int], ...] = ((row, c0, c1),)
         elif last == row + 1:
             spans = ((row, c0, ncols), (last, 0, c1))
         else:

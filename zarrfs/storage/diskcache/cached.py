@@ -20,6 +20,8 @@ log = logging.getLogger(__package__)  # one logger for the disk cache, named as 
 # Values answered from disk whose check time a chunk load has not asked for yet (version_time):
 # a load asks at once, so only the most recent matter; older ones are forgotten past this many.
 AS_OF_KEPT = 65536
+# A prefix's listing: key -> (size, mtime_ns, etag), as the store gives them.
+Versions = dict[str, tuple[int | None, int | None, str | None]]
 _RANGE_PART = re.compile(r"r(\d+)-(\d+)")
 
 
@@ -74,7 +76,7 @@ class DiskCachedStore(BaseStore):
         self._salt = hashlib.sha256(identity.encode()).digest()
         self.ttl_s = ttl_s
         self._arrays: dict[str, Any] = {}  # array prefix -> its ChunkKeys
-        self._listings: dict[str, tuple[float, dict[str, tuple[int | None, int | None, str | None]]]] = {}
+        self._listings: dict[str, tuple[float, Versions]] = {}
         self._listing_locks: dict[str, threading.Lock] = {}
         self._changed: dict[str, float] = {}  # key or prefix -> when this process last wrote below it
         self._stale_before = 0.0  # `refresh`: everything validated before this is checked again
@@ -129,12 +131,12 @@ class DiskCachedStore(BaseStore):
         parts = key.split("/")
         return any(self._changed.get("/".join(parts[:n]), -1.0) >= t for n in range(len(parts) + 1))
 
-    def _fresh(self, memo: tuple[float, dict] | None) -> bool:
+    def _fresh(self, memo: tuple[float, Versions] | None) -> bool:
         """Whether a listing may decide: begun within the TTL, and since the last `refresh` (one
         begun before, still under way when it was called, may show what the mount no longer trusts)."""
         return memo is not None and memo[0] + self.ttl_s > time.time() and memo[0] > self._stale_before
 
-    def _listing_sync(self, prefix: str) -> tuple[float, dict] | None:
+    def _listing_sync(self, prefix: str) -> tuple[float, Versions] | None:
         """This prefix's versions, listed at most once per TTL (threads share one listing)."""
         memo = self._listings.get(prefix)
         if self._fresh(memo):
