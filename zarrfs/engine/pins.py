@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from .cache import Key
+
 
 class Pins:
     """Chunks dropped at the TTL's last start, by cache key, for reads arriving before `until`
@@ -25,7 +27,7 @@ class Pins:
     at the next start."""
 
     def __init__(self, wait_s: float) -> None:
-        self._held: dict[tuple, np.ndarray] = {}
+        self._held: dict[Key, np.ndarray] = {}
         self.until = self._let_go = -math.inf
         self._wait_s = wait_s  # the longest a read may wait for its array's check (one store call)
 
@@ -43,13 +45,13 @@ class Pins:
             self._held = {}
         return now < self.until
 
-    def keep(self, key: tuple, arr: np.ndarray | None) -> None:
+    def keep(self, key: Key, arr: np.ndarray | None) -> None:
         """A chunk dropped from the cache: held if reads may still take it (the first version
         dropped is the one reads begun before the TTL started showed)."""
         if arr is not None and self.live():
             self._held.setdefault(key, arr)
 
-    def get(self, key: tuple) -> np.ndarray | None:
+    def get(self, key: Key) -> np.ndarray | None:
         """The version of a chunk held since the TTL's last start, if any (asked by a read that
         found them live when it arrived)."""
         if not self._held:

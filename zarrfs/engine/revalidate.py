@@ -27,6 +27,7 @@ from ..errors import Stale, ZarrfsError
 from ..grid import Index
 from ..model import ArrayMeta
 from ..storage.store import FETCH_MARGIN_S
+from .cache import Key
 from .pins import Pins
 from .runtime import Runtime
 from .tables import INDEX, ChunkTables
@@ -140,7 +141,7 @@ class Revalidation:
             if len(key) != 2 or key not in self._fetched:
                 self._drop(key)
 
-    def _drop(self, key: tuple) -> None:
+    def _drop(self, key: Key) -> None:
         """A cached chunk goes (pinned a while for the reads begun before the TTL's last start)."""
         if key[-1] != INDEX:
             self.pins.keep(key, self.tables.cache.get(key, count=False))
