@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import pyfuse3
-import trio
 
 from .engine import Engine
 from .errors import InvalidArgument, NotADir, ReadOnly, ZarrfsError
@@ -110,9 +109,6 @@ class ZarrOperations(pyfuse3.Operations):
         self.uid = int(_opt(options, "uid", str(os.getuid())))
         self.gid = int(_opt(options, "gid", str(os.getgid())))
         self.umask = int(_opt(options, "umask", "0"), 8)
-        self.mount_time_ns = time.time_ns()
-        # Modification times by metadata key (the store's own, so stable across remounts).
-        self._mtimes: dict[str, int] = {}
         self._statfs: tuple[float, int | None, int | None] | None = None  # (when, stored, free)
         self._handles: dict[int, Handle] = {}  # open files by fh
         # Who opened each file and directory: pyfuse3 names no process in read and readdir, and a
@@ -154,76 +150,16 @@ class ZarrOperations(pyfuse3.Operations):
         attr.st_blksize = IO_BLOCK_SIZE
         attr.st_uid = self.uid
         attr.st_gid = self.gid
-        mtime = max(self._mtime_ns(entry), self.ns.freshness.changed_ns(entry))  # (the kernel drops pages)
+        mtime = max(self.ns.times.shown_ns(entry), self.ns.freshness.changed_ns(entry))  # (the kernel drops pages)
         attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = mtime
         return attr
-
-    # --- times: a node's is its metadata document's modification time in the store -------
-
-    def _time_key(self, entry: Entry) -> str | None:
-        """The store key whose modification time an entry shows (None: the mount time). Remote
-        stores with consolidated metadata: that document's, for every node (one request, not one per
-        node); without it, the mount time: a document's time would cost a request per node (the GET
-        that reads it does not return it through fsspec), doubling what `ls -l` of a group costs."""
-        if entry.kind is Kind.STOREKEY:
-            return entry.key
-        if entry.plain is not None and entry.plain.stored and self.engine.store.is_local:
-            return entry.plain.key  # a kept plain file: its key's time
-        node = entry.node
-        if node is None:
-            return None
-        hierarchy = self.ns.hierarchy
-        if not self.engine.store.is_local:
-            consolidated = getattr(hierarchy, "consolidated", None) is not None
-            return getattr(hierarchy, "consolidated_key", None) if consolidated else None
-        return getattr(node, "metadata_key", None) or getattr(node, "key", None)
-
-    def _mtime_ns(self, entry: Entry) -> int:
-        chosen = self.ns.time_of(entry)
-        if chosen is not None:
-            return chosen
-        key = self._time_key(entry)
-        if key is None:
-            return self.mount_time_ns
-        known = self._mtimes.get(key)
-        if known is None and self.engine.store.is_local:  # one stat, no network: asked here
-            known = self._mtimes[key] = self.engine.store.mtime_ns_sync(key) or self.mount_time_ns
-        return known if known is not None else self.mount_time_ns
-
-    async def _resolve_mtimes(self, entries: list[Entry]) -> None:
-        """Remote stores: fetch the times not known yet (once per key and mount), concurrently."""
-        if self.engine.store.is_local:
-            return
-        keys = {k for k in map(self._time_key, entries) if k is not None and k not in self._mtimes}
-        if not keys:
-            return
-
-        async def one(key: str) -> None:
-            try:
-                mtime = await self.engine.once(
-                    ("mtime", key), lambda: self.engine.run_io(self.engine.store.mtime_ns_sync, key)
-                )  # one request for concurrent lookups
-                self._mtimes[key] = mtime or self.mount_time_ns
-            except ZarrfsError as e:  # a time is not worth an error: the mount time, asked again next time
-                log.info("modification time of %s unknown: %s", key, e)
-
-        async with trio.open_nursery() as nursery:
-            for key in keys:
-                nursery.start_soon(one, key)
-
-    def _touched(self, entry: Entry) -> None:
-        """A write through the mount: the entry's time is now."""
-        self.ns.touched(entry)
-        key = self._time_key(entry)
-        if key is not None:
-            self._mtimes[key] = time.time_ns()
 
     # --- reading the tree ---------------------------------------------------------
 
     async def _reply(self, entry: Entry) -> pyfuse3.EntryAttributes:
         """Attributes of an entry the reply hands to the kernel, which then holds a reference."""
         try:
-            await self._resolve_mtimes([entry])
+            await self.ns.times.resolve([entry])
             attr = self.attributes(entry)
         except BaseException:
             self.ns.drop_unused([entry])
@@ -254,7 +190,7 @@ class ZarrOperations(pyfuse3.Operations):
         with self.engine.interrupts.watch(getattr(ctx, "pid", None)):
             await self.ns.freshness.check_file(entry)  # the kernel drops pages of changed chunks
             await self.ns.settle(entry)
-            await self._resolve_mtimes([entry])
+            await self.ns.times.resolve([entry])
         return self.attributes(entry)
 
     @boundary
@@ -276,7 +212,7 @@ class ZarrOperations(pyfuse3.Operations):
                 return
         start = max(start_id - len(dots), 0)
         while batch := await self._watched(self._dir_openers.get(fh), self.ns.dir_items(fh, start, READDIR_BATCH)):
-            await self._watched(self._dir_openers.get(fh), self._resolve_mtimes([entry for _, entry in batch]))
+            await self._watched(self._dir_openers.get(fh), self.ns.times.resolve([entry for _, entry in batch]))
             for i, (name, entry) in enumerate(batch):
                 if not pyfuse3.readdir_reply(
                     token, os.fsencode(name), self.attributes(entry), len(dots) + start + i + 1
@@ -363,7 +299,7 @@ class ZarrOperations(pyfuse3.Operations):
             return await handle.write(off, buf)
         self._check_writable()
         self.commits.wrote(fh)
-        self._touched(handle.entry)
+        self.ns.touched(handle.entry)
         return await handle.write(off, buf)
 
     @boundary
@@ -395,9 +331,6 @@ class ZarrOperations(pyfuse3.Operations):
                 raise InvalidArgument(f"arrays have a fixed size ({entry.size}); truncate to 0 to replace one")
         if fields.update_mtime:
             await self.ns.set_times(entry, attr.st_mtime_ns)
-            key = self._time_key(entry)
-            if key is not None:
-                self._mtimes.pop(key, None)  # stat again: the store may have taken the time
         # Modes, owners and access times are not stored by Zarr: accepted (cp -p, touch), not kept.
         return self.attributes(entry)
 

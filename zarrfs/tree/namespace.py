@@ -116,7 +116,7 @@ class Namespace:
             npy_name=self.npy_name,
             stats_bytes=self.stats_bytes,
         )
-        self.times = Times(engine, hierarchy.store)
+        self.times = Times(engine, hierarchy)
         self.names = NewNames(hierarchy, self.inodes, lambda: self.root_node, self.root_stem)
         # (arriving files are made before changes, which hand them a renamed held file or an
         # unfinished array removed)
@@ -426,6 +426,7 @@ class Namespace:
 
     async def set_times(self, entry: Entry, mtime_ns: int) -> None:
         await self.times.set(entry, mtime_ns)
+        self.times.set_in_store(entry)
 
     def time_of(self, entry: Entry) -> int | None:
         """The modification time a writer set on `entry` (None: the store's)."""
