@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import errno
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class ZarrfsError(Exception):
@@ -139,3 +142,10 @@ class Conflict(ZarrfsError):
     """A change that another writer's overlapping commit kept from its branch (saved on another)."""
 
     errno = errno.EBUSY
+
+
+def required(value: T | None, defect: str) -> T:
+    """VALUE, which the caller's state guarantees is set (TypeError naming DEFECT if not: a defect)."""
+    if value is None:
+        raise TypeError(defect)
+    return value

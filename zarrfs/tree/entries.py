@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NotFound, ZarrfsError
+from ..errors import NotFound, ZarrfsError, required
 from ..model import ArrayMeta, GroupMeta, Node
 from ..views import images, slices
 from ..views.kinds import ARRAY_FILE_KINDS, DIR_KINDS, WRITABLE_KINDS, Kind
@@ -120,16 +120,12 @@ class Entry:
     @property
     def incoming(self) -> Incoming:
         """`writing`, asked only of a file being written into an array (TypeError: a defect)."""
-        if self.writing is None:
-            raise TypeError(f"inode {self.inode} ({self.kind.name}) is not being written")
-        return self.writing
+        return required(self.writing, f"inode {self.inode} ({self.kind.name}) is not being written")
 
     @property
     def held(self) -> PlainFile:
         """`plain`, asked only of a plain file's entry (TypeError: a defect)."""
-        if self.plain is None:
-            raise TypeError(f"inode {self.inode} ({self.kind.name}) is no plain file")
-        return self.plain
+        return required(self.plain, f"inode {self.inode} ({self.kind.name}) is no plain file")
 
     @property
     def group(self) -> GroupMeta:
@@ -141,16 +137,12 @@ class Entry:
     @property
     def known_key(self) -> str:
         """`key`, asked only of an entry made with one (TypeError: a defect)."""
-        if self.key is None:
-            raise TypeError(f"inode {self.inode} ({self.kind.name}) has no key")
-        return self.key
+        return required(self.key, f"inode {self.inode} ({self.kind.name}) has no key")
 
     @property
     def position(self) -> tuple[int, ...]:
         """`origin` of a chunk file (TypeError for any other entry: a defect)."""
-        if self.origin is None:
-            raise TypeError(f"inode {self.inode} ({self.kind.name}) is no chunk file")
-        return self.origin
+        return required(self.origin, f"inode {self.inode} ({self.kind.name}) is no chunk file")
 
     @property
     def stream(self) -> Any:

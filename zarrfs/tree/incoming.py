@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import npy
 from ..dtypes import check_fixed_size
-from ..errors import InvalidArgument, Unsupported, ZarrfsError
+from ..errors import InvalidArgument, Unsupported, ZarrfsError, required
 from ..formats.base import StagedArray
 from ..model import Node
 from ..views.streams import ArrayStream
@@ -59,23 +59,17 @@ class Incoming:
     @property
     def header_bytes(self) -> bytearray:
         """`pending`, asked only before the header is whole (TypeError: a defect)."""
-        if self.pending is None:
-            raise TypeError("the NPY header was whole already")
-        return self.pending
+        return required(self.pending, "the NPY header was whole already")
 
     @property
     def array(self) -> StagedArray:
         """`staged`, asked only of a staged file (TypeError: a defect)."""
-        if self.staged is None:
-            raise TypeError("no staged array")
-        return self.staged
+        return required(self.staged, "no staged array")
 
     @property
     def layout(self) -> ArrayStream:
         """`stream`, asked only once the header is whole (TypeError: a defect)."""
-        if self.stream is None:
-            raise TypeError("no NPY header yet")
-        return self.stream
+        return required(self.stream, "no NPY header yet")
 
     @property
     def size(self) -> int | None:

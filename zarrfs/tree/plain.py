@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import NotFound, ZarrfsError
+from ..errors import NotFound, ZarrfsError, required
 from .entries import NPY_SUFFIX
 
 if TYPE_CHECKING:
@@ -78,9 +78,7 @@ class PlainFile:
     @property
     def kept_key(self) -> str:
         """`key`, asked only of a file the format keeps (TypeError: a defect)."""
-        if self.key is None:
-            raise TypeError("a plain file the format keeps nowhere")
-        return self.key
+        return required(self.key, "a plain file the format keeps nowhere")
 
     @staticmethod
     def _new_spool() -> Spool:

@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..errors import required
 from ..model import GroupMeta
 from ..storage.icechunk import SNAPSHOT_PREFIX
 from ..views.kinds import Kind
@@ -62,9 +63,7 @@ class Versions:
 
     def _repository(self) -> IcechunkStore:
         """The repository, asked only where `present` (TypeError: a defect)."""
-        if self.repository is None:
-            raise TypeError("the store has no history")
-        return self.repository
+        return required(self.repository, "the store has no history")
 
     def _version_root(self, snapshot_id: str) -> Entry:
         return self.inodes.new(Kind.GROUP, "", GroupMeta(version_path(snapshot_id), {}, self.hierarchy.name))
