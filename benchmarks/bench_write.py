@@ -10,6 +10,11 @@ the command line, as a user runs it.
 
     .venv/bin/python benchmarks/bench_write.py --size 1
     .venv/bin/python benchmarks/bench_write.py --size 2 --format 2 --codec none --verify
+    .venv/bin/python benchmarks/bench_write.py --size 0.0625 --codec none --chunks 256:512 --versus-zarr 5
+
+With --versus-zarr N it then times N more copies beside zarr-python (3.x, the test extra)
+writing the same array, chunks and codec into the same store, in turn, and prints each side's
+best and median and the ratio (zarr-python's seconds / cp's: above 1, cp is faster).
 
 Mind the RAM: /dev/shm holds the source file and the store (the store's size depends on
 the codec; the default values compress a little), so --size 2 needs about 5 GiB free.
@@ -116,6 +121,44 @@ def du_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def versus_zarr(src: Path, root: Path, mnt: Path, args: argparse.Namespace, chunks: list[int]) -> str:
+    """`cp` of SRC into the mount and zarr-python writing the same array into the store, in
+    turn, --versus-zarr times each: one line with both sides' runs and the ratio of the bests."""
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    codec = args.codec or "none"
+    if codec != "none" and not codec.startswith("zstd"):
+        raise SystemExit("--versus-zarr: give --codec none or zstd[:LEVEL]")
+    level = int(codec.partition(":")[2] or 0) if codec != "none" else 0
+    compressors = [ZstdCodec(level=level)] if codec != "none" else None
+    x = np.load(src, mmap_mode="r")
+    ours, peer = [], []
+    for run in range(args.versus_zarr):
+        t0 = time.perf_counter()
+        subprocess.run(["cp", os.fspath(src), os.fspath(mnt / f"w{run}.npy")], check=True)
+        ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        z = zarr.create_array(
+            store=os.fspath(root / f"p{run}"),
+            shape=x.shape,
+            chunks=tuple(chunks),
+            dtype=x.dtype,
+            compressors=compressors,
+            zarr_format=args.format,
+        )
+        z[:] = x
+        peer.append(time.perf_counter() - t0)
+
+    def spread(runs: list[float]) -> str:
+        return f"best {min(runs):.3f} s, median {sorted(runs)[len(runs) // 2]:.3f} s"
+
+    return (
+        f"versus zarr-python {zarr.__version__} ({args.versus_zarr} runs each, in turn): "
+        f"cp {spread(ours)}; zarr-python {spread(peer)}; ratio of bests {min(peer) / min(ours):.2f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=float, default=2.0, help="GiB of float32 to copy (default 2)")
@@ -126,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-size", default=None, help="zarrfs cache_size= option")
     ap.add_argument("--verify", action="store_true", help="read the array back through the mount and compare")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--versus-zarr", type=int, default=0, metavar="N", help="N more copies beside zarr-python's write")
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="zarrfs-bench-write-", dir=args.dir))
@@ -164,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             step = max(1, (256 << 20) // (4 * shape[1]))
             ok = all(np.array_equal(a[i : i + step], b[i : i + step]) for i in range(0, shape[0], step))
             del a, b
+        versus = versus_zarr(src, root, mnt, args, chunks) if args.versus_zarr else None
         subprocess.run(["fusermount3", "-u", os.fspath(mnt)], check=True)
         wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 30)
 
@@ -181,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({sampler.samples} RSS samples)"
             + ("" if ok is None else f"; read back through the mount: {'identical' if ok else 'DIFFERENT'}")
         )
+        if versus is not None:
+            print(versus)
         return 0 if ok in (None, True) else 1
     finally:
         if is_mounted(mnt):

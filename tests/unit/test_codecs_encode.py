@@ -650,6 +650,10 @@ def test_is_fill_layouts_and_types():
     assert is_fill(np.full(3, nat), nat) and not is_fill(np.array([0, 0], "<M8[ns]"), nat)
     assert is_fill(np.array([True, True]), np.array(True)) and not is_fill(np.array([True, False]), np.array(True))
     assert is_fill(np.array(3.0), np.array(3))  # a 0-d chunk; the fill cast to the chunk's dtype
+    for at in (0, 1, 4, 5, 6, 9):  # one element of data anywhere: first, middle, last or between
+        one = np.zeros(10, "<f4")
+        one[at] = 1
+        assert not is_fill(one, np.array(0, "<f4"))
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ page fault per 4 KiB read (docs/PERFORMANCE.md: Icechunk). So:
 - `one_heap`, before the daemon starts a thread: one arena serves every thread, so that memory
   one thread frees (the reader's, engine/fastpath/spares.py dropping chunks behind it) serves
   another's next allocation (icechunk's loading threads); plain stores read as fast either way;
-- `keep_freed_buffers`, when the engine drops chunks behind readers: buffers of up to
-  MMAP_MAX_BYTES come from that heap, which keeps up to KEEP_BYTES of freed memory instead of
-  giving it back, so that a reader's loads cycle through memory that is there already.
+- `keep_freed_buffers`, when the engine drops chunks behind readers, and on writable mounts:
+  buffers of up to MMAP_MAX_BYTES come from that heap, which keeps up to KEEP_BYTES of freed
+  memory instead of giving it back, so that a reader's loads cycle through memory that is
+  there already, and a copy's write requests and new chunks through the memory of the chunks
+  it stored before them.
 
 Elsewhere than glibc nothing is changed.
 """

@@ -119,7 +119,7 @@ def build(source: str, options: Options) -> ZarrOperations:
     if isinstance(root, BrokenNode) and root.kind == "array":  # the only node: nothing to mount
         raise UserError(f"{shown}: {root.error}")
     config = EngineConfig.for_mount(options, store)
-    if config.drop_behind:  # the store's own buffers, freed behind readers: kept for its next reads
+    if config.drop_behind or options.writable:  # buffers freed behind readers or by stored writes: kept for the next
         allocator.keep_freed_buffers()
     engine = Engine(store, ChunkCache(options.cache_size_bytes), config)
     namespace = Namespace(

@@ -113,14 +113,18 @@ class WriteBack:
             return
         item = stream.dtype.itemsize
         n_elems = plan.stop_elem - plan.first_elem
-        buf = np.empty(n_elems, dtype=stream.dtype)
-        raw = buf.view(np.uint8)
-        if plan.skip_bytes or (plan.skip_bytes + plan.take_bytes) % item:
+        start = len(plan.header_part)
+        if plan.skip_bytes or plan.take_bytes % item:
             # Partial elements at the edges keep their other bytes.
+            buf = np.empty(n_elems, dtype=stream.dtype)
+            raw = buf.view(np.uint8)
             first = len(stream.header) + plan.first_elem * item
             raw[:] = np.frombuffer(await self._read(stream, first, n_elems * item), np.uint8)
-        src = data[len(plan.header_part) : len(plan.header_part) + plan.take_bytes]
-        raw[plan.skip_bytes : plan.skip_bytes + plan.take_bytes] = np.frombuffer(src, np.uint8)
+            raw[plan.skip_bytes : plan.skip_bytes + plan.take_bytes] = np.frombuffer(
+                data, np.uint8, plan.take_bytes, start
+            )
+        else:  # whole elements: scattered from the request's own bytes, no copy first
+            buf = np.frombuffer(data, stream.dtype, n_elems, start)
         covered = stream.coverage(plan)
         partial = [
             idx for idx in plan.chunks if covered[idx] < math.prod(grid.data_shape(idx, meta.shape, meta.chunk_shape))
