@@ -3,7 +3,7 @@
 Used by benchmarks/bench_remote.py and the mounted remote tests (imported by path; never by the
 package). It keeps the request line of every request, the bytes sent back, and the most
 connections open at once. Modes, switched while running:
-  pass    forward both ways, each client->server message delayed by `latency_s`
+  pass    forward both ways, each client->server piece delivered `latency_s` after it arrived
   silent  accept and read, forward nothing either way (a store that stopped answering)
   refuse  close the listening socket: new connections are refused; open ones are cut
   deny    answer every request with S3's 403 AccessDenied (open connections are cut first)
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
 import threading
 import time
@@ -23,6 +24,7 @@ import time
 REQUEST_LINE = re.compile(rb"(GET|HEAD|PUT|POST|DELETE|PATCH|OPTIONS) (\S+) HTTP/1\.[01]\r\n")
 # A single byte range in a request's headers: `bytes=A-B` or the suffix `bytes=-N`.
 RANGE_HEADER = re.compile(rb"\r\nrange: *bytes=(\d*)-(\d*)\r\n", re.IGNORECASE)
+EXPECT_HEADER = re.compile(rb"\r\nexpect: *100-continue\r\n", re.IGNORECASE)
 READ_BYTES = 1 << 16
 
 
@@ -34,6 +36,8 @@ class Proxy:
         self.latency_s = latency_s
         self.mode = "pass"
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
+        # (method, path) of the requests that waited for the server's `100 Continue` before their body
+        self.expect_continue: list[tuple[str, str]] = []
         # (path, bytes asked for) of every ranged GET: what the client asked, whenever the answer comes.
         self.ranges: list[tuple[str, int]] = []
         self.open_now = 0  # client connections open now, and the most at once since reset_counts
@@ -81,6 +85,7 @@ class Proxy:
 
     def reset_counts(self) -> None:
         self.requests.clear()
+        self.expect_continue.clear()
         self.ranges.clear()
         self.bytes_down = 0
         self.open_peak = self.open_now
@@ -157,28 +162,59 @@ class Proxy:
         conn: int,
         counted: list[bool] | None = None,
     ) -> None:
-        while data := await src.read(READ_BYTES):
-            while self.mode == "silent":  # hold everything: the peer waits as on a dead store
-                await asyncio.sleep(0.05)
-            if upstream:
-                for m in REQUEST_LINE.finditer(data):
-                    if m.start() == 0 or data[m.start() - 2 : m.start()] == b"\r\n":
-                        self.requests.append((m.group(1).decode(), m.group(2).decode()))
-                        self._note_range(m.group(2).decode(), data[m.start() : data.find(b"\r\n\r\n", m.start()) + 2])
-                        if self.timeline is not None:
-                            self.timeline.append((conn, time.perf_counter(), m.group(2).decode(), 0))
-                if self.latency_s:
-                    await asyncio.sleep(self.latency_s)
-            else:
-                self.bytes_down += len(data)
-                if self.timeline is not None:
-                    self.timeline.append((conn, time.perf_counter(), None, len(data)))
-            dst.write(data)
-            await dst.drain()
+        # Upstream bytes go on `latency_s` after they arrived, each piece on its own clock: a
+        # delay, not a cap on bandwidth (a body of N pieces arrives one latency late, not N).
+        late: asyncio.Queue[tuple[float, bytes] | None] | None = None
+        sender = None
+        if upstream and self.latency_s:
+            late = asyncio.Queue()
+            sender = asyncio.ensure_future(self._deliver(late, dst))
+        try:
+            while data := await src.read(READ_BYTES):
+                while self.mode == "silent":  # hold everything: the peer waits as on a dead store
+                    await asyncio.sleep(0.05)
+                if upstream:
+                    for m in REQUEST_LINE.finditer(data):
+                        if m.start() == 0 or data[m.start() - 2 : m.start()] == b"\r\n":
+                            self.requests.append((m.group(1).decode(), m.group(2).decode()))
+                            head = data[m.start() : data.find(b"\r\n\r\n", m.start()) + 2]
+                            self._note_range(m.group(2).decode(), head)
+                            if EXPECT_HEADER.search(head):
+                                self.expect_continue.append(self.requests[-1])
+                            if self.timeline is not None:
+                                self.timeline.append((conn, time.perf_counter(), m.group(2).decode(), 0))
+                    if late is not None and sender is not None:
+                        if sender.done():
+                            sender.result()  # what ended the delivery (the store closed) ends this side too
+                        late.put_nowait((asyncio.get_running_loop().time() + self.latency_s, data))
+                        continue
+                else:
+                    self.bytes_down += len(data)
+                    if self.timeline is not None:
+                        self.timeline.append((conn, time.perf_counter(), None, len(data)))
+                dst.write(data)
+                await dst.drain()
+            if late is not None and sender is not None:
+                late.put_nowait(None)
+                await sender  # everything read is delivered before the end of the stream
+        finally:
+            if sender is not None:
+                with contextlib.suppress(RuntimeError):  # (a proxy stopped with pieces in flight: its loop is gone)
+                    sender.cancel()
         if counted is not None and counted[0]:  # the store closed it: no longer open (its answer is whole)
             counted[0] = False
             self.open_now -= 1
         dst.write_eof() if dst.can_write_eof() else None
+
+    async def _deliver(self, late: asyncio.Queue[tuple[float, bytes] | None], dst: asyncio.StreamWriter) -> None:
+        """Write each piece of LATE to DST when it is due, in order, until None."""
+        loop = asyncio.get_running_loop()
+        while (item := await late.get()) is not None:
+            due, data = item
+            if due > loop.time():
+                await asyncio.sleep(due - loop.time())
+            dst.write(data)
+            await dst.drain()
 
     def _note_range(self, path: str, head: bytes) -> None:
         """Keep how many bytes a ranged request asks for (its headers, as far as this piece holds them)."""
