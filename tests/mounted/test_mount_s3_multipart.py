@@ -60,6 +60,8 @@ def test_large_shards_go_as_multipart_uploads(s3, proxy, mount, tmp_path):
     ends = [p for m, p in shard_requests if m == "POST" and "uploadId=" in p]
     assert (len(starts), len(parts), len(ends)) == (2, 2 * PARTS_PER_SHARD, 2), shard_requests
     assert not [p for m, p in shard_requests if m == "PUT" and "partNumber=" not in p]  # no shard in one PUT
+    # parts of 5 MiB ask before sending (100-continue), as botocore does; only small PUTs do not
+    assert sorted(p for m, p in proxy.expect_continue if m == "PUT") == sorted(parts)
     np.testing.assert_array_equal(_peer(endpoint, name), new)
     assert fs.list_multipart_uploads(BUCKET) == []
 

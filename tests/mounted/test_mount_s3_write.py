@@ -83,6 +83,7 @@ def test_new_array_is_one_put_per_chunk(s3, proxy, mount, tmp_path, fmt):
     assert _chunk_requests(proxy, name, "x", "GET") == []  # nothing read back
     assert proxy.count() <= 1.2 * NCHUNKS, proxy.requests
     assert not [p for m, p in proxy.requests if m == "PUT" and ".zarrfs-new-" in p and "direct.json" not in p]
+    assert proxy.expect_continue == []  # each PUT sent its body at once: one round trip, not two
     np.testing.assert_array_equal(_peer(proxy.port, name, "x"), x)
     # the mount's own staging marker and lease are gone (the lease just after the close)
     assert mounting.wait_until(lambda: not [k for k in fs.find(f"{BUCKET}/{name}") if ".zarrfs" in k], 10)

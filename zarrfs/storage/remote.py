@@ -29,6 +29,12 @@ REMOTE_METADATA_TTL_S = 10.0
 # Connections kept open to an object store: the engine's 16 store threads, plus room for the
 # concurrent document GETs of a directory listing.
 POOL_CONNECTIONS = 64
+# A PUT of a smaller body sends it with its headers. botocore asks S3 first (`Expect:
+# 100-continue`) for every PutObject, which costs each chunk written one round trip more; past
+# this size the round trip is small beside the body that a refused request would have sent.
+EXPECT_CONTINUE_MIN_BYTES = 16 << 20
+# Storage options fsspec's own file system classes take (the rest of s3fs's own go to botocore).
+FSSPEC_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"})
 # Connections at once to one web server, as a browser opens: past a small listen backlog, new
 # connections wait for a SYN retransmit (docs/PERFORMANCE.md: Remote stores).
 HTTP_CONNECTIONS = 6
@@ -112,6 +118,10 @@ def bounded_storage_options(source: str, storage_options: dict[str, Any], timeou
         # s3fs asks for an object's size (a HEAD) before each whole-object GET, to split large ones
         # into parallel parts; zarrfs already reads many chunks at once, so one GET per object.
         out.setdefault("max_concurrency", 1)
+        if "session" not in out:
+            session = _s3_session(out)
+            if session is not None:
+                out["session"] = session
     elif protocol in HTTP_PROTOCOLS:
         import aiohttp
 
@@ -123,6 +133,36 @@ def bounded_storage_options(source: str, storage_options: dict[str, Any], timeou
     if protocol in S3_PROTOCOLS + HTTP_PROTOCOLS + GCS_PROTOCOLS:
         out.setdefault("use_listings_cache", False)
     return out
+
+
+def _s3_session(options: dict[str, Any]) -> Any:
+    """The botocore session s3fs would make from OPTIONS (the ones it does not name itself, such
+    as `profile`), whose PutObject requests of less than EXPECT_CONTINUE_MIN_BYTES send their
+    body without waiting for the server's `100 Continue`; None where s3fs or botocore is missing
+    or would refuse those options (s3fs then says why, as without this)."""
+    try:
+        import inspect
+
+        import aiobotocore.session
+        import s3fs
+    except ImportError:
+        return None
+    named = set(inspect.signature(s3fs.S3FileSystem.__init__).parameters) | FSSPEC_OPTIONS
+    try:
+        session = aiobotocore.session.AioSession(**{k: v for k, v in options.items() if k not in named})
+    except TypeError:
+        return None
+    session.get_component("event_emitter").register_last("before-sign.s3.PutObject", _body_at_once)
+    return session
+
+
+def _body_at_once(request: Any, **kwargs: Any) -> None:
+    """botocore's hook before a PutObject is signed: no `Expect: 100-continue` for a small body."""
+    from botocore.utils import determine_content_length
+
+    size = determine_content_length(request.body)
+    if "Expect" in request.headers and size is not None and size < EXPECT_CONTINUE_MIN_BYTES:
+        del request.headers["Expect"]
 
 
 async def _http_client(**kwargs: Any) -> Any:
