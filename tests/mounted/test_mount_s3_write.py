@@ -245,6 +245,42 @@ def test_failed_upload_is_eio_and_keeps_the_old_array(mount, tmp_path, fmt):
 
 
 @FORMATS
+def test_failed_claim_stores_no_chunk_and_is_eio(mount, tmp_path, fmt):
+    """The marker of a replacement written straight under its keys goes up beside the first writes;
+    when its PUT fails, no chunk is stored, close gives EIO, the old array is read whole, and the
+    log gives the reason once."""
+    name = f"failclaim_v{fmt}.zarr"
+    root = tmp_path / name
+    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
+    old = np.arange(40 * 30, dtype="<i2").reshape(40, 30)
+    g.create_array("old", shape=old.shape, chunks=(16, 16), dtype=old.dtype)[:] = old
+    before = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    calls = tmp_path / "calls"
+    mnt, _, log = mounting.mount_failing(
+        mount,
+        root,
+        {"FAILFILE_MATCH": "direct.json", "FAILFILE_FAIL_AT": "1", "FAILFILE_CALLS": str(calls)},
+        f"chunks={CHUNKS[0]},{CHUNKS[1]}",
+    )
+    mount.expect_errors()
+    _, src = _source(tmp_path, 6)
+    with pytest.raises(OSError) as exc:
+        with open(mnt / "old.npy", "wb") as f:
+            f.write(src.read_bytes())
+    assert exc.value.errno == errno.EIO
+    np.testing.assert_array_equal(zarr.open_array(str(root / "old"), mode="r")[...], old)
+    assert np.array_equal(np.load(mnt / "old.npy"), old)
+    written = calls.read_text().splitlines()
+    markers = [ln for ln in written if "direct.json" in ln]
+    assert len(markers) == 1 and markers[0].endswith("FAILED"), written
+    assert not [ln for ln in written if "/old/" in ln], written  # no chunk, no document
+    after = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    assert [p for p in after if ".zarrfs-lease" not in str(p)] == before
+    failed = [ln for ln in log.read_text().splitlines() if "injected failure" in ln and "zarrfs.engine" in ln]
+    assert len(failed) == 1, failed
+
+
+@FORMATS
 def test_failed_upload_of_a_new_array_leaves_nothing(mount, tmp_path, fmt):
     """A new array written straight under its keys: a failed chunk PUT gives EIO at close and
     leaves no key under its name (zarr-python finds no such array)."""
