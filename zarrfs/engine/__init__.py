@@ -38,7 +38,7 @@ from .revalidate import Revalidation
 from .runtime import DECODE_THREADS, Runtime
 from .streamed import Box, StreamedReads
 from .tables import BODY, ChunkTables
-from .writeback import Gate, WriteBack
+from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
 
@@ -264,14 +264,6 @@ class Engine:
     async def flush(self, path: str | None = None) -> None:
         """Store every dirty chunk (of one array, or all); raise the first failure (EIO)."""
         await self.writeback.flush(path)
-
-    def hold(self, path: str) -> Gate:
-        """The chunks of the staged array at PATH are stored once the gate returned opens."""
-        return self.writeback.hold(path)
-
-    async def held(self, path: str) -> None:
-        """Wait until the chunks of the array at PATH may be stored; raise why they may not."""
-        await self.writeback.held(path)
 
     def starts_empty(self, path: str, stored: set[Index] | None = None) -> None:
         """The array at PATH is being created (staged): no chunk of it is read from the store

@@ -59,30 +59,6 @@ def encode_chunk_sync(
     return bytes(data) if len(data) else None
 
 
-class Gate:
-    """What the stores of a staged array's chunks wait for: its staging area claimed in the store
-    (the lease, a direct write's marker), done beside the writer's first writes; or why not."""
-
-    def __init__(self) -> None:
-        self._opened = trio.Event()
-        self.error: ZarrfsError | None = None
-
-    @property
-    def is_open(self) -> bool:
-        return self._opened.is_set()
-
-    def open(self, error: ZarrfsError | None = None) -> None:
-        """Let the stores go; with ERROR, each fails with it (EIO at the array's fsync/close)."""
-        if not self.is_open:
-            self.error = error
-            self._opened.set()
-
-    async def passed(self) -> None:
-        await self._opened.wait()
-        if self.error is not None:
-            raise self.error
-
-
 class WriteBack:
     """Writes into chunks and their way to the store: the only writer of the dirty tables."""
 
@@ -115,8 +91,6 @@ class WriteBack:
         self._stored_into: dict[str, set[Index]] = {}
         # A failed background flush is reported at the array's next fsync/close.
         self._write_errors: dict[str, ZarrfsError] = {}
-        # Staged arrays whose chunks are not stored until their gate opens
-        self._gates: dict[str, Gate] = {}
 
     @property
     def dirty_bytes(self) -> int:
@@ -211,17 +185,6 @@ class WriteBack:
             # encoding overlaps the copy instead of stalling it at the budget.
             self._flushing = True
             self.runtime.start_soon(self._flush_background)
-
-    def hold(self, path: str) -> Gate:
-        """The chunks of the array at PATH are stored once the gate returned opens."""
-        gate = self._gates[path] = Gate()
-        return gate
-
-    async def held(self, path: str) -> None:
-        """Wait for the gate of the array at PATH, if it has one; raise why it failed."""
-        gate = self._gates.get(path)
-        if gate is not None:
-            await gate.passed()
 
     def starts_empty(self, path: str, stored: set[Index] | None = None) -> None:
         """The array at PATH is being created: none of its chunks is stored until written here.
@@ -348,7 +311,6 @@ class WriteBack:
                 ):
                     old = await self.runtime.run_io(self.runtime.store.get_sync, store_key, meta.max_stored_nbytes)
                 data = await self.runtime.run_cpu(encode_chunk_sync, meta, store_key, arr, old, changed)
-                await self.held(key[0])
                 if data is not None or not absent:
                     await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)
                 stored = self._stored_into.get(key[0])
@@ -357,9 +319,7 @@ class WriteBack:
             except ZarrfsError as e:
                 self.tables.cache.discard(key)  # what the store holds is the truth again
                 self.tables.versions[key] = self.tables.versions.get(key, 0) + 1
-                gate = self._gates.get(key[0])
-                if gate is None or e is not gate.error:  # (a gate's failure is logged once, by its opener)
-                    self.runtime.count_error(e, store_key)
+                self.runtime.count_error(e, store_key)
                 raise
             finally:
                 self.storing_bytes -= arr.nbytes
@@ -411,7 +371,6 @@ class WriteBack:
             tables.changed.pop(key, None)
             self._filled.pop(key, None)
         self._write_errors.pop(path, None)
-        self._gates.pop(path, None)
         self._created.pop(path, None)
         self._stored_into.pop(path, None)
         for unit in [k for k in tables.versions if k[0] == path or k[0].startswith(path + "/")]:

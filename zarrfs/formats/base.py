@@ -318,21 +318,10 @@ class Hierarchy(abc.ABC):
         self.after_change_sync()
 
     def begin_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
-        """Plan where a staged array's chunks go, and mark the store for it (both below)."""
-        begun = self.plan_array_sync(staged, old)
-        self.mark_array_sync(begun)
-        return begun
-
-    def plan_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
         """Where a staged array's chunks go, decided once its staging area is claimed: under the
         staging prefix here; formats override it (NodeDocsHierarchy: a new array on an object
         store goes straight under its final keys)."""
         return staged
-
-    def mark_array_sync(self, staged: StagedArray) -> None:
-        """What the store holds before the first chunk of a planned array is stored: nothing
-        here (NodeDocsHierarchy: the marker naming the keys of a direct write)."""
-        return None
 
     def discard_staging_sync(self, staged: StagedArray) -> None:
         """Drop what a staged array wrote (a copy that failed or stopped short)."""

@@ -198,14 +198,13 @@ class NodeDocsHierarchy(Hierarchy):
     # orders its own writes: no).
     direct_writes = True
 
-    def plan_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
+    def begin_array_sync(self, staged: StagedArray, old: Node | None) -> StagedArray:
         """On an object store, chunks go straight under their final keys: a new array's, or a
         replacement's whose chunk keys take the other separator (`/` or `.`) than the old
         array's, which keeps every key of the old one. Readers follow the old documents (or
         none) until the commit writes the new ones, so no copy is needed. The staging area holds
-        only the marker naming them (DIRECT_MARKER, mark_array_sync), for the sweep of a writer
-        that dies. What lies under the path is listed beside the first chunks (`found`), not
-        before them."""
+        only the marker naming them (DIRECT_MARKER), for the sweep of a writer that dies. What
+        lies under the path is listed beside the first chunks (`found`), not before them."""
         path = staged.final.path
         self.erases.wait_for(path)  # a replacement's old keys: they may take this one's separator
         if not self.direct_writes or self.store.is_local or not path:
@@ -220,15 +219,12 @@ class NodeDocsHierarchy(Hierarchy):
             if not _disjoint(old, final):
                 return staged
         final = direct.final
+        self.store.set_sync(join(staged.staging, DIRECT_MARKER), _marker(direct))
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="zarrfs-found")
         found = pool.submit(lambda: [join(path, rel) for rel in self.store.sizes_below_sync(path)])
         pool.shutdown(wait=False)  # its thread ends with the listing
         meta = dataclasses.replace(final, path=staged.meta.path, inner=None, source=None)
         return dataclasses.replace(direct, meta=meta, direct=True, found=found)
-
-    def mark_array_sync(self, staged: StagedArray) -> None:
-        if staged.direct:  # before its first chunk: what a sweep erases if this writer dies
-            self.store.set_sync(join(staged.staging, DIRECT_MARKER), _marker(staged))
 
     def with_separator(self, path: str, docs: dict[str, bytes], sep: str) -> tuple[dict[str, bytes], ArrayMeta]:
         """A new array's documents (from `array_docs`) with chunk keys separated by SEP."""
@@ -256,7 +252,7 @@ class NodeDocsHierarchy(Hierarchy):
         self._consolidate(final.path, staged.docs)
         # The old array's keys as listed when the write began (none of this encoding's), and the
         # marker, in one bulk erase that the close does not wait for: no reader follows them now,
-        # and a write under the path waits for it (plan_array_sync)
+        # and a write under the path waits for it (begin_array_sync)
         gone = [
             key
             for key in found

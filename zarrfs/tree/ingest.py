@@ -10,7 +10,6 @@ was kept of the path's old node goes, and the entries of that path follow it. No
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -23,7 +22,6 @@ from ..errors import (
     Incomplete,
     InvalidArgument,
     NotFound,
-    StoreError,
     TooBig,
     ZarrfsError,
 )
@@ -38,7 +36,6 @@ from .plain import ADOPT_BLOCK_BYTES
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..engine.writeback import Gate
     from ..formats.base import Hierarchy
     from .entries import Entry
     from .freshness import Freshness
@@ -183,7 +180,6 @@ class Ingest:
         staged, old = w.array, w.replacing
         try:
             await self.engine.flush(staged.meta.path)
-            await self.engine.held(staged.meta.path)  # (an array of fill alone stored no chunk)
             await self.engine.run_io_long(self.hierarchy.commit_array_sync, staged, old)
         except ZarrfsError as e:
             what = "the old array is kept" if old is not None else "nothing was created"
@@ -233,49 +229,23 @@ class Ingest:
         w = entry.incoming
         staged = w.array
         w.staged, w.stream, w.received = None, None, None
-        with contextlib.suppress(ZarrfsError):  # its marker, if it goes up, goes before the erase
-            await self.engine.held(staged.meta.path)
         self.engine.discard(staged.meta.path)
         await self.engine.run_io_long(self.hierarchy.discard_staging_sync, staged)
         await self._release_staging(staged.staging)
 
     async def _begin(self, staged: StagedArray, old: Node | None) -> StagedArray:
         """Claim a staged array's staging area and learn where its chunks go (straight under their
-        final keys for a new array on an object store); the claim is released if that fails.
-        The store is marked for it (the lease, a direct write's marker) while the writer goes
-        on: its chunks are stored once that is done (the engine's gate)."""
+        final keys for a new array on an object store); the claim is released if that fails."""
         self.lease.claim(staged.staging)
-        try:
-            begun = await self.engine.run_io(self.hierarchy.plan_array_sync, staged, old)
+        try:  # the lease goes up beside the first keys: a sweep keeps an area without one while it is recent
+            _, begun = await self.engine.gather(
+                self.renew_lease, lambda: self.engine.run_io(self.hierarchy.begin_array_sync, staged, old)
+            )
         except ZarrfsError:
             await self._release_staging(staged.staging)
             raise
         self.engine.starts_empty(begun.meta.path, begun.stored)
-        gate = self.engine.hold(begun.meta.path)
-        if self.engine.runtime.running:
-            self.engine.runtime.start_soon(self._mark, begun, gate)
-        else:
-            await self._mark(begun, gate)
         return begun
-
-    async def _mark(self, begun: StagedArray, gate: Gate) -> None:
-        """The lease and the marker of a staged array, at once (a sweep keeps an area without a
-        lease while it is recent); then its gate opens, with the failure if there is one."""
-        try:
-            await self.engine.gather(
-                self.renew_lease, lambda: self.engine.run_io(self.hierarchy.mark_array_sync, begun)
-            )
-        except ZarrfsError as e:
-            error = type(e)(f"claiming {begun.staging}: {e}")
-            self.engine.runtime.count_error(error, begun.staging)  # one line, whatever chunks wait
-            gate.open(error)
-        except Exception as e:  # background work must not end the daemon
-            log.exception("unexpected error claiming %s", begun.staging)
-            gate.open(StoreError(f"claiming {begun.staging}: unexpected {type(e).__name__}"))
-        else:
-            gate.open()
-        finally:
-            gate.open(StoreError(f"claiming {begun.staging}: stopped"))  # (cancelled: no-op once open)
 
     async def _release_staging(self, staging: str) -> None:
         """A staging area is committed or dropped: the lease goes once no other is in use."""
@@ -459,11 +429,8 @@ class Ingest:
                 block = await entry.held.read(offset, ADOPT_BLOCK_BYTES)
                 await self.engine.write(ingest, offset, block)
             await self.engine.flush(staged.meta.path)
-            await self.engine.held(staged.meta.path)
             await self.engine.run_io_long(self.hierarchy.commit_array_sync, staged, old)
         except BaseException:
-            with contextlib.suppress(ZarrfsError):
-                await self.engine.held(staged.meta.path)
             self.engine.discard(staged.meta.path)
             await self.engine.run_io_shielded(self.hierarchy.discard_staging_sync, staged)
             self.lease.release(staged.staging)  # the lease goes at the next renewal
