@@ -124,6 +124,7 @@ def du_bytes(path: Path) -> int:
 def versus_zarr(src: Path, root: Path, mnt: Path, args: argparse.Namespace, chunks: list[int]) -> str:
     """`cp` of SRC into the mount and zarr-python writing the same array into the store, in
     turn, --versus-zarr times each: one line with both sides' runs and the ratio of the bests."""
+    import numcodecs
     import zarr
     from zarr.codecs import ZstdCodec
 
@@ -131,7 +132,9 @@ def versus_zarr(src: Path, root: Path, mnt: Path, args: argparse.Namespace, chun
     if codec != "none" and not codec.startswith("zstd"):
         raise SystemExit("--versus-zarr: give --codec none or zstd[:LEVEL]")
     level = int(codec.partition(":")[2] or 0) if codec != "none" else 0
-    compressors = [ZstdCodec(level=level)] if codec != "none" else None
+    compressors: list | None = None
+    if codec != "none":  # v2 arrays take numcodecs' codec, v3 zarr's own
+        compressors = [numcodecs.Zstd(level=level) if args.format == 2 else ZstdCodec(level=level)]
     x = np.load(src, mmap_mode="r")
     ours, peer = [], []
     for run in range(args.versus_zarr):
