@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -220,22 +221,31 @@ def _copy_failing(mount, root, name: str, fail_at: int, tmp_path, seed: int):
     return mnt, log, src
 
 
-@FORMATS
-def test_failed_upload_is_eio_and_keeps_the_old_array(mount, tmp_path, fmt):
-    """Fault injection (tests/support/failing_store.py, an object-store-like file system): a chunk
-    PUT of a replacement fails; close gives EIO, the old array is read whole, its keys alone stay."""
-    name = f"fail_v{fmt}.zarr"
-    root = tmp_path / name
+def _old_array(root: Path, fmt: int) -> tuple[np.ndarray, list[Path]]:
+    """A store at ROOT holding the array `old`, written by zarr-python: its values and files."""
     g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
     old = np.arange(40 * 30, dtype="<i2").reshape(40, 30)
     g.create_array("old", shape=old.shape, chunks=(16, 16), dtype=old.dtype)[:] = old
-    before = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
-    mnt, log, src = _copy_failing(mount, root, "old", 5, tmp_path, 4)
-    x = np.load(src)
+    return old, sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+
+def _still_old(root: Path, mnt: Path, old: np.ndarray, before: list[Path]) -> None:
+    """zarr-python and the mount read `old` whole, and the store holds its files alone (and a lease)."""
     np.testing.assert_array_equal(zarr.open_array(str(root / "old"), mode="r")[...], old)
     assert np.array_equal(np.load(mnt / "old.npy"), old)
     after = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
     assert [p for p in after if ".zarrfs-lease" not in str(p)] == before
+
+
+@FORMATS
+def test_failed_upload_is_eio_and_keeps_the_old_array(mount, tmp_path, fmt):
+    """Fault injection (tests/support/failing_store.py, an object-store-like file system): a chunk
+    PUT of a replacement fails; close gives EIO, the old array is read whole, its keys alone stay."""
+    root = tmp_path / f"fail_v{fmt}.zarr"
+    old, before = _old_array(root, fmt)
+    mnt, log, src = _copy_failing(mount, root, "old", 5, tmp_path, 4)
+    x = np.load(src)
+    _still_old(root, mnt, old, before)
     failed = mounting.log_lines_naming(log.read_text(), "old/")
     # the key and the reason once (the close's own line names the file and what was kept)
     assert len([ln for ln in failed if "injected failure" in ln and "zarrfs.engine" in ln]) == 1, failed
@@ -249,12 +259,8 @@ def test_failed_claim_stores_no_chunk_and_is_eio(mount, tmp_path, fmt):
     """The marker of a replacement written straight under its keys goes up before its first chunk;
     when its PUT fails, no chunk is stored, the copy fails with EIO, the old array is read whole,
     and the log names the key and the reason once."""
-    name = f"failclaim_v{fmt}.zarr"
-    root = tmp_path / name
-    g = zarr.open_group(str(root), mode="w", zarr_format=fmt)
-    old = np.arange(40 * 30, dtype="<i2").reshape(40, 30)
-    g.create_array("old", shape=old.shape, chunks=(16, 16), dtype=old.dtype)[:] = old
-    before = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    root = tmp_path / f"failclaim_v{fmt}.zarr"
+    old, before = _old_array(root, fmt)
     calls = tmp_path / "calls"
     mnt, _, log = mounting.mount_failing(
         mount,
@@ -268,14 +274,11 @@ def test_failed_claim_stores_no_chunk_and_is_eio(mount, tmp_path, fmt):
         with open(mnt / "old.npy", "wb") as f:
             f.write(src.read_bytes())
     assert exc.value.errno == errno.EIO
-    np.testing.assert_array_equal(zarr.open_array(str(root / "old"), mode="r")[...], old)
-    assert np.array_equal(np.load(mnt / "old.npy"), old)
+    _still_old(root, mnt, old, before)
     written = calls.read_text().splitlines()
     markers = [ln for ln in written if "direct.json" in ln]
     assert len(markers) == 1 and markers[0].endswith("FAILED"), written
     assert not [ln for ln in written if "/old/" in ln], written  # no chunk, no document
-    after = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
-    assert [p for p in after if ".zarrfs-lease" not in str(p)] == before
     failed = [ln for ln in log.read_text().splitlines() if "injected failure" in ln]
     assert len(failed) == 1 and "direct.json" in failed[0], log.read_text()
 
