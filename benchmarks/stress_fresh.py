@@ -6,7 +6,8 @@ with the disk cache and one without (`disk_cache_size=0`), both with a short `me
 serve it to several concurrent readers each: `cat` of the whole `.npy`, `dd` of a random span
 in 4 KiB blocks, `pread` of a random span after its own open, `pread` with `O_DIRECT` (up to
 3 MiB: the kernel splits it into requests of 1 MiB) on a descriptor held open the whole run, and
-`pread` through the page cache on another held descriptor. A writer process rewrites chunks with zarr-python
+`pread` through the page cache on a descriptor held open on the array's raw view, a file no other
+reader opens. A writer process rewrites chunks with zarr-python
 (chunk (0, 0) half the time) and logs when each rewrite began and ended; busy processes
 load the machine.
 
@@ -22,7 +23,9 @@ read is checked on its own bytes against the writer's log (`check`):
 
 (as root, from the repository's root: it mounts with `python -m zarrfs`, which takes a `zarrfs`
 in the working directory before PYTHONPATH's; `--busy N` busy processes, default one per core;
-`--kinds` the readers, e.g. `--kinds direct,held`). It prints one
+`--kinds` the readers, e.g. `--kinds direct,held`; `shared`, not run unless asked, is `held` on
+the `.npy` the others open, the case docs/CONCURRENCY.md says the rule cannot cover: its mixed
+reads are counted, not failed). It prints one
 line per mount and reader kind (reads, reads that had to show a rewrite, failures, reads that
 saw two versions of a chunk) and every failure, and exits 1 if there was one. The suite's
 short version is tests/mounted/test_mount_fresh_stress.py.
@@ -57,7 +60,10 @@ KINDS = ("cat", "dd", "pread", "direct", "held")
 # Readers whose every read is one read(2): one version per chunk. `cat` and `dd` make many, and
 # may see a chunk change between two of them (each version seen is checked for freshness).
 # `held` is pread on a descriptor held open the whole run, through the kernel's page cache, which
-# may answer part of a read from pages it kept and ask the mount for the rest.
+# may answer part of a read from pages it kept and ask the mount for the rest; it reads the raw
+# view, which no other reader opens. `shared` (not run unless asked) does the same on the `.npy`,
+# where another reader's GETATTR may tell the kernel of a rewrite while a read copies kept pages,
+# and the kernel drops the rest under it (docs/CONCURRENCY.md: what the rule cannot cover).
 ONE_CALL = ("pread", "direct", "held")
 # O_DIRECT reads of up to this many pages: past 1 MiB the kernel splits one read(2) into several
 # FUSE requests, between which the mount may start a revalidation.
@@ -251,12 +257,14 @@ def npy_header(path: Path) -> int:
 
 
 class Readers:
-    """Reader threads of one mount's .npy, each of one kind, recording every read until `stop`."""
+    """Reader threads of one mount's array, each of one kind, recording every read until `stop`:
+    of its .npy, but `held` of its raw view (elements in C order, no header)."""
 
-    def __init__(self, label: str, path: Path, layout: Layout, seed: int) -> None:
-        self.label, self.path, self.layout = label, path, layout
-        self.size = path.stat().st_size
-        self.header = npy_header(path)
+    def __init__(self, label: str, mnt: Path, layout: Layout, seed: int) -> None:
+        self.label, self.path, self.layout = label, mnt / "a.npy", layout
+        self.size = self.path.stat().st_size
+        self.header = npy_header(self.path)
+        self.raw = mnt / ".zarrfs" / "raw" / "a.raw"
         self.reads: list[Read] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
@@ -274,17 +282,18 @@ class Readers:
         for t in self._threads:
             t.join(120)
 
-    def _record(self, kind: str, began: float, offset: int, data: bytes, want: int) -> None:
+    def _record(self, kind: str, began: float, offset: int, data: bytes, want: int, header: int | None = None) -> None:
         ended = time.monotonic()
         if len(data) != want:
             self.errors.append(f"{self.label} {kind}: {len(data)} bytes at {offset}, {want} expected")
             return
-        versions, broken = decode(self.layout, self.header, offset, data)
+        versions, broken = decode(self.layout, self.header if header is None else header, offset, data)
         self.reads.append(Read(self.label, kind, began, ended, offset, len(data), versions, broken))
 
-    def _span(self, rng: random.Random, most: int) -> tuple[int, int]:
-        offset = rng.randrange(self.size)
-        return offset, min(rng.randint(1, most), self.size - offset)
+    def _span(self, rng: random.Random, most: int, size: int | None = None) -> tuple[int, int]:
+        size = self.size if size is None else size
+        offset = rng.randrange(size)
+        return offset, min(rng.randint(1, most), size - offset)
 
     def _loop(self, kind: str, seed: float) -> None:
         rng = random.Random(seed)
@@ -315,12 +324,13 @@ class Readers:
                         finally:
                             os.close(fd)
                         self._record(kind, began, offset, out, size)
-                    elif kind == "held":
+                    elif kind in ("held", "shared"):
                         if held_fd is None:
-                            held_fd = os.open(self.path, os.O_RDONLY)
-                        offset, size = self._span(rng, 256 << 10)
+                            held_fd = os.open(self.raw if kind == "held" else self.path, os.O_RDONLY)
+                        header = 0 if kind == "held" else self.header
+                        offset, size = self._span(rng, 256 << 10, self.size - self.header + header)
                         began = time.monotonic()
-                        self._record(kind, began, offset, os.pread(held_fd, size, offset), size)
+                        self._record(kind, began, offset, os.pread(held_fd, size, offset), size, header)
                     elif kind == "direct":
                         if direct_fd is None:
                             direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
@@ -410,7 +420,7 @@ def run(
     writer and BUSY busy processes for SECONDS; (failures, counts per mount and kind, errors)."""
     log_path = workdir / "writes.log"
     log_path.write_text("")
-    readers = [Readers(label, mnt / "a.npy", layout, seed + i) for i, (label, mnt) in enumerate(sorted(mounts.items()))]
+    readers = [Readers(label, mnt, layout, seed + i) for i, (label, mnt) in enumerate(sorted(mounts.items()))]
     writer = [
         sys.executable,
         os.path.abspath(__file__),
@@ -474,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--kinds",
         default=",".join(KINDS),
-        help="readers, of cat, dd, pread, direct, held (pread on a descriptor held open, through the page cache)",
+        help="readers, of cat, dd, pread, direct, held (pread on a descriptor held open, through the page cache) "
+        "and shared (the same on the .npy the others read)",
     )
     p.add_argument("--write", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
