@@ -29,6 +29,10 @@ the requests the proxy counted):
   write-new  `cp x.npy MNT/` of a new SIDE^2 float32 array (chunks 256x512, zstd-1) vs zarr-python's
              `z[:] = x` of the same array into a new array (both: requests, PUTs among them)
   write-replace  `cp` over that array again vs zarr-python writing over its array again
+  write-shard  `dd conv=notrunc bs=1M` of new values over a sharded SIDE^2 float32 array's .npy
+             (shards of SHARD rows x SIDE, inner chunks 256x512, zstd-1; the values noisy, so that
+             they compress little) with upload_part_size=5M, vs zarr-python's `z[:] = x` on its own
+             copy of the array (both: requests, and the multipart parts among them)
   rclone     the peer: `rclone mount --vfs-cache-mode full` of seq's chunk objects, read by a first mount
              then by a second one: requests and bytes of the second read (needs rclone: apt install rclone)
 (rows other than the disk cache's mount with disk_cache_size=0: they measure the store)
@@ -86,6 +90,7 @@ ROWS = (
     "rclone",
     "write-new",
     "write-replace",
+    "write-shard",
 )
 DISK_CACHE_ON = [""]  # --disk-cache: where the store rows' fresh cache directories go
 DISK_ROWS = ("recached", "recached-shard", "larger-than-memory", "bounded", "changed", "rclone")
@@ -300,6 +305,8 @@ def main(argv=None) -> int:
             revalidation_rows(proxy, mnt, peer_fs)
         if rows & {"write-new", "write-replace"}:
             write_rows(rows, args, proxy, mnt, work, peer_opts)
+        if "write-shard" in rows:
+            write_shard_row(args, proxy, mnt, work, peer_opts)
         if rows & set(DISK_ROWS):
             disk_cache_rows(rows, args, proxy, mnt, work, peer_fs)
     finally:
@@ -381,6 +388,64 @@ def write_rows(rows: set[str], args, proxy, mnt: Path, work: Path, peer_opts: di
             f"chunks; read back equal: {same}; daemon VmHWM {hwm} MiB; "
             f"runs zarrfs {spread(ours_runs)}, zarr+s3fs {spread(peer_runs)}",
         )
+
+
+def write_shard_row(args, proxy, mnt: Path, work: Path, peer_opts: dict) -> None:
+    """Every element of a sharded array written in place through the mount, beside zarr-python
+    writing the same values into its own copy; each side's best of --repeat runs."""
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    rng = np.random.default_rng(2)
+    shape, shards = (args.side, args.side), (args.shard, args.side)
+    old = rng.random(shape, dtype=np.float32)
+    x = rng.random(shape, dtype=np.float32)
+    src = work / "x-shard.npy"
+    np.save(src, x)
+
+    def create(store: str):
+        return zarr.create_array(
+            store=store,
+            shape=shape,
+            shards=shards,
+            chunks=WRITE_CHUNKS,
+            dtype="float32",
+            compressors=[ZstdCodec(level=1)],
+            storage_options=peer_opts,
+            overwrite=True,
+        )
+
+    ours_runs, peer_runs, ours_req, peer_req, hwm, same = [], [], (0, 0), (0, 0), 0, True
+    for run in range(args.repeat):
+        create(f"s3://{BUCKET}/shards.zarr/s{run}")[:] = old
+        mount(proxy.port, "shards.zarr", mnt, "writable", "upload_part_size=5M")
+        target = mnt / f"s{run}.npy"
+        with open(target, "rb") as f, open(src, "rb") as g:
+            header = os.path.getsize(src) - x.nbytes
+            assert f.read(header) == g.read(header), "the mount's NPY header differs from np.save's"
+        dd = ["dd", f"if={src}", f"of={target}", "bs=1M", "conv=notrunc,fsync", "status=none"]
+        proxy.reset_counts()
+        ours_runs.append(timed(lambda: subprocess.run(dd, check=True)))  # noqa: B023
+        ours_req = (proxy.count(), sum(1 for m, p in proxy.requests if m == "PUT" and "partNumber=" in p))
+        hwm = bench.vm_hwm_bytes(bench.daemon_pid(mnt)) >> 20
+        bench.unmount(mnt)
+        peer = create(f"s3://{BUCKET}/shards.zarr/p{run}")
+        peer[:] = old
+        proxy.reset_counts()
+        peer_runs.append(timed(lambda: peer.__setitem__(slice(None), x)))  # noqa: B023
+        peer_req = (proxy.count(), sum(1 for m, p in proxy.requests if m == "PUT" and "partNumber=" in p))
+        got = zarr.open_array(store=f"s3://{BUCKET}/shards.zarr/s{run}", mode="r", storage_options=peer_opts)[...]
+        same = same and np.array_equal(got, x)
+    row(
+        "write-shard",
+        min(ours_runs),
+        ours_req[0],
+        min(peer_runs),
+        peer_req[0],
+        f"   parts zarrfs {ours_req[1]} (zarr+s3fs {peer_req[1]}) for {args.side // args.shard} shards; "
+        f"read back equal: {same}; daemon VmHWM {hwm} MiB; "
+        f"runs zarrfs {spread(ours_runs)}, zarr+s3fs {spread(peer_runs)}",
+    )
 
 
 def random_row(args, proxy, mnt: Path, peer_array) -> None:

@@ -106,7 +106,8 @@ OPTION_TABLE: tuple[OptionDoc, ...] = (
     OptionDoc(
         "upload_part_size=SIZE",
         "S3: a chunk or shard of twice this size or more is stored as a multipart upload in parts "
-        "of this size, up to 8 at once (at least `5M`, S3's smallest part; docs/SEMANTICS.md: Writes)",
+        "of this size, up to 8 at once, a v3 shard's sent while it is being written (at least `5M`, "
+        "S3's smallest part; docs/SEMANTICS.md: Writes)",
         "`50M`",
     ),
     OptionDoc(

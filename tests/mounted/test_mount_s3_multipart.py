@@ -1,11 +1,14 @@
 """Shards larger than twice `upload_part_size` go to S3 as multipart uploads (moto's server, through
-benchmarks/latency_proxy.py): zarr-python reads back what was written, the proxy counts the parts,
-and an upload that S3 refuses is aborted (no part left) and gives EIO at close."""
+benchmarks/latency_proxy.py), their parts sent while the shard is still being written:
+zarr-python reads back what was written, the proxy counts the parts and when they went, a write
+into a part already sent makes the shard go whole, and an upload that S3 refuses is aborted (no
+part left) and gives EIO at close."""
 
 from __future__ import annotations
 
 import errno
 import os
+import time
 
 import numpy as np
 import pytest
@@ -63,6 +66,72 @@ def test_large_shards_go_as_multipart_uploads(s3, proxy, mount, tmp_path):
     # parts of 5 MiB ask before sending (100-continue), as botocore does; only small PUTs do not
     assert sorted(p for m, p in proxy.expect_continue if m == "PUT") == sorted(parts)
     np.testing.assert_array_equal(_peer(endpoint, name), new)
+    assert fs.list_multipart_uploads(BUCKET) == []
+
+
+def _parts(proxy, name: str) -> list[str]:
+    return [p for m, p in proxy.requests if m == "PUT" and "partNumber=" in p and f"/{name}/s/c/" in p]
+
+
+def _wait_for_parts(proxy, name: str, n: int) -> list[str]:
+    """The parts the proxy saw once there are N (or after 30 s)."""
+    deadline = time.monotonic() + 30
+    while len(_parts(proxy, name)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _parts(proxy, name)
+
+
+def test_parts_of_a_shard_go_while_it_is_written(s3, proxy, mount, tmp_path):
+    """Half the rows written: each shard's first part (its first 5 MiB of inner chunks) is in the
+    store before the other half is written; the rest and the index go once it is complete."""
+    endpoint, fs = s3
+    name = "streamed.zarr"
+    _sharded(fs, tmp_path, name)
+    mnt = mount(f"s3://{BUCKET}/{name}", "writable", "upload_part_size=5M", *s3_options(proxy.port))
+    new = np.random.default_rng(3).integers(0, 2**32, size=SHAPE, dtype="<u4")
+    raw, half = new.tobytes(), new.nbytes // 2
+    hlen = os.path.getsize(mnt / "s.npy") - new.nbytes
+    proxy.reset_counts()
+    fd = os.open(mnt / "s.npy", os.O_WRONLY)
+    try:
+        mounting.pwrite_all(fd, raw[:half], hlen)
+        early = _wait_for_parts(proxy, name, 2)
+        mounting.pwrite_all(fd, raw[half:], hlen + half)
+    finally:
+        os.close(fd)
+    assert sorted(p.split("?")[0].split(f"/{name}/")[1] for p in early) == ["s/c/0/0", "s/c/0/1"], early
+    shard_requests = [(m, p) for m, p in proxy.requests if f"/{name}/s/c/" in p]
+    starts = [p for m, p in shard_requests if m == "POST" and p.endswith("?uploads")]
+    ends = [p for m, p in shard_requests if m == "POST" and "uploadId=" in p]
+    assert (len(starts), len(_parts(proxy, name)), len(ends)) == (2, 2 * PARTS_PER_SHARD, 2), shard_requests
+    np.testing.assert_array_equal(_peer(endpoint, name), new)
+    assert fs.list_multipart_uploads(BUCKET) == []
+
+
+def test_a_write_into_a_part_sent_stores_the_shard_whole(s3, proxy, mount, tmp_path):
+    """After each shard's first part went, its first row is written again: the upload is
+    aborted and the shard stored whole at close, with the values written last."""
+    endpoint, fs = s3
+    name = "rewritten.zarr"
+    _sharded(fs, tmp_path, name)
+    mnt = mount(f"s3://{BUCKET}/{name}", "writable", "upload_part_size=5M", *s3_options(proxy.port))
+    new = np.random.default_rng(4).integers(0, 2**32, size=SHAPE, dtype="<u4")
+    raw, half = new.tobytes(), new.nbytes // 2
+    hlen = os.path.getsize(mnt / "s.npy") - new.nbytes
+    first_row = np.arange(SHAPE[1], dtype="<u4")
+    proxy.reset_counts()
+    fd = os.open(mnt / "s.npy", os.O_WRONLY)
+    try:
+        mounting.pwrite_all(fd, raw[:half], hlen)
+        assert len(_wait_for_parts(proxy, name, 2)) == 2
+        mounting.pwrite_all(fd, first_row.tobytes(), hlen)
+        mounting.pwrite_all(fd, raw[half:], hlen + half)
+    finally:
+        os.close(fd)
+    new[0] = first_row
+    np.testing.assert_array_equal(_peer(endpoint, name), new)
+    aborted = [p for m, p in proxy.requests if m == "DELETE" and "uploadId=" in p and f"/{name}/s/c/" in p]
+    assert len(aborted) == 2, proxy.requests
     assert fs.list_multipart_uploads(BUCKET) == []
 
 

@@ -10,6 +10,7 @@ repository accepts too): documents, chunks of two arrays.
 from __future__ import annotations
 
 import io
+import os
 import json
 from typing import Any
 
@@ -173,6 +174,27 @@ class StoreContract:
         store.put_stream_sync("g/b/c/0/0", io.BytesIO(b"streamed" * 100), block_bytes=64)
         self.settle(store)
         assert oracle.get("g/b/c/0/0") == b"streamed" * 100
+
+    def test_an_upload_in_parts_shows_only_once_committed(self, pair):
+        self._writable()
+        store, oracle = pair
+        if store.upload_parts is None:
+            assert store.open_upload_sync(CHUNK) is None  # stored whole with set_sync instead
+            return
+        getattr(store, "store", store).upload_part_bytes = 5 << 20  # (S3's smallest part)
+        old = oracle.get(CHUNK)
+        value = os.urandom(11 << 20)  # two parts of 5 MiB and one of 1 MiB
+        upload = store.open_upload_sync(CHUNK)
+        for at in range(0, len(value), 1 << 20):
+            upload.write_sync(value[at : at + (1 << 20)])
+        assert oracle.get(CHUNK) == old
+        upload.commit_sync()
+        self.settle(store)
+        assert oracle.get(CHUNK) == value and bytes(store.get_sync(CHUNK, None)) == value
+        dropped = store.open_upload_sync("a/c/1")
+        dropped.write_sync(os.urandom(6 << 20))
+        dropped.abort_sync()
+        assert oracle.get("a/c/1") is not None and len(oracle.get("a/c/1")) < (1 << 20)  # the old value
 
     def test_erase_removes_a_key_and_an_absent_one_is_no_error(self, pair):
         self._writable()

@@ -96,9 +96,8 @@ class ShardIndex:
     def assemble(self, parts: dict[Index, Any], per_shard: Index) -> bytes:
         """A shard of the given inner chunks (None or missing: absent), back to back in C
         order, and its index; b"" when no inner chunk is stored (erase the shard)."""
-        index = np.full(per_shard + (2,), ABSENT, dtype=ENTRY_DTYPE)
-        index_nbytes = self.nbytes(per_shard)
-        offset = 0 if self.at_end else index_nbytes
+        index = self.empty_index(per_shard)
+        offset = 0 if self.at_end else self.nbytes(per_shard)
         body = []
         for pos in positions(per_shard):
             data = parts.get(pos)
@@ -109,10 +108,20 @@ class ShardIndex:
             body.append(data if isinstance(data, bytes) else bytes(data))
         if not body:
             return b""
-        raw_index = self.codec.encode(index, np.zeros((), ENTRY_DTYPE))
-        if len(raw_index) != index_nbytes:
-            raise Unsupported(f"shard index encoded to {len(raw_index)} bytes, expected {index_nbytes}")
+        raw_index = self.encode_index(index)
         return b"".join([*body, raw_index] if self.at_end else [raw_index, *body])
+
+    def empty_index(self, per_shard: Index) -> np.ndarray:
+        """An index with every inner chunk absent, to fill in."""
+        return np.full(per_shard + (2,), ABSENT, dtype=ENTRY_DTYPE)
+
+    def encode_index(self, index: np.ndarray) -> bytes:
+        """The stored bytes of an index of (offset, nbytes) pairs."""
+        raw = self.codec.encode(index, np.zeros((), ENTRY_DTYPE))
+        nbytes = self.nbytes(index.shape[:-1])
+        if len(raw) != nbytes:
+            raise Unsupported(f"shard index encoded to {len(raw)} bytes, expected {nbytes}")
+        return bytes(raw)
 
 
 # The drafts' sharding storage transformer: uint64 pairs at the shard's end, no checksum.
@@ -169,10 +178,15 @@ class ShardingIndexed:
             if keep is not None and pos in keep:
                 parts[pos] = keep[pos]
                 continue
-            inner = arr[grid.chunk_slices(pos, shape, self.inner_chunks)]
-            if not is_fill(inner, fill):
-                parts[pos] = self.inner.encode(inner, fill)  # b"" for a nested shard of fill
+            parts[pos] = self.encode_inner(arr[grid.chunk_slices(pos, shape, self.inner_chunks)], fill)
         return self.layout.assemble(parts, per_shard)
+
+    def encode_inner(self, inner: np.ndarray, fill: np.ndarray) -> Any:
+        """One inner chunk's stored bytes; None when it is not stored (all fill)."""
+        if is_fill(inner, fill):
+            return None
+        data = self.inner.encode(inner, fill)
+        return data if len(data) else None  # (b"": a nested shard of fill)
 
     def encode_changed(self, arr: np.ndarray, fill: np.ndarray, old: Any, changed: set[Index]) -> bytes:
         """The shard, encoding only the inner chunks in `changed`: the others are copied

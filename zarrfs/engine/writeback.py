@@ -23,6 +23,7 @@ from ..storage import chunksource
 from ..views.streams import ArrayStream
 from .loads import Loads
 from .runtime import Runtime
+from .shardstreams import ShardStreams
 from .tables import INDEX, INNER, ChunkTables
 from .tables import lock_key as chunk_lock_key
 
@@ -83,6 +84,8 @@ class WriteBack:
         self._uploads = trio.CapacityLimiter(UPLOADS_IN_FLIGHT)
         self.upload_queue_bytes = 0  # decoded bytes of chunks given to _upload and not yet stored
         self._uploaded = trio.Event()  # set (and replaced) each time an _upload ends
+        # Large shards go up as their inner chunks are written (S3), not once the shard is stored.
+        self.streams = ShardStreams(runtime, self._upload_progress)
         self._stored = trio.Event()  # set (and replaced) each time a chunk leaves `storing`
         # Arrays being created: the chunks stored since (any other is known to be absent: a write
         # into part of it starts from the fill value, no read of the store).
@@ -150,10 +153,12 @@ class WriteBack:
         changed: dict[Index, set[Index]] | None = None  # computed when a shard needs it
         # From here to the end no await: the patch of every chunk is atomic.
         targets = {}
+        new: set[Index] = set()
         for idx in plan.chunks:
             key = (meta.path, idx)
             entry = self.tables.dirty.get(key)
             if entry is None:
+                new.add(idx)
                 current = loaded.get(idx)
                 base = self._dirty_base(meta, idx, current)
                 entry = self.tables.dirty[key] = (meta, base)
@@ -173,8 +178,10 @@ class WriteBack:
         stream.scatter(plan, buf, targets)
         self.runtime.counters["bytes_written"] += plan.take_bytes
         if self.upload_full and self.runtime.running:
+            if self.streams.streamable(meta):
+                self.streams.written(stream, offset, len(data), new, targets)
             self._upload_full(meta, plan.chunks, covered)
-            while self.upload_queue_bytes > UPLOAD_QUEUE_MAX_BYTES:
+            while self.upload_queue_bytes + self.streams.queued_bytes > UPLOAD_QUEUE_MAX_BYTES:
                 await self._uploaded.wait()
         if self.dirty_bytes + self.storing_bytes > self.dirty_max_bytes:
             await self._flush_oldest(self.dirty_max_bytes // 2)
@@ -203,10 +210,12 @@ class WriteBack:
                 self._filled[key] = filled
                 continue
             self._filled.pop(key, None)
-            self.upload_queue_bytes += meta.chunk_nbytes
-            self.runtime.start_soon(self._upload, key, meta)
+            # A shard streamed went up as it was written: what is left waits in its queue.
+            nbytes = 0 if self.streams.intact(key) else meta.chunk_nbytes
+            self.upload_queue_bytes += nbytes
+            self.runtime.start_soon(self._upload, key, meta, nbytes)
 
-    async def _upload(self, key: tuple[str, Index], meta: ArrayMeta) -> None:
+    async def _upload(self, key: tuple[str, Index], meta: ArrayMeta, nbytes: int) -> None:
         """Store one chunk in the background; a failure is kept for the array's next fsync/close."""
         try:
             async with self._uploads:
@@ -217,9 +226,13 @@ class WriteBack:
             log.exception("unexpected error storing chunk %s of %s", key[1], key[0] or "/")
             self._write_errors.setdefault(key[0], StoreError(f"chunk {key[1]}: unexpected {type(e).__name__}"))
         finally:
-            self.upload_queue_bytes -= meta.chunk_nbytes
-            self._uploaded.set()
-            self._uploaded = trio.Event()
+            self.upload_queue_bytes -= nbytes
+            self._upload_progress()
+
+    def _upload_progress(self) -> None:
+        """Bytes waiting for their upload went: a writer waiting for them may go on."""
+        self._uploaded.set()
+        self._uploaded = trio.Event()
 
     @staticmethod
     def _inner_changed(stream: ArrayStream, offset: int, size: int) -> dict[Index, set[Index]]:
@@ -282,7 +295,10 @@ class WriteBack:
         async with lock:  # flushes of one chunk (or shard) reach the store in the order they started
             entry = self.tables.dirty.pop(key, None)
             self._filled.pop(key, None)
+            streamed = self.streams.take(meta, key[1])
             if entry is None:
+                if streamed is not None:
+                    await self.streams.abort(streamed)
                 return
             meta, arr = entry
             if lock_key != key:  # readers of the shard's other chunks retry and wait for the rewrite
@@ -310,13 +326,19 @@ class WriteBack:
                     and len(changed) < math.prod(meta.inner.source.per_shard) // 2
                 ):
                     old = await self.runtime.run_io(self.runtime.store.get_sync, store_key, meta.max_stored_nbytes)
-                data = await self.runtime.run_cpu(encode_chunk_sync, meta, store_key, arr, old, changed)
-                if data is not None or not absent:
-                    await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)
+                if streamed is not None and await self.streams.finish(streamed, arr):
+                    has_data = True
+                else:
+                    data = await self.runtime.run_cpu(encode_chunk_sync, meta, store_key, arr, old, changed)
+                    if data is not None or not absent:
+                        await self.runtime.run_io(chunksource.write_chunk_sync, meta, self.runtime.store, key[1], data)
+                    has_data = data is not None
                 stored = self._stored_into.get(key[0])
                 if stored is not None:
-                    (stored.add if data is not None else stored.discard)(key[1])
+                    (stored.add if has_data else stored.discard)(key[1])
             except ZarrfsError as e:
+                if streamed is not None:
+                    await self.streams.abort(streamed)  # (done already when the upload failed)
                 self.tables.cache.discard(key)  # what the store holds is the truth again
                 self.tables.versions[key] = self.tables.versions.get(key, 0) + 1
                 self.runtime.count_error(e, store_key)
@@ -328,7 +350,7 @@ class WriteBack:
                 if self.tables.storing.get(key) is arr:
                     del self.tables.storing[key]
                 self._forget_shard(meta, key[1])
-            self.runtime.counters["chunks_stored" if data is not None else "chunks_erased"] += 1
+            self.runtime.counters["chunks_stored" if has_data else "chunks_erased"] += 1
         self.tables.drop_lock(lock_key, lock)
 
     def _forget_shard(self, meta: ArrayMeta, idx: Index) -> None:
@@ -370,6 +392,7 @@ class WriteBack:
             self.dirty_bytes -= tables.dirty.pop(key)[1].nbytes
             tables.changed.pop(key, None)
             self._filled.pop(key, None)
+        self.streams.forget(path)
         self._write_errors.pop(path, None)
         self._created.pop(path, None)
         self._stored_into.pop(path, None)

@@ -18,6 +18,23 @@ METADATA_MAX_BYTES = 256 << 20
 Version = tuple[int | None, int | None, str | None]
 
 
+class Upload(abc.ABC):
+    """A value stored as it is written, in parts where the store takes them (S3's multipart
+    upload): nothing of it is visible until `commit_sync`, and `abort_sync` leaves no part."""
+
+    @abc.abstractmethod
+    def write_sync(self, data: bytes) -> None:
+        """Append bytes; a part goes to the store whenever a whole one is buffered."""
+
+    @abc.abstractmethod
+    def commit_sync(self) -> None:
+        """Send what is left and make the value visible under its key."""
+
+    @abc.abstractmethod
+    def abort_sync(self) -> None:
+        """Give up: the parts sent are dropped and the key keeps its previous value."""
+
+
 class BaseStore(abc.ABC):
     """A key-value store of `/`-separated keys (as zarr-python's `abc.store.Store`).
 
@@ -98,6 +115,16 @@ class BaseStore(abc.ABC):
     @abc.abstractmethod
     def put_stream_sync(self, key: str, source: Any, block_bytes: int = 1 << 20) -> None:
         """Store the bytes read from a file object, block by block."""
+
+    @property
+    def upload_parts(self) -> int | None:
+        """The part size of `open_upload_sync`'s uploads; None where the store has none."""
+        return None
+
+    def open_upload_sync(self, key: str) -> Upload | None:
+        """An upload of a value to KEY whose parts go as they are written, where the store has
+        such uploads (`upload_parts`: S3); None elsewhere (then store it whole with `set_sync`)."""
+        return None
 
     @abc.abstractmethod
     def erase_sync(self, key: str) -> None:

@@ -81,11 +81,16 @@ def find_below(fs: fsspec.AbstractFileSystem, base: str) -> dict[str, dict[str, 
 PARTS_IN_FLIGHT = 8
 
 
+def uploads_in_parts(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether values can go to the file system as multipart uploads (s3fs: S3's)."""
+    return type(fs).__module__.startswith("s3fs")
+
+
 def upload_options(fs: fsspec.AbstractFileSystem, nbytes: int, part_bytes: int) -> tuple[dict[str, Any], int]:
     """The keyword arguments of `pipe_file` that store NBYTES as a multipart upload in parts of
     PART_BYTES where the file system makes those (s3fs: from twice the part size on, aborted
     when a part fails), and the requests that costs; one PUT elsewhere."""
-    if not type(fs).__module__.startswith("s3fs") or nbytes < 2 * part_bytes:
+    if not uploads_in_parts(fs) or nbytes < 2 * part_bytes:
         return {}, 1
     return {"chunksize": part_bytes, "max_concurrency": PARTS_IN_FLIGHT}, -(-nbytes // part_bytes) + 2
 

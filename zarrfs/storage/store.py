@@ -18,7 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import StoreError, UserError, ZarrfsError
 from . import bulk, local
-from .base import METADATA_MAX_BYTES, BaseStore, Version
+from .base import METADATA_MAX_BYTES, BaseStore, Upload, Version
 from .failures import describe_failure
 from .fsinfo import etag_of, mtime_ns_of, size_of
 from .keys import check_key, join
@@ -26,6 +26,7 @@ from .probe import probe_root_sync
 from .ranges import WholeAnswers
 from .remote import missing_backend
 from .requests import RequestCounts
+from .uploads import PartsUpload
 
 log = logging.getLogger(__name__)
 
@@ -360,6 +361,15 @@ class Store(BaseStore):
         except Exception as e:
             raise StoreError(f"writing {key!r} failed: {describe_failure(e)}") from None
         self.requests.put(written)
+
+    @property
+    def upload_parts(self) -> int | None:
+        return self.upload_part_bytes if bulk.uploads_in_parts(self.fs) else None
+
+    def open_upload_sync(self, key: str) -> Upload | None:
+        if self.upload_parts is None:
+            return None
+        return PartsUpload(self.fs, self.path(key), key, self.upload_part_bytes, self.requests)
 
     def set_mtime_sync(self, key: str, mtime_ns: int) -> bool:
         """Give a key a modification time (local stores); False where the store cannot."""

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ..base import METADATA_MAX_BYTES, BaseStore, Version
+from ..base import METADATA_MAX_BYTES, BaseStore, Upload, Version
 from ..store import FETCH_MARGIN_S, Store
 from .entries import Corrupt, DiskCache, Entry
 
@@ -403,6 +403,14 @@ class DiskCachedStore(BaseStore):
         finally:
             self._touched(key)
 
+    @property
+    def upload_parts(self) -> int | None:
+        return self.store.upload_parts
+
+    def open_upload_sync(self, key: str) -> Upload | None:
+        upload = self.store.open_upload_sync(key)
+        return None if upload is None else _TouchingUpload(self, key, upload)
+
     def erase_sync(self, key: str) -> None:
         try:
             self.store.erase_sync(key)
@@ -480,3 +488,22 @@ def _unchanged(entry: Entry, stored: tuple[int | None, int | None, str | None] |
         return False
     # Written well before the GET began: a write since would carry a later time.
     return mtime_ns is not None and mtime_ns / 1e9 + FETCH_MARGIN_S <= entry.began
+
+
+class _TouchingUpload(Upload):
+    """The remote store's upload; the disk cache forgets the key once it is committed (or tried)."""
+
+    def __init__(self, cached: DiskCachedStore, key: str, upload: Upload) -> None:
+        self.cached, self.key, self.upload = cached, key, upload
+
+    def write_sync(self, data: bytes) -> None:
+        self.upload.write_sync(data)
+
+    def commit_sync(self) -> None:
+        try:
+            self.upload.commit_sync()
+        finally:
+            self.cached._touched(self.key)
+
+    def abort_sync(self) -> None:
+        self.upload.abort_sync()
