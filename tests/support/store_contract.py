@@ -10,8 +10,8 @@ repository accepts too): documents, chunks of two arrays.
 from __future__ import annotations
 
 import io
-import os
 import json
+import os
 from typing import Any
 
 import pytest
