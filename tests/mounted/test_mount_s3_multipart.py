@@ -81,6 +81,23 @@ def _wait_for_parts(proxy, name: str, n: int) -> list[str]:
     return _parts(proxy, name)
 
 
+def _write_in_halves(mnt, proxy, name: str, new: np.ndarray, between: bytes = b"") -> list[str]:
+    """Write NEW over s.npy: its first half, then (once both shards' first parts went, or after
+    30 s) BETWEEN at the first element, then the second half; the parts seen before that."""
+    raw, half = new.tobytes(), new.nbytes // 2
+    hlen = os.path.getsize(mnt / "s.npy") - new.nbytes
+    proxy.reset_counts()
+    fd = os.open(mnt / "s.npy", os.O_WRONLY)
+    try:
+        mounting.pwrite_all(fd, raw[:half], hlen)
+        early = _wait_for_parts(proxy, name, 2)
+        mounting.pwrite_all(fd, between, hlen)
+        mounting.pwrite_all(fd, raw[half:], hlen + half)
+    finally:
+        os.close(fd)
+    return early
+
+
 def test_parts_of_a_shard_go_while_it_is_written(s3, proxy, mount, tmp_path):
     """Half the rows written: each shard's first part (its first 5 MiB of inner chunks) is in the
     store before the other half is written; the rest and the index go once it is complete."""
@@ -89,16 +106,7 @@ def test_parts_of_a_shard_go_while_it_is_written(s3, proxy, mount, tmp_path):
     _sharded(fs, tmp_path, name)
     mnt = mount(f"s3://{BUCKET}/{name}", "writable", "upload_part_size=5M", *s3_options(proxy.port))
     new = np.random.default_rng(3).integers(0, 2**32, size=SHAPE, dtype="<u4")
-    raw, half = new.tobytes(), new.nbytes // 2
-    hlen = os.path.getsize(mnt / "s.npy") - new.nbytes
-    proxy.reset_counts()
-    fd = os.open(mnt / "s.npy", os.O_WRONLY)
-    try:
-        mounting.pwrite_all(fd, raw[:half], hlen)
-        early = _wait_for_parts(proxy, name, 2)
-        mounting.pwrite_all(fd, raw[half:], hlen + half)
-    finally:
-        os.close(fd)
+    early = _write_in_halves(mnt, proxy, name, new)
     assert sorted(p.split("?")[0].split(f"/{name}/")[1] for p in early) == ["s/c/0/0", "s/c/0/1"], early
     shard_requests = [(m, p) for m, p in proxy.requests if f"/{name}/s/c/" in p]
     starts = [p for m, p in shard_requests if m == "POST" and p.endswith("?uploads")]
@@ -116,18 +124,8 @@ def test_a_write_into_a_part_sent_stores_the_shard_whole(s3, proxy, mount, tmp_p
     _sharded(fs, tmp_path, name)
     mnt = mount(f"s3://{BUCKET}/{name}", "writable", "upload_part_size=5M", *s3_options(proxy.port))
     new = np.random.default_rng(4).integers(0, 2**32, size=SHAPE, dtype="<u4")
-    raw, half = new.tobytes(), new.nbytes // 2
-    hlen = os.path.getsize(mnt / "s.npy") - new.nbytes
     first_row = np.arange(SHAPE[1], dtype="<u4")
-    proxy.reset_counts()
-    fd = os.open(mnt / "s.npy", os.O_WRONLY)
-    try:
-        mounting.pwrite_all(fd, raw[:half], hlen)
-        assert len(_wait_for_parts(proxy, name, 2)) == 2
-        mounting.pwrite_all(fd, first_row.tobytes(), hlen)
-        mounting.pwrite_all(fd, raw[half:], hlen + half)
-    finally:
-        os.close(fd)
+    assert len(_write_in_halves(mnt, proxy, name, new, first_row.tobytes())) == 2
     new[0] = first_row
     np.testing.assert_array_equal(_peer(endpoint, name), new)
     aborted = [p for m, p in proxy.requests if m == "DELETE" and "uploadId=" in p and f"/{name}/s/c/" in p]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from ..errors import Stale, ZarrfsError
 from ..grid import Index
 from ..model import ArrayMeta
-from ..storage.store import FETCH_MARGIN_S
+from ..storage.fsinfo import FETCH_MARGIN_S
 from .cache import Key
 from .pins import Pins
 from .runtime import Runtime

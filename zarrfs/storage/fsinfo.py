@@ -6,6 +6,12 @@ import datetime
 import email.utils
 from typing import Any
 
+# A stored object's modification time is when its upload began, in whole seconds on S3, by the
+# store's clock: a chunk is kept on the strength of its time only if it was written at least this
+# long before the GET that read it began (an upload under way while we read, a second of rounding,
+# clocks a little apart), else it is read again.
+FETCH_MARGIN_S = 5.0
+
 
 def size_of(info: dict[str, Any]) -> int | None:
     """The size in an fsspec info() dict as a Python int (Parquet references give numpy integers)."""

@@ -31,13 +31,6 @@ from .uploads import PartsUpload
 log = logging.getLogger(__name__)
 
 
-# A stored object's modification time is when its upload began, in whole seconds on S3, by the
-# store's clock: a chunk is kept on the strength of its time only if it was written at least this
-# long before the GET that read it began (an upload under way while we read, a second of rounding,
-# clocks a little apart), else it is read again.
-FETCH_MARGIN_S = 5.0
-
-
 class Store(BaseStore):
     """A Zarr store rooted at an fsspec URL or local path; keys are `/`-separated strings."""
 
@@ -499,12 +492,8 @@ class Store(BaseStore):
 
     def stored_bytes_sync(self) -> int | None:
         """Bytes of every key below the root, for statfs; None where that is not cheap (remote stores)."""
-        if not self.is_local:
-            return None
-        return local.tree_bytes(self.root)
+        return local.tree_bytes(self.root) if self.is_local else None
 
     def free_bytes_sync(self) -> int | None:
         """Space left where a local store lives (statfs of its file system), else None."""
-        if not self.is_local:
-            return None
-        return local.free_bytes(self.root)
+        return local.free_bytes(self.root) if self.is_local else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError
@@ -105,3 +106,22 @@ class PartsUpload(Upload):
         if self.upload_id is not None:
             upload_id, self.upload_id = self.upload_id, None
             self._call("aborting the upload of", "abort_multipart_upload", UploadId=upload_id)
+
+
+class AfterCommit(Upload):
+    """An upload that calls ON_COMMIT once its commit was tried (a cache in front forgets the key)."""
+
+    def __init__(self, upload: Upload, on_commit: Callable[[], None]) -> None:
+        self.upload, self.on_commit = upload, on_commit
+
+    def write_sync(self, data: bytes) -> None:
+        self.upload.write_sync(data)
+
+    def commit_sync(self) -> None:
+        try:
+            self.upload.commit_sync()
+        finally:
+            self.on_commit()
+
+    def abort_sync(self) -> None:
+        self.upload.abort_sync()

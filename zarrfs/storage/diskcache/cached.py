@@ -12,7 +12,9 @@ import time
 from typing import Any
 
 from ..base import METADATA_MAX_BYTES, BaseStore, Upload, Version
-from ..store import FETCH_MARGIN_S, Store
+from ..fsinfo import FETCH_MARGIN_S
+from ..store import Store
+from ..uploads import AfterCommit
 from .entries import Corrupt, DiskCache, Entry
 
 log = logging.getLogger(__package__)  # one logger for the disk cache, named as before its split
@@ -409,7 +411,7 @@ class DiskCachedStore(BaseStore):
 
     def open_upload_sync(self, key: str) -> Upload | None:
         upload = self.store.open_upload_sync(key)
-        return None if upload is None else _TouchingUpload(self, key, upload)
+        return None if upload is None else AfterCommit(upload, lambda: self._touched(key))
 
     def erase_sync(self, key: str) -> None:
         try:
@@ -488,22 +490,3 @@ def _unchanged(entry: Entry, stored: tuple[int | None, int | None, str | None] |
         return False
     # Written well before the GET began: a write since would carry a later time.
     return mtime_ns is not None and mtime_ns / 1e9 + FETCH_MARGIN_S <= entry.began
-
-
-class _TouchingUpload(Upload):
-    """The remote store's upload; the disk cache forgets the key once it is committed (or tried)."""
-
-    def __init__(self, cached: DiskCachedStore, key: str, upload: Upload) -> None:
-        self.cached, self.key, self.upload = cached, key, upload
-
-    def write_sync(self, data: bytes) -> None:
-        self.upload.write_sync(data)
-
-    def commit_sync(self) -> None:
-        try:
-            self.upload.commit_sync()
-        finally:
-            self.cached._touched(self.key)
-
-    def abort_sync(self) -> None:
-        self.upload.abort_sync()
