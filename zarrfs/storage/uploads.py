@@ -99,8 +99,7 @@ class PartsUpload(Upload):
         self.requests.put(self.nbytes, len(parts) + 2)
 
     def abort_sync(self) -> None:
-        for future in self.in_flight.values():  # (a part that lands after the abort is dropped)
-            concurrent.futures.wait([future])
+        concurrent.futures.wait(self.in_flight.values())  # (a part landing after the abort is dropped)
         self.in_flight.clear()
         self.buffer = bytearray()
         if self.upload_id is not None:
